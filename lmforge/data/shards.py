@@ -1,0 +1,268 @@
+"""Token shards: documents -> one flat token stream (EOS after each document) on disk, split into
+train.bin / val.bin (raw uint16 or uint32, nanoGPT's format) plus meta.json, and read back as a
+read-only memory map so a corpus larger than RAM trains fine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from lmforge.data.corpus import TEXT_SUFFIXES, read_documents
+from lmforge.errors import ConfigError, DataError
+from lmforge.tokenizer import Tokenizer
+
+SHARD_FORMAT_VERSION = 1
+DTYPES = ("uint16", "uint32")
+
+
+def shard_dtype(vocab_size: int) -> str:
+    """The smallest unsigned dtype that holds every id: uint16 up to 65536 ids, else uint32."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _batched(items: Iterable[str], n: int) -> Iterator[list[str]]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def _split_point(total: int, doc_ends: np.ndarray, val_fraction: float, split_by: str) -> int:
+    """Number of tokens that go to train."""
+    n_train = int(total * (1 - val_fraction))
+    if split_by == "tokens" or val_fraction == 0:
+        return n_train
+    # split_by == "documents": snap to the document boundary nearest the token split point, but
+    # keep at least one document on each side.
+    if len(doc_ends) < 2:
+        raise DataError("split_by='documents' needs at least two documents; use split_by='tokens'")
+    candidates = doc_ends[:-1]
+    return int(candidates[np.argmin(np.abs(candidates - n_train))])
+
+
+def build_token_shards(
+    documents: Iterable[str],
+    tokenizer: Tokenizer,
+    out_dir: str | Path,
+    val_fraction: float = 0.1,
+    split_by: str = "tokens",
+    batch_docs: int = 256,
+    progress: bool = True,
+    extra_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Tokenize `documents` into out_dir/train.bin, val.bin and meta.json; return the meta dict.
+
+    Each document is followed by EOS. The last `val_fraction` of the token stream is validation
+    (split_by="tokens", as nanoGPT does), or the split is moved to the nearest document boundary
+    (split_by="documents"). Tokens stream to one temp file, so memory stays at one batch of
+    documents; the tail is then copied to val.bin and the file truncated into train.bin. Every
+    file is renamed into place only when complete, and meta.json is written last: a directory
+    with meta.json holds a finished build.
+    """
+    if not 0 <= val_fraction < 1:
+        raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if split_by not in ("tokens", "documents"):
+        raise ConfigError(f"split_by must be 'tokens' or 'documents', got {split_by!r}")
+    if tokenizer.eos_id is None:
+        raise ConfigError("build_token_shards needs a tokenizer with an 'eos' special token")
+    dtype = shard_dtype(tokenizer.vocab_size)
+    itemsize = np.dtype(dtype).itemsize
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)  # an interrupted rebuild must not look finished
+
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".tokens.", suffix=".tmp")
+    val_tmp = None
+    try:
+        total, ends = 0, []
+        with (
+            os.fdopen(fd, "wb") as f,
+            tqdm(desc="tokenizing", unit="doc", disable=not progress) as bar,
+        ):
+            for batch in _batched((d for d in documents if d), batch_docs):
+                encoded = tokenizer.encode_batch(batch, add_eos=True)
+                lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+                flat = np.fromiter(
+                    itertools.chain.from_iterable(encoded), dtype=dtype, count=int(lengths.sum())
+                )
+                f.write(flat.tobytes())
+                ends.append(total + np.cumsum(lengths))
+                total += int(lengths.sum())
+                bar.update(len(batch))
+        doc_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
+        if len(doc_ends) == 0:
+            raise DataError(f"no non-empty documents to tokenize into {out}")
+        n_train = _split_point(total, doc_ends, val_fraction, split_by)
+
+        fd_val, val_tmp = tempfile.mkstemp(dir=out, prefix=".val.", suffix=".tmp")
+        with open(tmp, "r+b") as src, os.fdopen(fd_val, "wb") as dst:
+            src.seek(n_train * itemsize)
+            shutil.copyfileobj(src, dst, length=1 << 22)
+            src.truncate(n_train * itemsize)
+        os.replace(tmp, out / "train.bin")
+        os.replace(val_tmp, out / "val.bin")
+    except BaseException:
+        for path in (tmp, val_tmp):
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
+        raise
+
+    meta = {
+        "format_version": SHARD_FORMAT_VERSION,
+        "dtype": dtype,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "train_tokens": n_train,
+        "val_tokens": total - n_train,
+        "num_documents": len(doc_ends),
+        "val_fraction": val_fraction,
+        "split_by": split_by,
+        **(extra_meta or {}),
+    }
+    _write_json_atomic(out / "meta.json", meta)
+    return meta
+
+
+class TokenShard:
+    """A flat array of token ids, normally a read-only memory map of a train.bin/val.bin file."""
+
+    def __init__(self, tokens: np.ndarray, path: Path | None = None, meta: dict | None = None):
+        self.tokens = tokens
+        self.path = path
+        self.meta = meta or {}
+
+    @classmethod
+    def open(cls, path: str | Path, dtype: str | None = None) -> TokenShard:
+        """Memory-map a shard file; its dtype comes from meta.json beside it unless given."""
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"token shard not found: {path}")
+        meta: dict[str, Any] = {}
+        meta_path = path.parent / "meta.json"
+        if meta_path.is_file():
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{meta_path}: invalid JSON ({e})") from e
+        elif dtype is None:
+            raise DataError(f"{path}: no meta.json beside it to give the token dtype")
+        dtype = dtype or meta.get("dtype")
+        if dtype not in DTYPES:
+            raise DataError(f"{meta_path}: field 'dtype' must be one of {DTYPES}, got {dtype!r}")
+        size = path.stat().st_size
+        itemsize = np.dtype(dtype).itemsize
+        if size == 0:
+            raise DataError(f"{path}: token shard is empty")
+        if size % itemsize:
+            raise DataError(
+                f"{path}: size {size} bytes is not a multiple of {itemsize} ({dtype}); "
+                "the file is truncated or has the wrong dtype"
+            )
+        return cls(np.memmap(path, dtype=dtype, mode="r"), path, meta)
+
+    @property
+    def name(self) -> str:
+        """How error messages refer to this shard."""
+        return str(self.path) if self.path is not None else "<in-memory shard>"
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __repr__(self) -> str:
+        return f"TokenShard({self.name}, tokens={len(self)})"
+
+
+def _source_stamp(source: str) -> Any:
+    """Size and mtime of local source files, so editing the data invalidates the cache."""
+    path = Path(source)
+    if source.startswith(("builtin:", "hf:")) or not path.exists():
+        return None
+    if path.is_file():
+        st = path.stat()
+        return [st.st_size, st.st_mtime_ns]
+    files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+    return [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def corpus_fingerprint(
+    source: str, tokenizer: Tokenizer, val_fraction: float, split_by: str, text_field: str
+) -> str:
+    """Hash of everything that determines the shards' content."""
+    key = {
+        "format_version": SHARD_FORMAT_VERSION,
+        "tokenizer": hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest(),
+        "source": source,
+        "stamp": _source_stamp(source),
+        "val_fraction": val_fraction,
+        "split_by": split_by,
+        "text_field": text_field,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _cached_meta(out: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The meta of a finished build in `out` with this fingerprint and intact shards, else None."""
+    try:
+        meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if meta.get("fingerprint") != fingerprint or meta.get("dtype") not in DTYPES:
+        return None
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in ("train", "val"):
+        path = out / f"{split}.bin"
+        if not path.is_file() or path.stat().st_size != meta.get(f"{split}_tokens", -1) * itemsize:
+            return None
+    return meta
+
+
+def prepare_corpus(
+    source: str,
+    tokenizer: Tokenizer,
+    out_dir: str | Path,
+    val_fraction: float = 0.1,
+    split_by: str = "tokens",
+    text_field: str = "text",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """read_documents + build_token_shards, skipped when out_dir already holds the same build.
+
+    The cache key (meta.json "fingerprint") covers the tokenizer.json content, the source string
+    (plus size/mtime of local files), val_fraction, split_by and text_field.
+    """
+    source = str(source)
+    out = Path(out_dir)
+    fingerprint = corpus_fingerprint(source, tokenizer, val_fraction, split_by, text_field)
+    if (meta := _cached_meta(out, fingerprint)) is not None:
+        return meta
+    docs = read_documents(source, text_field=text_field)
+    return build_token_shards(
+        docs,
+        tokenizer,
+        out,
+        val_fraction=val_fraction,
+        split_by=split_by,
+        progress=progress,
+        extra_meta={"source": source, "fingerprint": fingerprint},
+    )
