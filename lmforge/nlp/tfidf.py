@@ -1,0 +1,218 @@
+"""TF-IDF: term-frequency and inverse-document-frequency variants, and a small vectorizer.
+
+TF variants for a term with count f in a document of n tokens whose most frequent term has count m:
+    raw f | relative f/n | boolean 1[f>0] | log log(1+f) | augmented 0.5 + 0.5 f/m
+IDF variants for a term in df of N documents:
+    plain   log(N/df)                          (the textbook form; needs df > 0)
+    smooth  log((1+N)/(1+df))                  (add one to both counts, as in the 001 notes)
+    sklearn log((1+N)/(1+df)) + 1              (scikit-learn's smooth_idf=True, always > 0)
+    bm25    log((N-df+0.5)/(df+0.5) + 1)       (the Lucene BM25 form, always > 0)
+The log base is configurable. Example: f=3 of n=100 words, df=1,000 of N=10,000,000 documents:
+TF 0.03 x IDF log10(10^4) = 4 gives 0.12; with the natural log it is 0.03 x 9.2103 = 0.2763.
+"""
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lmforge.errors import LMForgeError
+from lmforge.nlp.text import tokenize
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_matrix
+
+TF_VARIANTS = ("raw", "relative", "boolean", "log", "augmented")
+IDF_VARIANTS = ("plain", "smooth", "sklearn", "bm25")
+
+
+def term_frequency(
+    count: float,
+    doc_length: float,
+    max_count: float,
+    variant: str = "relative",
+    *,
+    base: float = math.e,
+) -> float:
+    """TF of a term seen `count` times in a document of `doc_length` tokens.
+
+    `max_count` is the count of the document's most frequent term (used by 'augmented').
+    """
+    if count < 0:
+        raise LMForgeError(f"term count must be >= 0, got {count}")
+    if variant == "raw":
+        return float(count)
+    if variant == "relative":
+        return count / doc_length if doc_length else 0.0
+    if variant == "boolean":
+        return 1.0 if count > 0 else 0.0
+    if variant == "log":
+        return math.log1p(count) / math.log(base)
+    if variant == "augmented":
+        # The formula is for terms present in d; an absent term weighs 0, as in the vectorizer.
+        return 0.5 + 0.5 * count / max_count if count > 0 else 0.0
+    raise LMForgeError(f"unknown TF variant {variant!r}; choose from {', '.join(TF_VARIANTS)}")
+
+
+def inverse_document_frequency(
+    df: float, n_docs: float, variant: str = "plain", *, base: float = math.e
+) -> float:
+    """IDF of a term found in `df` of `n_docs` documents (see the module docstring)."""
+    if n_docs <= 0 or df < 0 or df > n_docs:
+        raise LMForgeError(f"need 0 <= df <= n_docs and n_docs > 0, got df={df}, n_docs={n_docs}")
+    log_b = math.log(base)
+    if variant == "plain":
+        if df == 0:
+            raise LMForgeError("plain IDF log(N/df) is undefined for df = 0; use variant='smooth'")
+        return math.log(n_docs / df) / log_b
+    if variant == "smooth":
+        return math.log((1 + n_docs) / (1 + df)) / log_b
+    if variant == "sklearn":
+        return math.log((1 + n_docs) / (1 + df)) / log_b + 1.0
+    if variant == "bm25":
+        return math.log((n_docs - df + 0.5) / (df + 0.5) + 1.0) / log_b
+    raise LMForgeError(f"unknown IDF variant {variant!r}; choose from {', '.join(IDF_VARIANTS)}")
+
+
+def tfidf(
+    count: float,
+    doc_length: float,
+    df: float,
+    n_docs: float,
+    *,
+    tf: str = "relative",
+    idf: str = "plain",
+    base: float = math.e,
+    max_count: float | None = None,
+) -> float:
+    """TF x IDF for one term in one document (`max_count` defaults to `count`)."""
+    m = count if max_count is None else max_count
+    return term_frequency(count, doc_length, m, tf, base=base) * inverse_document_frequency(
+        df, n_docs, idf, base=base
+    )
+
+
+class TfidfVectorizer:
+    """Fit a vocabulary and IDF weights on documents; produce doc-term matrices; search by cosine.
+
+    Rows are L2-normalised when norm='l2' (the default), so the dot product of two rows is their
+    cosine similarity. Terms seen in fewer than `min_df` documents are dropped.
+    """
+
+    def __init__(
+        self,
+        *,
+        tf: str = "relative",
+        idf: str = "smooth",
+        base: float = math.e,
+        norm: str | None = "l2",
+        lowercase: bool = True,
+        stopwords: bool | Iterable[str] | None = None,
+        min_df: int = 1,
+    ) -> None:
+        if tf not in TF_VARIANTS:
+            raise LMForgeError(f"unknown TF variant {tf!r}; choose from {', '.join(TF_VARIANTS)}")
+        if idf not in IDF_VARIANTS:
+            raise LMForgeError(
+                f"unknown IDF variant {idf!r}; choose from {', '.join(IDF_VARIANTS)}"
+            )
+        if norm not in ("l2", None):
+            raise LMForgeError(f"norm must be 'l2' or None, got {norm!r}")
+        self.tf, self.idf, self.base, self.norm = tf, idf, base, norm
+        self.lowercase, self.stopwords, self.min_df = lowercase, stopwords, min_df
+        self.vocabulary: dict[str, int] = {}
+        self.idf_weights = np.zeros(0)
+        self._docs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _tokens(self, doc: str | Sequence[str]) -> list[str]:
+        if isinstance(doc, str):
+            return tokenize(doc, lowercase=self.lowercase, stopwords=self.stopwords)
+        return [t.lower() for t in doc] if self.lowercase else list(doc)
+
+    def fit(self, docs: Sequence[str | Sequence[str]]) -> "TfidfVectorizer":
+        """Learn the vocabulary (sorted) and IDF weights from `docs`; keeps them for `search`."""
+        if len(docs) == 0:
+            raise LMForgeError("TfidfVectorizer.fit: no documents given")
+        counts = [Counter(self._tokens(d)) for d in docs]
+        df = Counter(t for c in counts for t in c)
+        terms = sorted(t for t, n in df.items() if n >= self.min_df)
+        if not terms:
+            raise LMForgeError("TfidfVectorizer.fit: the documents contain no terms")
+        self.vocabulary = {t: i for i, t in enumerate(terms)}
+        n = len(docs)
+        self.idf_weights = np.array(
+            [inverse_document_frequency(df[t], n, self.idf, base=self.base) for t in terms]
+        )
+        self._docs = self._csr(counts)
+        return self
+
+    def _csr(self, counts: list[Counter]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Weighted rows as CSR arrays (data, column indices, row pointers)."""
+        data: list[float] = []
+        cols: list[int] = []
+        indptr = [0]
+        for c in counts:
+            length, top = sum(c.values()), max(c.values(), default=0)
+            row = [
+                (self.vocabulary[t], term_frequency(f, length, top, self.tf, base=self.base))
+                for t, f in c.items()
+                if t in self.vocabulary
+            ]
+            row.sort()
+            vals = np.array([w * self.idf_weights[j] for j, w in row], dtype=np.float64)
+            if self.norm == "l2" and vals.size and np.linalg.norm(vals) > 0:
+                vals /= np.linalg.norm(vals)
+            data.extend(vals.tolist())
+            cols.extend(j for j, _ in row)
+            indptr.append(len(cols))
+        return np.array(data), np.array(cols, dtype=np.int64), np.array(indptr, dtype=np.int64)
+
+    def transform(
+        self, docs: Sequence[str | Sequence[str]], *, sparse: bool = False
+    ) -> "np.ndarray | csr_matrix":
+        """Doc-term matrix (n_docs, n_terms): a dense numpy array, or with sparse=True a
+        scipy.sparse.csr_matrix (scipy must be installed). Unknown terms are ignored."""
+        if not self.vocabulary:
+            raise LMForgeError("TfidfVectorizer is not fitted: call fit(docs) first")
+        data, cols, indptr = self._csr([Counter(self._tokens(d)) for d in docs])
+        shape = (len(docs), len(self.vocabulary))
+        if sparse:
+            try:
+                from scipy.sparse import csr_matrix
+            except ImportError as e:
+                raise LMForgeError("sparse=True needs scipy; install it or use sparse=False") from e
+            return csr_matrix((data, cols, indptr), shape=shape)
+        dense = np.zeros(shape)
+        for r in range(shape[0]):
+            dense[r, cols[indptr[r] : indptr[r + 1]]] = data[indptr[r] : indptr[r + 1]]
+        return dense
+
+    def fit_transform(
+        self, docs: Sequence[str | Sequence[str]], *, sparse: bool = False
+    ) -> "np.ndarray | csr_matrix":
+        """fit(docs) then transform(docs)."""
+        return self.fit(docs).transform(docs, sparse=sparse)
+
+    def search(self, query: str | Sequence[str], k: int = 10) -> list[tuple[int, float]]:
+        """The k fitted documents most cosine-similar to `query`, as (doc_index, score), best
+        first (ties by lower index). Documents with similarity 0 are left out."""
+        if self._docs is None:
+            raise LMForgeError("TfidfVectorizer is not fitted: call fit(docs) first")
+        if k < 1:
+            raise LMForgeError(f"k must be >= 1, got {k}")
+        qd, qc, _ = self._csr([Counter(self._tokens(query))])
+        q = np.zeros(len(self.vocabulary))
+        q[qc] = qd
+        data, cols, indptr = self._docs
+        n_docs = len(indptr) - 1
+        rows = np.repeat(np.arange(n_docs), np.diff(indptr))
+        # Sparse dot products and row norms: sum within each row via bincount on row ids.
+        dots = np.bincount(rows, weights=data * q[cols], minlength=n_docs)
+        dnorm = np.sqrt(np.bincount(rows, weights=data**2, minlength=n_docs))
+        qnorm = np.linalg.norm(q)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = np.where((dnorm > 0) & (qnorm > 0), dots / (dnorm * qnorm), 0.0)
+        order = np.lexsort((np.arange(n_docs), -cos))[:k]
+        return [(int(i), float(cos[i])) for i in order if cos[i] > 0]
