@@ -1,0 +1,296 @@
+"""LoRA: W = W0 + (α/r)·B·A on chosen nn.Linear layers, with merge/unmerge and adapter files.
+
+``LoRALinear`` keeps the frozen base ``weight``/``bias`` under their original names, so a
+LoRA-wrapped model still loads base checkpoints unchanged; the adapter lives in ``lora_A.weight``
+[r, in] and ``lora_B.weight`` [out, r]. Adapter files follow PEFT: ``adapter_config.json`` and
+``adapter_model.safetensors`` with keys ``base_model.model.<module>.lora_A.weight``.
+"""
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from lmforge.errors import CheckpointError, ConfigError
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update: y = W0 x + b + (α/r)·B A dropout(x).
+
+    A is kaiming-uniform (as in the paper and PEFT) and B is zero, so at init the output equals the
+    base layer's. LoRA parameters are fp32 master weights whatever the base dtype.
+    """
+
+    def __init__(self, base: nn.Module, r: int = 8, alpha: float = 16, dropout: float = 0.0):
+        super().__init__()
+        if r <= 0 or alpha <= 0 or not 0 <= dropout < 1:
+            got = f"r={r}, alpha={alpha}, dropout={dropout}"
+            raise ConfigError(f"LoRA needs r > 0, alpha > 0 and 0 <= dropout < 1; got {got}")
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self._init_base(base)
+        self.r, self.alpha, self.scaling = r, alpha, alpha / r
+        device = next(iter(base.state_dict().values())).device
+        self.lora_A = nn.Linear(self.in_features, r, bias=False, device=device)
+        self.lora_B = nn.Linear(r, self.out_features, bias=False, device=device)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.merged = False
+
+    def _init_base(self, base: nn.Module) -> None:
+        self.weight = base.weight
+        self.bias = base.bias
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+
+    def base_forward(self, x: Tensor) -> Tensor:
+        """The frozen layer alone (includes the update only while merged)."""
+        return F.linear(x, self.weight, self.bias)
+
+    def base_weight(self) -> Tensor:
+        """W0 as a dense tensor (the merged weight while merged)."""
+        return self.weight
+
+    def delta_weight(self) -> Tensor:
+        """(α/r)·B·A, the dense update this adapter adds to W0, shape [out, in]."""
+        return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.base_forward(x)
+        if self.merged:  # the update is already inside the weight; adding it again double counts
+            return out
+        h = self.lora_dropout(x).to(self.lora_A.weight.dtype)
+        return out + (self.lora_B(self.lora_A(h)) * self.scaling).to(out.dtype)
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Fold the update into W0 in place: faster inference, outputs unchanged. A weight tied to
+        another module (lm_head and embedding) changes there too, so export with ``to_linear``."""
+        if not self.merged:
+            self.weight += self.delta_weight().to(self.weight.dtype)
+            self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        """Undo ``merge`` (W0 back to within fp32 rounding), so training can go on."""
+        if self.merged:
+            self.weight -= self.delta_weight().to(self.weight.dtype)
+            self.merged = False
+
+    def to_linear(self) -> nn.Linear:
+        """A plain nn.Linear holding W0 + ΔW (dtype of the base weight), for export."""
+        base = self.base_weight()
+        weight = base.float() if self.merged else base.float() + self.delta_weight().float()
+        linear = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=base.device,
+            dtype=base.dtype,
+        )
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, r={self.r}, alpha={self.alpha}"
+
+
+def name_matches(name: str, patterns: Iterable[str]) -> bool:
+    """True if a qualified module name matches a pattern: PEFT-style (the whole name or a dotted
+    suffix, so "q_proj" matches "blocks.0.attn.q_proj") or an fnmatch glob on the full name."""
+    return any(name == p or name.endswith("." + p) or fnmatchcase(name, p) for p in patterns)
+
+
+def _as_tuple(targets: str | Iterable[str]) -> tuple[str, ...]:
+    return (targets,) if isinstance(targets, str) else tuple(targets)
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """Qualified names of every nn.Linear in ``model`` (what ``targets`` can choose from), except
+    the A/B matrices inside LoRA layers, which must never be wrapped or quantised themselves."""
+    inside = tuple(n + "." for n in lora_modules(model))
+    return [
+        n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not n.startswith(inside)
+    ]
+
+
+def no_target_error(model: nn.Module, targets: Iterable[str]) -> ConfigError:
+    """The error raised when no Linear layer matched: lists the names that would have."""
+    return ConfigError(
+        f"no nn.Linear module matched targets {list(targets)}; available: {linear_names(model)}"
+    )
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
+    """Every LoRA layer (including QLoRA ones) in ``model`` by qualified name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def mark_only_lora_trainable(model: nn.Module) -> None:
+    """Freeze everything, then unfreeze the LoRA A/B matrices."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for m in lora_modules(model).values():
+        m.lora_A.weight.requires_grad_(True)
+        m.lora_B.weight.requires_grad_(True)
+
+
+def apply_lora(
+    model: nn.Module,
+    r: int = 8,
+    alpha: float = 16,
+    dropout: float = 0.0,
+    targets: str | Iterable[str] = ("q_proj", "v_proj"),
+) -> list[str]:
+    """Wrap each nn.Linear whose name matches ``targets`` (see ``name_matches``) in LoRALinear and
+    freeze every other parameter. Returns the wrapped names; raises ConfigError if none matched."""
+    targets = _as_tuple(targets)
+    names = [n for n in linear_names(model) if name_matches(n, targets)]
+    if not names:
+        raise no_target_error(model, targets)
+    for n in names:
+        model.set_submodule(n, LoRALinear(model.get_submodule(n), r, alpha, dropout))
+    mark_only_lora_trainable(model)
+    return names
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """Only the adapter tensors (``...lora_A.weight`` / ``...lora_B.weight``), detached copies."""
+    return {
+        k: v.detach().clone().contiguous()
+        for k, v in model.state_dict().items()
+        if ".lora_A." in k or ".lora_B." in k
+    }
+
+
+def lora_config(model: nn.Module) -> dict:
+    """The PEFT-style config describing the LoRA layers in ``model`` (exact module names)."""
+    mods = lora_modules(model)
+    if not mods:
+        raise ConfigError("the model has no LoRA layers")
+    ranks = {(m.r, m.alpha) for m in mods.values()}
+    if len(ranks) > 1:
+        raise ConfigError(f"LoRA layers disagree on (r, alpha): {sorted(ranks)}")
+    (r, alpha), first = ranks.pop(), next(iter(mods.values()))
+    drop = first.lora_dropout.p if isinstance(first.lora_dropout, nn.Dropout) else 0.0
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": r,
+        "lora_alpha": alpha,
+        "lora_dropout": drop,
+        "target_modules": sorted(mods),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "base_model_name_or_path": None,
+    }
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_adapter(
+    model: nn.Module, directory: str | os.PathLike, config_dict: dict | None = None
+) -> Path:
+    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` (PEFT layout) atomically.
+
+    ``config_dict`` adds or overrides fields (e.g. ``base_model_name_or_path``) of ``lora_config``.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = {**lora_config(model), **(config_dict or {})}
+    tensors = {PEFT_PREFIX + k: v.cpu() for k, v in lora_state_dict(model).items()}
+    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, str(p)))
+    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(cfg, indent=2)))
+    return directory
+
+
+def read_adapter_config(directory: str | os.PathLike) -> dict:
+    """Read and check an ``adapter_config.json``."""
+    path = Path(directory) / CONFIG_NAME
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read adapter config ({e})") from e
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise CheckpointError(f"{path}: peft_type {cfg['peft_type']!r} is not LORA")
+    missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
+    if missing:
+        raise CheckpointError(f"{path}: missing fields {missing}")
+    return cfg
+
+
+def load_adapter(model: nn.Module, directory: str | os.PathLike) -> list[str]:
+    """Apply LoRA as the saved config describes (unless the model already has LoRA layers, e.g. a
+    QLoRA model) and load the saved A/B weights. Returns the LoRA module names."""
+    cfg = read_adapter_config(directory)
+    if not lora_modules(model):
+        apply_lora(
+            model, cfg["r"], cfg["lora_alpha"], cfg.get("lora_dropout", 0.0), cfg["target_modules"]
+        )
+    for n, m in lora_modules(model).items():
+        if (m.r, m.alpha) != (cfg["r"], cfg["lora_alpha"]):
+            raise CheckpointError(
+                f"{directory}: {n} has r={m.r}, alpha={m.alpha} but the adapter was saved with "
+                f"r={cfg['r']}, lora_alpha={cfg['lora_alpha']}"
+            )
+    path = Path(directory) / WEIGHTS_NAME
+    try:
+        saved = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for missing/corrupt files
+        raise CheckpointError(f"{path}: cannot read adapter weights ({e})") from e
+    saved = {k.removeprefix(PEFT_PREFIX): v for k, v in saved.items()}
+    expected = lora_state_dict(model)
+    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
+    for k, v in saved.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(
+                f"{path}: {k} has shape {tuple(v.shape)}, model expects {tuple(expected[k].shape)}"
+            )
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, v in saved.items():
+            params[k].copy_(v)
+    return sorted(lora_modules(model))
+
+
+def merge_lora(model: nn.Module, replace: bool = True) -> list[str]:
+    """Merge every LoRA layer. ``replace=True`` swaps each for a plain nn.Linear holding W0 + ΔW
+    (export; for QLoRA the base is dequantised); ``replace=False`` merges in place (undo with
+    ``unmerge_lora``). Returns the merged names."""
+    mods = lora_modules(model)
+    for n, m in mods.items():
+        if replace:
+            model.set_submodule(n, m.to_linear())
+        else:
+            m.merge()
+    return sorted(mods)
+
+
+def unmerge_lora(model: nn.Module) -> list[str]:
+    """Undo an in-place ``merge_lora(model, replace=False)``."""
+    mods = lora_modules(model)
+    for m in mods.values():
+        m.unmerge()
+    return sorted(mods)
