@@ -1,0 +1,5 @@
+"""Chunking, sparse/dense/hybrid retrieval and RAG."""
+
+from lmforge.retrieval.encoder import SentenceEncoder
+
+__all__ = ["SentenceEncoder"]
