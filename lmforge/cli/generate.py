@@ -1,0 +1,47 @@
+"""`lmforge generate`: sample text from a checkpoint with the KV cache."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_sampling_args(p) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a checkpoint")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument("--device", default="cpu")
+    add_sampling_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from lmforge.lm import LM
+
+    lm = LM.load(args.checkpoint, device=args.device)
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, stop=args.stop,
+    )  # fmt: skip
+    if args.stream:
+        for prompt in args.prompt:
+            sys.stdout.write(prompt)
+            for piece in lm.stream(prompt, **kwargs):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+        return 0
+    outputs = lm.complete(args.prompt, n=args.n, **kwargs)
+    for i, text in enumerate(outputs):
+        print(f"--- {i + 1} ---\n{args.prompt[i // args.n]}{text}")
+    return 0

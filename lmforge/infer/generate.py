@@ -1,0 +1,123 @@
+"""Autoregressive generation with a preallocated KV cache.
+
+Prompts of different lengths are left-padded so every row writes the cache at the same offset;
+padding is hidden from attention and positions count from each row's first real token. The
+prompt is processed in one forward pass (prefill), then one token per step (decode), each step
+projecting only the new token and attending over the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from lmforge.errors import ConfigError
+from lmforge.infer.sampling import SamplingParams, sample_next
+from lmforge.model.cache import KVCache
+from lmforge.model.transformer import Transformer
+
+StopFn = Callable[[int, list[int]], bool]  # (row, tokens generated so far) -> stop this row?
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0, device="cpu"):
+    """ids [B, T] and attention mask [B, T] (1 = real token) with padding on the left."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if len(prompt):
+            ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, vocab_size: int) -> None:
+    if not prompts:
+        raise ConfigError("no prompts given")
+    for row, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ConfigError(f"prompt {row} is empty")
+        if len(prompt) > max_seq_len:
+            raise ConfigError(
+                f"prompt {row} has {len(prompt)} tokens, longer than max_seq_len={max_seq_len}"
+            )
+        bad = [t for t in prompt if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ConfigError(f"prompt {row} has token ids outside [0, {vocab_size}): {bad[:5]}")
+
+
+@torch.inference_mode()
+def generate_stream(
+    model: Transformer,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    eos_ids: Sequence[int] = (),
+    stop_fn: StopFn | None = None,
+    use_cache: bool = True,
+    pad_id: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (next_tokens [B], active [B] bool) once per step until every row has finished.
+
+    A row finishes on an EOS id, when stop_fn says so, or after max_new_tokens; the token that
+    finished it is yielded with active=True, later tokens of that row with active=False.
+    """
+    config = model.config
+    check_prompts(prompts, config.max_seq_len, config.vocab_size)
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id, device)
+    batch, width = ids.shape
+    # Without a cache there is no limit but the context window: crop like nanoGPT does.
+    budget = params.max_new_tokens
+    if use_cache:
+        budget = min(budget, config.max_seq_len - width)
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    active = torch.ones(batch, dtype=torch.bool, device=device)
+    produced: list[list[int]] = [[] for _ in range(batch)]
+
+    cache = None
+    if use_cache:
+        dtype = next(model.parameters()).dtype
+        cache = KVCache.for_model(config, batch, width + budget, dtype, device)
+        if not bool(mask.all()):
+            cache.set_padding(mask)
+        logits = model(ids, cache=cache, last_only=True)[:, -1]
+    else:
+        logits = model(ids, attention_mask=mask, last_only=True)[:, -1]
+
+    for step in range(budget):
+        token = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
+        yield token, active.clone()
+        finished = torch.isin(token, eos) if eos.numel() else torch.zeros_like(active)
+        if stop_fn is not None:
+            for row in active.nonzero().flatten().tolist():
+                produced[row].append(int(token[row]))
+                finished[row] |= stop_fn(row, produced[row])
+        active &= ~finished
+        if not bool(active.any()) or step == budget - 1:
+            return
+        if use_cache:
+            logits = model(token[:, None], cache=cache)[:, -1]
+        else:
+            ids = torch.cat([ids, token[:, None]], dim=1)[:, -config.max_seq_len :]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)[:, -config.max_seq_len :]
+            logits = model(ids, attention_mask=mask, last_only=True)[:, -1]
+
+
+def generate(
+    model: Transformer,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    eos_ids: Sequence[int] = (),
+    stop_fn: StopFn | None = None,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """New tokens for each prompt (the finishing EOS included, nothing after it)."""
+    out: list[list[int]] = [[] for _ in prompts]
+    for token, active in generate_stream(model, prompts, params, eos_ids, stop_fn, use_cache):
+        for row in active.nonzero().flatten().tolist():
+            out[row].append(int(token[row]))
+    return out

@@ -1,0 +1,177 @@
+"""LM: a model and its tokenizer behind one small API — the contract users and every stage use.
+
+lm = LM.from_config(ModelConfig(...), tokenizer=tok)
+lm = LM.load("out/run1")
+logits = lm.model(input_ids)
+new = lm.generate([[5, 6, 7]], max_new_tokens=20, temperature=0.0)
+texts = lm.complete(["Once upon"], max_new_tokens=20, temperature=0.8, top_p=0.9, seed=0)
+lm.save("out/copy")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from lmforge.errors import CheckpointError, ConfigError
+from lmforge.infer.generate import generate, generate_stream
+from lmforge.infer.sampling import SamplingParams
+from lmforge.model.config import ModelConfig
+from lmforge.model.io import load_model, save_model
+from lmforge.model.transformer import Transformer
+
+
+class LM:
+    """A Transformer plus (optionally) the Tokenizer that feeds it."""
+
+    def __init__(self, model: Transformer, tokenizer=None):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    # ---- construction and persistence --------------------------------------------------------
+    @classmethod
+    def from_config(
+        cls, config: ModelConfig, tokenizer=None, seed: int | None = None, device="cpu"
+    ) -> LM:
+        """A randomly initialised model (vocab_size must cover the tokenizer's ids)."""
+        if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+            raise ConfigError(
+                f"vocab_size={config.vocab_size} is smaller than the tokenizer's "
+                f"{tokenizer.vocab_size} tokens"
+            )
+        if seed is not None:
+            torch.manual_seed(seed)
+        with torch.device(device):
+            model = Transformer(config)
+        return cls(model, tokenizer)
+
+    @classmethod
+    def load(cls, path: str | Path, device="cpu", dtype: torch.dtype | None = None) -> LM:
+        """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json)."""
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint directory not found: {path}")
+        model = load_model(path, device=device, dtype=dtype)
+        tokenizer = None
+        if (path / "tokenizer.json").is_file():
+            from lmforge.tokenizer import Tokenizer
+
+            tokenizer = Tokenizer.load(path)
+        return cls(model, tokenizer)
+
+    def save(self, path: str | Path) -> None:
+        """Write the Hugging Face directory layout: config.json, model.safetensors, tokenizer."""
+        save_model(self.model, path)
+        if self.tokenizer is not None:
+            self.tokenizer.save(path)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- generation --------------------------------------------------------------------------
+    def _eos_ids(self, eos_ids: Sequence[int] | None) -> list[int]:
+        if eos_ids is not None:
+            return list(eos_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_id is not None:
+            return [self.tokenizer.eos_id]
+        return []
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        n: int = 1,
+        seed: int | None = None,
+        eos_ids: Sequence[int] | None = None,
+        use_cache: bool = True,
+    ) -> list[list[int]]:
+        """New token ids for each prompt (n consecutive rows per prompt when n > 1)."""
+        params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
+        rows = [list(p) for p in prompts for _ in range(n)]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return generate(self.model, rows, params, self._eos_ids(eos_ids), None, use_cache)
+        finally:
+            self.model.train(was_training)
+
+    def complete(
+        self,
+        texts: str | Sequence[str],
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        n: int = 1,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        add_bos: bool = False,
+    ) -> list[str]:
+        """Text continuations, cut at the first stop string (which is not included)."""
+        tok = self._require_tokenizer()
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
+        rows = [tok.encode(t, add_bos=add_bos) for t in texts for _ in range(n)]
+        stop = [s for s in (stop or []) if s]
+        stop_fn = None
+        if stop:
+            stop_fn = lambda row, toks: any(s in tok.decode(toks[-64:]) for s in stop)  # noqa: E731
+        self.model.eval()
+        ids = generate(self.model, rows, params, self._eos_ids(None), stop_fn)
+        return [truncate_at_stop(tok.decode(row, skip_special_tokens=True), stop) for row in ids]
+
+    def stream(
+        self,
+        text: str,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> Iterator[str]:
+        """Yield pieces of text as they are generated (UTF-8-safe incremental decoding)."""
+        tok = self._require_tokenizer()
+        params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
+        stop = [s for s in (stop or []) if s]
+        tokens: list[int] = []
+        sent = ""
+        self.model.eval()
+        for token, _active in generate_stream(
+            self.model, [tok.encode(text)], params, self._eos_ids(None)
+        ):
+            tokens.append(int(token[0]))
+            full = tok.decode(tokens, skip_special_tokens=True)
+            cut = truncate_at_stop(full, stop)
+            if cut.endswith("\ufffd") and cut == full:
+                continue  # an incomplete multi-byte character: wait for the rest
+            if len(cut) > len(sent):
+                yield cut[len(sent) :]
+                sent = cut
+            if cut != full:
+                return
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ConfigError("this LM has no tokenizer: pass token ids to generate() instead")
+        return self.tokenizer
+
+
+def truncate_at_stop(text: str, stop: Sequence[str] | None) -> str:
+    """Cut text at the earliest occurrence of any stop string."""
+    cut = len(text)
+    for s in stop or []:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i)
+    return text[:cut]

@@ -1,0 +1,115 @@
+"""Causal self-attention with multi-head, grouped-query and multi-query key/value heads.
+
+softmax(Q K^T / sqrt(d_head) + M) V, with two interchangeable kernels: an explicit one that
+spells the formula out (for teaching and for tests) and PyTorch's fused
+`scaled_dot_product_attention`. n_kv_head = n_head is MHA, 1 is MQA, anything dividing n_head
+is GQA: query head h reads key/value group h // (n_head / n_kv_head).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.model.cache import KVCache
+
+
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """The textbook formula. q [B,H,T,D], k/v [B,G,S,D] with G dividing H; mask True = attend."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    if is_causal:
+        t, s = scores.shape[-2:]
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)  # stable: softmax subtracts the row max
+    if dropout > 0:
+        probs = F.dropout(probs, dropout)
+    return probs @ v
+
+
+def sdpa_attention(q, k, v, mask=None, is_causal=False, dropout=0.0) -> torch.Tensor:
+    """The same computation through PyTorch's fused kernel (flash/memory-efficient/math)."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout,
+        enable_gqa=k.shape[1] != q.shape[1],
+    )  # fmt: skip
+
+
+ATTENTION_KERNELS = {"explicit": explicit_attention, "sdpa": sdpa_attention}
+
+
+class CausalSelfAttention(nn.Module):
+    """Projects to Q/K/V (one fused matmul), rotates Q/K if RoPE, attends, projects back."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = (
+            config.n_head,
+            config.n_kv_head,
+            config.head_dim,
+        )
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.bias)
+        self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.bias)
+        self.split_sizes = (q_dim, kv_dim, kv_dim)
+        self.kernel = ATTENTION_KERNELS[config.attn_impl]
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope=None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """x [B, T, d_model] -> [B, T, d_model]. `mask`/`is_causal` come from the model, which
+        knows about padding and how many positions the cache already holds."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope_tables
+            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        dropout = self.dropout if self.training else 0.0
+        y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=dropout)
+        return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)))
+
+
+def causal_mask(t: int, s: int, device=None) -> torch.Tensor:
+    """[t, s] bool: the t newest queries (ending at key s-1) see keys j <= their own position."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
+
+
+def padded_causal_mask(key_mask: torch.Tensor, t: int, s: int) -> torch.Tensor:
+    """[B, 1, t, s] causal mask that also hides padding keys ([B, >=s] bool, True = real).
+
+    Each query may always see itself, so rows that are entirely padding stay finite
+    (their outputs are never used).
+    """
+    causal = causal_mask(t, s, key_mask.device)
+    diagonal = torch.zeros_like(causal)
+    diagonal[torch.arange(t), torch.arange(s - t, s)] = True
+    allowed = (causal & key_mask[:, None, :s]) | diagonal
+    return allowed[:, None]

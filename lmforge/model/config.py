@@ -1,0 +1,167 @@
+"""ModelConfig: the one dataclass that describes every model lmforge builds.
+
+Each field picks a small component (norm, position, MLP, attention) by name; the registries live
+next to the components. Validation happens here, when the config is built, so a bad combination
+fails before any tensor is allocated and the message names the fields involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import ConfigError
+
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu")
+ATTN_IMPLS = ("sdpa", "explicit")
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer. Defaults give a tiny GPT-2-style model."""
+
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None  # None = n_head (MHA); 1 = MQA; divides n_head = GQA
+    d_model: int = 128
+    d_ff: int | None = None  # None = 4*d_model, or Llama's 8/3*d_model rounded for GLU MLPs
+    head_dim: int | None = None  # None = d_model // n_head
+    max_seq_len: int = 256
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    pos: str = "learned"
+    rope_base: float = 10000.0
+    rope_interleaved: bool = False  # False: HF "rotate_half" pairing; True: (x0,x1),(x2,x3) pairs
+    rope_scaling: dict[str, Any] | None = None  # HF-style {"rope_type": "linear"|..., "factor": s}
+    mlp: str = "gelu"
+    bias: bool = True
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    attn_impl: str = "sdpa"
+    init_std: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata (e.g. preset name)
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.head_dim is None:
+            if self.n_head <= 0 or self.d_model % self.n_head:
+                raise ConfigError(
+                    f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}) "
+                    "unless head_dim is given"
+                )
+            self.head_dim = self.d_model // self.n_head
+        if self.d_ff is None:
+            self.d_ff = default_d_ff(self.d_model, self.mlp)
+        self.validate()
+
+    @property
+    def is_glu(self) -> bool:
+        return self.mlp in ("swiglu", "geglu")
+
+    def validate(self) -> None:
+        """Check every field and cross-field rule; raise ConfigError naming the fields."""
+        for name in (
+            "vocab_size",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "d_model",
+            "d_ff",
+            "max_seq_len",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        choices = {"norm": NORMS, "pos": POSITIONS, "mlp": MLPS, "attn_impl": ATTN_IMPLS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
+                )
+        if self.n_head % self.n_kv_head:
+            raise ConfigError(
+                f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"
+            )
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ConfigError(f"pos='rope' needs an even head_dim, got head_dim={self.head_dim}")
+        if self.pos == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"pos='sinusoidal' needs an even d_model, got {self.d_model}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_eps <= 0:
+            raise ConfigError(f"norm_eps must be positive, got {self.norm_eps}")
+        if self.rope_base <= 0:
+            raise ConfigError(f"rope_base must be positive, got {self.rope_base}")
+
+    # ---- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> ModelConfig:
+        """Build from a dict, rejecting unknown keys with the list of valid ones."""
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown model config key(s) {', '.join(unknown)}; "
+                f"valid keys: {', '.join(sorted(valid))}"
+            )
+        try:
+            return cls(**data)
+        except TypeError as err:  # wrong value types that dataclass construction trips on
+            raise ConfigError(f"{source}: {err}") from err
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+        data = {**PRESETS[name], **overrides}
+        data.setdefault("extra", {})["preset"] = name
+        return cls.from_dict(data, source=f"preset {name}")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def default_d_ff(d_model: int, mlp: str, multiple_of: int = 64) -> int:
+    """GPT-2 uses 4*d_model; GLU MLPs use 2/3 of that (Llama), rounded up to a multiple."""
+    if mlp in ("swiglu", "geglu"):
+        hidden = int(2 * 4 * d_model / 3)
+        return multiple_of * math.ceil(hidden / multiple_of)
+    return 4 * d_model
+
+
+_GPT2 = dict(pos="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True)
+_LLAMA = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
+
+
+def _preset(style: dict, layers: int, heads: int, width: int, ctx: int, vocab: int, **kw) -> dict:
+    return dict(style, n_layer=layers, n_head=heads, d_model=width, max_seq_len=ctx,
+                vocab_size=vocab, **kw)  # fmt: skip
+
+
+# Named presets from ~1M to 7B parameters (`lmforge model-info --list`). vocab_size is a
+# default: a run's tokenizer overrides it.
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpt2-micro": _preset(_GPT2, 4, 4, 128, 256, 4096),
+    "gpt2-mini": _preset(_GPT2, 6, 6, 384, 512, 8192),
+    "gpt2-small": _preset(_GPT2, 12, 12, 768, 1024, 50257),
+    "gpt2-medium": _preset(_GPT2, 24, 16, 1024, 1024, 50257),
+    "gpt2-large": _preset(_GPT2, 36, 20, 1280, 1024, 50257),
+    "gpt2-xl": _preset(_GPT2, 48, 25, 1600, 1024, 50257),
+    "llama-micro": _preset(_LLAMA, 4, 4, 128, 256, 4096, n_kv_head=2),
+    "llama-mini": _preset(_LLAMA, 8, 8, 512, 1024, 8192, n_kv_head=4, d_ff=1376),
+    "llama-160m": _preset(_LLAMA, 12, 12, 768, 2048, 32000, n_kv_head=4, d_ff=2048),
+    "llama-1b": _preset(_LLAMA, 16, 32, 2048, 4096, 128256, n_kv_head=8, d_ff=8192,
+                        rope_base=500000.0, tie_embeddings=True),
+    "llama-7b": _preset(_LLAMA, 32, 32, 4096, 4096, 32000, d_ff=11008),
+}  # fmt: skip

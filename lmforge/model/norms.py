@@ -1,0 +1,43 @@
+"""Normalisation layers. Both compute in fp32 and cast back, so bf16/fp16 training stays stable."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with biased variance: (x - mean) / sqrt(var + eps) * gamma (+ beta if bias)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        out = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), bias, self.eps)
+        return out.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * gamma, eps inside the root, no mean, no beta."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, bias: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * self.weight.float()).to(x.dtype)
+
+
+NORM_CLASSES: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+
+
+def build_norm(kind: str, dim: int, eps: float, bias: bool) -> nn.Module:
+    return NORM_CLASSES[kind](dim, eps=eps, bias=bias)

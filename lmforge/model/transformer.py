@@ -1,0 +1,151 @@
+"""The decoder-only transformer: embeddings -> N blocks -> final norm -> LM head.
+
+Read top to bottom like nanoGPT's model.py. Every variant (norm, position, MLP, attention kernel)
+is a small component picked by the config; this file only wires them together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lmforge.model.attention import CausalSelfAttention, causal_mask, padded_causal_mask
+from lmforge.model.cache import KVCache
+from lmforge.model.config import ModelConfig
+from lmforge.model.mlp import build_mlp
+from lmforge.model.norms import build_norm
+from lmforge.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: h = h + Attn(Norm(h)); h = h + MLP(Norm(h))."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.mlp = build_mlp(config.mlp, config.d_model, config.d_ff, config.bias, config.dropout)
+
+    def forward(self, h, rope=None, rope_tables=None, mask=None, is_causal=True, cache=None):
+        h = h + self.attn(self.attn_norm(h), rope, rope_tables, mask, is_causal, cache)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nn.Module):
+    """A causal language model: LongTensor [B, T] of token ids -> FloatTensor [B, T, vocab]."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.abs_pos = None
+        if config.pos == "learned":
+            self.abs_pos = LearnedPositions(config.max_seq_len, config.d_model)
+        elif config.pos == "sinusoidal":
+            self.abs_pos = SinusoidalPositions(config.max_seq_len, config.d_model)
+        self.rope = None
+        if config.pos == "rope":
+            self.rope = RotaryEmbedding(
+                config.head_dim, config.max_seq_len, config.rope_base,
+                config.rope_interleaved, config.rope_scaling,
+            )  # fmt: skip
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)."""
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif "norm" in name:
+                nn.init.ones_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def reset_buffers(self) -> None:
+        """Recompute non-persistent tables (RoPE, sinusoids), which checkpoints do not store."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_buffers"):
+                module.reset_buffers()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for every position (or only the last one, for decoding).
+
+        attention_mask: [B, T] with 1 for real tokens and 0 for padding (no cache), used by
+        reward models and batched scoring. With a cache, call `cache.set_padding` instead.
+        """
+        h = self.hidden_states(input_ids, attention_mask, positions, cache)
+        if last_only:
+            h = h[:, -1:]
+        return self.lm_head(self.norm(h))
+
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, cache=None):
+        """The residual stream after the last block, before the final norm: [B, T, d_model]."""
+        b, t = input_ids.shape
+        start = cache.length if cache is not None else 0
+        end = start + t
+        if end > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence of {end} tokens exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        key_mask = cache.key_mask if cache is not None else None
+        if key_mask is None and attention_mask is not None:
+            key_mask = attention_mask.bool()
+        if positions is None:
+            positions = self._positions(start, end, key_mask, input_ids.device)
+        mask, is_causal = self._mask(t, end, key_mask, input_ids.device)
+
+        h = self.embed(input_ids)
+        if self.abs_pos is not None:
+            h = h + self.abs_pos(positions)
+        h = self.drop(h)
+        rope_tables = self.rope.tables(positions, h.dtype) if self.rope is not None else None
+        for block in self.blocks:
+            h = block(h, self.rope, rope_tables, mask, is_causal, cache)
+        if cache is not None:
+            cache.advance(t)
+        return h
+
+    @staticmethod
+    def _positions(start: int, end: int, key_mask, device) -> torch.Tensor:
+        """Absolute positions; with left padding each row counts from its first real token."""
+        if key_mask is None:
+            return torch.arange(start, end, device=device)
+        return (key_mask[:, :end].long().cumsum(-1) - 1).clamp(min=0)[:, start:end]
+
+    @staticmethod
+    def _mask(t: int, s: int, key_mask, device):
+        """(mask, is_causal) for t new queries over s keys; None masks take the fast paths."""
+        if key_mask is not None:
+            return padded_causal_mask(key_mask, t, s), False
+        if t == s:
+            return None, True
+        if t == 1:
+            return None, False  # one new token may see every cached key
+        return causal_mask(t, s, device), False
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.embed.weight.numel()
+            if self.abs_pos is not None and isinstance(self.abs_pos, LearnedPositions):
+                n -= self.abs_pos.weight.numel()
+        return n

@@ -1,0 +1,85 @@
+"""Resumable training state in ONE safetensors file, so a crash can never leave half a checkpoint.
+
+The file holds the model weights, the optimizer moments and the RNG states as tensors, and every
+non-tensor value (iteration, optimizer hyper-parameters, data position, config) as JSON in the
+safetensors metadata. It is written to a temp file and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from lmforge.errors import CheckpointError
+from lmforge.fileio import load_tensors, save_tensors
+
+STATE_FILE = "training_state.safetensors"
+
+
+def _split(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Replace every tensor inside obj by a reference string, collecting tensors by name."""
+    if isinstance(obj, torch.Tensor):
+        tensors[prefix] = obj.detach().cpu().contiguous()
+        return {"__tensor__": prefix}
+    if isinstance(obj, dict):
+        return {str(k): _split(v, f"{prefix}.{k}", tensors) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_split(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
+    return obj
+
+
+def _join(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__tensor__"}:
+            return tensors[obj["__tensor__"]]
+        return {k: _join(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_join(v, tensors) for v in obj]
+    return obj
+
+
+def save_training_state(path: str | Path, state: dict[str, Any]) -> None:
+    """Save a nested dict of tensors and JSON-able values atomically."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _split(state, "s", tensors)
+    save_tensors(path, tensors, metadata={"lmforge_state": json.dumps(skeleton)})
+
+
+def load_training_state(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    tensors = load_tensors(path)
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+    if "lmforge_state" not in meta:
+        raise CheckpointError(f"{path}: not an lmforge training state (no metadata)")
+    state = _join(json.loads(meta["lmforge_state"]), tensors)
+    # JSON turns int dict keys (optimizer state indices) into strings; restore them.
+    optim = state.get("optimizer")
+    if isinstance(optim, dict) and "state" in optim:
+        optim["state"] = {int(k): v for k, v in optim["state"].items()}
+    return state
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict without tied duplicates (safetensors refuses shared storage)."""
+    state = model.state_dict()
+    seen: dict[int, str] = {}
+    for name in list(state):
+        ptr = state[name].data_ptr()
+        if ptr in seen and state[name].numel() > 0:
+            del state[name]
+        else:
+            seen[ptr] = name
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])

@@ -1,0 +1,131 @@
+"""TrainConfig: everything a pretraining run needs, from YAML plus `--key value` overrides.
+
+A YAML file holds top-level training keys and a nested `model:` mapping (or a `preset:` name);
+command-line overrides use the same names, dotted for the model (`--model.n_layer 6`).
+Unknown keys fail with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmforge.errors import ConfigError
+from lmforge.fileio import load_yaml
+from lmforge.model.config import ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    """A pretraining run. Defaults: a tiny GPT on the built-in Python docs, a few CPU minutes."""
+
+    out_dir: str = "out/pretrain"
+    data: str = "builtin:pydoc"  # file, folder, .jsonl, .parquet, builtin:NAME or hf:NAME
+    text_field: str = "text"
+    tokenizer: str = "bpe"  # bpe | char | word, or a path to a tokenizer.json / directory
+    vocab_size: int = 2048  # for a tokenizer trained here
+    val_fraction: float = 0.1
+    preset: str | None = None
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (override preset)
+    batch_size: int = 12
+    block_size: int = 64
+    grad_accum: int = 1
+    max_iters: int = 2000
+    max_time: float | None = None  # seconds; stop early when reached (same-wall-time runs)
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 100
+    lr_decay_iters: int | None = None  # None = max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.0
+    dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; fp16 uses loss scaling)
+    compile: bool = False
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 10
+    checkpoint_interval: int | None = None  # None = eval_interval
+    seed: int = 1337
+    device: str = "auto"
+    samples: int = 2  # samples printed at the end
+    sample_tokens: int = 200
+    sample_prompt: str = "\n"
+    progress: bool = True
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lr_decay_iters is None:
+            self.lr_decay_iters = self.max_iters
+        if self.checkpoint_interval is None:
+            self.checkpoint_interval = self.eval_interval
+        for name in ("batch_size", "block_size", "grad_accum", "max_iters", "eval_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.lr <= 0 or self.min_lr < 0:
+            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        """The ModelConfig for this run: preset, then `model:` overrides, vocab from tokenizer."""
+        overrides = dict(self.model)
+        overrides.setdefault("vocab_size", vocab_size)
+        overrides.setdefault("max_seq_len", max(self.block_size, 1))
+        if self.preset:
+            return ModelConfig.from_preset(self.preset, **overrides)
+        return ModelConfig.from_dict(overrides, source="model")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """`--key value` / `--key=value` pairs -> dict; values parsed as YAML scalars (1e-3, true)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"expected --key value, got {arg!r}")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"missing value for {arg}")
+            key, raw = arg[2:], args[i + 1]
+            i += 2
+        out[key.replace("-", "_")] = yaml.safe_load(raw) if raw != "" else ""
+    return out
+
+
+def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
+    """Merge a YAML file and overrides into `cls` (a dataclass with a `model` dict field)."""
+    data: dict[str, Any] = load_yaml(path) if path else {}
+    source = str(path) if path else "command line"
+    for key, value in overrides.items():
+        if key.startswith("model."):
+            data.setdefault("model", {})[key[len("model.") :]] = value
+        else:
+            data[key] = value
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - valid)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}"
+        )
+    if not isinstance(data.get("model", {}), dict):
+        raise ConfigError(f"{source}: 'model' must be a mapping of ModelConfig fields")
+    try:
+        return cls(**data)
+    except TypeError as err:
+        raise ConfigError(f"{source}: {err}") from err

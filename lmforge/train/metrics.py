@@ -1,0 +1,86 @@
+"""Run logging: a metrics CSV (appended, so resumed runs continue it), optional TensorBoard,
+and a PNG plot of the curves at the end of a run."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Rows of {step, split, name: value...} to metrics.csv; plot(...) draws them."""
+
+    def __init__(self, out_dir: str | Path, tensorboard: bool = False, resume: bool = False):
+        self.path = Path(out_dir) / "metrics.csv"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not resume and self.path.exists():
+            self.path.unlink()
+        self.rows: list[dict[str, Any]] = []
+        if resume and self.path.exists():
+            with open(self.path, newline="") as fh:
+                self.rows = list(csv.DictReader(fh))
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
+            except ImportError:
+                self.writer = None
+
+    def log(self, step: int, split: str, **values: float) -> None:
+        row = {"step": step, "split": split, **values}
+        self.rows.append(row)
+        new_file = not self.path.exists()
+        with open(self.path, "a", newline="") as fh:
+            writer = csv.writer(fh)
+            if new_file:
+                writer.writerow(["step", "split", "metric", "value"])
+            for name, value in values.items():
+                writer.writerow([step, split, name, f"{value:.6g}"])
+        if self.writer is not None:
+            for name, value in values.items():
+                self.writer.add_scalar(f"{split}/{name}", value, step)
+
+    def series(self, split: str, metric: str) -> tuple[list[int], list[float]]:
+        """(steps, values) for one curve, read back from the CSV."""
+        steps, values = [], []
+        with open(self.path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row["split"] == split and row["metric"] == metric:
+                    steps.append(int(row["step"]))
+                    values.append(float(row["value"]))
+        return steps, values
+
+    def plot(self, curves: list[tuple[str, str]], path: str | Path, title: str = "") -> Path:
+        """One panel per metric name; each (split, metric) a line. Writes a PNG."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        metrics = sorted({m for _, m in curves}, key=[m for _, m in curves].index)
+        fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), squeeze=False)
+        for ax, metric in zip(axes[0], metrics):
+            for split, m in curves:
+                if m != metric or not self.path.exists():
+                    continue
+                steps, values = self.series(split, m)
+                if steps:
+                    ax.plot(steps, values, label=split, marker="." if len(steps) < 30 else None)
+            ax.set_xlabel("step")
+            ax.set_ylabel(metric)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,278 @@
+"""Pretraining: tokenizer -> token shards -> next-token training -> checkpoint, samples, plot.
+
+The loop is nanoGPT's: sample random blocks, AdamW with warmup + cosine, clip, evaluate every
+`eval_interval` steps. What it adds is what long runs need: an exact resume (model, optimizer,
+RNG and data position in one atomic file), Ctrl-C saving, a stop on NaN that keeps the last
+good checkpoint, a metrics CSV and a PNG of the curves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lmforge.data import BatchSampler, TokenShard, iterate_eval_batches, prepare_corpus
+from lmforge.errors import CheckpointError, LMForgeError
+from lmforge.fileio import write_json
+from lmforge.lm import LM
+from lmforge.model.transformer import Transformer
+from lmforge.tokenizer import Tokenizer
+from lmforge.train.checkpoint import (
+    STATE_FILE,
+    load_training_state,
+    model_state,
+    rng_state,
+    save_training_state,
+    set_rng_state,
+)
+from lmforge.train.config import TrainConfig
+from lmforge.train.metrics import MetricsLog
+from lmforge.train.optim import LossScaler, build_adamw, cosine_lr
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class NonFiniteLoss(LMForgeError):
+    """The loss became NaN or inf: training stopped, the last good checkpoint is kept."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:
+    """Reuse the run's tokenizer, load a given one, or train one on the corpus."""
+    if (out_dir / "tokenizer.json").is_file():
+        return Tokenizer.load(out_dir)
+    if cfg.tokenizer not in ("bpe", "char", "word"):
+        return Tokenizer.load(cfg.tokenizer)
+    from lmforge.data import read_documents
+
+    docs = read_documents(cfg.data, text_field=cfg.text_field)
+    if cfg.tokenizer == "bpe":
+        return Tokenizer.train_bpe(docs, vocab_size=cfg.vocab_size)
+    if cfg.tokenizer == "char":
+        return Tokenizer.train_char(docs)
+    return Tokenizer.train_word(docs, vocab_size=cfg.vocab_size)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0):
+    """Mean next-token cross-entropy (targets already shifted; -100 positions ignored)."""
+    return F.cross_entropy(
+        logits.float().view(-1, logits.size(-1)), targets.view(-1),
+        ignore_index=-100, label_smoothing=label_smoothing,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def evaluate(model, shard: TokenShard, cfg: TrainConfig, device, autocast) -> float:
+    """Mean loss over the first `eval_iters` sequential blocks of a split (deterministic)."""
+    was_training = model.training
+    model.eval()
+    losses = []
+    for x, y in iterate_eval_batches(shard, cfg.batch_size, cfg.block_size, cfg.eval_iters):
+        with autocast():
+            losses.append(lm_loss(model(x.to(device)), y.to(device)).item())
+    model.train(was_training)
+    return sum(losses) / max(1, len(losses))
+
+
+class Pretrainer:
+    """One pretraining run, from a TrainConfig to a checkpoint directory."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
+        self.cfg, self.log = cfg, log
+        self.out_dir = Path(cfg.out_dir)
+        self.device = resolve_device(cfg.device)
+        state_path = self.out_dir / STATE_FILE
+        if resume and not state_path.is_file():
+            raise CheckpointError(f"--resume: no training state at {state_path}")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+
+        self.tokenizer = build_tokenizer(cfg, self.out_dir)
+        self.tokenizer.save(self.out_dir)
+        meta = prepare_corpus(
+            cfg.data, self.tokenizer, self.out_dir / "data", val_fraction=cfg.val_fraction
+        )
+        self.train_shard = TokenShard.open(self.out_dir / "data" / "train.bin")
+        self.val_shard = TokenShard.open(self.out_dir / "data" / "val.bin")
+        self.model_config = cfg.model_config(self.tokenizer.vocab_size)
+        self.model = Transformer(self.model_config).to(self.device)
+        self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        self.scaler = LossScaler() if cfg.dtype == "float16" else None
+        self.sampler = BatchSampler(
+            self.train_shard, cfg.batch_size, cfg.block_size, seed=cfg.seed, device=self.device
+        )
+        self.step = 0
+        self.tokens_seen = 0
+        self.elapsed = 0.0  # training seconds across resumes
+        if resume:
+            self._load_state(state_path)
+        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard, resume=resume)
+        self.forward = torch.compile(self.model) if cfg.compile else self.model
+        write_json(self.out_dir / "train_config.json", cfg.to_dict())
+        self.log(
+            f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens; "
+            f"model: {self.model.num_parameters():,} parameters; device {self.device}"
+        )
+
+    def autocast(self):
+        if self.cfg.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.cfg.dtype])
+
+    # ---- state -------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """Model in HF layout for users, full state in one atomic file for --resume."""
+        LM(self.model, self.tokenizer).save(self.out_dir)
+        state = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "elapsed": self.elapsed,
+            "model": model_state(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "model_config": self.model_config.to_dict(),
+        }
+        save_training_state(self.out_dir / STATE_FILE, state)
+
+    def _load_state(self, path: Path) -> None:
+        state = load_training_state(path)
+        if state["model_config"] != self.model_config.to_dict():
+            raise CheckpointError(
+                f"{path}: saved with a different model config; start a new out_dir or "
+                "restore the original settings"
+            )
+        self.model.load_state_dict(state["model"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.elapsed = state["elapsed"]
+        self.log(f"resumed from step {self.step}")
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def train_step(self) -> float:
+        cfg = self.cfg
+        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = 0.0
+        for _ in range(cfg.grad_accum):
+            x, y = self.sampler.next_batch()
+            with self.autocast():
+                loss = lm_loss(self.forward(x), y, cfg.label_smoothing) / cfg.grad_accum
+            if self.scaler:
+                (loss * self.scaler.scale).backward()
+            else:
+                loss.backward()
+            total += loss.item()
+        if not math.isfinite(total):
+            raise NonFiniteLoss(
+                f"loss became {total} at step {self.step}; stopped. The last good checkpoint "
+                f"in {self.out_dir} is kept (lower lr, or use bfloat16 instead of float16)."
+            )
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.scaler is None or self.scaler.unscale_and_check(params):
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += cfg.batch_size * cfg.block_size * cfg.grad_accum
+        return total
+
+    def run(self) -> dict[str, float]:
+        """Train to max_iters (or max_time), then save, sample and plot. Returns final metrics."""
+        cfg = self.cfg
+        self.model.train()
+        bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
+        result: dict[str, float] = {}
+        window_tokens, window_start = 0, time.perf_counter()
+        try:
+            while self.step < cfg.max_iters:
+                t0 = time.perf_counter()
+                loss = self.train_step()
+                self.elapsed += time.perf_counter() - t0
+                window_tokens += cfg.batch_size * cfg.block_size * cfg.grad_accum
+                if bar is not None:
+                    bar.update(1)
+                if self.step % cfg.log_interval == 0 or self.step == 1:
+                    tps = window_tokens / max(1e-9, time.perf_counter() - window_start)
+                    window_tokens, window_start = 0, time.perf_counter()
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    self.metrics.log(self.step, "train", loss=loss, lr=lr, tokens_per_s=tps)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}")
+                out_of_time = cfg.max_time is not None and self.elapsed >= cfg.max_time
+                last = self.step >= cfg.max_iters or out_of_time
+                if self.step % cfg.eval_interval == 0 or last:
+                    result = self._evaluate()
+                    if bar is not None:
+                        bar.write(self._eval_line(result))
+                if self.step % cfg.checkpoint_interval == 0 or last:
+                    self.save_checkpoint()
+                if out_of_time:
+                    break
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.metrics.close()
+        plot = self.metrics.plot(
+            [("train", "loss"), ("val", "loss"), ("train", "lr")],
+            self.out_dir / "loss.png", title=f"pretraining {self.out_dir.name}",
+        )  # fmt: skip
+        result.update(
+            step=self.step, elapsed_s=self.elapsed, tokens_per_s=self.tokens_seen / self.elapsed
+        )
+        write_json(self.out_dir / "final_metrics.json", result)
+        result["plot"] = str(plot)
+        return result
+
+    def _eval_line(self, r: dict[str, float]) -> str:
+        return (
+            f"step {self.step}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
+            f"val ppl {r['val_ppl']:.2f}"
+        )
+
+    def _evaluate(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        train = evaluate(self.model, self.train_shard, self.cfg, self.device, self.autocast)
+        val = evaluate(self.model, self.val_shard, self.cfg, self.device, self.autocast)
+        self.elapsed += time.perf_counter() - t0
+        ppl = math.exp(min(val, 50.0))
+        self.metrics.log(self.step, "val", loss=val, ppl=ppl)
+        self.metrics.log(self.step, "train_eval", loss=train)
+        return {"train_loss": train, "val_loss": val, "val_ppl": ppl}
+
+    def samples(self, n: int | None = None, max_new_tokens: int | None = None) -> list[str]:
+        """A few text samples from the current model (temperature 0.8, top-k 200 like nanoGPT)."""
+        lm = LM(self.model, self.tokenizer)
+        n = self.cfg.samples if n is None else n
+        if n < 1:
+            return []
+        tokens = min(max_new_tokens or self.cfg.sample_tokens, self.model_config.max_seq_len - 1)
+        return lm.complete(
+            [self.cfg.sample_prompt] * n, max_new_tokens=tokens, temperature=0.8, top_k=200,
+            seed=self.cfg.seed,
+        )  # fmt: skip
