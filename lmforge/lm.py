@@ -26,9 +26,10 @@ from lmforge.model.transformer import Transformer
 class LM:
     """A Transformer plus (optionally) the Tokenizer that feeds it."""
 
-    def __init__(self, model: Transformer, tokenizer=None):
+    def __init__(self, model: Transformer, tokenizer=None, generation_config: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.generation_config = generation_config  # HF generation_config.json, when loaded
 
     # ---- construction and persistence --------------------------------------------------------
     @classmethod
@@ -49,7 +50,8 @@ class LM:
 
     @classmethod
     def load(cls, path: str | Path, device="cpu", dtype: torch.dtype | None = None) -> LM:
-        """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json)."""
+        """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json): ours or
+        a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop)."""
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
@@ -59,13 +61,21 @@ class LM:
             from lmforge.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.load(path)
-        return cls(model, tokenizer)
+        from lmforge.interop.hf import read_generation_config
+
+        return cls(model, tokenizer, read_generation_config(path))
 
     def save(self, path: str | Path) -> None:
         """Write the Hugging Face directory layout: config.json, model.safetensors, tokenizer."""
         save_model(self.model, path)
         if self.tokenizer is not None:
             self.tokenizer.save(path)
+
+    def export_hf(self, path: str | Path, max_shard_bytes: int | None = None) -> Path:
+        """Write a directory transformers' AutoModelForCausalLM/AutoTokenizer load unchanged."""
+        from lmforge.interop.hf import export_hf
+
+        return export_hf(self, path, max_shard_bytes)
 
     @property
     def config(self) -> ModelConfig:
@@ -79,6 +89,9 @@ class LM:
     def _eos_ids(self, eos_ids: Sequence[int] | None) -> list[int]:
         if eos_ids is not None:
             return list(eos_ids)
+        eos = (self.generation_config or {}).get("eos_token_id")
+        if eos is not None:  # HF checkpoints may stop on several ids
+            return [eos] if isinstance(eos, int) else list(eos)
         if self.tokenizer is not None and self.tokenizer.eos_id is not None:
             return [self.tokenizer.eos_id]
         return []

@@ -64,8 +64,8 @@ class CausalSelfAttention(nn.Module):
             config.head_dim,
         )
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.bias)
-        self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.bias)
+        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.attention_out_bias)
         self.split_sizes = (q_dim, kv_dim, kv_dim)
         self.kernel = ATTENTION_KERNELS[config.attn_impl]
         self.dropout = config.dropout
@@ -97,18 +97,24 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 
-def causal_mask(t: int, s: int, device=None) -> torch.Tensor:
-    """[t, s] bool: the t newest queries (ending at key s-1) see keys j <= their own position."""
-    return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
+def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:
+    """[t, s] bool: the t newest queries (ending at key s-1) see keys j <= their own position
+    (and, with a sliding `window` W, only the W newest of those: i - W < j, as Mistral does)."""
+    mask = torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
+    if window is not None:
+        mask = mask.triu(s - t - window + 1)
+    return mask
 
 
-def padded_causal_mask(key_mask: torch.Tensor, t: int, s: int) -> torch.Tensor:
+def padded_causal_mask(
+    key_mask: torch.Tensor, t: int, s: int, window: int | None = None
+) -> torch.Tensor:
     """[B, 1, t, s] causal mask that also hides padding keys ([B, >=s] bool, True = real).
 
     Each query may always see itself, so rows that are entirely padding stay finite
     (their outputs are never used).
     """
-    causal = causal_mask(t, s, key_mask.device)
+    causal = causal_mask(t, s, key_mask.device, window)
     diagonal = torch.zeros_like(causal)
     diagonal[torch.arange(t), torch.arange(s - t, s)] = True
     allowed = (causal & key_mask[:, None, :s]) | diagonal

@@ -18,7 +18,7 @@ from lmforge.errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu")
+MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "moe")
 ATTN_IMPLS = ("sdpa", "explicit")
 
 
@@ -42,6 +42,15 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None  # HF-style {"rope_type": "linear"|..., "factor": s}
     mlp: str = "gelu"
     bias: bool = True
+    # Per-projection biases (Hugging Face families mix them); None follows `bias`. The LM head
+    # never had a bias here, so it defaults to False whatever `bias` says.
+    attention_bias: bool | None = None  # q/k/v projections (Qwen2: True with bias=False)
+    attention_out_bias: bool | None = None  # o_proj
+    mlp_bias: bool | None = None
+    lm_head_bias: bool = False
+    sliding_window: int | None = None  # Mistral: each query sees its `sliding_window` newest keys
+    n_experts: int = 8  # mlp="moe": number of experts
+    experts_top_k: int = 2  # mlp="moe": experts per token (Mixtral routing)
     tie_embeddings: bool = True
     dropout: float = 0.0
     attn_impl: str = "sdpa"
@@ -60,6 +69,9 @@ class ModelConfig:
             self.head_dim = self.d_model // self.n_head
         if self.d_ff is None:
             self.d_ff = default_d_ff(self.d_model, self.mlp)
+        for name in ("attention_bias", "attention_out_bias", "mlp_bias"):
+            if getattr(self, name) is None:
+                setattr(self, name, self.bias)
         self.validate()
 
     @property
@@ -100,6 +112,15 @@ class ModelConfig:
             raise ConfigError(f"norm_eps must be positive, got {self.norm_eps}")
         if self.rope_base <= 0:
             raise ConfigError(f"rope_base must be positive, got {self.rope_base}")
+        if self.sliding_window is not None and (
+            not isinstance(self.sliding_window, int) or self.sliding_window < 1
+        ):
+            raise ConfigError(f"sliding_window must be None or >= 1, got {self.sliding_window!r}")
+        if self.mlp == "moe" and not 1 <= self.experts_top_k <= self.n_experts:
+            raise ConfigError(
+                f"experts_top_k ({self.experts_top_k}) must be between 1 and "
+                f"n_experts ({self.n_experts})"
+            )
 
     # ---- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -134,7 +155,7 @@ class ModelConfig:
 
 def default_d_ff(d_model: int, mlp: str, multiple_of: int = 64) -> int:
     """GPT-2 uses 4*d_model; GLU MLPs use 2/3 of that (Llama), rounded up to a multiple."""
-    if mlp in ("swiglu", "geglu"):
+    if mlp in ("swiglu", "geglu", "moe"):
         hidden = int(2 * 4 * d_model / 3)
         return multiple_of * math.ceil(hidden / multiple_of)
     return 4 * d_model

@@ -25,11 +25,14 @@ def save_model(model: Transformer, directory: str | Path) -> None:
 
 
 def load_config(directory: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint: ours, or a Hugging Face one (lmforge.interop converts)."""
     path = Path(directory) / "config.json"
     data = read_json(path, "model config")
     model_type = data.pop("model_type", MODEL_TYPE)
     if model_type != MODEL_TYPE:
-        raise CheckpointError(f"{path}: model_type {model_type!r} is not a native lmforge model")
+        from lmforge.interop.hf import hf_config_to_ours  # lazy: interop imports this package
+
+        return hf_config_to_ours({**data, "model_type": model_type}, str(path))
     return ModelConfig.from_dict(data, source=str(path))
 
 
@@ -38,6 +41,11 @@ def load_model(
 ) -> Transformer:
     """Build the model from config.json and load weights strictly (every tensor, right shapes)."""
     directory = Path(directory)
+    model_type = read_json(directory / "config.json", "model config").get("model_type")
+    if model_type not in (None, MODEL_TYPE):  # a Hugging Face checkpoint
+        from lmforge.interop.hf import load_hf_model
+
+        return load_hf_model(directory, device, dtype)
     config = load_config(directory)
     weights_path = directory / "model.safetensors"
     state = load_tensors(weights_path, device)

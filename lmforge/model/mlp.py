@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.model.moe import MoE
+
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -51,9 +53,13 @@ MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
     "silu": (MLP, "silu"),
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),
+    "moe": (MoE, "silu"),  # Mixtral: SwiGLU experts
 }
 
 
-def build_mlp(kind: str, d_model: int, d_ff: int, bias: bool, dropout: float) -> nn.Module:
+def build_mlp(
+    kind: str, d_model: int, d_ff: int, bias: bool, dropout: float, **options
+) -> nn.Module:
+    """The feed-forward block named by `kind`; `options` go to kinds that take more (MoE)."""
     cls, activation = MLP_KINDS[kind]
-    return cls(d_model, d_ff, activation, bias, dropout)
+    return cls(d_model, d_ff, activation, bias, dropout, **options)

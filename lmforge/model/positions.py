@@ -8,6 +8,7 @@ left-padded rows start at different offsets), so cached decoding and padding nee
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -53,21 +54,132 @@ class SinusoidalPositions(nn.Module):
         return self.table[positions]
 
 
-def rope_inv_freq(
-    head_dim: int, base: float, scaling: dict | None = None
-) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies base^(-2k/d) for each rotated plane, and the attention scale factor.
+def _default_freq(head_dim: int, base: float) -> torch.Tensor:
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
-    `scaling` follows Hugging Face's `rope_scaling` dict. Here: none/"default" and "linear"
-    (position interpolation, theta = (i/s) * alpha_k).
+
+def _rope_default(head_dim, base, scaling, seq_len):
+    return _default_freq(head_dim, base), 1.0
+
+
+def _rope_linear(head_dim, base, scaling, seq_len):
+    """Position interpolation: theta = (i/s) * alpha_k, i.e. every frequency divided by s."""
+    return _default_freq(head_dim, base) / scaling["factor"], 1.0
+
+
+def _rope_ntk(head_dim, base, scaling, seq_len):
+    """Static NTK-aware scaling: a larger base b' = b * s^(d/(d-2)) (SPEC §3)."""
+    s = scaling["factor"]
+    return _default_freq(head_dim, base * s ** (head_dim / (head_dim - 2))), 1.0
+
+
+def _rope_dynamic(head_dim, base, scaling, seq_len):
+    """Dynamic NTK (HF "dynamic"): NTK base grown for the current length once it exceeds L.
+
+    b' = b * (s * T / L - (s - 1))^(d/(d-2)) with T = max(seq_len, L), so sequences within the
+    original context L use the unscaled frequencies.
     """
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "default":
-        return inv_freq.float(), 1.0
-    if kind == "linear":
-        return (inv_freq / float(scaling["factor"])).float(), 1.0
-    raise ConfigError(f"unknown rope_scaling type {kind!r}; supported: default, linear")
+    s, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    t = max(seq_len or original, original)
+    return _default_freq(
+        head_dim, base * (s * t / original - (s - 1)) ** (head_dim / (head_dim - 2))
+    ), 1.0
+
+
+def yarn_mscale(s: float, mscale: float = 1.0) -> float:
+    """YaRN attention temperature 0.1 * mscale * ln(s) + 1 (1.0 for s <= 1), folded into cos/sin."""
+    return 1.0 if s <= 1 else 0.1 * mscale * math.log(s) + 1.0
+
+
+def _rope_yarn(head_dim, base, scaling, seq_len):
+    """YaRN (paper/HF direction, SPEC §3 correction): planes that turn more than beta_fast times
+    over the original context L keep their frequency, planes turning fewer than beta_slow times are
+    interpolated (divided by s), with a linear ramp in plane index between the two correction dims
+    (floored/ceiled unless truncate=False), exactly as transformers computes it."""
+    s = scaling["factor"]
+    original = scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(s)
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # avoid dividing by zero in the ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: high-frequency plane kept as is; 0: interpolated
+    freq = _default_freq(head_dim, base)
+    return freq / s * (1 - keep) + freq * keep, float(attention_factor)
+
+
+def _rope_llama3(head_dim, base, scaling, seq_len):
+    """Llama 3.1: wavelengths above L/low_freq_factor are divided by s, below L/high_freq_factor
+    kept, and smoothly interpolated in between."""
+    s, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    low_factor, high_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    freq = _default_freq(head_dim, base)
+    wavelen = 2 * math.pi / freq
+    scaled = torch.where(wavelen > original / low_factor, freq / s, freq)
+    smooth = (original / wavelen - low_factor) / (high_factor - low_factor)
+    smoothed = (1 - smooth) * scaled / s + smooth * scaled
+    medium = (wavelen >= original / high_factor) & (wavelen <= original / low_factor)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+# rope_scaling["rope_type"] -> (function, keys it requires). Hugging Face names, plus "ntk".
+ROPE_SCALINGS: dict[str, tuple[Callable, tuple[str, ...]]] = {
+    "default": (_rope_default, ()),
+    "linear": (_rope_linear, ("factor",)),
+    "ntk": (_rope_ntk, ("factor",)),
+    "dynamic": (_rope_dynamic, ("factor", "original_max_position_embeddings")),
+    "yarn": (_rope_yarn, ("factor", "original_max_position_embeddings")),
+    "llama3": (
+        _rope_llama3,
+        ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+    ),
+}
+
+
+def rope_scaling_type(scaling: dict | None) -> str:
+    """The rope_type of an HF-style rope_scaling dict (old configs call it "type")."""
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+def check_rope_scaling(scaling: dict | None) -> None:
+    """Raise ConfigError for an unknown rope_type or a missing required key."""
+    kind = rope_scaling_type(scaling)
+    if kind not in ROPE_SCALINGS:
+        raise ConfigError(
+            f"unknown rope_scaling type {kind!r}; supported: {', '.join(ROPE_SCALINGS)}"
+        )
+    missing = [k for k in ROPE_SCALINGS[kind][1] if (scaling or {}).get(k) is None]
+    if missing:
+        raise ConfigError(f"rope_scaling type {kind!r} needs {', '.join(missing)}")
+
+
+def rope_inv_freq(
+    head_dim: int, base: float, scaling: dict | None = None, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies base^(-2k/d) for each rotated plane, and the attention scale factor
+    (multiplied into cos and sin, so scores scale by its square, as in HF's YaRN).
+
+    `scaling` follows Hugging Face's `rope_scaling` dict; `seq_len` (the current sequence length)
+    only matters for "dynamic".
+    """
+    check_rope_scaling(scaling)
+    fn = ROPE_SCALINGS[rope_scaling_type(scaling)][0]
+    inv_freq, mscale = fn(head_dim, base, scaling or {}, seq_len)
+    return inv_freq.float(), mscale
 
 
 class RotaryEmbedding(nn.Module):
@@ -90,25 +202,37 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim, self.max_seq_len, self.base = head_dim, max_seq_len, base
         self.interleaved, self.scaling = interleaved, scaling
-        rope_inv_freq(head_dim, base, scaling)  # validate the scaling config eagerly
+        check_rope_scaling(scaling)  # fail at build time, not at the first forward
         self.register_buffer("cos", torch.empty(max_seq_len, head_dim), persistent=False)
         self.register_buffer("sin", torch.empty(max_seq_len, head_dim), persistent=False)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
         """(Re)compute the cos/sin tables, e.g. after building the model on the meta device."""
-        inv_freq, mscale = rope_inv_freq(self.head_dim, self.base, self.scaling)
-        angles = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float32), inv_freq)
+        device = self.cos.device
+        positions = torch.arange(self.max_seq_len, dtype=torch.float32)
+        cos, sin = self._cos_sin(positions, *rope_inv_freq(self.head_dim, self.base, self.scaling))
+        self.cos, self.sin = cos.to(device), sin.to(device)
+
+    def _cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, mscale: float):
+        angles = positions.float()[..., None] * inv_freq.to(positions.device)
         if self.interleaved:
             angles = angles.repeat_interleave(2, dim=-1)
         else:
             angles = torch.cat([angles, angles], dim=-1)
-        device = self.cos.device
-        self.cos, self.sin = (angles.cos() * mscale).to(device), (angles.sin() * mscale).to(device)
+        return angles.cos() * mscale, angles.sin() * mscale
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos/sin for `positions`, shaped to broadcast against [B, H, T, head_dim]."""
-        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        cos, sin = self.cos[positions], self.sin[positions]
+        if rope_scaling_type(self.scaling) == "dynamic":
+            # HF semantics: past the original context, frequencies depend on the current length
+            # (the largest position + 1); keys already in a cache keep their rotation.
+            seq_len = int(positions.max()) + 1
+            if seq_len > self.scaling["original_max_position_embeddings"]:
+                freq = rope_inv_freq(self.head_dim, self.base, self.scaling, seq_len)
+                cos, sin = self._cos_sin(positions, *freq)
+        cos, sin = cos.to(dtype), sin.to(dtype)
         if positions.dim() == 2:  # per-row positions [B, T] -> [B, 1, T, D]
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return cos, sin

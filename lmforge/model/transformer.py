@@ -27,7 +27,11 @@ class Block(nn.Module):
         self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        self.mlp = build_mlp(config.mlp, config.d_model, config.d_ff, config.bias, config.dropout)
+        moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k)
+        self.mlp = build_mlp(
+            config.mlp, config.d_model, config.d_ff, config.mlp_bias, config.dropout,
+            **(moe if config.mlp == "moe" else {}),
+        )  # fmt: skip
 
     def forward(self, h, rope=None, rope_tables=None, mask=None, is_causal=True, cache=None):
         h = h + self.attn(self.attn_norm(h), rope, rope_tables, mask, is_causal, cache)
@@ -55,7 +59,7 @@ class Transformer(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
@@ -111,7 +115,7 @@ class Transformer(nn.Module):
             key_mask = attention_mask.bool()
         if positions is None:
             positions = self._positions(start, end, key_mask, input_ids.device)
-        mask, is_causal = self._mask(t, end, key_mask, input_ids.device)
+        mask, is_causal = self._mask(t, end, key_mask, input_ids.device, self.config.sliding_window)
 
         h = self.embed(input_ids)
         if self.abs_pos is not None:
@@ -132,10 +136,12 @@ class Transformer(nn.Module):
         return (key_mask[:, :end].long().cumsum(-1) - 1).clamp(min=0)[:, start:end]
 
     @staticmethod
-    def _mask(t: int, s: int, key_mask, device):
+    def _mask(t: int, s: int, key_mask, device, window: int | None = None):
         """(mask, is_causal) for t new queries over s keys; None masks take the fast paths."""
         if key_mask is not None:
-            return padded_causal_mask(key_mask, t, s), False
+            return padded_causal_mask(key_mask, t, s, window), False
+        if window is not None and window < s:
+            return causal_mask(t, s, device, window), False
         if t == s:
             return None, True
         if t == 1:

@@ -1,0 +1,337 @@
+"""Hugging Face model families: config mapping and weight renaming, one small class per family.
+
+A family knows three things: how an HF `config.json` maps to a ModelConfig (and back), and
+`key_map`: for every tensor of *our* model, which HF tensors it comes from and how (copy,
+concatenate q/k/v into our fused qkv_proj, transpose GPT-2's Conv1D). The same table drives
+loading and exporting, so the two directions cannot drift apart. Features a family cannot express
+are reported by `export_problems` in words, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmforge.errors import ConfigError
+from lmforge.interop.rope import rope_from_hf, rope_to_hf
+from lmforge.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Our tensor = transform(HF tensors). `sizes` split a concatenation back on export."""
+
+    hf_keys: tuple[str, ...]
+    transform: str = "copy"  # "copy" | "cat" | "transpose"
+    sizes: tuple[int, ...] = ()
+
+
+def _linear(m: dict, ours: str, hf: str, bias: bool, transform: str = "copy") -> None:
+    m[f"{ours}.weight"] = Rule((f"{hf}.weight",), transform)
+    if bias:
+        m[f"{ours}.bias"] = Rule((f"{hf}.bias",))
+
+
+class Family:
+    """Base class: subclasses set the names and override the parts that differ."""
+
+    model_type = ""
+    architecture = ""
+    ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers some old files kept
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        raise ConfigError(f"{self.model_type}: no config mapping")  # every family overrides
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        raise ConfigError(f"{self.model_type}: no config mapping")
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        raise ConfigError(f"{self.model_type}: no weight mapping")
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        """Why `config` cannot be written as this family (empty list: it can)."""
+        return []
+
+    def normalize_keys(self, keys: list[str]) -> dict[str, str]:
+        """Map the file's tensor names to canonical ones (identity unless a family has aliases)."""
+        return {k: k for k in keys}
+
+
+class Llama(Family):
+    """Llama and its close relatives: RMSNorm, RoPE (rotate-half), SwiGLU, optional biases."""
+
+    model_type, architecture = "llama", "LlamaForCausalLM"
+    default_theta = 10000.0
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        n_head = hf["num_attention_heads"]
+        hidden = hf["hidden_size"]
+        act = hf.get("hidden_act", "silu")
+        mlp = {"silu": "swiglu", "gelu": "geglu"}.get(act)
+        if mlp is None:
+            raise ConfigError(f"hidden_act {act!r} is not supported (supported: silu, gelu)")
+        rope_base, rope_scaling, max_len = rope_from_hf(hf, self.default_theta)
+        attention_bias = bool(hf.get("attention_bias", False))
+        return dict(
+            vocab_size=hf["vocab_size"],
+            n_layer=hf["num_hidden_layers"],
+            n_head=n_head,
+            n_kv_head=hf.get("num_key_value_heads") or n_head,
+            d_model=hidden,
+            d_ff=hf["intermediate_size"],
+            head_dim=hf.get("head_dim") or hidden // n_head,
+            max_seq_len=max_len,
+            norm="rmsnorm",
+            norm_eps=hf.get("rms_norm_eps", 1e-6),
+            pos="rope",
+            rope_base=rope_base,
+            rope_scaling=rope_scaling,
+            mlp=mlp,
+            bias=False,
+            attention_bias=attention_bias,
+            attention_out_bias=attention_bias,
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = dict(
+            vocab_size=config.vocab_size,
+            num_hidden_layers=config.n_layer,
+            num_attention_heads=config.n_head,
+            num_key_value_heads=config.n_kv_head,
+            hidden_size=config.d_model,
+            intermediate_size=config.d_ff,
+            head_dim=config.head_dim,
+            rms_norm_eps=config.norm_eps,
+            hidden_act={"swiglu": "silu", "geglu": "gelu", "moe": "silu"}[config.mlp],
+            attention_bias=config.attention_bias,
+            mlp_bias=config.mlp_bias,
+            tie_word_embeddings=config.tie_embeddings,
+        )
+        return {**hf, **rope_to_hf(config)}
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = []
+        if config.pos != "rope":
+            problems.append(f"pos={config.pos!r} (needs rope)")
+        if config.norm != "rmsnorm" or config.bias:
+            problems.append("needs RMSNorm without bias")
+        if config.mlp not in ("swiglu", "geglu"):
+            problems.append(f"mlp={config.mlp!r} (needs swiglu or geglu)")
+        if config.attention_bias != config.attention_out_bias:
+            problems.append("q/k/v and o_proj biases differ (Llama has one attention_bias)")
+        if config.sliding_window is not None:
+            problems.append("sliding_window (Llama has none)")
+        if config.lm_head_bias:
+            problems.append("lm_head_bias")
+        return problems
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = {
+            "embed.weight": Rule(("model.embed_tokens.weight",)),
+            "norm.weight": Rule(("model.norm.weight",)),
+        }
+        if not config.tie_embeddings:
+            m["lm_head.weight"] = Rule(("lm_head.weight",))
+        q, kv = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
+        for i in range(config.n_layer):
+            ours, hf = f"blocks.{i}", f"model.layers.{i}"
+            m[f"{ours}.attn_norm.weight"] = Rule((f"{hf}.input_layernorm.weight",))
+            m[f"{ours}.mlp_norm.weight"] = Rule((f"{hf}.post_attention_layernorm.weight",))
+            kinds = ("weight", "bias") if config.attention_bias else ("weight",)
+            for kind in kinds:
+                parts = tuple(f"{hf}.self_attn.{x}_proj.{kind}" for x in "qkv")
+                m[f"{ours}.attn.qkv_proj.{kind}"] = Rule(parts, "cat", (q, kv, kv))
+            _linear(m, f"{ours}.attn.o_proj", f"{hf}.self_attn.o_proj", config.attention_out_bias)
+            self.mlp_keys(m, config, f"{ours}.mlp", f"{hf}.mlp")
+        return m
+
+    def mlp_keys(self, m: dict, config: ModelConfig, ours: str, hf: str) -> None:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            _linear(m, f"{ours}.{name}", f"{hf}.{name}", config.mlp_bias)
+
+
+class Mistral(Llama):
+    """Llama plus a sliding attention window; no biases."""
+
+    model_type, architecture = "mistral", "MistralForCausalLM"
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        return {**super().config_from_hf(hf), "sliding_window": hf.get("sliding_window")}
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        del hf["attention_bias"], hf["mlp_bias"]
+        return {**hf, "sliding_window": config.sliding_window}
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = [p for p in super().export_problems(config) if not p.startswith("sliding")]
+        if config.attention_bias or config.mlp_bias:
+            problems.append("attention/MLP biases (Mistral has none)")
+        return problems
+
+
+class Qwen2(Llama):
+    """Llama with q/k/v biases (o_proj and MLP without); sliding window on all layers or none."""
+
+    model_type, architecture = "qwen2", "Qwen2ForCausalLM"
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        data = {**super().config_from_hf(hf), "attention_bias": True}
+        data.update(attention_out_bias=False, mlp_bias=False)
+        data["sliding_window"] = _uniform_window(hf)
+        return data
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        del hf["attention_bias"], hf["mlp_bias"]
+        window = config.sliding_window
+        hf.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
+        kind = "sliding_attention" if window is not None else "full_attention"
+        return {**hf, "layer_types": [kind] * config.n_layer}
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = [
+            p for p in super().export_problems(config)
+            if not p.startswith(("sliding", "q/k/v"))
+        ]  # fmt: skip
+        if not config.attention_bias or config.attention_out_bias or config.mlp_bias:
+            problems.append("needs q/k/v bias only (no o_proj/MLP bias)")
+        return problems
+
+
+def _uniform_window(hf: dict[str, Any]) -> int | None:
+    """Qwen2's per-layer window as one value; a mix of windowed and full layers is rejected."""
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None:
+        if not hf.get("use_sliding_window", False):
+            types = ["full_attention"] * n
+        else:
+            first = hf.get("max_window_layers", n)
+            types = ["full_attention" if i < first else "sliding_attention" for i in range(n)]
+    kinds = set(types)
+    if kinds == {"full_attention"}:
+        return None
+    if kinds == {"sliding_attention"}:
+        return hf["sliding_window"]
+    raise ConfigError(
+        "layers mixing sliding-window and full attention (layer_types / max_window_layers) "
+        "are not supported"
+    )
+
+
+class Mixtral(Mistral):
+    """Mistral with a sparse MoE feed-forward layer: softmax router, top-k, renormalised."""
+
+    model_type, architecture = "mixtral", "MixtralForCausalLM"
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        data = super().config_from_hf(hf)
+        if data["mlp"] != "swiglu":
+            raise ConfigError(f"mixtral: hidden_act {hf.get('hidden_act')!r} (supported: silu)")
+        n_experts, top_k = hf["num_local_experts"], hf["num_experts_per_tok"]
+        return {**data, "mlp": "moe", "n_experts": n_experts, "experts_top_k": top_k}
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        return {
+            **hf,
+            "num_local_experts": config.n_experts,
+            "num_experts_per_tok": config.experts_top_k,
+        }
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = [p for p in super().export_problems(config) if not p.startswith("mlp=")]
+        if config.mlp != "moe":
+            problems.append(f"mlp={config.mlp!r} (needs moe)")
+        return problems
+
+    def mlp_keys(self, m: dict, config: ModelConfig, ours: str, hf: str) -> None:
+        hf = hf.replace(".mlp", ".block_sparse_moe")
+        m[f"{ours}.router.weight"] = Rule((f"{hf}.gate.weight",))
+        for e in range(config.n_experts):
+            for our_name, w in (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3")):
+                m[f"{ours}.experts.{e}.{our_name}.weight"] = Rule((f"{hf}.experts.{e}.{w}.weight",))
+
+
+# GPT-2 activation names -> our MLP kinds and back.
+_GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+              "relu": "relu", "silu": "silu", "swish": "silu"}  # fmt: skip
+_GPT2_ACTS_BACK = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+
+
+class GPT2(Family):
+    """GPT-2: learned positions, LayerNorm, fused c_attn, Conv1D weights stored [in, out]."""
+
+    model_type, architecture = "gpt2", "GPT2LMHeadModel"
+    ignored_suffixes = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old files
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        act = hf.get("activation_function", "gelu_new")
+        if act not in _GPT2_ACTS:
+            raise ConfigError(f"activation_function {act!r} is not supported")
+        for key, ok in (("scale_attn_by_inverse_layer_idx", False), ("add_cross_attention", False),
+                        ("scale_attn_weights", True)):  # fmt: skip
+            if bool(hf.get(key, ok)) != ok:
+                raise ConfigError(f"{key}={hf[key]!r} is not supported")
+        d = hf["n_embd"]
+        return dict(
+            vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"], d_model=d,
+            d_ff=hf.get("n_inner") or 4 * d, max_seq_len=hf["n_positions"], norm="layernorm",
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5), pos="learned", mlp=_GPT2_ACTS[act],
+            bias=True, tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        )  # fmt: skip
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        return dict(
+            vocab_size=config.vocab_size, n_layer=config.n_layer, n_head=config.n_head,
+            n_embd=config.d_model, n_inner=config.d_ff, n_positions=config.max_seq_len,
+            layer_norm_epsilon=config.norm_eps, activation_function=_GPT2_ACTS_BACK[config.mlp],
+            tie_word_embeddings=config.tie_embeddings, scale_attn_weights=True,
+        )  # fmt: skip
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = []
+        if config.pos != "learned":
+            problems.append(f"pos={config.pos!r} (needs learned)")
+        if config.norm != "layernorm" or not config.bias:
+            problems.append("needs LayerNorm with bias")
+        if config.mlp not in _GPT2_ACTS_BACK:
+            problems.append(f"mlp={config.mlp!r} (needs a non-gated MLP)")
+        if not (config.attention_bias and config.attention_out_bias and config.mlp_bias):
+            problems.append("needs every projection bias")
+        if config.n_kv_head != config.n_head or config.head_dim * config.n_head != config.d_model:
+            problems.append("needs MHA with head_dim = d_model / n_head")
+        if config.sliding_window is not None or config.lm_head_bias:
+            problems.append("sliding_window / lm_head_bias")
+        return problems
+
+    def normalize_keys(self, keys: list[str]) -> dict[str, str]:
+        """The original OpenAI files name tensors without the `transformer.` prefix."""
+        return {
+            (k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): k
+            for k in keys
+        }
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = {"embed.weight": Rule(("transformer.wte.weight",)),
+             "abs_pos.weight": Rule(("transformer.wpe.weight",))}  # fmt: skip
+        _linear(m, "norm", "transformer.ln_f", True)
+        if not config.tie_embeddings:
+            m["lm_head.weight"] = Rule(("lm_head.weight",))
+        for i in range(config.n_layer):
+            ours, hf = f"blocks.{i}", f"transformer.h.{i}"
+            _linear(m, f"{ours}.attn_norm", f"{hf}.ln_1", True)
+            _linear(m, f"{ours}.mlp_norm", f"{hf}.ln_2", True)
+            _linear(m, f"{ours}.attn.qkv_proj", f"{hf}.attn.c_attn", True, "transpose")
+            _linear(m, f"{ours}.attn.o_proj", f"{hf}.attn.c_proj", True, "transpose")
+            _linear(m, f"{ours}.mlp.up_proj", f"{hf}.mlp.c_fc", True, "transpose")
+            _linear(m, f"{ours}.mlp.down_proj", f"{hf}.mlp.c_proj", True, "transpose")
+        return m
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f for f in (Llama(), Mistral(), Qwen2(), Mixtral(), GPT2())
+}

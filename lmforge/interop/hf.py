@@ -1,0 +1,273 @@
+"""Load Hugging Face model directories into our Transformer and export ours back.
+
+Loading reads `config.json` (the family is chosen by `model_type`), one `model.safetensors` or
+the shards named by `model.safetensors.index.json`, converts every tensor through the family's
+key map and checks its shape, and only then materialises the model: a bad file raises one
+CheckpointError/ConfigError and never leaves a half-loaded model behind. Exporting writes
+config.json, safetensors (sharded past `max_shard_bytes`), generation_config.json and the
+tokenizer, which `transformers.AutoModelForCausalLM/AutoTokenizer.from_pretrained` read unchanged.
+transformers itself is never imported: safetensors and our code do the work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.fileio import read_json, save_tensors, write_json
+from lmforge.interop.families import FAMILIES, Family, Rule
+from lmforge.model.config import ModelConfig
+from lmforge.model.transformer import Transformer
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def family_for(model_type: str | None, source: str = "config.json") -> Family:
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"{source}: model_type {model_type!r} is not supported; supported: "
+            f"{', '.join(sorted(FAMILIES))} (and lmforge's own 'lmforge')"
+        )
+    return FAMILIES[model_type]
+
+
+def hf_config_to_ours(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """The ModelConfig for an HF config dict; the original is kept in extra["hf_config"]."""
+    family = family_for(hf.get("model_type"), source)
+    try:
+        data = family.config_from_hf(hf)
+    except KeyError as err:
+        raise ConfigError(f"{source}: missing field {err.args[0]!r}") from err
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from err
+    data["extra"] = {"hf_model_type": family.model_type, "hf_config": hf}
+    return ModelConfig.from_dict(data, source=source)
+
+
+# ---- reading weights ---------------------------------------------------------------------------
+def weight_files(directory: Path) -> dict[str, Path]:
+    """tensor name -> file holding it, from the shard index or the single safetensors file."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        weight_map = read_json(index, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no 'weight_map'")
+        files = {name: directory / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"{index}: shard {shard.name} is missing from {directory}")
+        return files
+    single = directory / "model.safetensors"
+    if not single.is_file():
+        found = sorted(p.name for p in directory.glob("*.bin")) or "no weights"
+        raise CheckpointError(
+            f"{directory}: no model.safetensors or {INDEX_FILE} (found: {found}); "
+            "only safetensors checkpoints are read"
+        )
+    try:
+        with safe_open(str(single), "pt") as f:
+            return dict.fromkeys(f.keys(), single)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{single}: corrupt safetensors file ({err})") from err
+
+
+def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
+    """Read only `names`, opening each shard once."""
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    out = {}
+    for path, keys in by_file.items():
+        try:
+            with safe_open(str(path), "pt") as f:
+                for key in keys:
+                    out[key] = f.get_tensor(key)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path}: corrupt safetensors file ({err})") from err
+    return out
+
+
+def _to_ours(rule: Rule, tensors: list[torch.Tensor]) -> torch.Tensor:
+    if rule.transform == "cat":
+        return torch.cat(tensors, dim=0)
+    if rule.transform == "transpose":
+        return tensors[0].t().contiguous()
+    return tensors[0]
+
+
+def _to_hf(rule: Rule, tensor: torch.Tensor) -> list[torch.Tensor]:
+    if rule.transform == "cat":
+        return list(tensor.split(list(rule.sizes), dim=0))
+    if rule.transform == "transpose":
+        return [tensor.t().contiguous()]
+    return [tensor]
+
+
+def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], where: Path):
+    """Our state dict from an HF checkpoint, every name and shape checked before returning."""
+    with torch.device("meta"):
+        expected = Transformer(config).state_dict()
+    if config.tie_embeddings:
+        expected.pop("lm_head.weight", None)
+    key_map = family.key_map(config)
+    if set(key_map) != set(expected):  # a converter bug, not a user error; say so plainly
+        uncovered = sorted(set(expected) ^ set(key_map))[:5]
+        raise LMForgeError(f"{family.model_type} converter does not cover {uncovered}")
+    canonical = family.normalize_keys(list(files))
+    wanted = {hf for rule in key_map.values() for hf in rule.hf_keys}
+    missing = sorted(wanted - set(canonical))
+    if missing:
+        raise CheckpointError(f"{where}: missing tensor(s) {', '.join(missing[:5])}")
+    unexpected = sorted(
+        k for k in set(canonical) - wanted
+        if not k.endswith(family.ignored_suffixes)
+        and not (k == "lm_head.weight" and config.tie_embeddings)
+    )  # fmt: skip
+    if unexpected:
+        raise CheckpointError(
+            f"{where}: unexpected tensor(s) {', '.join(unexpected[:5])} for "
+            f"{family.model_type} with this config.json"
+        )
+    raw = read_tensors(files, [canonical[k] for k in wanted])
+    state = {}
+    for ours, rule in key_map.items():
+        parts = [raw[canonical[k]] for k in rule.hf_keys]
+        if rule.transform == "cat":
+            for key, part, size in zip(rule.hf_keys, parts, rule.sizes):
+                if part.shape[0] != size:
+                    raise CheckpointError(
+                        f"{where}: tensor {key} has shape {tuple(part.shape)}, config.json "
+                        f"implies {(size, *part.shape[1:])}"
+                    )
+        tensor = _to_ours(rule, parts)
+        if tensor.shape != expected[ours].shape:
+            shape = tuple(expected[ours].shape)
+            if rule.transform == "transpose":
+                shape = shape[::-1]
+            raise CheckpointError(
+                f"{where}: tensor {rule.hf_keys[0]} has shape {tuple(parts[0].shape)}, "
+                f"config.json implies {shape}"
+            )
+        state[ours] = tensor
+    return state
+
+
+def load_hf_model(
+    directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> Transformer:
+    """A Transformer holding the weights of an HF checkpoint directory (fp32 unless `dtype`)."""
+    directory = Path(directory)
+    hf = read_json(directory / "config.json", "model config")
+    config = hf_config_to_ours(hf, str(directory / "config.json"))
+    family = FAMILIES[config.extra["hf_model_type"]]
+    state = convert_state(family, config, weight_files(directory), directory)
+    with torch.device("meta"):
+        model = Transformer(config)
+    model = model.to_empty(device=device)
+    model.load_state_dict(state, strict=False)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.reset_buffers()
+    model = model.to(dtype or torch.float32)
+    return model.eval()
+
+
+def read_generation_config(directory: str | Path) -> dict[str, Any] | None:
+    path = Path(directory) / "generation_config.json"
+    return read_json(path, "generation config") if path.is_file() else None
+
+
+# ---- exporting ---------------------------------------------------------------------------------
+def choose_family(config: ModelConfig) -> Family:
+    """The family a config exports as: the one it came from, else the first that fits."""
+    origin = config.extra.get("hf_model_type")
+    order = [origin] if origin in FAMILIES else []
+    order += [t for t in ("llama", "mistral", "qwen2", "mixtral", "gpt2") if t not in order]
+    reasons = {}
+    for model_type in order:
+        problems = FAMILIES[model_type].export_problems(config)
+        if not problems:
+            return FAMILIES[model_type]
+        reasons[model_type] = "; ".join(problems)
+    detail = " | ".join(f"{t}: {r}" for t, r in reasons.items())
+    raise ConfigError(f"this model cannot be written as a Hugging Face checkpoint ({detail})")
+
+
+def _unpermute_interleaved(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Reorder each head's rows from interleaved RoPE pairs (0,1),(2,3).. to rotate-half
+    pairs (0, d/2),(1, d/2+1).., so HF's rotate_half computes what our interleaved RoPE did."""
+    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+    heads = rows.unflatten(0, (-1, head_dim))
+    return heads[:, order].flatten(0, 1)
+
+
+def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
+    """HF-named tensors for `model`."""
+    config = model.config
+    state = model.state_dict()
+    out = {}
+    for ours, rule in family.key_map(config).items():
+        parts = _to_hf(rule, state[ours].detach())
+        if config.rope_interleaved and rule.transform == "cat":
+            parts[0] = _unpermute_interleaved(parts[0], config.head_dim)  # q
+            parts[1] = _unpermute_interleaved(parts[1], config.head_dim)  # k
+        for key, tensor in zip(rule.hf_keys, parts):
+            out[key] = tensor.contiguous().cpu()
+    return out
+
+
+def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_bytes: int | None):
+    """model.safetensors, or numbered shards plus the index transformers reads."""
+    if max_shard_bytes is None or sum(t.nbytes for t in state.values()) <= max_shard_bytes:
+        save_tensors(directory / "model.safetensors", state, metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        if shards[-1] and size + tensor.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += tensor.nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_tensors(directory / fname, shard, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    total = sum(t.nbytes for t in state.values())
+    write_json(
+        directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map}
+    )
+
+
+def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> Path:
+    """Write `lm` (model + tokenizer) as an HF checkpoint directory; returns the directory."""
+    directory = Path(directory)
+    model, tok = lm.model, lm.tokenizer
+    config = model.config
+    family = choose_family(config)
+    state = export_state(family, model)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    preserved = dict(config.extra.get("hf_config") or {})
+    if preserved.get("model_type") != family.model_type:
+        preserved = {}
+    hf = {**preserved, **family.config_to_hf(config)}
+    hf.pop("rope_parameters", None)  # written in the legacy form by config_to_hf
+    special = {}
+    if tok is not None:
+        special = {f"{r}_token_id": getattr(tok, f"{r}_id") for r in ("bos", "eos", "pad")}
+    hf.update({k: v for k, v in special.items() if v is not None})
+    hf.update(model_type=family.model_type, architectures=[family.architecture], torch_dtype=dtype)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_weights(directory, state, max_shard_bytes)
+    write_json(directory / "config.json", hf)
+    generation = dict(getattr(lm, "generation_config", None) or {})
+    generation.update({k: v for k, v in special.items() if v is not None})
+    write_json(directory / "generation_config.json", generation)
+    if tok is not None:
+        tok.save(directory)
+    return directory
