@@ -32,10 +32,20 @@ class KVCache:
 
     @classmethod
     def for_model(cls, config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
-        """A cache sized for `config` (a ModelConfig)."""
+        """A cache sized for `config` (a ModelConfig), of the kind its attention needs (full,
+        rolling window, compressed latent or recurrent state; see blocks.new_cache)."""
+        if cls is KVCache and not _is_plain(config):
+            from lmforge.model.blocks import new_cache  # lazy: blocks imports this module
+
+            return new_cache(config, batch_size, max_len, dtype, device)
         return cls(
             config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim, dtype, device
         )
+
+    @property
+    def visible_start(self) -> int:
+        """Absolute position of the first key `update` returns (0: this cache keeps them all)."""
+        return 0
 
     @property
     def batch_size(self) -> int:
@@ -68,3 +78,53 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+
+def _is_plain(config) -> bool:
+    """True when full softmax attention over every past key needs this plain cache."""
+    return (
+        getattr(config, "attention", "softmax") == "softmax"
+        and getattr(config, "attention_pattern", None) is None
+        and getattr(config, "sliding_window", None) is None
+    )
+
+
+class RollingKVCache(KVCache):
+    """A KV cache that holds only the `keep` newest positions (Mistral's rolling buffer).
+
+    With a sliding window W (or a block-local pattern) no query ever looks further back than
+    W - 1 keys, so memory stays O(W) however long the generation. `update` returns the kept
+    keys followed by the new ones, oldest first, starting at absolute position `visible_start`
+    (masks are built from absolute positions, so they need no other change); then it keeps the
+    newest `keep` of them. `max_len` is still the longest sequence (for positions and padding).
+    """
+
+    def __init__(self, n_layer, batch_size, n_kv_head, keep, head_dim, max_len, dtype, device):
+        super().__init__(n_layer, batch_size, n_kv_head, keep, head_dim, dtype, device)
+        self.keep, self.max_len = keep, max_len
+
+    @classmethod
+    def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu", keep=0):
+        return cls(
+            config.n_layer, batch_size, config.n_kv_head, keep, config.head_dim, max_len,
+            dtype, device,
+        )  # fmt: skip
+
+    @property
+    def visible_start(self) -> int:
+        return self.length - min(self.length, self.keep)
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        if self.length + k_new.shape[2] > self.max_len:
+            raise ValueError(
+                f"KV cache full: {self.length + k_new.shape[2]} positions requested, "
+                f"capacity {self.max_len}"
+            )
+        kept = min(self.length, self.keep)
+        k = torch.cat([self.k[layer, :, :, self.keep - kept :], k_new], dim=2)
+        v = torch.cat([self.v[layer, :, :, self.keep - kept :], v_new], dim=2)
+        n = min(self.keep, k.shape[2])
+        if n:  # right-align the newest n positions in the buffer
+            self.k[layer, :, :, self.keep - n :] = k[:, :, k.shape[2] - n :]
+            self.v[layer, :, :, self.keep - n :] = v[:, :, v.shape[2] - n :]
+        return k, v

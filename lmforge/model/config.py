@@ -20,6 +20,10 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "moe")
 ATTN_IMPLS = ("sdpa", "explicit")
+ATTENTIONS = ("softmax", "linear", "mla")
+NORM_POSITIONS = ("pre", "post")
+PARALLEL_SCALES = ("none", "inv_sqrt2", "learnable")
+FEATURE_MAPS = ("elu", "relu", "relu2", "exp", "rff")
 
 
 @dataclass
@@ -55,6 +59,18 @@ class ModelConfig:
     dropout: float = 0.0
     attn_impl: str = "sdpa"
     init_std: float = 0.02
+    # ---- the architecture catalogue (SPEC §2, §4): attention kinds, masks, block wiring ----
+    attention: str = "softmax"  # softmax | linear | mla
+    attention_pattern: dict[str, Any] | None = None  # {"type": "block_local", "block_size": 16}
+    linear_feature_map: str = "elu"  # attention="linear": elu | relu | relu2 | exp | rff
+    kv_lora_rank: int = 32  # attention="mla": latent size, what the cache stores per token
+    q_lora_rank: int | None = None  # attention="mla": compress queries too (None: no)
+    qk_rope_head_dim: int = 16  # attention="mla": the decoupled RoPE key/query dims
+    norm_position: str = "pre"  # pre | post
+    parallel_block: bool = False  # GPT-J/PaLM: x + Attn(N(x)) + FFN(N(x))
+    parallel_scale: str = "none"  # none | inv_sqrt2 | learnable (parallel branch scales)
+    drop_path: float = 0.0  # stochastic depth per residual branch
+    logit_scaling: bool = False  # divide the final-norm output by sqrt(d_model)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata (e.g. preset name)
 
     def __post_init__(self) -> None:
@@ -121,6 +137,51 @@ class ModelConfig:
                 f"experts_top_k ({self.experts_top_k}) must be between 1 and "
                 f"n_experts ({self.n_experts})"
             )
+
+        self.validate_catalogue()
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions RoPE rotates per head: MLA rotates only its decoupled key/query part."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
+
+    def validate_catalogue(self) -> None:
+        """Rules for the attention kinds, masks and block wirings (SPEC §2, §4)."""
+        from lmforge.model.masks import build_pattern  # lazy: masks imports torch
+
+        choices = {
+            "attention": ATTENTIONS, "norm_position": NORM_POSITIONS,
+            "parallel_scale": PARALLEL_SCALES, "linear_feature_map": FEATURE_MAPS,
+        }  # fmt: skip
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
+                )
+        build_pattern(self.attention_pattern)  # raises ConfigError naming the field
+        if self.attention_pattern is not None and self.sliding_window is not None:
+            raise ConfigError("give either attention_pattern or sliding_window, not both")
+        if self.attention == "linear" and (
+            self.attention_pattern is not None or self.sliding_window is not None
+        ):
+            raise ConfigError(
+                "attention='linear' sums over every past key: it cannot use "
+                "attention_pattern or sliding_window"
+            )
+        if self.attention == "mla":
+            for name in ("kv_lora_rank", "qk_rope_head_dim"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            if self.pos == "rope" and self.qk_rope_head_dim % 2:
+                raise ConfigError(
+                    f"pos='rope' with attention='mla' needs an even qk_rope_head_dim, "
+                    f"got {self.qk_rope_head_dim}"
+                )
+        if self.parallel_block and self.norm_position != "pre":
+            raise ConfigError("parallel_block=True needs norm_position='pre' (one shared pre-norm)")
+        if not 0.0 <= self.drop_path < 1.0:
+            raise ConfigError(f"drop_path must be in [0, 1), got {self.drop_path}")
 
     # ---- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -11,9 +11,11 @@ import math
 import torch
 from torch import nn
 
-from lmforge.model.attention import CausalSelfAttention, causal_mask, padded_causal_mask
+from lmforge.model.attention import causal_mask, padded_causal_mask
+from lmforge.model.blocks import ATTENTION_CLASSES, build_residual
 from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
+from lmforge.model.masks import build_mask, pattern_for
 from lmforge.model.mlp import build_mlp
 from lmforge.model.norms import build_norm
 from lmforge.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
@@ -25,8 +27,11 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        self.attn = CausalSelfAttention(config, layer_idx)
+        self.attn = ATTENTION_CLASSES[config.attention](config, layer_idx)
+        self.residual = build_residual(config)  # pre / post / parallel wiring (blocks.py)
         self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        if self.residual.shared_norm:
+            self.mlp_norm = nn.Identity()
         moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k)
         self.mlp = build_mlp(
             config.mlp, config.d_model, config.d_ff, config.mlp_bias, config.dropout,
@@ -34,8 +39,8 @@ class Block(nn.Module):
         )  # fmt: skip
 
     def forward(self, h, rope=None, rope_tables=None, mask=None, is_causal=True, cache=None):
-        h = h + self.attn(self.attn_norm(h), rope, rope_tables, mask, is_causal, cache)
-        return h + self.mlp(self.mlp_norm(h))
+        attn = lambda x: self.attn(x, rope, rope_tables, mask, is_causal, cache)
+        return self.residual(self, h, attn)
 
 
 class Transformer(nn.Module):
@@ -53,13 +58,15 @@ class Transformer(nn.Module):
         self.rope = None
         if config.pos == "rope":
             self.rope = RotaryEmbedding(
-                config.head_dim, config.max_seq_len, config.rope_base,
+                config.rope_dim, config.max_seq_len, config.rope_base,
                 config.rope_interleaved, config.rope_scaling,
             )  # fmt: skip
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
+        self.pattern = pattern_for(config)  # sparse / windowed mask (masks.py), None = causal
+        self.output_scale = 1 / math.sqrt(config.d_model) if config.logit_scaling else 1.0
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
@@ -76,6 +83,9 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
             else:
                 nn.init.normal_(p, 0.0, std)
+        for module in self.modules():  # components with their own init (e.g. branch scales)
+            if hasattr(module, "init_weights"):
+                module.init_weights()
 
     def reset_buffers(self) -> None:
         """Recompute non-persistent tables (RoPE, sinusoids), which checkpoints do not store."""
@@ -90,18 +100,22 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
+        prefix_len: int | None = None,
     ) -> torch.Tensor:
         """Logits for every position (or only the last one, for decoding).
 
         attention_mask: [B, T] with 1 for real tokens and 0 for padding (no cache), used by
         reward models and batched scoring. With a cache, call `cache.set_padding` instead.
+        prefix_len: prefix-LM; the first prefix_len positions see each other (masks.py).
         """
-        h = self.hidden_states(input_ids, attention_mask, positions, cache)
+        h = self.hidden_states(input_ids, attention_mask, positions, cache, prefix_len)
         if last_only:
             h = h[:, -1:]
-        return self.lm_head(self.norm(h))
+        return self.lm_head(self.norm(h) * self.output_scale)  # logit scaling (SPEC §1)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None, cache=None):
+    def hidden_states(
+        self, input_ids, attention_mask=None, positions=None, cache=None, prefix_len=None
+    ):
         """The residual stream after the last block, before the final norm: [B, T, d_model]."""
         b, t = input_ids.shape
         start = cache.length if cache is not None else 0
@@ -116,6 +130,9 @@ class Transformer(nn.Module):
         if positions is None:
             positions = self._positions(start, end, key_mask, input_ids.device)
         mask, is_causal = self._mask(t, end, key_mask, input_ids.device, self.config.sliding_window)
+        k_start = getattr(cache, "visible_start", 0) if cache is not None else 0
+        if self.config.attention_pattern is not None or prefix_len is not None or k_start > 0:
+            mask, is_causal = self._pattern_mask(start, end, k_start, key_mask, prefix_len), False
 
         h = self.embed(input_ids)
         if self.abs_pos is not None:
@@ -147,6 +164,17 @@ class Transformer(nn.Module):
         if t == 1:
             return None, False  # one new token may see every cached key
         return causal_mask(t, s, device), False
+
+    def _pattern_mask(self, start, end, k_start, key_mask, prefix_len):
+        """Mask from absolute positions (masks.py): sparse patterns, prefix-LM, and caches that
+        return only keys from k_start on (rolling window)."""
+        if prefix_len is not None and not getattr(self.blocks[0].attn, "supports_masks", True):
+            raise ValueError(f"prefix_len needs masks; attention={self.config.attention!r}")
+        device = self.embed.weight.device
+        q_pos = torch.arange(start, end, device=device)
+        k_pos = torch.arange(k_start, end, device=device)
+        keys = key_mask[:, k_start:end] if key_mask is not None else None
+        return build_mask(q_pos, k_pos, self.pattern, prefix_len, keys)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
