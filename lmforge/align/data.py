@@ -1,0 +1,355 @@
+"""Post-training data: SFT records and preference triples -> token ids with response-only labels.
+
+Accepted records (JSONL lines or dicts):
+  SFT         {"prompt", "response"} (aliases: question/instruction, completion/answer/output),
+              {"messages": [{"role", "content"}, ...]}, or a message-list prompt + response.
+  preference  {"prompt", "chosen", "rejected"} as strings or message lists (TRL's formats), or
+              the HH form {"chosen", "rejected"} of whole `\\n\\nHuman:/\\n\\nAssistant:` dialogues.
+Message lists are rendered with the tokenizer's chat template (jinja2, as transformers does) when
+it has one, else with a built-in template of the role tokens:
+`<|user|>hi<|end|><|assistant|>yo<|end|>`.
+
+A record becomes segments of (text, trainable); every assistant reply is trainable and EOS is
+appended (and trained on) so the model learns to stop. Labels are HF-style and unshifted: a copy of
+input_ids with prompt positions set to -100 (see losses.sft_loss). Bad records — missing fields,
+empty responses, prompts that do not fit the context — raise DataError naming file:line, or are
+skipped and counted when `skip_invalid=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.align import tasks
+from lmforge.errors import DataError
+
+IGNORE = -100
+PROMPT_KEYS = ("prompt", "question", "instruction", "input")
+RESPONSE_KEYS = ("response", "completion", "answer", "output")
+
+
+@dataclass
+class SFTExample:
+    """One tokenised training sequence; labels are IGNORE on prompt positions."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens before the first trained position."""
+        return next((i for i, x in enumerate(self.labels) if x != IGNORE), len(self.labels))
+
+
+@dataclass
+class PreferenceExample:
+    """A prompt with two completions, each a full SFTExample (shared prompt, own labels)."""
+
+    chosen: SFTExample
+    rejected: SFTExample
+
+
+@dataclass
+class Dataset:
+    """Encoded examples plus how many records were skipped as invalid (skip_invalid=True)."""
+
+    examples: list[Any]
+    skipped: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+# ---------------------------------------------------------------------------- chat rendering
+
+
+BUILTIN_TEMPLATE = (
+    "{% for m in messages %}{{ roles.get(m['role'], '<|' + m['role'] + '|>') }}"
+    "{{ m['content'] }}{{ end }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ roles['assistant'] }}{% endif %}"
+)
+DEFAULT_ROLE_TOKENS = {
+    "system": "<|system|>",
+    "user": "<|user|>",
+    "assistant": "<|assistant|>",
+    "end": "<|end|>",
+}
+
+
+def render_messages(
+    tokenizer, messages: Sequence[dict], add_generation_prompt: bool = False
+) -> str:
+    """Messages as text via the tokenizer's chat_template (else the built-in role-token one)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise DataError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    specials = dict(getattr(tokenizer, "special_tokens", {}))
+    template = getattr(tokenizer, "chat_template", None)
+    context: dict[str, Any] = {f"{k}_token": v for k, v in specials.items()}
+    if template is None:  # the built-in template uses the tokenizer's role tokens
+        tokens = {**DEFAULT_ROLE_TOKENS, **specials}
+        context["roles"] = {r: tokens[r] for r in ("system", "user", "assistant")}
+        context["end"] = tokens["end"]
+        template = BUILTIN_TEMPLATE
+    try:
+        return env.from_string(template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt, **context
+        )
+    except TemplateError as err:
+        raise DataError(f"chat template failed: {err}") from err
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise DataError("'messages' must be a non-empty list of {role, content}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise DataError(f"messages[{i}] needs 'role' and 'content'")
+        if not isinstance(m["content"], str):
+            raise DataError(f"messages[{i}].content must be a string")
+    return messages
+
+
+def message_segments(messages: list[dict], tokenizer) -> list[tuple[str, bool]]:
+    """(text, trainable) pieces of a rendered conversation; assistant replies are trainable.
+
+    Each assistant reply is the text between the render with a generation prompt and the render
+    including the reply, so any prefix-consistent chat template works.
+    """
+    messages = _check_messages(messages)
+    segments: list[tuple[str, bool]] = []
+    done = ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        if not m["content"].strip():
+            raise DataError(f"messages[{i}]: empty assistant response")
+        prefix = render_messages(tokenizer, messages[:i], add_generation_prompt=True)
+        full = render_messages(tokenizer, messages[: i + 1])
+        if not prefix.startswith(done) or not full.startswith(prefix):
+            raise DataError("chat template is not prefix-consistent; cannot mask prompts")
+        segments += [(prefix[len(done) :], False), (full[len(prefix) :], True)]
+        done = full
+    if not any(trainable for _, trainable in segments):
+        raise DataError("conversation has no assistant message to train on")
+    return segments
+
+
+def _first(record: dict, keys: Sequence[str], what: str) -> Any:
+    for key in keys:
+        if key in record:
+            return record[key]
+    raise DataError(f"missing field '{keys[0]}' ({what}; also accepted: {', '.join(keys[1:])})")
+
+
+def sft_segments(record: dict, tokenizer) -> list[tuple[str, bool]]:
+    """The (text, trainable) pieces of one SFT record, in any accepted form."""
+    if not isinstance(record, dict):
+        raise DataError(f"expected a JSON object, got {type(record).__name__}")
+    if "messages" in record:
+        return message_segments(record["messages"], tokenizer)
+    prompt = _first(record, PROMPT_KEYS, "the prompt")
+    response = _first(record, RESPONSE_KEYS, "the response")
+    if isinstance(prompt, list):  # conversational prompt + completion
+        reply = response if isinstance(response, list) else [
+            {"role": "assistant", "content": response}
+        ]  # fmt: skip
+        return message_segments(prompt + reply, tokenizer)
+    if not isinstance(prompt, str) or not isinstance(response, str):
+        raise DataError("prompt and response must be strings (or message lists)")
+    if not response.strip():
+        raise DataError("empty response")
+    return [(prompt, False), (response, True)]
+
+
+def encode_segments(
+    segments: Iterable[tuple[str, bool]], tokenizer, max_len: int, add_bos: bool = False
+) -> SFTExample:
+    """Token ids + labels (IGNORE on non-trainable text), EOS appended and trained on.
+
+    A prompt that leaves no room for a response token is an error; a too-long response is cut.
+    """
+    ids: list[int] = [tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None else []
+    labels = [IGNORE] * len(ids)
+    in_prompt = True  # still before the first trained token
+    for text, trainable in segments:
+        piece = tokenizer.encode(text) if text else []
+        in_prompt = in_prompt and not trainable
+        if in_prompt and len(ids) + len(piece) >= max_len:
+            raise DataError(
+                f"prompt of {len(ids) + len(piece)} tokens does not fit the context "
+                f"(max_len={max_len}); shorten it or raise max_len"
+            )
+        ids += piece
+        labels += piece if trainable else [IGNORE] * len(piece)
+    if tokenizer.eos_id is not None:
+        ids.append(tokenizer.eos_id)
+        labels.append(tokenizer.eos_id)
+    return SFTExample(ids[:max_len], labels[:max_len])
+
+
+def encode_sft(record: dict, tokenizer, max_len: int, add_bos: bool = False) -> SFTExample:
+    """One SFT record -> SFTExample (raises DataError on a bad record)."""
+    return encode_segments(sft_segments(record, tokenizer), tokenizer, max_len, add_bos)
+
+
+def preference_parts(record: dict) -> tuple[Any, Any, Any]:
+    """(prompt, chosen, rejected) of a preference record, the HH form included."""
+    if not isinstance(record, dict):
+        raise DataError(f"expected a JSON object, got {type(record).__name__}")
+    for key in ("chosen", "rejected"):
+        if key not in record:
+            raise DataError(f"missing field '{key}'")
+    if "prompt" not in record:
+        if isinstance(record["chosen"], str) and tasks.ASSISTANT in record["chosen"]:
+            hh = tasks.parse_hh(record["chosen"], record["rejected"])
+            return hh["prompt"], hh["chosen"], hh["rejected"]
+        raise DataError("missing field 'prompt' (and not an HH '\\n\\nAssistant:' dialogue)")
+    return record["prompt"], record["chosen"], record["rejected"]
+
+
+def encode_preference(
+    record: dict, tokenizer, max_len: int, add_bos: bool = False
+) -> PreferenceExample:
+    """One preference record -> chosen and rejected SFTExamples sharing the prompt tokens."""
+    prompt, chosen, rejected = preference_parts(record)
+    pair = []
+    for name, reply in (("chosen", chosen), ("rejected", rejected)):
+        if isinstance(reply, str) and not reply.strip():
+            raise DataError(f"empty '{name}' response")
+        pair.append(encode_sft({"prompt": prompt, "response": reply}, tokenizer, max_len, add_bos))
+    return PreferenceExample(*pair)
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids, labels (IGNORE on padding), attention_mask [B, T]."""
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[i, :n] = torch.tensor(e.input_ids)
+        labels[i, :n] = torch.tensor(e.labels)
+        mask[i, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def collate_preferences(examples: Sequence[PreferenceExample], pad_id: int) -> dict:
+    """Chosen rows then rejected rows in ONE right-padded batch [2B, T] (one forward pass)."""
+    rows = [e.chosen for e in examples] + [e.rejected for e in examples]
+    return collate_sft(rows, pad_id)
+
+
+def pack_sft(examples: Sequence[SFTExample], max_len: int) -> list[SFTExample]:
+    """Concatenate whole examples into rows of at most max_len tokens (no example is split).
+
+    Packed examples attend to earlier ones in the row, as in TRL's default packing; the labels
+    still cover responses only, so the loss is unchanged in what it trains.
+    """
+    rows: list[SFTExample] = []
+    ids: list[int] = []
+    labels: list[int] = []
+    for e in examples:
+        if ids and len(ids) + len(e.input_ids) > max_len:
+            rows.append(SFTExample(ids, labels))
+            ids, labels = [], []
+        ids, labels = ids + e.input_ids[:max_len], labels + e.labels[:max_len]
+    if ids:
+        rows.append(SFTExample(ids, labels))
+    return rows
+
+
+# ---------------------------------------------------------------------------- files and sources
+
+
+def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int = 0,
+                 split: str = "train") -> list[tuple[str, dict]]:  # fmt: skip
+    """(location, record) pairs from a JSONL file, a list of dicts, or `task:NAME[:LEVEL]`.
+
+    kind: "sft" | "preference" | "prompts" picks what a built-in task generates.
+    """
+    if isinstance(source, list):
+        return [(f"records[{i}]", r) for i, r in enumerate(source)]
+    source = str(source)
+    if source.startswith("task:"):
+        name, _, level = source[len("task:") :].partition(":")
+        kw = {"digits": int(level), "length": int(level)} if level else {}
+        make = {"sft": tasks.sft_records, "preference": tasks.preference_pairs,
+                "prompts": tasks.rl_prompts}[kind]  # fmt: skip
+        return [(f"{source}[{i}]", r) for i, r in enumerate(make(name, n, seed, split, **kw))]
+    return [(f"{source}:{line}", r) for line, r in tasks.read_jsonl(Path(source))]
+
+
+def _encode_all(pairs, encode, skip_invalid: bool) -> Dataset:
+    out = Dataset([])
+    for where, record in pairs:
+        try:
+            out.examples.append(encode(record))
+        except DataError as err:
+            if not skip_invalid:
+                raise DataError(f"{where}: {err}") from err
+            out.skipped += 1
+            out.reasons.append(f"{where}: {err}")
+    if not out.examples:
+        raise DataError(f"no valid examples ({out.skipped} skipped: {out.reasons[:1]})")
+    return out
+
+
+def load_sft(source, tokenizer, max_len: int, skip_invalid: bool = False, add_bos: bool = False,
+             **task_kw) -> Dataset:  # fmt: skip
+    """SFT examples from a JSONL file, list or `task:NAME`; bad records raise or are counted."""
+    pairs = records_from(source, "sft", **task_kw)
+    return _encode_all(pairs, lambda r: encode_sft(r, tokenizer, max_len, add_bos), skip_invalid)
+
+
+def load_preferences(source, tokenizer, max_len: int, skip_invalid: bool = False,
+                     add_bos: bool = False, **task_kw) -> Dataset:  # fmt: skip
+    """Preference examples from a JSONL file (HH form included), list or `task:NAME`."""
+    pairs = records_from(source, "preference", **task_kw)
+    encode = lambda r: encode_preference(r, tokenizer, max_len, add_bos)
+    return _encode_all(pairs, encode, skip_invalid)
+
+
+def load_prompts(source, n: int = 1000, seed: int = 0, split: str = "train") -> list[dict]:
+    """RL prompt records {"prompt", "answer", ...} from a JSONL file, list or `task:NAME`.
+
+    GSM8K files ({"question", "answer": "... #### N"}) are recognised and mapped.
+    """
+    out = []
+    for where, r in records_from(source, "prompts", n=n, seed=seed, split=split):
+        if "question" in r and "prompt" not in r:
+            try:
+                r = {"prompt": r["question"], "answer": tasks.gsm8k_answer(str(r.get("answer")))}
+            except DataError as err:
+                raise DataError(f"{where}: {err}") from err
+        if not isinstance(r.get("prompt"), str | list) or not r["prompt"]:
+            raise DataError(f"{where}: missing field 'prompt'")
+        out.append(r)
+    return out
+
+
+def prompt_ids(record: dict, tokenizer, add_bos: bool = False) -> list[int]:
+    """The token ids a model is given for a record's prompt at generation time: the same
+    rendering as in training (chat template with a generation prompt for message lists)."""
+    prompt = record.get("prompt") if isinstance(record, dict) else None
+    if isinstance(prompt, list):
+        prompt = render_messages(tokenizer, _check_messages(prompt), add_generation_prompt=True)
+    if not isinstance(prompt, str):
+        raise DataError("record has no 'prompt' string or message list")
+    ids = tokenizer.encode(prompt)
+    return [tokenizer.bos_id, *ids] if add_bos and tokenizer.bos_id is not None else ids

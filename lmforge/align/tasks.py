@@ -1,0 +1,372 @@
+"""Built-in tasks with verifiable answers, so every post-training method runs with no downloads.
+
+Each task draws problems from a seeded RNG: arithmetic (`add`, `sub`, `mul`, `arith` = a mix, with
+`digits` setting the level) and string manipulation (`reverse`, `upper`, `count`, `sort`, `strings`
+= a mix). A problem is a record {"task", "prompt", "answer"}; prompts are short ("12+34=",
+"reverse abc:") so a tiny character-level model can learn them in CPU minutes.
+
+The train / test split is by a hash of the prompt, so a held-out problem can never appear in
+training data whatever the seed. `verify(record, completion)` is the reward: 1.0 when the
+completion's answer matches after normalisation, else 0.0. Preference pairs pair the right answer
+(chosen) with a plausible wrong one (rejected, e.g. off by one or ten, two letters swapped), and the
+verifier checks both labels.
+
+Also here: the GSM8K loader (answers end in `#### <number>`) and the HH-RLHF parser
+(`\\n\\nHuman: ... \\n\\nAssistant: ...` dialogues -> prompt / chosen / rejected).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+import string
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import ConfigError, DataError
+
+Record = dict[str, Any]
+TEST_FRACTION = 0.2  # share of the problem space (by prompt hash) reserved for evaluation
+ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n"
+
+
+def in_split(prompt: str, split: str) -> bool:
+    """Whether a prompt belongs to `split` ("train", "test" or "all"), by a stable hash."""
+    if split == "all":
+        return True
+    if split not in ("train", "test"):
+        raise ConfigError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    bucket = zlib.crc32(prompt.encode("utf-8")) % 1000
+    return (bucket < TEST_FRACTION * 1000) == (split == "test")
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+class Task(ABC):
+    """A problem family: `sample(rng)` -> (prompt, answer), `wrong(rng, record)` -> wrong answer."""
+
+    name = "task"
+
+    @abstractmethod
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        """A random (prompt, answer)."""
+
+    def record(self, rng: random.Random) -> Record:
+        """One problem as a record, tagged with the task that made it."""
+        prompt, answer = self.sample(rng)
+        return {"task": self.name, "prompt": prompt, "answer": answer}
+
+    @abstractmethod
+    def wrong(self, rng: random.Random, record: Record) -> str:
+        """A plausible wrong answer to `record` (never the right one)."""
+
+
+class Arithmetic(Task):
+    """`a<op>b=` with operands of 1..digits digits; subtraction never goes negative."""
+
+    OPS: dict[str, Callable[[int, int], int]] = {
+        "+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
+    }
+
+    def __init__(self, ops: str = "+-*", digits: int = 2):
+        if digits < 1 or not ops or set(ops) - set(self.OPS):
+            raise ConfigError(f"arithmetic needs digits >= 1 and ops from '+-*', got {ops!r}")
+        self.ops, self.digits = ops, digits
+        self.name = {"+": "add", "-": "sub", "*": "mul"}.get(ops, "arith")
+
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        op = rng.choice(self.ops)
+        a, b = (rng.randrange(10 ** rng.randint(1, self.digits)) for _ in range(2))
+        if op == "-" and b > a:
+            a, b = b, a
+        return f"{a}{op}{b}=", str(self.OPS[op](a, b))
+
+    def wrong(self, rng: random.Random, record: Record) -> str:
+        value = int(record["answer"])
+        offsets = [1, -1, 2, -2, 10, -10]
+        candidates = [value + d for d in offsets if value + d >= 0]
+        digits = list(str(value))
+        if len(digits) > 1 and digits[0] != digits[1]:  # a transposition, a typical slip
+            candidates.append(int("".join([digits[1], digits[0], *digits[2:]]).lstrip("0") or "0"))
+        return str(rng.choice([c for c in candidates if c != value]))
+
+
+def _word(rng: random.Random, length: int) -> str:
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, length)))
+
+
+def _swap_two(rng: random.Random, text: str) -> str:
+    """`text` with two different characters swapped (a near miss); unchanged if impossible."""
+    pairs = [
+        (i, j) for i in range(len(text)) for j in range(i + 1, len(text)) if text[i] != text[j]
+    ]
+    if not pairs:
+        return text
+    i, j = rng.choice(pairs)
+    chars = list(text)
+    chars[i], chars[j] = chars[j], chars[i]
+    return "".join(chars)
+
+
+class StringTask(Task):
+    """One string operation on a random lower-case word of 2..length letters."""
+
+    def __init__(self, op: str, length: int = 6):
+        if op not in STRING_OPS or length < 2:
+            raise ConfigError(f"string op must be one of {sorted(STRING_OPS)} and length >= 2")
+        self.op, self.length, self.name = op, length, op
+
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        word = _word(rng, self.length)
+        if self.op == "count":
+            letter = rng.choice(word) if rng.random() < 0.7 else rng.choice(string.ascii_lowercase)
+            return f"count {letter} in {word}:", str(word.count(letter))
+        return f"{self.op} {word}:", STRING_OPS[self.op](word)
+
+    def wrong(self, rng: random.Random, record: Record) -> str:
+        answer = record["answer"]
+        if self.op == "count":
+            return str(max(0, int(answer) + rng.choice([1, -1])) if answer != "0" else 1)
+        word = record["prompt"].split(" ", 1)[1].rstrip(":")
+        options = {_swap_two(rng, answer), word, answer[:-1], answer + answer[-1]}
+        if self.op == "upper":
+            options.add(word[:1].upper() + word[1:])
+        options.discard(answer)
+        return rng.choice(sorted(options))
+
+
+STRING_OPS: dict[str, Callable[[str], str]] = {
+    "reverse": lambda w: w[::-1],
+    "upper": str.upper,
+    "sort": lambda w: "".join(sorted(w)),
+    "count": lambda w: w,  # handled in StringTask.sample (needs the letter too)
+}
+
+
+class Mixture(Task):
+    """Draw each problem from one of several tasks, uniformly."""
+
+    def __init__(self, tasks: list[Task], name: str):
+        self.tasks, self.name = tasks, name
+
+    def record(self, rng: random.Random) -> Record:
+        return rng.choice(self.tasks).record(rng)
+
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        r = self.record(rng)
+        return r["prompt"], r["answer"]
+
+    def wrong(self, rng: random.Random, record: Record) -> str:
+        member = next((t for t in self.tasks if t.name == record["task"]), None)
+        if member is None:
+            raise DataError(f"task {self.name!r} has no member {record.get('task')!r}")
+        return member.wrong(rng, record)
+
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "add": lambda digits=2, **_: Arithmetic("+", digits),
+    "sub": lambda digits=2, **_: Arithmetic("-", digits),
+    "mul": lambda digits=2, **_: Arithmetic("*", digits),
+    "arith": lambda digits=2, **_: Arithmetic("+-*", digits),
+    "reverse": lambda length=6, **_: StringTask("reverse", length),
+    "upper": lambda length=6, **_: StringTask("upper", length),
+    "count": lambda length=6, **_: StringTask("count", length),
+    "sort": lambda length=6, **_: StringTask("sort", length),
+    "strings": lambda length=6, **_: Mixture(
+        [StringTask(op, length) for op in ("reverse", "upper", "count", "sort")], "strings"
+    ),
+}
+
+
+def get_task(name: str, digits: int = 2, length: int = 6) -> Task:
+    """A task by name (see TASKS); `digits` sets the arithmetic level, `length` the word size."""
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    return TASKS[name](digits=digits, length=length)
+
+
+def problems(
+    task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int
+) -> list[Record]:
+    """`n` distinct problems {"task", "prompt", "answer"} from `split`, deterministic in `seed`."""
+    task = get_task(task, **level) if isinstance(task, str) else task
+    rng = random.Random(seed)
+    out: list[Record] = []
+    seen: set[str] = set()
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 100 * n + 1000:
+            raise ConfigError(
+                f"task {task.name!r}: only {len(out)} distinct {split} problems found for n={n}; "
+                "raise digits/length or ask for fewer"
+            )
+        record = task.record(rng)
+        if record["prompt"] in seen or not in_split(record["prompt"], split):
+            continue
+        seen.add(record["prompt"])
+        out.append(record)
+    return out
+
+
+def sft_records(task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int):
+    """SFT data: {"prompt", "response"} with the correct answer as the response."""
+    return [
+        {"prompt": r["prompt"], "response": r["answer"]}
+        for r in problems(task, n, seed, split, **level)
+    ]
+
+
+def rl_prompts(task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int):
+    """RL prompt set: {"task", "prompt", "answer"} (the answer is for the verifier only)."""
+    return problems(task, n, seed, split, **level)
+
+
+def preference_pairs(
+    task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int
+) -> list[Record]:
+    """Verifier-labelled pairs {"prompt", "chosen", "rejected", "answer"}: chosen is correct,
+    rejected a plausible wrong answer; both labels are checked with `verify`."""
+    task_obj = get_task(task, **level) if isinstance(task, str) else task
+    rng = random.Random(seed + 7919)
+    pairs = []
+    for r in problems(task_obj, n, seed, split):
+        rejected = task_obj.wrong(rng, r)
+        if verify(r, r["answer"]) != 1.0 or verify(r, rejected) != 0.0:
+            raise DataError(f"task {r['task']}: bad pair for {r['prompt']!r} ({rejected!r})")
+        pairs.append({"prompt": r["prompt"], "chosen": r["answer"], "rejected": rejected, **r})
+    return pairs
+
+
+# ---------------------------------------------------------------------------- the verifier
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(completion: str) -> str:
+    """The answer part of a completion: after the last `####` if present, else the first line."""
+    if "####" in completion:
+        completion = completion.rsplit("####", 1)[1]
+    return completion.strip().split("\n", 1)[0].strip()
+
+
+def normalize(answer: str) -> str:
+    """Canonical form: trimmed, trailing period dropped; numbers without `,` `$` or `+`."""
+    text = answer.strip().rstrip(".").strip()
+    plain = text.replace(",", "").replace("$", "").lstrip("+")
+    if re.fullmatch(r"-?\d+(?:\.\d+)?", plain):
+        value = float(plain)
+        return str(int(value)) if value == int(value) else repr(value)
+    return text
+
+
+def verify(record: Record, completion: str) -> float:
+    """1.0 when the completion's answer equals the record's "answer" after normalisation."""
+    if "answer" not in record:
+        raise DataError(f"verify: the record has no 'answer' field ({sorted(record)})")
+    return float(normalize(extract_answer(completion)) == normalize(str(record["answer"])))
+
+
+# ---------------------------------------------------------------------------- GSM8K
+
+
+def gsm8k_answer(solution: str) -> str:
+    """The reference number of a GSM8K solution (the text after `####`, without commas)."""
+    if "####" not in solution:
+        raise DataError("GSM8K answer has no '#### <number>' line")
+    return normalize(solution.rsplit("####", 1)[1])
+
+
+def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Record]:
+    """GSM8K JSONL {"question", "answer"} -> {"task": "gsm8k", "prompt", "answer", "solution"}."""
+    out = []
+    for line_no, row in read_jsonl(path):
+        if "question" not in row or "answer" not in row:
+            raise DataError(f"{path}:{line_no}: GSM8K rows need 'question' and 'answer'")
+        try:
+            answer = gsm8k_answer(row["answer"])
+        except DataError as err:
+            raise DataError(f"{path}:{line_no}: {err}") from err
+        out.append(
+            {
+                "task": "gsm8k",
+                "prompt": row["question"],
+                "answer": answer,
+                "solution": row["answer"],
+            }
+        )
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+# ---------------------------------------------------------------------------- HH-RLHF
+
+HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
+
+
+def parse_hh(chosen: str, rejected: str) -> Record:
+    """Split an HH pair into the shared prompt (their common prefix, cut after its last
+    `\\n\\nAssistant:`) and the two replies. A few real pairs diverge before the final turn;
+    the replies then hold the rest of each dialogue."""
+    common = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        common += 1
+    cut = chosen.rfind(ASSISTANT, 0, common)  # the whole marker lies inside the shared prefix
+    if cut < 0:
+        raise DataError("HH chosen and rejected dialogues share no '\\n\\nAssistant:' prompt")
+    end = cut + len(ASSISTANT)
+    return {"prompt": chosen[:end], "chosen": chosen[end:], "rejected": rejected[end:]}
+
+
+def hh_messages(dialogue: str) -> list[dict[str, str]]:
+    """An HH dialogue as role/content messages (user/assistant)."""
+    parts = re.split(r"\n\n(Human|Assistant):", dialogue)
+    messages = []
+    for role, content in zip(parts[1::2], parts[2::2]):
+        messages.append(
+            {"role": "user" if role == "Human" else "assistant", "content": content.strip()}
+        )
+    return messages
+
+
+def load_hh(path: str | Path, limit: int | None = None) -> list[Record]:
+    """HH-RLHF JSONL (.gz or plain) {"chosen", "rejected"} -> {"prompt", "chosen", "rejected"}."""
+    out = []
+    for line_no, row in read_jsonl(path):
+        try:
+            out.append(parse_hh(row["chosen"], row["rejected"]))
+        except (KeyError, DataError) as err:
+            raise DataError(f"{path}:{line_no}: {err}") from err
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def read_jsonl(path: str | Path):
+    """Yield (line number, object) from a JSONL file (.gz allowed); bad JSON names file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{line_no}: expected a JSON object")
+            yield line_no, row

@@ -1,0 +1,312 @@
+"""The loop every post-training method shares, so SFT, reward modelling, DPO and continual
+learning differ only in their loss.
+
+`AlignConfig` holds the common fields (YAML + `--key value` overrides through
+`lmforge.train.config.build_config`); each trainer subclasses it with its own. `AlignTrainer`
+loads the starting model (`init`: a checkpoint directory, or `scratch` for a random model with a
+character tokenizer, used by tests and the CPU demos), builds AdamW over the trainable parameters,
+and runs: warmup + cosine lr, gradient clipping, a tqdm bar, metrics.csv, periodic evaluation,
+an HF-layout checkpoint (LM.save) and one atomic training-state file for `--resume`, a PNG of the
+curves at the end. A subclass provides `setup()`, `loss(batch) -> (loss, metrics)`,
+`evaluate() -> metrics` and, where the saved model is not the policy itself, `export(path)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.align.tasks import ALPHABET
+from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.fileio import write_json
+from lmforge.lm import LM
+from lmforge.model.config import ModelConfig
+from lmforge.train.checkpoint import (
+    STATE_FILE,
+    load_training_state,
+    rng_state,
+    save_training_state,
+    set_rng_state,
+)
+from lmforge.train.metrics import MetricsLog
+from lmforge.train.optim import build_adamw, cosine_lr
+
+
+class NonFiniteLoss(LMForgeError):
+    """The loss became NaN or inf; the run stopped and the last good checkpoint is kept."""
+
+
+@dataclass
+class AlignConfig:
+    """Fields shared by every post-training run."""
+
+    out_dir: str = "out/align"
+    init: str = "scratch"  # checkpoint directory, or "scratch" (random model, char tokenizer)
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields for init=scratch
+    data: str = "task:add"  # JSONL file or task:NAME[:LEVEL] (built-in, see align/tasks.py)
+    eval_data: str | None = None  # None: held-out split of a task:, else a 5% slice of data
+    n_train: int = 2000  # examples drawn from a task: source
+    n_eval: int = 200
+    skip_invalid: bool = False  # skip (and count) bad records instead of stopping
+    add_bos: bool = False
+    max_len: int = 64
+    batch_size: int = 32
+    max_iters: int = 300
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 20
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_interval: int = 100
+    log_interval: int = 10
+    checkpoint_interval: int | None = None  # None = eval_interval
+    seed: int = 1337
+    device: str = "auto"
+    threads: int | None = None  # CPU threads; 1 is fastest for tiny models on a busy machine
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_interval is None:
+            self.checkpoint_interval = self.eval_interval
+        for name in ("batch_size", "max_iters", "max_len", "eval_interval", "log_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.lr <= 0 or self.min_lr < 0:
+            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_lm(init: str, model: dict[str, Any], max_len: int, seed: int, device) -> LM:
+    """The starting model: a checkpoint directory, or a random one with a char tokenizer that
+    covers the built-in tasks' alphabet (`scratch`)."""
+    if init == "scratch":
+        from lmforge.tokenizer import Tokenizer
+
+        tok = Tokenizer.train_char([ALPHABET])
+        fields = {"vocab_size": tok.vocab_size, "max_seq_len": max(max_len, 16), **model}
+        config = ModelConfig.from_dict(fields, source="model")
+        return LM.from_config(config, tokenizer=tok, seed=seed, device=device)
+    lm = LM.load(init, device=device)
+    if lm.tokenizer is None:
+        raise CheckpointError(f"{init}: no tokenizer.json; post-training needs the tokenizer")
+    return lm
+
+
+class EpochSampler:
+    """Shuffled minibatch indices, epoch after epoch; its position is part of the saved state."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        if n < 1:
+            raise ConfigError("no training examples")
+        self.n, self.batch_size, self.seed = n, min(batch_size, n), seed
+        self.epoch, self.pos = 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def next(self) -> list[int]:
+        if self.pos + self.batch_size > self.n:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._order = self._shuffle()
+        idx = self._order[self.pos : self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return idx
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._shuffle()
+
+
+class AlignTrainer(ABC):
+    """The shared loop. Subclasses set `name`, `curves` and implement the hooks below."""
+
+    name = "align"
+    curves: list[tuple[str, str]] = [("train", "loss"), ("eval", "loss")]
+
+    def __init__(self, cfg: AlignConfig, resume: bool = False, log=print):
+        self.cfg, self.log = cfg, log
+        self.out_dir = Path(cfg.out_dir)
+        self.device = resolve_device(cfg.device)
+        state_path = self.out_dir / STATE_FILE
+        if resume and not state_path.is_file():
+            raise CheckpointError(f"--resume: no training state at {state_path}")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.lm = load_lm(cfg.init, cfg.model, cfg.max_len, cfg.seed, self.device)
+        self.tokenizer = self.lm.tokenizer
+        self.pad_id = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        self.setup()
+        self.module = self.trainable_module()
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError(f"{self.name}: nothing to train (every parameter is frozen)")
+        self.optimizer = build_adamw(self.module, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        self.sampler = EpochSampler(self.num_examples(), cfg.batch_size, cfg.seed)
+        self.step, self.elapsed = 0, 0.0
+        if resume:
+            self._load_state(state_path)
+        self.metrics = MetricsLog(self.out_dir, resume=resume)
+        write_json(self.out_dir / f"{self.name}_config.json", cfg.to_dict())
+        n_train = sum(p.numel() for p in params)
+        n_all = sum(p.numel() for p in self.module.parameters())
+        self.log(f"{self.name}: {n_train:,} of {n_all:,} parameters trainable; {self.device}")
+
+    # ---- hooks -------------------------------------------------------------------------------
+    @abstractmethod
+    def setup(self) -> None:
+        """Load data, wrap the model (PEFT, heads), build frozen copies."""
+
+    def trainable_module(self) -> torch.nn.Module:
+        """The module whose requires_grad parameters are optimised and saved in the state."""
+        return self.lm.model
+
+    @abstractmethod
+    def num_examples(self) -> int:
+        """How many training examples the sampler draws from."""
+
+    @abstractmethod
+    def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        """The collated training batch for these example indices (on self.device)."""
+
+    @abstractmethod
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """(loss to backpropagate, extra metrics to log) for one batch."""
+
+    def evaluate(self) -> dict[str, float]:
+        return {}
+
+    def export(self, path: Path) -> None:
+        """Write the model users load (HF layout)."""
+        LM(self.lm.model, self.tokenizer).save(path)
+
+    # ---- state -------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        self.export(self.out_dir)
+        trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+        state = {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "trainable": trainable,
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+        }
+        save_training_state(self.out_dir / STATE_FILE, state)
+
+    def _load_state(self, path: Path) -> None:
+        state = load_training_state(path)
+        params = dict(self.module.named_parameters())
+        missing = sorted(set(state["trainable"]) - set(params))
+        if missing:
+            raise CheckpointError(f"{path}: saved for a different model ({missing[:3]} missing)")
+        with torch.no_grad():
+            for n, value in state["trainable"].items():
+                params[n].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.log(f"resumed from step {self.step}")
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.module.train()
+        loss, stats = self.loss(self.batch(self.sampler.next()))
+        if not math.isfinite(loss.item()):
+            raise NonFiniteLoss(
+                f"{self.name} loss became {loss.item()} at step {self.step}; stopped, the last "
+                f"good checkpoint in {self.out_dir} is kept (try a lower lr)"
+            )
+        loss.backward()
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"loss": loss.item(), "lr": lr, **stats}
+
+    def _evaluate(self) -> dict[str, float]:
+        was_training = self.module.training
+        self.module.eval()
+        with torch.no_grad():
+            result = self.evaluate()
+        self.module.train(was_training)
+        if result:
+            self.metrics.log(self.step, "eval", **result)
+        return result
+
+    def run(self) -> dict[str, Any]:
+        """Train to max_iters with periodic eval/checkpoints; returns the final metrics."""
+        cfg = self.cfg
+        bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
+        result: dict[str, Any] = {}
+        if self.step == 0:
+            result = {f"initial_{k}": v for k, v in self._evaluate().items()}
+        try:
+            while self.step < cfg.max_iters:
+                t0 = time.perf_counter()
+                stats = self.train_step()
+                self.elapsed += time.perf_counter() - t0
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
+                if self.step % cfg.log_interval == 0 or self.step == 1:
+                    self.metrics.log(self.step, "train", **stats)
+                last = self.step >= cfg.max_iters
+                if self.step % cfg.eval_interval == 0 or last:
+                    evaluated = self._evaluate()
+                    result.update(evaluated)
+                    if bar is not None and evaluated:
+                        line = ", ".join(f"{k} {v:.4g}" for k, v in evaluated.items())
+                        bar.write(f"step {self.step}: {line}")
+                if self.step % cfg.checkpoint_interval == 0 or last:
+                    self.save_checkpoint()
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.metrics.close()
+        result.update(step=self.step, elapsed_s=self.elapsed)
+        write_json(self.out_dir / "final_metrics.json", result)
+        plot = self.metrics.plot(
+            self.curves, self.out_dir / f"{self.name}.png", title=f"{self.name} {self.out_dir.name}"
+        )
+        result["plot"] = str(plot)
+        return result

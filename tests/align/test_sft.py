@@ -1,0 +1,71 @@
+"""SFT trainer: full fine-tuning and PEFT variants, export, exact-match evaluation."""
+
+import math
+
+import pytest
+import torch
+
+from lmforge.align import tasks
+from lmforge.align.lora import lora_modules
+from lmforge.align.sft import SFTConfig, SFTTrainer, dense_copy, exact_match, load_peft
+from lmforge.align.trainer import load_lm
+from lmforge.lm import LM
+
+TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
+
+
+def cfg(out, **kw):
+    base = dict(out_dir=str(out), model=TINY, max_len=24, n_train=64, n_eval=16,
+                batch_size=8, max_iters=4, eval_interval=4, eval_generate=8,
+                progress=False, threads=1, warmup_iters=1)  # fmt: skip
+    return SFTConfig(**{**base, **kw})
+
+
+def quiet(*a):
+    pass
+
+
+def test_exact_match_counts_verified_completions():
+    lm = load_lm("scratch", TINY, 24, 0, "cpu")
+    records = tasks.problems("add", 4, seed=0)
+    assert exact_match(lm, records, max_new_tokens=4) == 0.0  # a random model is never right
+
+
+@pytest.mark.parametrize("peft", ["lora", "qlora"])
+def test_lora_export_merged_equals_wrapped(tmp_path, peft):
+    t = SFTTrainer(cfg(tmp_path, peft=peft, lora_targets="qkv_proj,up_proj"), log=quiet)
+    assert lora_modules(t.lm.model) and t.peft_names[0].endswith("qkv_proj")
+    for _ in range(3):
+        t.train_step()
+    t.export(tmp_path)
+    x = torch.randint(0, t.tokenizer.vocab_size, (2, 10))
+    merged = LM.load(tmp_path).model
+    t.lm.model.eval()
+    assert torch.allclose(merged(x), t.lm.model(x), atol=1e-4 if peft == "lora" else 1e-3)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_adapter_saved_alone_and_reloads(tmp_path):
+    t = SFTTrainer(cfg(tmp_path, peft="adapter", adapter_bottleneck=8), log=quiet)
+    for _ in range(3):
+        t.train_step()
+    t.export(tmp_path)
+    base = LM.load(tmp_path)
+    load_peft(base.model, tmp_path / "adapter")
+    x = torch.randint(0, t.tokenizer.vocab_size, (2, 10))
+    t.lm.model.eval()
+    assert torch.allclose(base.model(x), t.lm.model(x), atol=1e-5)
+
+
+def test_dense_copy_has_no_lora(tmp_path):
+    t = SFTTrainer(cfg(tmp_path, peft="lora"), log=quiet)
+    assert not lora_modules(dense_copy(t.lm.model))
+
+
+def test_sft_end_to_end(tmp_path):
+    r = SFTTrainer(cfg(tmp_path, max_iters=40, eval_interval=20, packing=True), log=quiet).run()
+    assert math.isfinite(r["loss"]) and r["loss"] < r["initial_loss"]
+    assert "exact_match" in r
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "sft.png").is_file()
+    assert (tmp_path / "metrics.csv").is_file()
+    LM.load(tmp_path)
