@@ -1,0 +1,110 @@
+"""Tiny random-init Hugging Face models built offline with transformers (a dev dependency)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 101
+SEQ = 40  # longer than every sliding window (6) and original context (16) below
+
+_LLAMA_LIKE = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 16}  # fmt: skip
+
+# name -> (config class name, kwargs): every family and every rope_scaling type.
+HF_CASES = {
+    "llama": ("LlamaConfig", {}),
+    "llama_gqa_bias_headdim_tied": (
+        "LlamaConfig",
+        dict(attention_bias=True, mlp_bias=True, head_dim=16, tie_word_embeddings=True),
+    ),
+    "llama_mqa": ("LlamaConfig", dict(num_key_value_heads=1)),
+    "llama_rope_linear": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama_rope_dynamic": (
+        "LlamaConfig",
+        dict(max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+    ),
+    "llama_rope_yarn": ("LlamaConfig", dict(rope_scaling=_YARN)),
+    "llama_rope_yarn_mscale": (
+        "LlamaConfig",
+        dict(
+            rope_scaling={
+                **_YARN,
+                "mscale": 0.8,
+                "mscale_all_dim": 0.5,
+                "beta_fast": 16,
+                "truncate": False,
+            }
+        ),
+    ),  # fmt: skip
+    "llama_rope_llama3": ("LlamaConfig", dict(rope_scaling=_LLAMA3, rope_theta=500000.0)),
+    "mistral_window": ("MistralConfig", dict(sliding_window=6)),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2_window": (
+        "Qwen2Config",
+        dict(use_sliding_window=True, sliding_window=6, max_window_layers=0),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=6),
+    ),
+    "gpt2": (
+        "GPT2Config",
+        dict(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            n_inner=80,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),  # fmt: skip
+    "gpt2_untied_relu": (
+        "GPT2Config",
+        dict(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            activation_function="relu",
+            tie_word_embeddings=False,
+        ),
+    ),  # fmt: skip
+}
+
+
+def build_hf(name: str, seed: int = 0):
+    """A random transformers model for HF_CASES[name], every weight drawn (biases too), fp32."""
+    cls_name, kwargs = HF_CASES[name]
+    base = {} if cls_name == "GPT2Config" else dict(_LLAMA_LIKE)
+    config = getattr(transformers, cls_name)(**{**base, **kwargs})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.no_grad():
+        for name_, p in model.named_parameters():
+            if "norm" in name_ or "ln_" in name_:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.15)
+    return model.eval()
+
+
+@pytest.fixture
+def hf_checkpoint(tmp_path):
+    """save_pretrained (safetensors) a random model; returns (model, directory)."""
+
+    def make(name: str, **save_kwargs):
+        model = build_hf(name)
+        model.save_pretrained(tmp_path / name, **save_kwargs)
+        return model, tmp_path / name
+
+    return make
