@@ -18,7 +18,7 @@ from lmforge.errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "moe")
+MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "geglu_tanh", "moe")
 ATTN_IMPLS = ("sdpa", "explicit")
 ATTENTIONS = ("softmax", "linear", "mla")
 NORM_POSITIONS = ("pre", "post")
@@ -92,7 +92,7 @@ class ModelConfig:
 
     @property
     def is_glu(self) -> bool:
-        return self.mlp in ("swiglu", "geglu")
+        return self.mlp in ("swiglu", "geglu", "geglu_tanh")
 
     def validate(self) -> None:
         """Check every field and cross-field rule; raise ConfigError naming the fields."""
@@ -216,7 +216,7 @@ class ModelConfig:
 
 def default_d_ff(d_model: int, mlp: str, multiple_of: int = 64) -> int:
     """GPT-2 uses 4*d_model; GLU MLPs use 2/3 of that (Llama), rounded up to a multiple."""
-    if mlp in ("swiglu", "geglu", "moe"):
+    if mlp in ("swiglu", "geglu", "geglu_tanh", "moe"):
         hidden = int(2 * 4 * d_model / 3)
         return multiple_of * math.ceil(hidden / multiple_of)
     return 4 * d_model

@@ -52,7 +52,8 @@ MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
     "relu": (MLP, "relu"),
     "silu": (MLP, "silu"),
     "swiglu": (GatedMLP, "silu"),
-    "geglu": (GatedMLP, "gelu"),
+    "geglu": (GatedMLP, "gelu"),  # exact GELU (erf)
+    "geglu_tanh": (GatedMLP, "gelu_tanh"),  # tanh-approximated GELU (GPT-2, Gemma)
     "moe": (MoE, "silu"),  # Mixtral: SwiGLU experts
 }
 

@@ -1,0 +1,111 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmforge.model.blocks import DropPath, ParallelResidual
+from lmforge.model.config import ModelConfig
+from lmforge.model.mlp import build_mlp
+from lmforge.model.norms import BatchNorm1d, BatchNorm2d
+from lmforge.model.transformer import Transformer
+
+BASE = dict(vocab_size=30, n_layer=1, d_model=16, n_head=2, pos="none")
+
+
+def block_and_input(**kw):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**BASE, **kw)).eval()
+    return model, model.blocks[0], torch.randn(2, 5, 16)
+
+
+def run(block, h):
+    return block(h, is_causal=True)
+
+
+def attn(block, x):
+    return block.attn(x, None, None, None, True, None)
+
+
+def test_pre_norm_formula():
+    _, b, h = block_and_input()
+    h1 = h + attn(b, b.attn_norm(h))
+    assert torch.allclose(run(b, h), h1 + b.mlp(b.mlp_norm(h1)), atol=1e-6)
+
+
+def test_post_norm_formula():
+    _, b, h = block_and_input(norm_position="post")
+    h1 = b.attn_norm(h + attn(b, h))
+    assert torch.allclose(run(b, h), b.mlp_norm(h1 + b.mlp(h1)), atol=1e-6)
+
+
+@pytest.mark.parametrize("scale, expected", [("none", 1.0), ("inv_sqrt2", 1 / math.sqrt(2))])
+def test_parallel_block_shares_one_norm(scale, expected):
+    _, b, h = block_and_input(parallel_block=True, parallel_scale=scale)
+    x = b.attn_norm(h)
+    assert isinstance(b.mlp_norm, torch.nn.Identity)
+    assert torch.allclose(run(b, h), h + expected * (attn(b, x) + b.mlp(x)), atol=1e-6)
+
+
+def test_learnable_branch_scales_train_and_start_at_one():
+    model, b, h = block_and_input(parallel_block=True, parallel_scale="learnable")
+    assert isinstance(b.residual, ParallelResidual)
+    assert torch.equal(b.residual.branch_scales.detach(), torch.ones(2))
+    model(torch.randint(0, 30, (1, 4))).sum().backward()
+    assert b.residual.branch_scales.grad.abs().sum() > 0
+    assert "blocks.0.residual.branch_scales" in model.state_dict()
+
+
+def test_default_block_has_no_new_state():
+    model, _, _ = block_and_input()
+    assert not any("residual" in k for k in model.state_dict())
+
+
+def test_drop_path_drops_whole_samples_and_keeps_the_mean():
+    torch.manual_seed(0)
+    drop = DropPath(0.25).train()
+    out = drop(torch.ones(4000, 3, 2))
+    per_sample = out.flatten(1)
+    assert torch.all((per_sample == 0).all(1) | (per_sample == 1 / 0.75).all(1))
+    assert abs(out.mean().item() - 1.0) < 0.05
+    assert torch.equal(drop.eval()(torch.ones(3, 2)), torch.ones(3, 2))
+
+
+def test_logit_scaling_divides_by_sqrt_d_model():
+    torch.manual_seed(0)
+    plain = Transformer(ModelConfig(**BASE)).eval()
+    scaled = Transformer(ModelConfig(**BASE, logit_scaling=True)).eval()
+    scaled.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 30, (1, 6))
+    assert torch.allclose(scaled(ids), plain(ids) / 4.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, approximate", [("geglu", "none"), ("geglu_tanh", "tanh")])
+def test_geglu_variants(kind, approximate):
+    torch.manual_seed(0)
+    mlp = build_mlp(kind, 8, 16, False, 0.0)
+    x = torch.randn(3, 8)
+    gate = F.gelu(mlp.gate_proj(x), approximate=approximate)
+    assert torch.allclose(mlp(x), mlp.down_proj(gate * mlp.up_proj(x)), atol=1e-6)
+    assert ModelConfig(mlp=kind).d_ff == 384  # Llama's 8/3 rule, like every GLU
+
+
+@pytest.mark.parametrize(
+    "ours, theirs, shape",
+    [(BatchNorm1d(6), torch.nn.BatchNorm1d(6), (8, 6)),
+     (BatchNorm1d(6), torch.nn.BatchNorm1d(6), (8, 6, 5)),
+     (BatchNorm2d(6), torch.nn.BatchNorm2d(6), (4, 6, 3, 5))],
+)  # fmt: skip
+def test_batchnorm_matches_torch_in_train_and_eval(ours, theirs, shape):
+    torch.manual_seed(0)
+    for _ in range(3):
+        x = torch.randn(shape) * 3 + 1
+        assert torch.allclose(ours.train()(x), theirs.train()(x), atol=1e-5)
+    assert torch.allclose(ours.running_var, theirs.running_var, atol=1e-5)
+    x = torch.randn(shape)
+    assert torch.allclose(ours.eval()(x), theirs.eval()(x), atol=1e-5)
+
+
+def test_batchnorm_rejects_wrong_rank():
+    with pytest.raises(ValueError, match="BatchNorm2d"):
+        BatchNorm2d(3)(torch.randn(2, 3))
