@@ -18,6 +18,7 @@ COMMANDS = [
     "lmforge.cli.generate",
     "lmforge.cli.evaluate",
     "lmforge.cli.model_info",
+    "lmforge.cli.precision",
     "lmforge.cli.convert",
 ]
 
