@@ -17,6 +17,7 @@ COMMANDS = [
     "lmforge.cli.tokenizer",
     "lmforge.cli.generate",
     "lmforge.cli.evaluate",
+    "lmforge.cli.rag",
     "lmforge.cli.model_info",
     "lmforge.cli.precision",
     "lmforge.cli.convert",

@@ -1,0 +1,194 @@
+"""Chunking: split a corpus into overlapping windows that a retriever can index and cite.
+
+A corpus is read into `Document`s (a source id, a title and the text), then each document is cut
+into `Chunk`s of `size` words (or characters) that start every `size - overlap` units. Overlap
+keeps a sentence that straddles a boundary whole in at least one chunk. Every chunk keeps the id
+and title of its document, so an answer built from it can say where it came from.
+
+Sources: "builtin:pydoc" (one document per topic of the Python reference docs, titled by its
+topic key), a text file, a folder (every file under it), or a .jsonl file with a "text" field
+(and optional "id"/"title"). Binary or undecodable files in a folder are skipped, counted and
+named in `Corpus.skipped`; a corpus with no text left is a DataError.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lmforge.errors import ConfigError, DataError
+
+SOURCES_HELP = "builtin:pydoc, a text file, a folder of text files, or a .jsonl file ('text')"
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str  # a stable id: "pydoc:assert", a relative file path, "file.jsonl:12"
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Chunk:
+    id: int  # position in the index
+    source: str
+    title: str
+    text: str
+    start: int  # offset of the window in its document, in chunking units (words or chars)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Corpus:
+    """Documents read from a source, plus the files that were skipped and why."""
+
+    documents: list[Document]
+    skipped: list[str] = field(default_factory=list)  # "path (reason)"
+
+    def skip_message(self) -> str:
+        if not self.skipped:
+            return ""
+        shown = ", ".join(self.skipped[:5]) + (" ..." if len(self.skipped) > 5 else "")
+        return f"skipped {len(self.skipped)} file(s): {shown}"
+
+
+# ---- reading ---------------------------------------------------------------------------------
+def _decode(path: Path) -> tuple[str | None, str]:
+    """(text, "") or (None, reason) — binary content (NUL bytes) and bad UTF-8 are refused."""
+    data = path.read_bytes()
+    if b"\x00" in data[:8192]:
+        return None, "binary"
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 at byte {e.start}"
+
+
+def _first_line_title(text: str, fallback: str) -> str:
+    for line in text.splitlines():
+        line = line.strip().lstrip("#").strip()
+        if line:
+            return line[:80]
+    return fallback
+
+
+def _read_pydoc() -> Corpus:
+    from pydoc_data.topics import topics
+
+    return Corpus([Document(f"pydoc:{k}", k, topics[k]) for k in sorted(topics)])
+
+
+def _read_jsonl(path: Path) -> Corpus:
+    docs: list[Document] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
+            source = str(row.get("id", f"{path.name}:{lineno}"))
+            docs.append(Document(source, str(row.get("title", source)), row["text"]))
+    return Corpus(docs)
+
+
+def _read_files(paths: list[Path], root: Path) -> Corpus:
+    corpus = Corpus([])
+    for path in paths:
+        name = str(path.relative_to(root)) if path != root else path.name
+        text, reason = _decode(path)
+        if text is None:
+            corpus.skipped.append(f"{name} ({reason})")
+        else:
+            corpus.documents.append(Document(name, _first_line_title(text, name), text))
+    return corpus
+
+
+def read_corpus(source: str | Path) -> Corpus:
+    """Read `source` (see SOURCES_HELP) into documents; a missing source is a DataError."""
+    text = str(source)
+    if text == "builtin:pydoc":
+        return _read_pydoc()
+    if text.startswith("builtin:"):
+        raise DataError(f"unknown builtin corpus {text!r}; the retrieval corpus is builtin:pydoc")
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"corpus not found: {path} (expected {SOURCES_HELP})")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return _read_files(files, path)
+    if path.name.endswith(".jsonl"):
+        return _read_jsonl(path)
+    corpus = _read_files([path], path)
+    if corpus.skipped:
+        raise DataError(f"{path}: cannot index a {corpus.skipped[0].split(' (', 1)[1][:-1]} file")
+    return corpus
+
+
+# ---- splitting -------------------------------------------------------------------------------
+class WordWindows:
+    """Windows of whitespace-separated words; the chunk text keeps the original spacing."""
+
+    unit = "word"
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        return [m.span() for m in re.finditer(r"\S+", text)]
+
+
+class CharWindows:
+    """Windows of characters (useful for text without spaces, or exact size control)."""
+
+    unit = "char"
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        return [(i, i + 1) for i in range(len(text))]
+
+
+SPLITTERS = {"word": WordWindows, "char": CharWindows}
+
+
+def windows(text: str, size: int, overlap: int, unit: str = "word") -> list[tuple[int, str]]:
+    """(start unit, text) of each window of `size` units stepping by size - overlap."""
+    if unit not in SPLITTERS:
+        raise ConfigError(f"chunk unit {unit!r}: expected one of {sorted(SPLITTERS)}")
+    if size < 1 or not 0 <= overlap < size:
+        raise ConfigError(f"need size >= 1 and 0 <= overlap < size, got {size=} {overlap=}")
+    spans = SPLITTERS[unit]().spans(text)
+    out = []
+    step = size - overlap
+    for start in range(0, max(1, len(spans) - overlap), step):
+        piece = spans[start : start + size]
+        if piece:
+            out.append((start, text[piece[0][0] : piece[-1][1]]))
+    return out
+
+
+def chunk_documents(
+    documents: list[Document], size: int = 200, overlap: int = 50, unit: str = "word"
+) -> list[Chunk]:
+    """Cut every document into overlapping windows; chunk ids number them in order."""
+    chunks: list[Chunk] = []
+    for doc in documents:
+        for start, text in windows(doc.text, size, overlap, unit):
+            if text.strip():
+                chunks.append(Chunk(len(chunks), doc.source, doc.title, text, start))
+    return chunks
+
+
+def chunk_corpus(
+    source: str | Path, size: int = 200, overlap: int = 50, unit: str = "word"
+) -> tuple[list[Chunk], Corpus]:
+    """Read and chunk `source`; DataError names the skipped files when no text remains."""
+    corpus = read_corpus(source)
+    chunks = chunk_documents(corpus.documents, size, overlap, unit)
+    if not chunks:
+        why = f" ({corpus.skip_message()})" if corpus.skipped else ""
+        raise DataError(f"{source}: no text to index{why}")
+    return chunks, corpus
