@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,23 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
     return data
+
+
+def coerce_numbers(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """YAML 1.1 reads `1e-3` as a string: convert strings for numeric fields, naming bad ones."""
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for key, value in data.items():
+        hint = str(hints.get(key, ""))
+        if not isinstance(value, str) or "str" in hint:
+            continue
+        for kind in (int, float):
+            if kind.__name__ in hint:
+                try:
+                    out[key] = kind(value)
+                    break
+                except ValueError:
+                    continue
+        else:
+            raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+    return out

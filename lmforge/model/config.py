@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import ConfigError
+from lmforge.fileio import coerce_numbers
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
@@ -55,6 +56,7 @@ class ModelConfig:
     sliding_window: int | None = None  # Mistral: each query sees its `sliding_window` newest keys
     n_experts: int = 8  # mlp="moe": number of experts
     experts_top_k: int = 2  # mlp="moe": experts per token (Mixtral routing)
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
     tie_embeddings: bool = True
     dropout: float = 0.0
     attn_impl: str = "sdpa"
@@ -197,6 +199,7 @@ class ModelConfig:
                 f"{source}: unknown model config key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(sorted(valid))}"
             )
+        data = coerce_numbers(cls, data, source)
         try:
             return cls(**data)
         except TypeError as err:  # wrong value types that dataclass construction trips on

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from lmforge.errors import ConfigError
-from lmforge.fileio import load_yaml
+from lmforge.fileio import coerce_numbers, load_yaml
 from lmforge.model.config import ModelConfig
 
 
@@ -125,6 +125,7 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
         )
     if not isinstance(data.get("model", {}), dict):
         raise ConfigError(f"{source}: 'model' must be a mapping of ModelConfig fields")
+    data = coerce_numbers(cls, data, source)
     try:
         return cls(**data)
     except TypeError as err:

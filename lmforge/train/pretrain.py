@@ -100,8 +100,9 @@ class Pretrainer:
         self.tokenizer = build_tokenizer(cfg, self.out_dir)
         self.tokenizer.save(self.out_dir)
         meta = prepare_corpus(
-            cfg.data, self.tokenizer, self.out_dir / "data", val_fraction=cfg.val_fraction
-        )
+            cfg.data, self.tokenizer, self.out_dir / "data", val_fraction=cfg.val_fraction,
+            text_field=cfg.text_field, progress=cfg.progress,
+        )  # fmt: skip
         self.train_shard = TokenShard.open(self.out_dir / "data" / "train.bin")
         self.val_shard = TokenShard.open(self.out_dir / "data" / "val.bin")
         self.model_config = cfg.model_config(self.tokenizer.vocab_size)

@@ -1,0 +1,102 @@
+import pytest
+import torch
+
+from lmforge.errors import CheckpointError
+from lmforge.model.cache import KVCache
+from lmforge.model.config import ModelConfig
+from lmforge.model.io import load_model, save_model
+from lmforge.model.transformer import Transformer
+
+VARIANTS = {
+    "gpt2": dict(),
+    "llama": dict(pos="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, bias=False,
+                  tie_embeddings=False),
+    "mqa-interleaved": dict(pos="rope", rope_interleaved=True, n_kv_head=1),
+    "sinusoidal-explicit": dict(pos="sinusoidal", attn_impl="explicit", mlp="relu"),
+    "nopos-geglu": dict(pos="none", mlp="geglu"),
+}  # fmt: skip
+
+
+def tiny(**kw) -> Transformer:
+    return Transformer(ModelConfig(vocab_size=40, n_layer=2, d_model=32, n_head=4, **kw)).eval()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_cached_decoding_equals_full_recomputation(name):
+    model = tiny(**VARIANTS[name])
+    ids = torch.randint(0, 40, (2, 12))
+    full = model(ids)
+    cache = KVCache.for_model(model.config, 2, 12)
+    pieces = [model(ids[:, :5], cache=cache)]
+    pieces += [model(ids[:, t : t + 1], cache=cache) for t in range(5, 12)]
+    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_one_training_step_lowers_the_loss(name):
+    model = tiny(**VARIANTS[name]).train()
+    ids = torch.randint(0, 40, (4, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(2):
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 40), ids[:, 1:].reshape(-1))
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert losses[1] < losses[0]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_left_padding_gives_the_same_logits(name):
+    model = tiny(**VARIANTS[name])
+    short = torch.randint(0, 40, (1, 5))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    assert torch.allclose(model(padded, attention_mask=mask)[:, 3:], model(short), atol=1e-5)
+
+
+def test_weight_tying_and_dropout_identity_at_eval():
+    model = tiny(dropout=0.5)
+    assert model.lm_head.weight is model.embed.weight
+    ids = torch.randint(0, 40, (1, 6))
+    assert torch.equal(model(ids), model(ids))  # eval: dropout off
+    model.train()
+    assert not torch.equal(model(ids), model(ids))
+
+
+def test_inverted_dropout_scaling():
+    drop = torch.nn.Dropout(0.25).train()
+    out = drop(torch.ones(100_000))
+    kept = out[out > 0]
+    assert torch.allclose(kept, torch.full_like(kept, 1 / 0.75))
+    assert abs(out.mean().item() - 1.0) < 0.02
+
+
+def test_sequence_longer_than_context_fails_clearly():
+    model = tiny(max_seq_len=8)
+    with pytest.raises(ValueError, match="max_seq_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_save_load_roundtrip_and_corrupt_file(tmp_path):
+    model = tiny(**VARIANTS["llama"])
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    ids = torch.randint(0, 40, (2, 7))
+    assert torch.equal(model(ids), loaded(ids))
+    assert not list(tmp_path.glob("*.tmp"))
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_model(tmp_path)
+
+
+def test_load_rejects_weights_that_do_not_match_config(tmp_path):
+    save_model(tiny(), tmp_path)
+    other = tmp_path / "other"
+    save_model(Transformer(ModelConfig(vocab_size=40, n_layer=2, d_model=64, n_head=4)), other)
+    (tmp_path / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match="shape"):
+        load_model(tmp_path)

@@ -1,0 +1,110 @@
+import csv
+
+import pytest
+import torch
+
+from lmforge.errors import CheckpointError, ConfigError
+from lmforge.train.config import TrainConfig, build_config, parse_overrides
+from lmforge.train.optim import LossScaler, cosine_lr
+from lmforge.train.pretrain import NonFiniteLoss, Pretrainer
+
+TEXT = (
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
+)
+
+
+def config(tmp_path, **kw) -> TrainConfig:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "corpus.txt"
+    data.write_text(TEXT)
+    base = dict(
+        out_dir=str(tmp_path / "run"), data=str(data), tokenizer="char", batch_size=4,
+        block_size=16, max_iters=12, eval_interval=4, eval_iters=2, log_interval=1,
+        warmup_iters=2, progress=False, samples=0, seed=3,
+        model=dict(n_layer=1, n_head=2, d_model=16, max_seq_len=16),
+    )  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def train_losses(out_dir) -> list[float]:
+    with open(out_dir / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["split"] == "train" and r["metric"] == "loss"]
+    return [float(r["value"]) for r in rows]
+
+
+def test_run_writes_checkpoint_metrics_and_plot(tmp_path):
+    cfg = config(tmp_path)
+    result = Pretrainer(cfg, log=lambda *_: None).run()
+    out = tmp_path / "run"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.csv", "loss.png",
+                 "training_state.safetensors"):  # fmt: skip
+        assert (out / name).is_file(), name
+    assert result["step"] == 12 and result["val_loss"] > 0
+    assert train_losses(out)[-1] < train_losses(out)[0]
+
+
+def test_resume_continues_exactly(tmp_path):
+    full = Pretrainer(config(tmp_path / "a"), log=lambda *_: None)
+    reference = [full.train_step() for _ in range(12)]
+
+    first = config(tmp_path / "b", max_iters=12)
+    first.max_time = None
+    trainer = Pretrainer(first, log=lambda *_: None)
+    while trainer.step < 5:  # stop part-way, as an interrupted run would
+        trainer.train_step()
+        trainer.metrics.log(trainer.step, "train", loss=0.0)
+    trainer.save_checkpoint()
+    resumed = Pretrainer(config(tmp_path / "b"), resume=True, log=lambda *_: None)
+    assert resumed.step == 5
+    losses = [resumed.train_step() for _ in range(7)]
+    assert losses == reference[5:]  # bit-for-bit on CPU
+
+
+def test_resume_without_state_fails(tmp_path):
+    with pytest.raises(CheckpointError, match="no training state"):
+        Pretrainer(config(tmp_path), resume=True)
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    cfg = config(tmp_path, max_iters=8)
+    trainer = Pretrainer(cfg, log=lambda *_: None)
+    trainer.train_step()
+    trainer.save_checkpoint()
+    saved = (tmp_path / "run" / "model.safetensors").read_bytes()
+    with torch.no_grad():
+        trainer.model.embed.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteLoss, match="last good checkpoint"):
+        trainer.run()
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == saved
+
+
+def test_cosine_schedule():
+    assert cosine_lr(0, 1.0, 0.1, 10, 100) == pytest.approx(1 / 11)
+    assert cosine_lr(10, 1.0, 0.1, 10, 100) == pytest.approx(1.0)
+    assert cosine_lr(55, 1.0, 0.1, 10, 100) == pytest.approx(0.55)
+    assert cosine_lr(100, 1.0, 0.1, 10, 100) == pytest.approx(0.1)
+    assert cosine_lr(500, 1.0, 0.1, 10, 100) == 0.1
+
+
+def test_loss_scaler_skips_inf_and_grows():
+    p = torch.nn.Parameter(torch.ones(3))
+    scaler = LossScaler(init_scale=8.0, growth_interval=2)
+    p.grad = torch.tensor([8.0, 16.0, float("inf")])
+    assert not scaler.unscale_and_check([p]) and scaler.scale == 4.0
+    for _ in range(2):
+        p.grad = torch.tensor([4.0, 4.0, 4.0])
+        assert scaler.unscale_and_check([p])
+    assert torch.equal(p.grad, torch.ones(3)) and scaler.scale == 8.0
+
+
+def test_config_overrides_and_unknown_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("max_iters: 10\nmodel:\n  n_layer: 2\n")
+    cfg = build_config(TrainConfig, path, parse_overrides(["--lr", "3e-4", "--model.d_model=64"]))
+    assert cfg.max_iters == 10 and cfg.lr == 3e-4 and cfg.model == {"n_layer": 2, "d_model": 64}
+    with pytest.raises(ConfigError, match="max_iter.*valid keys"):
+        build_config(TrainConfig, None, {"max_iter": 3})
+    path.write_text("max_iters: [1,\n")
+    with pytest.raises(ConfigError, match="c.yaml:"):
+        build_config(TrainConfig, path, {})
