@@ -1,0 +1,63 @@
+"""GenerationParams: everything one request asks of the engine, validated once on arrival."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lmforge.errors import ConfigError
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class GenerationParams:
+    """How to generate for one request. temperature 0 = greedy; logprobs=k returns the chosen
+    token's log-probability and the k most likely alternatives (None = off)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] | None = None  # None = the engine's EOS ids; [] = never stop early
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        checks = [
+            (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
+            (self.temperature >= 0, "temperature", ">= 0"),
+            (self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k", ">= 1"),
+            (self.top_p is None or 0 < self.top_p <= 1, "top_p", "in (0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty", "> 0"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]"),
+            (
+                self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+                "logprobs",
+                f"an integer in [0, {MAX_TOP_LOGPROBS}]",
+            ),
+            (all(isinstance(s, str) for s in self.stop), "stop", "a list of strings"),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise ConfigError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

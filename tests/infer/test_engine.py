@@ -1,0 +1,143 @@
+"""Engine: same tokens as LM.generate, continuous batching = running alone, prefix reuse = none."""
+
+import pytest
+import torch
+
+from lmforge.errors import ConfigError
+from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.lm import LM
+from lmforge.model.config import ModelConfig
+from lmforge.tokenizer import Tokenizer
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3]]
+
+
+@pytest.fixture(scope="module", params=["llama-micro", "gpt2-micro"])
+def lm(request):
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset(request.param, vocab_size=97, max_seq_len=64)
+    return LM.from_config(config, seed=0)
+
+
+def greedy(n):
+    return GenerationParams(max_new_tokens=n, temperature=0.0)
+
+
+def run_all(engine, requests, join_at=()):
+    """Add (prompt, params) requests, the i-th after join_at[i] steps; collect tokens per id."""
+    pending = list(enumerate(requests))
+    rids, out, steps = {}, {}, 0
+    while pending or engine.has_work():
+        while pending and steps >= (join_at[pending[0][0]] if join_at else 0):
+            i, (prompt, params) = pending.pop(0)
+            rids[i] = engine.add_request(prompt, params)
+            out[rids[i]] = []
+        for o in engine.step():
+            out[o.request_id] += o.token_ids
+        steps += 1
+    return [out[rids[i]] for i in range(len(requests))]
+
+
+def test_mixed_length_batch_matches_lm_generate(lm):
+    ref = lm.generate(PROMPTS, max_new_tokens=12, temperature=0.0, eos_ids=[])
+    engine = Engine(lm.model, max_batch=4, eos_ids=[])
+    assert [c.token_ids for c in engine.generate(PROMPTS, greedy(12))] == ref
+
+
+def test_continuous_batching_matches_running_alone(lm):
+    lens = (3, 15, 7, 12)
+    requests = [(p, greedy(m)) for p, m in zip(PROMPTS, lens)]
+    # Two slots, late joiners, and a context of 24 columns: rows leave, slots are reused, the
+    # running rows shift right (long prompt joins) and left (buffer full) along the way.
+    engine = Engine(lm.model, max_batch=2, max_len=24, eos_ids=[])
+    batched = run_all(engine, requests, join_at=(0, 0, 2, 9))
+    alone = [
+        Engine(lm.model, max_batch=1, max_len=24, eos_ids=[]).generate([p], g)[0].token_ids
+        for p, g in requests
+    ]
+    assert batched == alone
+    assert [len(t) for t in batched] == [3, 15, 7, 12]
+    assert not engine.rows and engine.cache.n == 0
+
+
+def test_context_limit_finishes_with_length(lm):
+    engine = Engine(lm.model, max_batch=1, max_len=12, eos_ids=[])
+    (c,) = engine.generate([PROMPTS[2]], greedy(50))
+    assert len(c.token_ids) == 12 - len(PROMPTS[2]) and c.finish_reason == "length"
+
+
+def test_prefix_reuse_equals_separate_prefills(lm):
+    params = GenerationParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=5)
+    shared = Engine(lm.model, max_batch=4, eos_ids=[])
+    reused = [c.token_ids for c in shared.generate([PROMPTS[0]], params, n=3)]
+    # One prompt at a time (max_prefill_tokens=1): no reuse; seeds seed+i as for sample i.
+    separate = Engine(lm.model, max_batch=4, eos_ids=[], max_prefill_tokens=1)
+    requests = [(PROMPTS[0], GenerationParams(**{**vars(params), "seed": 5 + i})) for i in range(3)]
+    assert run_all(separate, requests) == reused
+    assert len({tuple(t) for t in reused}) > 1  # the samples differ
+
+
+def test_seeded_sampling_is_independent_of_batch(lm):
+    params = GenerationParams(max_new_tokens=10, temperature=0.8, top_k=20, seed=123)
+    alone = Engine(lm.model, max_batch=1, eos_ids=[]).generate([PROMPTS[1]], params)[0].token_ids
+    engine = Engine(lm.model, max_batch=4, eos_ids=[])
+    others = [(p, GenerationParams(max_new_tokens=8, temperature=1.0)) for p in PROMPTS[2:]]
+    batched = run_all(engine, [*others, (PROMPTS[1], params)], join_at=(0, 0, 3))
+    assert batched[-1] == alone
+
+
+def test_eos_and_abort(lm):
+    engine = Engine(lm.model, max_batch=2, eos_ids=[])
+    first = engine.generate([PROMPTS[0]], greedy(5))[0].token_ids
+    engine = Engine(lm.model, max_batch=2, eos_ids=[first[2]])
+    (c,) = engine.generate([PROMPTS[0]], greedy(5))
+    assert c.token_ids == first[: first.index(first[2]) + 1] and c.finish_reason == "stop"
+    rid = engine.add_request(PROMPTS[1], greedy(40))
+    engine.step()
+    engine.abort(rid)
+    outs = engine.step()
+    assert [o.finish_reason for o in outs] == ["abort"] and not engine.has_work()
+
+
+def test_logprobs_match_a_full_forward(lm):
+    engine = Engine(lm.model, max_batch=2, eos_ids=[])
+    params = GenerationParams(max_new_tokens=6, temperature=0.0, logprobs=3)
+    (c,) = engine.generate([PROMPTS[0]], params)
+    ids = torch.tensor([PROMPTS[0] + c.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(lm.model(ids)[0].float(), -1)
+    for i, (tok, lp) in enumerate(zip(c.token_ids, c.logprobs)):
+        expect = logp[len(PROMPTS[0]) - 1 + i]
+        assert lp.token == tok and lp.logprob == pytest.approx(expect[tok].item(), abs=1e-4)
+        assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy picks the most likely
+        assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+
+
+def test_text_streaming_and_stop_strings():
+    text = "the quick brown fox jumps over the lazy dog " * 4
+    tok = Tokenizer.train_char([text])
+    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=64)
+    lm = LM.from_config(config, tokenizer=tok, seed=1)
+    engine = Engine.from_lm(lm, max_batch=2)
+    params = GenerationParams(max_new_tokens=30, temperature=0.0, stop_token_ids=[])
+    pieces = [o.text for o in engine.stream("the quick", params)]
+    full = "".join(pieces)
+    assert full == tok.decode(engine.generate(["the quick"], params)[0].token_ids, True)
+    stop = full[5:7]
+    params.stop = [stop]
+    (c,) = engine.generate(["the quick"], params)
+    assert c.text == full[: full.index(stop)] and c.finish_reason == "stop"
+
+
+def test_bad_requests_are_config_errors(lm):
+    engine = Engine(lm.model, max_batch=2, eos_ids=[], max_len=16)
+    with pytest.raises(ConfigError, match="context"):
+        engine.add_request(list(range(16)), greedy(1))
+    with pytest.raises(ConfigError, match="empty"):
+        engine.add_request([], greedy(1))
+    with pytest.raises(ConfigError, match="token ids"):
+        engine.add_request([500], greedy(1))
+    with pytest.raises(ConfigError, match="temperature"):
+        GenerationParams(temperature=-1)
+    with pytest.raises(ConfigError, match="logprobs"):
+        GenerationParams(logprobs=21)
