@@ -19,11 +19,14 @@ from lmforge.model.config import ModelConfig
 
 @dataclass(frozen=True)
 class Rule:
-    """Our tensor = transform(HF tensors). `sizes` split a concatenation back on export."""
+    """Our tensor = transform(HF tensors). "cat": ours is the HF tensors stacked along dim 0
+    (`sizes` split it back on export); "slice": ours is piece `index` of one fused HF tensor cut
+    into `sizes`; "transpose": GPT-2's Conv1D stores [in, out]."""
 
     hf_keys: tuple[str, ...]
-    transform: str = "copy"  # "copy" | "cat" | "transpose"
+    transform: str = "copy"  # "copy" | "cat" | "slice" | "transpose"
     sizes: tuple[int, ...] = ()
+    index: int = 0
 
 
 def _linear(m: dict, ours: str, hf: str, bias: bool, transform: str = "copy") -> None:
@@ -57,6 +60,17 @@ class Family:
         return {k: k for k in keys}
 
 
+# HF hidden_act of a gated MLP -> our MLP kind, and back.
+_GLU_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu_tanh",
+             "gelu_pytorch_tanh": "geglu_tanh"}  # fmt: skip
+_GLU_ACTS_BACK = {
+    "swiglu": "silu",
+    "geglu": "gelu",
+    "geglu_tanh": "gelu_pytorch_tanh",
+    "moe": "silu",
+}
+
+
 class Llama(Family):
     """Llama and its close relatives: RMSNorm, RoPE (rotate-half), SwiGLU, optional biases."""
 
@@ -67,9 +81,11 @@ class Llama(Family):
         n_head = hf["num_attention_heads"]
         hidden = hf["hidden_size"]
         act = hf.get("hidden_act", "silu")
-        mlp = {"silu": "swiglu", "gelu": "geglu"}.get(act)
+        mlp = _GLU_ACTS.get(act)
         if mlp is None:
-            raise ConfigError(f"hidden_act {act!r} is not supported (supported: silu, gelu)")
+            raise ConfigError(
+                f"hidden_act {act!r} is not supported (supported: {', '.join(_GLU_ACTS)})"
+            )
         rope_base, rope_scaling, max_len = rope_from_hf(hf, self.default_theta)
         attention_bias = bool(hf.get("attention_bias", False))
         return dict(
@@ -104,7 +120,7 @@ class Llama(Family):
             intermediate_size=config.d_ff,
             head_dim=config.head_dim,
             rms_norm_eps=config.norm_eps,
-            hidden_act={"swiglu": "silu", "geglu": "gelu", "moe": "silu"}[config.mlp],
+            hidden_act=_GLU_ACTS_BACK[config.mlp],
             attention_bias=config.attention_bias,
             mlp_bias=config.mlp_bias,
             tie_word_embeddings=config.tie_embeddings,
@@ -117,8 +133,10 @@ class Llama(Family):
             problems.append(f"pos={config.pos!r} (needs rope)")
         if config.norm != "rmsnorm" or config.bias:
             problems.append("needs RMSNorm without bias")
-        if config.mlp not in ("swiglu", "geglu"):
-            problems.append(f"mlp={config.mlp!r} (needs swiglu or geglu)")
+        if config.mlp not in _GLU_ACTS_BACK or config.mlp == "moe":
+            problems.append(f"mlp={config.mlp!r} (needs swiglu, geglu or geglu_tanh)")
+        if config.qk_norm:
+            problems.append("qk_norm")
         if config.attention_bias != config.attention_out_bias:
             problems.append("q/k/v and o_proj biases differ (Llama has one attention_bias)")
         if config.sliding_window is not None:
@@ -332,6 +350,61 @@ class GPT2(Family):
         return m
 
 
+class Qwen3(Qwen2):
+    """Qwen2 with a per-head RMSNorm on q and k, explicit head_dim and one attention_bias flag."""
+
+    model_type, architecture = "qwen3", "Qwen3ForCausalLM"
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        data = Llama.config_from_hf(self, hf)
+        return {**data, "qk_norm": True, "sliding_window": _uniform_window(hf)}
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        return {**hf, "attention_bias": config.attention_bias}
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = [p for p in Llama.export_problems(self, config) if p not in ("qk_norm",)]
+        problems = [p for p in problems if not p.startswith("sliding")]
+        if not config.qk_norm:
+            problems.append("needs qk_norm")
+        if config.mlp_bias:
+            problems.append("mlp_bias")
+        return problems
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = super().key_map(config)
+        for i in range(config.n_layer):
+            for x in "qk":
+                m[f"blocks.{i}.attn.{x}_norm.weight"] = Rule(
+                    (f"model.layers.{i}.self_attn.{x}_norm.weight",)
+                )
+        return m
+
+
+class Phi3(Mistral):
+    """Llama with fused weights: qkv_proj (our layout already) and gate_up_proj (gate first)."""
+
+    model_type, architecture = "phi3", "Phi3ForCausalLM"
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = super().key_map(config)
+        for i in range(config.n_layer):
+            hf = f"model.layers.{i}.self_attn.qkv_proj.weight"
+            m[f"blocks.{i}.attn.qkv_proj.weight"] = Rule((hf,))
+        return m
+
+    def mlp_keys(self, m: dict, config: ModelConfig, ours: str, hf: str) -> None:
+        fused, sizes = (f"{hf}.gate_up_proj.weight",), (config.d_ff, config.d_ff)
+        m[f"{ours}.gate_proj.weight"] = Rule(fused, "slice", sizes, 0)
+        m[f"{ours}.up_proj.weight"] = Rule(fused, "slice", sizes, 1)
+        m[f"{ours}.down_proj.weight"] = Rule((f"{hf}.down_proj.weight",))
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = super().export_problems(config)
+        return problems + (["interleaved RoPE"] if config.rope_interleaved else [])
+
+
 FAMILIES: dict[str, Family] = {
-    f.model_type: f for f in (Llama(), Mistral(), Qwen2(), Mixtral(), GPT2())
+    f.model_type: f for f in (Llama(), Mistral(), Qwen2(), Mixtral(), GPT2(), Qwen3(), Phi3())
 }

@@ -94,6 +94,8 @@ def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Te
 def _to_ours(rule: Rule, tensors: list[torch.Tensor]) -> torch.Tensor:
     if rule.transform == "cat":
         return torch.cat(tensors, dim=0)
+    if rule.transform == "slice":
+        return tensors[0].split(list(rule.sizes), dim=0)[rule.index]
     if rule.transform == "transpose":
         return tensors[0].t().contiguous()
     return tensors[0]
@@ -136,6 +138,11 @@ def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], w
     state = {}
     for ours, rule in key_map.items():
         parts = [raw[canonical[k]] for k in rule.hf_keys]
+        if rule.transform == "slice" and parts[0].shape[0] != sum(rule.sizes):
+            raise CheckpointError(
+                f"{where}: tensor {rule.hf_keys[0]} has shape {tuple(parts[0].shape)}, "
+                f"config.json implies {(sum(rule.sizes), *parts[0].shape[1:])}"
+            )
         if rule.transform == "cat":
             for key, part, size in zip(rule.hf_keys, parts, rule.sizes):
                 if part.shape[0] != size:
@@ -186,7 +193,8 @@ def choose_family(config: ModelConfig) -> Family:
     """The family a config exports as: the one it came from, else the first that fits."""
     origin = config.extra.get("hf_model_type")
     order = [origin] if origin in FAMILIES else []
-    order += [t for t in ("llama", "mistral", "qwen2", "mixtral", "gpt2") if t not in order]
+    preference = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gpt2", "phi3")
+    order += [t for t in preference if t not in order]
     reasons = {}
     for model_type in order:
         problems = FAMILIES[model_type].export_problems(config)
@@ -209,14 +217,19 @@ def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
     """HF-named tensors for `model`."""
     config = model.config
     state = model.state_dict()
-    out = {}
+    out, pieces = {}, {}
     for ours, rule in family.key_map(config).items():
+        if rule.transform == "slice":  # one fused HF tensor from several of ours
+            pieces.setdefault(rule.hf_keys[0], {})[rule.index] = state[ours].detach()
+            continue
         parts = _to_hf(rule, state[ours].detach())
         if config.rope_interleaved and rule.transform == "cat":
             parts[0] = _unpermute_interleaved(parts[0], config.head_dim)  # q
             parts[1] = _unpermute_interleaved(parts[1], config.head_dim)  # k
         for key, tensor in zip(rule.hf_keys, parts):
             out[key] = tensor.contiguous().cpu()
+    for key, by_index in pieces.items():
+        out[key] = torch.cat([by_index[i] for i in sorted(by_index)]).cpu()
     return out
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.model.cache import KVCache
+from lmforge.model.norms import RMSNorm
 
 
 def explicit_attention(
@@ -67,6 +68,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.attention_out_bias)
         self.split_sizes = (q_dim, kv_dim, kv_dim)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:  # per-head RMSNorm keeps attention logits bounded (Qwen3)
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
         self.kernel = ATTENTION_KERNELS[config.attn_impl]
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -87,6 +92,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             cos, sin = rope_tables
             q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)

@@ -54,6 +54,13 @@ HF_CASES = {
         "MixtralConfig",
         dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=6),
     ),
+    "llama_geglu_tanh": ("LlamaConfig", dict(hidden_act="gelu_pytorch_tanh")),
+    "qwen3": ("Qwen3Config", dict(head_dim=16, attention_bias=True)),
+    "qwen3_window": (
+        "Qwen3Config",
+        dict(use_sliding_window=True, sliding_window=6, max_window_layers=0),
+    ),
+    "phi3_window": ("Phi3Config", dict(sliding_window=6, pad_token_id=0)),
     "gpt2": (
         "GPT2Config",
         dict(

@@ -30,7 +30,7 @@ def test_load_matches_transformers_logits(hf_checkpoint, name):
 
 @pytest.mark.parametrize(
     "name", ["llama_gqa_bias_headdim_tied", "llama_rope_dynamic", "mistral_window", "qwen2_window",
-             "mixtral", "gpt2"],
+             "qwen3_window", "phi3_window", "mixtral", "gpt2"],
 )  # fmt: skip
 def test_greedy_generation_matches_transformers(hf_checkpoint, name):
     hf, path = hf_checkpoint(name)
@@ -86,47 +86,24 @@ def _texts():
             "def f(x):\n    return x ** 2  # 🙂"] * 20  # fmt: skip
 
 
+_GPT2_STYLE = dict(vocab_size=300, n_layer=2, n_head=2, d_model=32, max_seq_len=48)
+_LLAMA_STYLE = dict(_GPT2_STYLE, n_head=4, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+_YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8}
+
+
 @pytest.mark.parametrize(
-    "config, family",
+    "fields, family",
     [
-        (ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=32, max_seq_len=48), "gpt2"),
-        (
-            ModelConfig(
-                vocab_size=300,
-                n_layer=2,
-                n_head=4,
-                n_kv_head=2,
-                d_model=32,
-                max_seq_len=48,
-                pos="rope",
-                norm="rmsnorm",
-                mlp="swiglu",
-                bias=False,
-                tie_embeddings=False,
-                rope_interleaved=True,
-            ),
-            "llama",
-        ),  # fmt: skip
-        (
-            ModelConfig(
-                vocab_size=300,
-                n_layer=2,
-                n_head=4,
-                d_model=32,
-                max_seq_len=48,
-                pos="rope",
-                norm="rmsnorm",
-                mlp="swiglu",
-                bias=False,
-                attention_bias=True,
-                sliding_window=5,
-                rope_scaling={"rope_type": "ntk", "factor": 4.0},
-            ),
-            "qwen2",
-        ),  # fmt: skip
+        (_GPT2_STYLE, "gpt2"),
+        (dict(_LLAMA_STYLE, n_kv_head=2, tie_embeddings=False, rope_interleaved=True), "llama"),
+        (dict(_LLAMA_STYLE, attention_bias=True, sliding_window=5,
+              rope_scaling={"rope_type": "ntk", "factor": 4.0}), "qwen2"),
+        (dict(_LLAMA_STYLE, mlp="geglu_tanh", qk_norm=True, rope_scaling=_YARN), "qwen3"),
+        (dict(_LLAMA_STYLE, mlp="moe", n_experts=3, experts_top_k=2), "mixtral"),
     ],
-)
-def test_our_models_export_with_tokenizer(tmp_path, config, family):
+)  # fmt: skip
+def test_our_models_export_with_tokenizer(tmp_path, fields, family):
+    config = ModelConfig(**fields)
     tok = Tokenizer.train_bpe(_texts(), vocab_size=300)
     lm = LM.from_config(config, tokenizer=tok, seed=0)
     with torch.no_grad():
