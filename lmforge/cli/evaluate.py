@@ -1,6 +1,27 @@
-"""`lmforge eval TASK`: evaluate a checkpoint (perplexity for now)."""
+"""`lmforge eval TASK`: evaluate a checkpoint.
+
+    lmforge eval perplexity   --checkpoint DIR --data builtin:pydoc
+    lmforge eval gsm8k        --checkpoint DIR [--data FILE --limit N --shots 4 --cot]
+    lmforge eval choice       --checkpoint DIR --data mc.jsonl
+    lmforge eval sycophancy   --checkpoint DIR [--method loglik|generate]
+    lmforge eval hallucination --checkpoint DIR --data qa.jsonl [--index DIR]
+
+Every task but perplexity accepts --out DIR to write report.md, report.json and report.png.
+"""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def _common(p, data_required: bool = False, data_default: str | None = None) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (LM.save layout)")
+    if data_required or data_default is not None:
+        p.add_argument("--data", required=data_required, default=data_default)
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
+    p.add_argument("--out", default=None, help="folder for report.md / report.json / report.png")
+    p.add_argument("--device", default="cpu")
 
 
 def register(sub) -> None:
@@ -13,6 +34,54 @@ def register(sub) -> None:
     ppl.add_argument("--stride", type=int, default=None, help="window step (default: window)")
     ppl.add_argument("--device", default="cpu")
     ppl.set_defaults(func=run_perplexity)
+
+    from lmforge.data.corpus import shared_data_dir
+
+    gsm = esub.add_parser("gsm8k", help="GSM8K exact-match accuracy ('#### n' extraction)")
+    _common(gsm, data_default=str(shared_data_dir() / "gsm8k_test.jsonl"))
+    gsm.add_argument("--shots", type=int, default=0, help="solved examples before each question")
+    gsm.add_argument("--cot", action="store_true", help="chain of thought: worked solutions")
+    gsm.add_argument("--max-new-tokens", type=int, default=256)
+    gsm.add_argument("--batch-size", type=int, default=8)
+    gsm.set_defaults(func=run_gsm8k)
+
+    mc = esub.add_parser("choice", help="multiple choice by log-likelihood from local JSONL")
+    _common(mc, data_required=True)
+    mc.set_defaults(func=run_choice)
+
+    syc = esub.add_parser("sycophancy", help="agreement rate with 30 built-in false statements")
+    _common(syc)
+    syc.add_argument("--method", default="loglik", choices=["loglik", "generate"])
+    syc.set_defaults(func=run_sycophancy)
+
+    hal = esub.add_parser("hallucination", help="hallucination rate over a decoding grid")
+    _common(hal, data_required=True)
+    hal.add_argument("--index", default=None, help="RAG index: also measure with retrieval")
+    hal.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated")
+    hal.add_argument("--top-ps", default="1.0,0.9", help="comma-separated")
+    hal.add_argument("--samples", type=int, default=3, help="answers per question when sampling")
+    hal.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
+    hal.set_defaults(func=run_hallucination)
+
+
+def _load_lm(args):
+    from lmforge.errors import ConfigError
+    from lmforge.lm import LM
+
+    lm = LM.load(args.checkpoint, device=args.device)
+    if lm.tokenizer is None:
+        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot evaluate text tasks")
+    return lm
+
+
+def _save_report(args, fill) -> None:
+    from lmforge.eval.report import Report
+
+    report = Report(Path(args.checkpoint).name)
+    fill(report)
+    if args.out:
+        report.save(args.out)
+        print(f"report -> {args.out}/report.md, report.json, report.png")
 
 
 def run_perplexity(args) -> int:
@@ -31,4 +100,83 @@ def run_perplexity(args) -> int:
         ids += lm.tokenizer.encode(doc) + ([eos] if eos is not None else [])
         n_bytes += len(doc.encode("utf-8"))
     print(perplexity(lm.model, ids, n_bytes, args.window, args.stride))
+    return 0
+
+
+def run_gsm8k(args) -> int:
+    from lmforge.eval.tasks import evaluate_gsm8k, load_gsm8k
+
+    if not Path(args.data).is_file():
+        print(f"skipped: GSM8K data not found at {args.data} (pass --data FILE)", file=sys.stderr)
+        return 0
+    limit = None if args.limit is None else args.limit + args.shots
+    rows = load_gsm8k(args.data, limit)
+    lm = _load_lm(args)
+    result = evaluate_gsm8k(
+        lm, rows, args.shots, args.cot, args.max_new_tokens, args.batch_size, progress=True
+    )
+    print(result)
+    _save_report(args, lambda r: r.add("gsm8k", "accuracy", result.accuracy, **result.settings))
+    return 0
+
+
+def run_choice(args) -> int:
+    from lmforge.eval.multiple_choice import evaluate_choices, load_choices
+
+    rows = load_choices(args.data, args.limit)
+    acc, acc_norm = evaluate_choices(_load_lm(args), rows, progress=True)
+    print(acc)
+    print(acc_norm)
+
+    def fill(report):
+        report.add("choice", "acc", acc.accuracy, data=Path(args.data).name)
+        report.add("choice", "acc_norm", acc_norm.accuracy, data=Path(args.data).name)
+
+    _save_report(args, fill)
+    return 0
+
+
+def run_sycophancy(args) -> int:
+    from lmforge.eval.sycophancy import FALSE_STATEMENTS, evaluate_sycophancy
+
+    statements = FALSE_STATEMENTS[: args.limit] if args.limit else FALSE_STATEMENTS
+    result = evaluate_sycophancy(_load_lm(args), statements, args.method)
+    print(result)
+    _save_report(
+        args, lambda r: r.add("sycophancy", "agreement", result.agreement_rate, method=args.method)
+    )
+    return 0
+
+
+def _floats(text: str, name: str) -> list[float]:
+    from lmforge.errors import ConfigError
+
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise ConfigError(f"--{name}: expected comma-separated numbers, got {text!r}") from e
+
+
+def run_hallucination(args) -> int:
+    from lmforge.eval.hallucination import decoding_grid, load_qa, sweep
+
+    rows = load_qa(args.data, args.limit)
+    lm = _load_lm(args)
+    rag = None
+    if args.index:
+        from lmforge.retrieval import RAG, Retriever
+
+        rag = RAG(Retriever.load(args.index), lm, k=args.k)
+    grid = decoding_grid(_floats(args.temperatures, "temperatures"), _floats(args.top_ps, "top-ps"))
+    results = sweep(lm, rows, settings=grid, rag=rag, samples=args.samples, progress=True)
+    for row in results:
+        print(
+            f"{row.setting:22} rag={str(row.rag):5} hallucination rate {row.rate:.4f} (n={row.n})"
+        )
+
+    def fill(report):
+        for row in results:
+            report.add("hallucination", "rate", row.rate, setting=row.setting, rag=row.rag)
+
+    _save_report(args, fill)
     return 0

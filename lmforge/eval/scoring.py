@@ -1,0 +1,133 @@
+"""The two things every evaluation asks of an LM: continue a prompt, and score a continuation.
+
+`generate_texts` fits each prompt into the context window (keeping its end, where the question
+is), generates in batches and cuts at stop strings. `loglikelihood` returns log P(continuation |
+context) and whether greedy decoding would produce it, the way lm-evaluation-harness defines it:
+context and continuation are tokenized separately and joined, so the continuation's tokens are
+the same whatever the context. `rolling_loglikelihood` scores a whole text in windows, each token
+once, for perplexity-style tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from lmforge.errors import ConfigError
+from lmforge.infer.generate import generate
+from lmforge.infer.sampling import SamplingParams
+from lmforge.lm import truncate_at_stop
+
+
+def _tokenizer(lm):
+    if lm.tokenizer is None:
+        raise ConfigError("evaluation needs an LM with a tokenizer (tokenizer.json)")
+    return lm.tokenizer
+
+
+def prefix_id(lm) -> int:
+    """The token that conditions an empty context: BOS, else EOS, else 0."""
+    tok = _tokenizer(lm)
+    for i in (tok.bos_id, tok.eos_id):
+        if i is not None:
+            return i
+    return 0
+
+
+def fit_prompt(ids: list[int], room: int) -> list[int]:
+    """Keep the last `room` tokens: the end of a prompt (the question) matters most."""
+    if room < 1:
+        raise ConfigError(f"no room for the prompt in the context window ({room} tokens)")
+    return ids[-room:]
+
+
+def generate_texts(
+    lm,
+    prompts: Sequence[str],
+    max_new_tokens: int = 64,
+    stop: Sequence[str] = (),
+    batch_size: int = 8,
+    progress: bool = False,
+    **sampling,
+) -> list[str]:
+    """One completion per prompt (special tokens dropped, cut at the first stop string)."""
+    tok = _tokenizer(lm)
+    room = lm.config.max_seq_len - max_new_tokens
+    stop = [s for s in stop if s]
+    stop_fn = None
+    if stop:
+        stop_fn = lambda row, toks: any(s in tok.decode(toks[-64:]) for s in stop)  # noqa: E731
+    params = SamplingParams(max_new_tokens, **sampling)
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    lm.model.eval()
+    out: list[str] = []
+    for s in tqdm(range(0, len(prompts), batch_size), desc="generating", disable=not progress):
+        batch = prompts[s : s + batch_size]
+        rows = [fit_prompt(tok.encode(p) or [prefix_id(lm)], room) for p in batch]
+        ids = generate(lm.model, rows, params, eos, stop_fn)
+        texts = [tok.decode(r, skip_special_tokens=True) for r in ids]
+        out += [truncate_at_stop(t, stop) for t in texts]
+    return out
+
+
+@torch.inference_mode()
+def _score_rows(lm, rows: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
+    """For each (tokens, n_scored): log-prob of the last n_scored tokens given the ones before."""
+    model = lm.model
+    model.eval()
+    device = next(model.parameters()).device
+    width = max(len(t) for t, _ in rows) - 1
+    x = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, (t, _) in enumerate(rows):  # right padding: causal attention never looks at it
+        x[i, : len(t) - 1] = torch.as_tensor(t[:-1])
+    logp = F.log_softmax(model(x.to(device)).float(), dim=-1)
+    out = []
+    for i, (t, n) in enumerate(rows):
+        target = torch.as_tensor(t[-n:], device=device)
+        lp = logp[i, len(t) - 1 - n : len(t) - 1]
+        out.append(
+            (float(lp.gather(1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all()))
+        )
+    return out
+
+
+def loglikelihood(
+    lm, pairs: Sequence[tuple[str, str]], batch_size: int = 16, progress: bool = False
+) -> list[tuple[float, bool]]:
+    """(log P(continuation | context), is_greedy) for each (context, continuation) pair.
+
+    Long inputs keep their last max_seq_len + 1 tokens (the continuation is always scored).
+    """
+    tok = _tokenizer(lm)
+    window = lm.config.max_seq_len
+    rows = []
+    for context, continuation in pairs:
+        cont = tok.encode(continuation)
+        if not cont:
+            raise ConfigError(f"continuation {continuation!r} encodes to no tokens")
+        if len(cont) > window:
+            raise ConfigError(
+                f"continuation of {len(cont)} tokens exceeds the {window}-token window"
+            )
+        ctx = tok.encode(context) if context else [prefix_id(lm)]
+        rows.append(((ctx + cont)[-(window + 1) :], len(cont)))
+    out: list[tuple[float, bool]] = []
+    for s in tqdm(range(0, len(rows), batch_size), desc="scoring", disable=not progress):
+        out += _score_rows(lm, rows[s : s + batch_size])
+    return out
+
+
+def rolling_loglikelihood(lm, text: str) -> float:
+    """log P(text | prefix token), every token scored once with up to max_seq_len of context."""
+    tok = _tokenizer(lm)
+    seq = [prefix_id(lm)] + tok.encode(text)
+    window, total, done = lm.config.max_seq_len, 0.0, 0
+    while done < len(seq) - 1:
+        end = min(done + window, len(seq) - 1)  # predict seq[done+1 .. end]
+        begin = max(0, end - window)
+        total += _score_rows(lm, [(seq[begin : end + 1], end - done)])[0][0]
+        done = end
+    return total
