@@ -238,16 +238,19 @@ class SFTTrainer(AlignTrainer):
         loss = sft_loss(logits, batch["labels"], label_smoothing=self.cfg.label_smoothing)
         return loss, {}
 
-    def evaluate(self) -> dict[str, float]:
+    def eval_loss(self, examples: list[D.SFTExample]) -> float:
+        """Mean response-token loss over examples (token-weighted)."""
         total, count = 0.0, 0
-        for i in range(0, len(self.eval_examples), self.cfg.batch_size):
-            chunk = self.eval_examples[i : i + self.cfg.batch_size]
-            b = D.collate_sft(chunk, self.pad_id)
+        for i in range(0, len(examples), self.cfg.batch_size):
+            b = D.collate_sft(examples[i : i + self.cfg.batch_size], self.pad_id)
             n = int((b["labels"][:, 1:] != D.IGNORE).sum())
             logits = self.lm.model(b["input_ids"].to(self.device))
             total += sft_loss(logits, b["labels"].to(self.device)).item() * n
             count += n
-        result = {"loss": total / max(1, count)}
+        return total / max(1, count)
+
+    def evaluate(self) -> dict[str, float]:
+        result = {"loss": self.eval_loss(self.eval_examples)}
         if self.eval_records:
             result["exact_match"] = exact_match(
                 self.lm, self.eval_records, self.cfg.max_new_tokens, self.cfg.add_bos

@@ -200,6 +200,10 @@ class AlignTrainer(ABC):
     def evaluate(self) -> dict[str, float]:
         return {}
 
+    def should_stop(self, evaluated: dict[str, float]) -> bool:
+        """Whether to end the run early after this evaluation (e.g. a target loss reached)."""
+        return False
+
     def export(self, path: Path) -> None:
         """Write the model users load (HF layout)."""
         LM(self.lm.model, self.tokenizer).save(path)
@@ -286,15 +290,18 @@ class AlignTrainer(ABC):
                     bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
                 if self.step % cfg.log_interval == 0 or self.step == 1:
                     self.metrics.log(self.step, "train", **stats)
-                last = self.step >= cfg.max_iters
-                if self.step % cfg.eval_interval == 0 or last:
+                stop = False
+                if self.step % cfg.eval_interval == 0 or self.step >= cfg.max_iters:
                     evaluated = self._evaluate()
                     result.update(evaluated)
+                    stop = self.should_stop(evaluated)
                     if bar is not None and evaluated:
                         line = ", ".join(f"{k} {v:.4g}" for k, v in evaluated.items())
                         bar.write(f"step {self.step}: {line}")
-                if self.step % cfg.checkpoint_interval == 0 or last:
+                if self.step % cfg.checkpoint_interval == 0 or self.step >= cfg.max_iters or stop:
                     self.save_checkpoint()
+                if stop:
+                    break
         except KeyboardInterrupt:
             self.save_checkpoint()
             self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")

@@ -21,6 +21,9 @@ COMMANDS = [
     "lmforge.cli.model_info",
     "lmforge.cli.precision",
     "lmforge.cli.convert",
+    "lmforge.cli.align",
+    "lmforge.cli.chat",
+    "lmforge.cli.serve",
 ]
 
 

@@ -1,0 +1,198 @@
+"""Reward models: a transformer backbone, its final norm and a scalar head on one pooled vector.
+
+Pooling picks the vector that sums up a sequence: `last` (the last non-PAD token — the usual
+choice, it has read everything), `mean` (average over real tokens) or `eos` (the last EOS token,
+falling back to the last real token). The attention mask drives positions as well as attention,
+so left- and right-padded batches give the same rewards. Losses (SPEC §10): Bradley–Terry
+-log σ(r⁺ - r⁻), hinge max(0, m - Δ), MSE to a target gap, and K-way listwise (softmax CE; with
+pairs, K = 2).
+
+Saved as an HF-layout backbone (config.json, model.safetensors, tokenizer) plus
+`reward_head.safetensors` and `reward_config.json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.align import data as D
+from lmforge.align.losses import (
+    bradley_terry_loss,
+    hinge_loss,
+    listwise_loss,
+    mse_gap_loss,
+    preference_accuracy,
+)
+from lmforge.align.sft import split_dataset
+from lmforge.align.trainer import AlignConfig, AlignTrainer
+from lmforge.errors import ConfigError
+from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
+from lmforge.lm import LM
+from lmforge.model.transformer import Transformer
+
+HEAD_FILE, CONFIG_FILE = "reward_head.safetensors", "reward_config.json"
+
+
+def last_index(mask: Tensor) -> Tensor:
+    """Index of the last real token of each row (works for left and right padding)."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    return (mask.long() * (positions + 1)).argmax(-1)
+
+
+def pool_last(h: Tensor, mask: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
+    return h[torch.arange(h.shape[0], device=h.device), last_index(mask)]
+
+
+def pool_mean(h: Tensor, mask: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
+    m = mask.to(h.dtype).unsqueeze(-1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+def pool_eos(h: Tensor, mask: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
+    is_eos = (ids == eos_id) & mask.bool() if eos_id is not None else torch.zeros_like(mask.bool())
+    index = torch.where(is_eos.any(-1), last_index(is_eos), last_index(mask))
+    return h[torch.arange(h.shape[0], device=h.device), index]
+
+
+POOLING: dict[str, Callable[[Tensor, Tensor, Tensor, int | None], Tensor]] = {
+    "last": pool_last,
+    "mean": pool_mean,
+    "eos": pool_eos,
+}
+
+
+class RewardModel(nn.Module):
+    """Transformer backbone -> final norm -> pooled vector -> Linear(d_model, 1): one reward."""
+
+    def __init__(self, backbone: Transformer, pooling: str = "last", eos_id: int | None = None):
+        super().__init__()
+        if pooling not in POOLING:
+            raise ConfigError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}")
+        self.backbone, self.pooling, self.eos_id = backbone, pooling, eos_id
+        self.head = nn.Linear(backbone.config.d_model, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / (backbone.config.d_model + 1) ** 0.5)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Rewards [B] for token ids [B, T] (attention_mask 1 = real token, 0 = padding)."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        h = self.backbone.norm(self.backbone.hidden_states(input_ids, attention_mask))
+        pooled = POOLING[self.pooling](h, attention_mask, input_ids, self.eos_id)
+        return self.head(pooled).squeeze(-1).float()
+
+    def save(self, path: str | Path, tokenizer=None) -> None:
+        LM(self.backbone, tokenizer).save(path)
+        save_tensors(Path(path) / HEAD_FILE, dict(self.head.state_dict()))
+        write_json(Path(path) / CONFIG_FILE, {"pooling": self.pooling, "eos_id": self.eos_id})
+
+    @classmethod
+    def load(cls, path: str | Path, device="cpu") -> tuple[RewardModel, object]:
+        """(reward model, tokenizer) from a directory written by `save`."""
+        meta = read_json(Path(path) / CONFIG_FILE, "reward model config")
+        lm = LM.load(path, device=device)
+        rm = cls(lm.model, meta.get("pooling", "last"), meta.get("eos_id"))
+        rm.head.load_state_dict(load_tensors(Path(path) / HEAD_FILE, device))
+        return rm.to(device).eval(), lm.tokenizer
+
+    @torch.no_grad()
+    def score(self, texts: list[str], tokenizer, batch: int = 64) -> Tensor:
+        """Rewards for whole texts (prompt + response), EOS appended as in training."""
+        out = []
+        eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+        pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+        for i in range(0, len(texts), batch):
+            rows = [ids + eos for ids in tokenizer.encode_batch(texts[i : i + batch])]
+            b = D.collate_sft([D.SFTExample(r, r) for r in rows], pad)
+            out.append(self(b["input_ids"].to(self.head.weight.device), b["attention_mask"]))
+        return torch.cat(out)
+
+
+def _pairwise_listwise(rc: Tensor, rr: Tensor, **_) -> Tensor:
+    return listwise_loss(torch.stack([rc, rr], dim=1), torch.zeros_like(rc, dtype=torch.long))
+
+
+REWARD_LOSSES: dict[str, Callable[..., Tensor]] = {
+    "bt": lambda rc, rr, margin, gap: bradley_terry_loss(rc, rr),
+    "hinge": lambda rc, rr, margin, gap: hinge_loss(rc, rr, margin),
+    "mse": lambda rc, rr, margin, gap: mse_gap_loss(rc, rr, gap),
+    "listwise": lambda rc, rr, margin, gap: _pairwise_listwise(rc, rr),
+}
+
+
+@dataclass
+class RewardConfig(AlignConfig):
+    """A reward-model run on preference pairs (`lmforge reward`)."""
+
+    out_dir: str = "out/reward"
+    data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
+    pooling: str = "last"  # last | mean | eos
+    loss: str = "bt"  # bt | hinge | mse | listwise
+    margin: float = 1.0  # hinge margin
+    target_gap: float = 1.0  # mse target reward gap
+    lr: float = 3e-4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss not in REWARD_LOSSES:
+            raise ConfigError(f"loss must be one of {', '.join(REWARD_LOSSES)}, got {self.loss!r}")
+        if self.pooling not in POOLING:
+            raise ConfigError(f"pooling must be one of {', '.join(POOLING)}, got {self.pooling!r}")
+
+
+class RewardTrainer(AlignTrainer):
+    """Train a RewardModel on (chosen, rejected) pairs; report held-out pair accuracy."""
+
+    name = "reward"
+    curves = [("train", "loss"), ("eval", "loss"), ("train", "accuracy"), ("eval", "accuracy")]
+
+    def setup(self) -> None:
+        cfg: RewardConfig = self.cfg
+        loader = lambda src, **kw: D.load_preferences(  # noqa: E731
+            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw
+        )
+        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
+        if train.skipped:
+            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
+        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+        self.rm = RewardModel(self.lm.model, cfg.pooling, self.tokenizer.eos_id).to(self.device)
+
+    def trainable_module(self) -> nn.Module:
+        return self.rm
+
+    def num_examples(self) -> int:
+        return len(self.train_examples)
+
+    def batch(self, indices):
+        rows = [self.train_examples[i] for i in indices]
+        return {k: v.to(self.device) for k, v in D.collate_preferences(rows, self.pad_id).items()}
+
+    def _rewards(self, batch) -> tuple[Tensor, Tensor]:
+        r = self.rm(batch["input_ids"], batch["attention_mask"])
+        return r.chunk(2)
+
+    def loss(self, batch):
+        rc, rr = self._rewards(batch)
+        loss = REWARD_LOSSES[self.cfg.loss](rc, rr, self.cfg.margin, self.cfg.target_gap)
+        acc = preference_accuracy(rc, rr).item()
+        return loss, {"accuracy": acc, "margin": (rc - rr).mean().item()}
+
+    def evaluate(self) -> dict[str, float]:
+        rcs, rrs = [], []
+        for i in range(0, len(self.eval_examples), self.cfg.batch_size):
+            chunk = self.eval_examples[i : i + self.cfg.batch_size]
+            b = {k: v.to(self.device) for k, v in D.collate_preferences(chunk, self.pad_id).items()}
+            rc, rr = self._rewards(b)
+            rcs.append(rc)
+            rrs.append(rr)
+        rc, rr = torch.cat(rcs), torch.cat(rrs)
+        loss = REWARD_LOSSES[self.cfg.loss](rc, rr, self.cfg.margin, self.cfg.target_gap)
+        return {"loss": loss.item(), "accuracy": preference_accuracy(rc, rr).item()}
+
+    def export(self, path: Path) -> None:
+        self.rm.save(path, self.tokenizer)

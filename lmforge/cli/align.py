@@ -1,0 +1,72 @@
+"""`lmforge sft | lora | reward | dpo | continual`: post-training runs from YAML + overrides.
+
+Each subcommand maps to a trainer in lmforge.align; any config field can be overridden with
+`--key value` (model fields for `--init scratch` as `--model.KEY value`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lmforge.train.config import build_config, parse_overrides
+
+# subcommand -> (module, config class, trainer class, one-line help)
+TRAINERS = {
+    "sft": ("lmforge.align.sft", "SFTConfig", "SFTTrainer",
+            "supervised fine-tuning (response-only loss, packing)"),
+    "lora": ("lmforge.align.sft", "SFTConfig", "SFTTrainer",
+             "LoRA / QLoRA / bottleneck-adapter fine-tuning"),
+    "reward": ("lmforge.align.reward", "RewardConfig", "RewardTrainer",
+               "train a reward model on preference pairs"),
+    "dpo": ("lmforge.align.dpo", "DPOConfig", "DPOTrainer",
+            "direct preference optimisation against a frozen reference"),
+    "continual": ("lmforge.align.continual", "ContinualConfig", "ContinualTrainer",
+                  "learn a new task with L2 / EWC / replay against forgetting"),
+}  # fmt: skip
+
+
+def register(sub) -> None:
+    for name, (_, cfg_name, _, help_text) in TRAINERS.items():
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=f"{help_text[0].upper()}{help_text[1:]}. Every {cfg_name} field can be "
+            "overridden with --key value, e.g. --init out/sft --data pairs.jsonl --max_iters 300; "
+            "data may be a JSONL file or a built-in task (task:add, task:arith:3, task:reverse).",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--config", help=f"YAML file of {cfg_name} fields (optional)")
+        p.add_argument("--resume", action="store_true", help="continue from out_dir's state")
+        if name == "lora":
+            p.add_argument("--r", type=int, default=8, help="LoRA rank (default 8)")
+            p.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (default 16)")
+            p.add_argument(
+                "--targets", default="qkv_proj,o_proj",
+                help="modules to adapt (default qkv_proj,o_proj; also up_proj,down_proj,gate_proj)",
+            )  # fmt: skip
+            p.add_argument("--qlora", action="store_true", help="NF4 4-bit frozen base (QLoRA)")
+            p.add_argument(
+                "--adapter", choices=["bottleneck"], help="bottleneck adapters, not LoRA"
+            )
+        p.set_defaults(func=run, accepts_overrides=True, trainer=name)
+
+
+def run(args) -> int:
+    import importlib
+
+    module_name, cfg_name, trainer_name, _ = TRAINERS[args.trainer]
+    module = importlib.import_module(module_name)
+    overrides = parse_overrides(args.overrides)
+    if args.trainer == "lora":
+        peft = "adapter" if args.adapter else "qlora" if args.qlora else "lora"
+        overrides = {"peft": peft, "lora_r": args.r, "lora_alpha": args.alpha,
+                     "lora_targets": args.targets, "out_dir": "out/lora", **overrides}  # fmt: skip
+    cfg = build_config(getattr(module, cfg_name), args.config, overrides)
+    trainer = getattr(module, trainer_name)(cfg, resume=args.resume)
+    result = trainer.run()
+    shown = {k: v for k, v in result.items() if isinstance(v, float)}
+    print("\nfinal: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+    print(
+        f"checkpoint: {cfg.out_dir}   metrics: {cfg.out_dir}/metrics.csv   plot: {result['plot']}"
+    )
+    return 0
