@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lmforge.data import shared_data_dir  # noqa: E402
+from lmforge.data.corpus import shared_data_dir  # noqa: E402
 from lmforge.train.config import TrainConfig, build_config  # noqa: E402
 from lmforge.train.pretrain import Pretrainer  # noqa: E402
 
