@@ -108,3 +108,19 @@ def test_config_overrides_and_unknown_keys(tmp_path):
     path.write_text("max_iters: [1,\n")
     with pytest.raises(ConfigError, match="c.yaml:"):
         build_config(TrainConfig, path, {})
+
+
+def test_ctrl_c_saves_a_checkpoint(tmp_path):
+    trainer = Pretrainer(config(tmp_path, max_iters=50), log=lambda *_: None)
+    real_step = trainer.train_step
+
+    def interrupted():
+        if trainer.step == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    trainer.train_step = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    resumed = Pretrainer(config(tmp_path, max_iters=50), resume=True, log=lambda *_: None)
+    assert resumed.step == 3
