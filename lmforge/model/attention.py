@@ -100,7 +100,13 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         dropout = self.dropout if self.training else 0.0
-        y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=dropout)
+        if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # Under CPU autocast, matmuls gain ~5x from bf16 (AMX), but the CPU flash-attention
+            # backward is several times slower in bf16 than in fp32: attend in fp32.
+            with torch.autocast("cpu", enabled=False):
+                y = self.kernel(q.float(), k.float(), v.float(), mask, is_causal, dropout)
+        else:
+            y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=dropout)
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 

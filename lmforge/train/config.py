@@ -45,7 +45,7 @@ class TrainConfig:
     beta2: float = 0.99
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
-    dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; fp16 uses loss scaling)
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (autocast; fp16 loss-scaled)
     compile: bool = False
     eval_interval: int = 250
     eval_iters: int = 20
@@ -68,8 +68,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ConfigError(
+                f"dtype must be float32, bfloat16, float16 or auto; got {self.dtype!r}"
+            )
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.lr <= 0 or self.min_lr < 0:

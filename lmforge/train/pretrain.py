@@ -41,6 +41,18 @@ class NonFiniteLoss(LMForgeError):
     """The loss became NaN or inf: training stopped, the last good checkpoint is kept."""
 
 
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """`auto` picks the fastest safe autocast dtype: bf16 where the hardware does bf16 matmuls
+    natively (CUDA with bf16, CPUs with AMX), fp16 on older GPUs, fp32 otherwise."""
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device.type == "cpu" and torch.cpu._is_amx_tile_supported():
+        return "bfloat16"
+    return "float32"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,6 +103,7 @@ class Pretrainer:
         self.cfg, self.log = cfg, log
         self.out_dir = Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         state_path = self.out_dir / STATE_FILE
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
@@ -108,7 +121,7 @@ class Pretrainer:
         self.model_config = cfg.model_config(self.tokenizer.vocab_size)
         self.model = Transformer(self.model_config).to(self.device)
         self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-        self.scaler = LossScaler() if cfg.dtype == "float16" else None
+        self.scaler = LossScaler() if self.dtype == "float16" else None
         self.sampler = BatchSampler(
             self.train_shard, cfg.batch_size, cfg.block_size, seed=cfg.seed, device=self.device
         )
@@ -122,13 +135,13 @@ class Pretrainer:
         write_json(self.out_dir / "train_config.json", cfg.to_dict())
         self.log(
             f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens; "
-            f"model: {self.model.num_parameters():,} parameters; device {self.device}"
+            f"model: {self.model.num_parameters():,} parameters; {self.device}, {self.dtype}"
         )
 
     def autocast(self):
-        if self.cfg.dtype == "float32":
+        if self.dtype == "float32":
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.cfg.dtype])
+        return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
 
     # ---- state -------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -174,7 +187,9 @@ class Pretrainer:
         for _ in range(cfg.grad_accum):
             x, y = self.sampler.next_batch()
             with self.autocast():
-                loss = lm_loss(self.forward(x), y, cfg.label_smoothing) / cfg.grad_accum
+                loss = lm_loss(self.forward(x), y, cfg.label_smoothing)
+                aux = self.model.aux_loss()  # MoE load balancing (λ·L_aux); None when dense
+                loss = (loss if aux is None else loss + aux) / cfg.grad_accum
             if self.scaler:
                 (loss * self.scaler.scale).backward()
             else:

@@ -100,3 +100,14 @@ def test_load_rejects_weights_that_do_not_match_config(tmp_path):
     (tmp_path / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
     with pytest.raises(CheckpointError, match="shape"):
         load_model(tmp_path)
+
+
+def test_cpu_bf16_autocast_trains_and_stays_close_to_fp32():
+    model = tiny(**VARIANTS["llama"]).train()
+    ids = torch.randint(0, 40, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids)
+    assert (low.float() - model(ids)).abs().max() < 0.1
+    loss = torch.nn.functional.cross_entropy(low.float().reshape(-1, 40), ids.reshape(-1))
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
