@@ -19,6 +19,7 @@ COMMANDS = [
     "lmforge.cli.evaluate",
     "lmforge.cli.rag",
     "lmforge.cli.model_info",
+    "lmforge.cli.seq2seq",
     "lmforge.cli.precision",
     "lmforge.cli.convert",
     "lmforge.cli.align",

@@ -56,6 +56,9 @@ class ModelConfig:
     sliding_window: int | None = None  # Mistral: each query sees its `sliding_window` newest keys
     n_experts: int = 8  # mlp="moe": number of experts
     experts_top_k: int = 2  # mlp="moe": experts per token (Mixtral routing)
+    capacity_factor: float | None = None  # mlp="moe": alpha in C = floor(alpha*k*N/E); None: no cap
+    aux_loss_weight: float = 0.0  # mlp="moe": lambda of the load-balancing loss (0.01 typical)
+    n_shared_experts: int = 0  # mlp="moe": always-on experts (DeepSeek)
     qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
     tie_embeddings: bool = True
     dropout: float = 0.0
@@ -184,6 +187,14 @@ class ModelConfig:
             raise ConfigError("parallel_block=True needs norm_position='pre' (one shared pre-norm)")
         if not 0.0 <= self.drop_path < 1.0:
             raise ConfigError(f"drop_path must be in [0, 1), got {self.drop_path}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ConfigError(f"capacity_factor must be > 0 or None, got {self.capacity_factor}")
+        if self.aux_loss_weight < 0:
+            raise ConfigError(f"aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
+        if not isinstance(self.n_shared_experts, int) or self.n_shared_experts < 0:
+            raise ConfigError(
+                f"n_shared_experts must be an integer >= 0, got {self.n_shared_experts}"
+            )
 
     # ---- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.model.moe import MoE
+from lmforge.model.balanced_moe import BalancedMoE
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -54,7 +54,7 @@ MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),  # exact GELU (erf)
     "geglu_tanh": (GatedMLP, "gelu_tanh"),  # tanh-approximated GELU (GPT-2, Gemma)
-    "moe": (MoE, "silu"),  # Mixtral: SwiGLU experts
+    "moe": (BalancedMoE, "silu"),  # Mixtral: SwiGLU experts (+ capacity, aux loss, shared)
 }
 
 

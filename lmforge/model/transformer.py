@@ -32,7 +32,9 @@ class Block(nn.Module):
         self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
         if self.residual.shared_norm:
             self.mlp_norm = nn.Identity()
-        moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k)
+        moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k,
+                   capacity_factor=config.capacity_factor, aux_loss_weight=config.aux_loss_weight,
+                   n_shared_experts=config.n_shared_experts)  # fmt: skip
         self.mlp = build_mlp(
             config.mlp, config.d_model, config.d_ff, config.mlp_bias, config.dropout,
             **(moe if config.mlp == "moe" else {}),
@@ -175,6 +177,14 @@ class Transformer(nn.Module):
         k_pos = torch.arange(k_start, end, device=device)
         keys = key_mask[:, k_start:end] if key_mask is not None else None
         return build_mask(q_pos, k_pos, self.pattern, prefix_len, keys)
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Sum of the auxiliary losses of the last forward (MoE load balancing, already
+        weighted by aux_loss_weight); None when no layer has one. Add it to the training loss."""
+        losses = [
+            b.mlp.aux_loss for b in self.blocks if getattr(b.mlp, "aux_loss", None) is not None
+        ]
+        return torch.stack(losses).sum() if losses else None
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
