@@ -38,10 +38,10 @@ def register(sub) -> None:
         p.add_argument("--config", help=f"YAML file of {cfg_name} fields (optional)")
         p.add_argument("--resume", action="store_true", help="continue from out_dir's state")
         if name == "lora":
-            p.add_argument("--r", type=int, default=8, help="LoRA rank (default 8)")
-            p.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (default 16)")
+            p.add_argument("--r", type=int, help="LoRA rank (default 8)")
+            p.add_argument("--alpha", type=float, help="LoRA alpha (default 16)")
             p.add_argument(
-                "--targets", default="qkv_proj,o_proj",
+                "--targets",
                 help="modules to adapt (default qkv_proj,o_proj; also up_proj,down_proj,gate_proj)",
             )  # fmt: skip
             p.add_argument("--qlora", action="store_true", help="NF4 4-bit frozen base (QLoRA)")
@@ -58,9 +58,16 @@ def run(args) -> int:
     module = importlib.import_module(module_name)
     overrides = parse_overrides(args.overrides)
     if args.trainer == "lora":
-        peft = "adapter" if args.adapter else "qlora" if args.qlora else "lora"
-        overrides = {"peft": peft, "lora_r": args.r, "lora_alpha": args.alpha,
-                     "lora_targets": args.targets, "out_dir": "out/lora", **overrides}  # fmt: skip
+        from lmforge.fileio import load_yaml
+
+        given = load_yaml(args.config) if args.config else {}
+        flags = {"lora_r": args.r, "lora_alpha": args.alpha, "lora_targets": args.targets}
+        flags = {k: v for k, v in flags.items() if v is not None}
+        if args.adapter or args.qlora or "peft" not in given:
+            flags["peft"] = "adapter" if args.adapter else "qlora" if args.qlora else "lora"
+        if "out_dir" not in given:
+            flags["out_dir"] = "out/lora"
+        overrides = {**flags, **overrides}
     cfg = build_config(getattr(module, cfg_name), args.config, overrides)
     trainer = getattr(module, trainer_name)(cfg, resume=args.resume)
     result = trainer.run()
