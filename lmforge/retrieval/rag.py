@@ -99,6 +99,12 @@ class LMAnswerer:
         return Answer(text.strip(), placed, prompt, notes)
 
 
+def _is_prose(sentence: str) -> bool:
+    """A sentence worth quoting: several words, ending like a sentence; not a heading or a
+    grammar rule ("nonlocal_stmt ::= ...")."""
+    return len(sentence.split()) >= 4 and sentence[-1] in ".!?:" and "::=" not in sentence
+
+
 class ExtractiveAnswerer:
     """Answers with the retrieved sentences that best match the question (no model needed)."""
 
@@ -116,7 +122,7 @@ class ExtractiveAnswerer:
         for i, hit in enumerate(hits):
             for s in split_sentences(_UNDERLINE.sub(" ", hit.chunk.text)):
                 s = " ".join(s.split())
-                if len(s.split()) >= 4:  # headings and grammar lines are not answers
+                if _is_prose(s):
                     pool.append((i, s))
         if not pool:
             return Answer("", hits, notes=["no sentence in the retrieved chunks"])
