@@ -25,6 +25,8 @@ COMMANDS = [
     "lmforge.cli.align",
     "lmforge.cli.chat",
     "lmforge.cli.serve",
+    "lmforge.cli.chat",
+    "lmforge.cli.serve",
 ]
 
 

@@ -32,6 +32,13 @@ class IncrementalDecoder:
             return full[len(prefix) :]
         return ""
 
+    def flush(self) -> str:
+        """Text of tokens still held back (an incomplete character at the very end)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :], self.skip)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :]
+
 
 class StopMatcher:
     """Accumulates text; reports when a stop string appears and what is safe to emit."""

@@ -179,6 +179,14 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.rows or self.waiting)
 
+    def reset(self) -> None:
+        """Drop every running and waiting sequence (after a failed step)."""
+        with self._lock:
+            self.waiting.clear()
+            self._aborted.clear()
+        self.rows.clear()
+        self.cache.n = 0
+
     # ---- the step ----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
@@ -281,6 +289,8 @@ class Engine:
             text = ""
             if seq.decoder is not None:
                 delta = seq.decoder.push(token)
+                if reason is not None:
+                    delta += seq.decoder.flush()
                 text = seq.matcher.push(delta)
                 if seq.matcher.stopped:
                     reason = "stop"

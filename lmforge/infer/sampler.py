@@ -38,6 +38,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     probs = torch.softmax(sorted_logits, dim=-1)
     before = probs.cumsum(-1) - probs
     drop |= before >= top_p[:, None]
+    drop[:, 0] = False  # even when p underflows to 0 in float32
     drop = torch.zeros_like(drop).scatter(-1, order, drop)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -60,7 +61,7 @@ class BatchSampler:
     def start_row(self, row: int, params, prompt: list[int], generator) -> None:
         """Load a new sequence's settings (params: engine.GenerationParams) into `row`."""
         self.temperature[row] = params.temperature
-        self.top_k[row] = params.top_k or self.vocab_size
+        self.top_k[row] = min(params.top_k or self.vocab_size, self.vocab_size)
         self.top_p[row] = params.top_p or 1.0
         self.generators[row] = generator
         self.greedy[row] = params.temperature == 0
@@ -95,11 +96,12 @@ class BatchSampler:
         rows = slice(lo, lo + n)
         logits = logits.float()
         if self.penalties is not None and any(self.penalized[rows]):
-            logits = self.penalties.apply(logits, rows)
+            # Extreme penalties can overflow; keep logits finite so softmax stays a distribution.
+            logits = self.penalties.apply(logits, rows).clamp(-1e30, 1e30)
         tokens = logits.argmax(dim=-1)
         sampled = [i for i in range(n) if not self.greedy[lo + i]]
         if sampled:
-            scaled = logits / self.temperature[rows, None].clamp(min=1e-5)
+            scaled = (logits / self.temperature[rows, None].clamp(min=1e-5)).clamp(-1e30, 1e30)
             if any(self.filtered[rows]):
                 scaled = filter_top_k_top_p(scaled, self.top_k[rows], self.top_p[rows])
             probs = torch.softmax(scaled, dim=-1)

@@ -1,0 +1,79 @@
+"""`lmforge chat`: a terminal conversation with a checkpoint, streamed token by token.
+
+The prompt is the whole history rendered with the model's chat template (the tokenizer's Jinja
+`chat_template` when it has one, else the built-in `<|user|>...<|end|><|assistant|>` format the
+SFT stage trains on), so the model sees exactly what it was fine-tuned on. /reset clears the
+history, /exit (or Ctrl-D) quits.
+"""
+
+from __future__ import annotations
+
+import sys
+
+HELP = "commands: /reset (forget the conversation), /exit (quit)"
+
+
+def register(sub) -> None:
+    from lmforge.cli.generate import add_sampling_args
+
+    p = sub.add_parser("chat", help="chat with a checkpoint in the terminal")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (with tokenizer)")
+    p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--device", default="cpu")
+    add_sampling_args(p)
+    p.set_defaults(func=run, max_new_tokens=256)
+
+
+def run(args, stdin=None, stdout=None) -> int:
+    from lmforge.align.data import render_messages
+    from lmforge.errors import ConfigError
+    from lmforge.infer.engine import Engine, GenerationParams
+    from lmforge.lm import LM
+
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    lm = LM.load(args.checkpoint, device=args.device)
+    tok = lm.tokenizer
+    if tok is None:
+        raise ConfigError(f"{args.checkpoint}: chat needs a tokenizer (tokenizer.json)")
+    engine = Engine.from_lm(lm, max_batch=1)
+    end = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
+    stop_ids = sorted(engine.eos_ids | ({end} if end is not None else set()))
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(start)
+    print(HELP, file=stdout)
+    while True:
+        stdout.write("> ")
+        stdout.flush()
+        line = stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        text = line.strip()
+        if text == "/reset":
+            history = list(start)
+            print("(conversation cleared)", file=stdout)
+            continue
+        if not text:
+            continue
+        history.append({"role": "user", "content": text})
+        ids = tok.encode(render_messages(tok, history, add_generation_prompt=True))
+        while len(ids) >= engine.max_len - 1 and len(history) > len(start) + 1:
+            history = start + history[len(start) + 2 :]  # drop the oldest exchange
+            ids = tok.encode(render_messages(tok, history, add_generation_prompt=True))
+        params = GenerationParams(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, seed=args.seed, stop_token_ids=stop_ids,
+        )  # fmt: skip
+        try:
+            reply = []
+            for out in engine.stream(ids, params):
+                reply.append(out.text)
+                stdout.write(out.text)
+                stdout.flush()
+        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the session
+            pass
+        except ConfigError as err:
+            print(f"error: {err}", file=stdout)
+            history.pop()
+            continue
+        stdout.write("\n")
+        history.append({"role": "assistant", "content": "".join(reply)})

@@ -1,0 +1,109 @@
+"""AsyncEngine: one background thread steps the Engine; asyncio code awaits per-request outputs.
+
+The model runs in a plain thread (PyTorch releases the GIL inside its kernels), so the event loop
+keeps accepting connections and streaming bytes while a step computes. Each step's outputs are
+handed to the loop in one `call_soon_threadsafe` and routed to the request's asyncio.Queue. A
+request whose consumer stops early (client disconnect -> task cancelled) is aborted, which frees
+its batch slot at the next step. An exception inside a step fails only the requests running at
+that moment; the loop resets the engine and keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+
+from lmforge.infer.engine import Engine, GenerationParams, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+class EngineFailure(RuntimeError):
+    """A step raised; the requests that were running get this instead of more tokens."""
+
+
+class AsyncEngine:
+    """Shares one Engine's batch between many concurrent asyncio callers."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._wake = threading.Event()
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count()
+
+    def start(self) -> None:
+        """Start the stepping thread (call from inside the running event loop)."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="lmforge-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        engine = self.engine
+        while self._running:
+            if not engine.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs: list = engine.step()
+            except Exception as err:  # keep serving: fail the running requests, start clean
+                log.exception("engine step failed")
+                failed = {s.request_id for s in [*engine.rows, *engine.waiting]}
+                engine.reset()
+                outputs = [(rid, EngineFailure(f"generation failed: {err}")) for rid in failed]
+            if outputs:
+                self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _dispatch(self, outputs: list) -> None:
+        for out in outputs:
+            rid = out[0] if isinstance(out, tuple) else out.request_id
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait(out[1] if isinstance(out, tuple) else out)
+
+    async def generate(
+        self, prompt: str | Sequence[int], params: GenerationParams, n: int = 1
+    ) -> AsyncIterator[StepOutput]:
+        """Outputs of all n samples of one request, interleaved, until every one finished.
+
+        Raises ConfigError (bad prompt/params) before anything is queued.
+        """
+        rid = f"req-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = queue
+        try:
+            self.engine.add_request(prompt, params, n, request_id=rid)
+        except BaseException:
+            del self._queues[rid]
+            raise
+        self._wake.set()
+        remaining = n
+        try:
+            while remaining:
+                out = await queue.get()
+                if isinstance(out, Exception):
+                    raise out
+                if out.finished:
+                    remaining -= 1
+                yield out
+        finally:
+            self._queues.pop(rid, None)
+            if remaining:
+                self.engine.abort(rid)
+                self._wake.set()

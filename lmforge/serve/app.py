@@ -1,0 +1,188 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one shared AsyncEngine.
+
+    app = create_app(Engine.from_lm(lm, max_batch=16), model_name="tiny", api_key="secret")
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Every request joins the engine's running batch (see infer/async_engine.py), so concurrent clients
+are served together, not one at a time. Streaming uses server-sent events exactly as OpenAI does
+(`data: {chunk}` lines, then `data: [DONE]`); a client that disconnects cancels its handler, which
+aborts the request and frees its batch slot. Every failure is an OpenAI-style error body
+{"error": {"message", "type", "param", "code"}} with a 4xx status for bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from lmforge.errors import LMForgeError
+from lmforge.infer.async_engine import AsyncEngine
+from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.serve.responses import ChatFormat, CompletionFormat, collect, sse_stream
+from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest
+
+STATIC = Path(__file__).parent / "static"
+
+
+class APIError(Exception):
+    """An error the client caused (or should know about), rendered OpenAI-style."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            status, message, param, code, type,
+        )  # fmt: skip
+
+
+def error_response(status: int, message: str, type: str, param=None, code=None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request, err: APIError):
+        return error_response(err.status, err.message, err.type, err.param, err.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            return error_response(400, "malformed JSON body", "invalid_request_error")
+        msg = first.get("msg", "invalid request")
+        param = ".".join(loc) or None
+        message = f"{param}: {msg}" if param else msg
+        return error_response(400, message, "invalid_request_error", param, first.get("type"))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, err: HTTPException):
+        kind = "invalid_request_error" if err.status_code < 500 else "server_error"
+        return error_response(err.status_code, str(err.detail), kind)
+
+    @app.exception_handler(LMForgeError)
+    async def _bad_input(request, err: LMForgeError):
+        return error_response(400, str(err), "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def _crash(request, err: Exception):
+        return error_response(500, f"internal error: {type(err).__name__}", "server_error")
+
+
+def create_app(
+    engine: Engine,
+    model_name: str = "lmforge",
+    api_key: str | None = None,
+    max_tokens_limit: int | None = None,
+) -> FastAPI:
+    """The FastAPI app serving `engine` (which must have a tokenizer)."""
+    if engine.tokenizer is None:
+        raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
+    runner = AsyncEngine(engine)
+    limit = min(max_tokens_limit or engine.max_len, engine.max_len)
+    tok = engine.tokenizer
+    end_id = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
+    chat_stop_ids = sorted(engine.eos_ids | ({end_id} if end_id is not None else set()))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        runner.start()
+        yield
+        runner.stop()
+
+    app = FastAPI(title="lmforge", version="1", lifespan=lifespan)
+    _install_error_handlers(app)
+    app.state.engine = runner
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server has {model_name!r}",
+                           "model", "model_not_found")  # fmt: skip
+
+    def params_for(req, ids, max_tokens: int | None, default: int, logprobs, stop_ids, field):
+        if len(ids) == 0:
+            raise APIError(400, "the prompt is empty", field)
+        if len(ids) >= engine.max_len:
+            message = f"the prompt has {len(ids)} tokens; the context is {engine.max_len}"
+            raise APIError(400, message, field, "context_length_exceeded")
+        if max_tokens is not None and max_tokens > limit:
+            raise APIError(400, f"max_tokens must be <= {limit}, got {max_tokens}", "max_tokens")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        return GenerationParams(
+            max_new_tokens=max_tokens or min(default, limit),
+            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+            stop=stop, stop_token_ids=stop_ids, repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            logprobs=logprobs,
+        )  # fmt: skip
+
+    async def respond(request: Request, req, ids, params, fmt):
+        outputs = runner.generate(ids, params, req.n)
+        usage = req.stream_options.include_usage if req.stream_options else False
+        if req.stream:
+            return StreamingResponse(
+                sse_stream(outputs, fmt, req.n, usage),
+                media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+            )  # fmt: skip
+        task = asyncio.ensure_future(collect(outputs, fmt, req.n))
+        while not task.done():  # a client that hangs up frees its slots
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected")
+        return task.result()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models():
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lmforge"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(req: CompletionRequest, request: Request):
+        check_model(req.model)
+        text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        ids = tok.encode(text)
+        params = params_for(req, ids, req.max_tokens, 16, req.logprobs, None, "prompt")
+        fmt = CompletionFormat(tok, model_name, len(ids), req.logprobs)
+        return await respond(request, req, ids, params, fmt)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        from lmforge.align.data import render_messages
+
+        check_model(req.model)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        ids = tok.encode(render_messages(tok, messages, add_generation_prompt=True))
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        params = params_for(req, ids, max_tokens, limit, top, chat_stop_ids, "messages")
+        fmt = ChatFormat(tok, model_name, len(ids), top)
+        return await respond(request, req, ids, params, fmt)
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

@@ -1,0 +1,144 @@
+"""OpenAI response bodies and SSE chunks for completions and chat completions.
+
+A format object knows one endpoint's JSON shapes (ids, `object` names, where text and logprobs
+go); `collect` builds a whole response from the engine's outputs and `sse_stream` turns them into
+server-sent events. Token strings in logprobs are each token decoded alone, as OpenAI reports them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from lmforge.infer.async_engine import EngineFailure
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def sse(data) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class _Format:
+    object = chunk_object = prefix = ""
+
+    def __init__(self, tokenizer, model: str, prompt_tokens: int, top_logprobs: int | None):
+        self.tok, self.model, self.prompt_tokens = tokenizer, model, prompt_tokens
+        self.top = top_logprobs
+        self.id, self.created = new_id(self.prefix), int(time.time())
+        self.offsets: dict[int, int] = {}  # text offset per choice (completions logprobs)
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def usage(self, completion_tokens: int) -> dict:
+        total = self.prompt_tokens + completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": total}  # fmt: skip
+
+    def piece(self, token: int) -> str:
+        return self.tok.decode([token])
+
+
+class CompletionFormat(_Format):
+    object = chunk_object = "text_completion"
+    prefix = "cmpl"
+
+    def logprobs(self, index: int, lps) -> dict | None:
+        if self.top is None or not lps:
+            return None
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            piece = self.piece(lp.token)
+            out["tokens"].append(piece)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({self.piece(t): v for t, v in lp.top})
+            out["text_offset"].append(self.offsets.get(index, 0))
+            self.offsets[index] = self.offsets.get(index, 0) + len(piece)
+        return out
+
+    def chunk(self, out, first: bool) -> dict:
+        choice = {"index": out.index, "text": out.text,
+                  "logprobs": self.logprobs(out.index, out.logprobs),
+                  "finish_reason": out.finish_reason}  # fmt: skip
+        return {**self.head(self.chunk_object), "choices": [choice]}
+
+    def choice(self, index: int, c: _Choice) -> dict:
+        lp = self.logprobs(index, c.logprobs) if self.top is not None else None
+        return {"index": index, "text": "".join(c.text), "logprobs": lp,
+                "finish_reason": c.finish_reason}  # fmt: skip
+
+
+class ChatFormat(_Format):
+    object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def logprobs(self, lps) -> dict | None:
+        if self.top is None or not lps:
+            return None
+
+        def entry(token: int, value: float) -> dict:
+            piece = self.piece(token)
+            return {"token": piece, "logprob": value, "bytes": list(piece.encode())}
+
+        content = [
+            {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in lps
+        ]
+        return {"content": content}
+
+    def chunk(self, out, first: bool) -> dict:
+        delta = {"role": "assistant", "content": out.text} if first else {"content": out.text}
+        choice = {"index": out.index, "delta": delta, "logprobs": self.logprobs(out.logprobs),
+                  "finish_reason": out.finish_reason}  # fmt: skip
+        return {**self.head(self.chunk_object), "choices": [choice]}
+
+    def choice(self, index: int, c: _Choice) -> dict:
+        message = {"role": "assistant", "content": "".join(c.text)}
+        return {"index": index, "message": message, "logprobs": self.logprobs(c.logprobs),
+                "finish_reason": c.finish_reason}  # fmt: skip
+
+
+async def collect(outputs: AsyncIterator, fmt: _Format, n: int) -> dict:
+    """The whole (non-streamed) response."""
+    choices = [_Choice() for _ in range(n)]
+    async for out in outputs:
+        c = choices[out.index]
+        c.text.append(out.text)
+        c.tokens += len(out.token_ids)
+        c.logprobs += out.logprobs or []
+        c.finish_reason = out.finish_reason or c.finish_reason
+    body = [fmt.choice(i, c) for i, c in enumerate(choices)]
+    return {**fmt.head(fmt.object), "choices": body,
+            "usage": fmt.usage(sum(c.tokens for c in choices))}  # fmt: skip
+
+
+async def sse_stream(outputs: AsyncIterator, fmt: _Format, n: int, include_usage: bool):
+    """Server-sent events: one chunk per output with text (or logprobs, or a finish)."""
+    started: set[int] = set()
+    tokens = 0
+    try:
+        async for out in outputs:
+            tokens += len(out.token_ids)
+            if not (out.text or out.finished or out.logprobs) and out.index in started:
+                continue
+            yield sse(fmt.chunk(out, out.index not in started))
+            started.add(out.index)
+        if include_usage:
+            yield sse({**fmt.head(fmt.chunk_object), "choices": [], "usage": fmt.usage(tokens)})
+    except EngineFailure as err:
+        yield sse({"error": {"message": str(err), "type": "server_error", "param": None,
+                             "code": None}})  # fmt: skip
+    yield "data: [DONE]\n\n"
