@@ -19,14 +19,13 @@ COMMANDS = [
     "lmforge.cli.evaluate",
     "lmforge.cli.rag",
     "lmforge.cli.model_info",
-    "lmforge.cli.seq2seq",
     "lmforge.cli.precision",
+    "lmforge.cli.seq2seq",
     "lmforge.cli.convert",
     "lmforge.cli.align",
     "lmforge.cli.chat",
     "lmforge.cli.serve",
-    "lmforge.cli.chat",
-    "lmforge.cli.serve",
+    "lmforge.cli.vlm",
 ]
 
 

@@ -1,0 +1,345 @@
+"""VisionLanguageModel: a vision encoder, a projector and lmforge's causal Transformer, with images
+as tokens in the text sequence (LLaVA-style; SPEC §6, seed 003 §1.5).
+
+A prompt holds one block per image, `<|im_start|> <|image|> x N <|im_end|>`, before or among the
+text tokens. The placeholder ids embed like any token; a forward hook on the LM's `embed` then
+replaces the placeholder rows with the projected image features, so the rest of the forward pass
+is the unchanged text path of Transformer.hidden_states: joint positions (image tokens take
+positions like text tokens), the causal mask, RoPE, the KV cache. The loss is next-token cross
+entropy on text targets only; image positions and the prompt carry the label -100.
+
+Checkpoints use a Hugging Face-like layout: config.json (text_config, vision_config, projector),
+model.safetensors (language_model.* / vision_tower.* / projector.*), tokenizer.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.errors import CheckpointError, ConfigError, DataError
+from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
+from lmforge.model.config import ModelConfig
+from lmforge.model.transformer import Transformer
+from lmforge.tokenizer import DEFAULT_SPECIAL_TOKENS, Tokenizer
+from lmforge.train.checkpoint import model_state
+from lmforge.vlm.projector import build_projector
+from lmforge.vlm.vision import VisionConfig, VisionEncoder
+
+MODEL_TYPE = "lmforge-vlm"
+IMAGE = "<|image|>"  # one placeholder per image feature vector; also the slot mark in prompts
+IMAGE_TOKENS = {"image": IMAGE, "im_start": "<|im_start|>", "im_end": "<|im_end|>"}
+IGNORE = -100
+
+
+def build_tokenizer(
+    texts: Sequence[str], kind: str = "whitespace", vocab_size: int = 512
+) -> Tokenizer:
+    """A tokenizer whose special tokens include the image tokens. Kinds: "whitespace" (one id
+    per whitespace-separated word, decoded joined by single spaces: the shortest sequences for
+    captions), or lmforge's "word", "char" and "bpe"."""
+    specials = {**DEFAULT_SPECIAL_TOKENS, **IMAGE_TOKENS}
+    if kind == "whitespace":
+        return _whitespace_tokenizer(texts, specials)
+    if kind == "word":
+        return Tokenizer.train_word(texts, vocab_size, specials)
+    if kind == "char":
+        return Tokenizer.train_char(texts, specials)
+    if kind == "bpe":
+        return Tokenizer.train_bpe(texts, vocab_size, specials, min_frequency=1)
+    raise ConfigError(f"tokenizer must be whitespace, word, char or bpe; got {kind!r}")
+
+
+def _whitespace_tokenizer(texts: Sequence[str], specials: dict[str, str]) -> Tokenizer:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(specials.values())}
+    for word in sorted({w for text in texts for w in text.split()}):
+        vocab.setdefault(word, len(vocab))
+    backend = Backend(models.WordLevel(vocab, unk_token=specials["unk"]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # no decoder: joins with spaces
+    backend.add_special_tokens(Tokenizer._added(specials))
+    return Tokenizer(backend, "whitespace", specials)
+
+
+@contextmanager
+def spliced_embeddings(lm: Transformer, is_image: torch.Tensor, features: torch.Tensor):
+    """While active, lm.embed returns the text embeddings with rows where `is_image` [B, T] is
+    True replaced, in row-major order, by `features` [n_images, N, d_model]."""
+    need = int(is_image.sum())
+    if need != features.shape[0] * features.shape[1]:
+        raise DataError(
+            f"the prompts hold {need} image placeholder tokens but the images give "
+            f"{features.shape[0]} x {features.shape[1]} = {features.shape[0] * features.shape[1]}"
+        )
+
+    def hook(module, inputs, out):
+        return out.masked_scatter(is_image.unsqueeze(-1), features.to(out.dtype))
+
+    handle = lm.embed.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class VisionLanguageModel(nn.Module):
+    """Vision encoder -> projector -> image tokens in a causal LM; plus its tokenizer."""
+
+    def __init__(
+        self,
+        language_model: Transformer,
+        vision_tower: VisionEncoder,
+        tokenizer: Tokenizer,
+        projector: str = "linear",
+        freeze_vision: bool = False,
+    ):
+        super().__init__()
+        missing = [t for t in IMAGE_TOKENS.values() if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise ConfigError(f"the tokenizer lacks the image tokens {missing} (build_tokenizer)")
+        if tokenizer.vocab_size > language_model.config.vocab_size:
+            raise ConfigError(
+                f"vocab_size={language_model.config.vocab_size} is smaller than the tokenizer's "
+                f"{tokenizer.vocab_size} tokens"
+            )
+        self.language_model = language_model
+        self.vision_tower = vision_tower
+        self.projector = build_projector(
+            projector, vision_tower.d_out, language_model.config.d_model
+        )
+        self.projector_kind = projector
+        self.tokenizer = tokenizer
+        self.image_id = tokenizer.token_to_id(IMAGE)
+        self.start_id = tokenizer.token_to_id(IMAGE_TOKENS["im_start"])
+        self.end_id = tokenizer.token_to_id(IMAGE_TOKENS["im_end"])
+        self.freeze_vision = freeze_vision
+        if freeze_vision:
+            vision_tower.freeze()
+
+    @classmethod
+    def build(
+        cls,
+        text_config: ModelConfig,
+        vision_config: VisionConfig,
+        tokenizer: Tokenizer,
+        projector: str = "linear",
+        freeze_vision: bool = False,
+    ) -> VisionLanguageModel:
+        """A randomly initialised model (seed torch first for reproducibility)."""
+        return cls(
+            Transformer(text_config), VisionEncoder(vision_config), tokenizer, projector,
+            freeze_vision,
+        )  # fmt: skip
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.language_model.config
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.vision_tower.num_tokens
+
+    # ---------------------------------------------------------------- prompts
+
+    def image_block(self) -> list[int]:
+        return [self.start_id, *[self.image_id] * self.tokens_per_image, self.end_id]
+
+    def encode_prompt(self, text: str = "", n_images: int = 1, add_bos: bool = True) -> list[int]:
+        """Token ids with one image block per image. Each literal `<|image|>` in `text` is an
+        image slot; with no slot in the text, the images come before it."""
+        pieces = text.split(IMAGE)
+        slots = len(pieces) - 1
+        if slots == 0:  # images first: n_images empty pieces, then the text
+            pieces, slots = [""] * n_images + [text], n_images
+        if n_images > slots:
+            raise DataError(f"{n_images} images given but the prompt has {slots} image slot(s)")
+        if n_images < slots:
+            raise DataError(f"the prompt has {slots} image slot(s) but {n_images} image(s) given")
+        ids = [self.tokenizer.bos_id] if add_bos else []
+        for i, piece in enumerate(pieces):
+            if i:
+                ids += self.image_block()
+            if piece:
+                ids += self.tokenizer.encode(piece)
+        return ids
+
+    def encode_example(self, caption: str, prompt: str = "") -> tuple[list[int], list[int]]:
+        """(ids, labels) for training: labels are -100 on the prompt and image tokens and equal
+        the ids on the caption and its EOS (the only targets)."""
+        prompt_ids = self.encode_prompt(prompt, 1)
+        target = self.tokenizer.encode(caption, add_eos=True)
+        return prompt_ids + target, [IGNORE] * len(prompt_ids) + target
+
+    def collate(self, examples: Sequence[tuple[list[int], list[int]]]):
+        """Right-padded ids [B, T] and labels [B, T] (padding labelled -100)."""
+        width = max(len(ids) for ids, _ in examples)
+        pad = self.tokenizer.pad_id or 0
+        ids = torch.full((len(examples), width), pad, dtype=torch.long)
+        labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+        for row, (x, y) in enumerate(examples):
+            ids[row, : len(x)] = torch.tensor(x)
+            labels[row, : len(y)] = torch.tensor(y)
+        return ids, labels
+
+    # ---------------------------------------------------------------- forward and loss
+
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels [n_images, C, H, W] -> projected image tokens [n_images, N, d_model]."""
+        return self.projector(self.vision_tower(pixels))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        pixels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+        last_only: bool = False,
+        features: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits [B, T, vocab]. Image placeholders take the features of `pixels` (one image per
+        image block, row by row) or precomputed `features`; text-only ids need neither."""
+        is_image = input_ids == self.image_id
+        if features is None and pixels is not None:
+            features = self.image_features(pixels)
+        if features is None:
+            if bool(is_image.any()):
+                raise DataError("the ids hold image placeholders but no images were given")
+            return self.language_model(input_ids, attention_mask, cache=cache, last_only=last_only)
+        with spliced_embeddings(self.language_model, is_image, features):
+            return self.language_model(input_ids, attention_mask, cache=cache, last_only=last_only)
+
+    def loss(self, input_ids: torch.Tensor, labels: torch.Tensor, pixels: torch.Tensor):
+        """Mean next-token cross entropy over positions whose target label is not -100."""
+        logits = self(input_ids, pixels)
+        return F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=IGNORE
+        )
+
+    # ---------------------------------------------------------------- generation
+
+    @torch.no_grad()
+    def generate(
+        self,
+        pixels: torch.Tensor,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+    ) -> list[list[int]]:
+        """New token ids per prompt. With a cache, the prompt (image tokens included) is
+        prefilled once and each step feeds one text token; without, every step reruns all."""
+        from lmforge.infer.generate import generate
+        from lmforge.infer.sampling import SamplingParams
+
+        width = max(len(p) for p in prompts)
+        budget = min(max_new_tokens, self.config.max_seq_len - width)
+        if budget < 1:
+            raise ConfigError(
+                f"a prompt of {width} tokens leaves no room to generate in "
+                f"max_seq_len={self.config.max_seq_len}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            bound = ImagePrompted(self, self.image_features(pixels))
+            params = SamplingParams(budget, temperature, top_k, top_p, seed)
+            eos = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
+            return generate(bound, [list(p) for p in prompts], params, eos, None, use_cache)
+        finally:
+            self.train(was_training)
+
+    def caption(
+        self, pixels: torch.Tensor, prompt: str = "", max_new_tokens: int = 32, **sampling
+    ) -> list[str]:
+        """One caption per image (pixels [B, C, H, W]), each image prompted on its own row."""
+        ids = self.encode_prompt(prompt, 1)
+        rows = self.generate(pixels, [ids] * pixels.shape[0], max_new_tokens, **sampling)
+        return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in rows]
+
+    # ---------------------------------------------------------------- save / load
+
+    def save(self, path: str | Path) -> None:
+        """config.json + model.safetensors + tokenizer files in `path`."""
+        path = Path(path)
+        save_tensors(path / "model.safetensors", model_state(self), metadata={"format": "pt"})
+        write_json(
+            path / "config.json",
+            {
+                "model_type": MODEL_TYPE,
+                "text_config": self.config.to_dict(),
+                "vision_config": self.vision_tower.config.to_dict(),
+                "projector": self.projector_kind,
+                "freeze_vision": self.freeze_vision,
+                "image_token": IMAGE,
+                "image_token_id": self.image_id,
+                "tokens_per_image": self.tokens_per_image,
+            },
+        )
+        self.tokenizer.save(path)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> VisionLanguageModel:
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint directory not found: {path}")
+        meta = read_json(path / "config.json", "VLM config")
+        if meta.get("model_type") != MODEL_TYPE:
+            raise CheckpointError(
+                f"{path / 'config.json'}: model_type is {meta.get('model_type')!r}, "
+                f"expected {MODEL_TYPE!r} (a checkpoint written by `lmforge vlm train`)"
+            )
+        source = str(path / "config.json")
+        text = ModelConfig.from_dict(meta["text_config"], source=source)
+        vision = VisionConfig.from_dict(meta["vision_config"], source=source)
+        model = cls.build(text, vision, Tokenizer.load(path), meta.get("projector", "linear"))
+        state = load_tensors(path / "model.safetensors")
+        expected = model_state(model)
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{path / 'model.safetensors'}: does not match config.json "
+                f"(missing: {missing[:5] or 'none'}, unexpected: {unexpected[:5] or 'none'})"
+            )
+        for name, tensor in state.items():
+            if tensor.shape != expected[name].shape:
+                raise CheckpointError(
+                    f"{path / 'model.safetensors'}: tensor {name} has shape "
+                    f"{tuple(tensor.shape)}, config.json implies {tuple(expected[name].shape)}"
+                )
+        model.load_state_dict(state, strict=False)  # tied lm_head is stored once
+        if meta.get("freeze_vision"):
+            model.freeze_vision = True
+            model.vision_tower.freeze()
+        return model.to(device).eval()
+
+
+class ImagePrompted(nn.Module):
+    """The LM with one batch of image features bound, for lmforge.infer.generate: a call whose
+    ids hold image placeholders (prefill, or an uncached step) gets the features spliced in;
+    a cached decode step (text ids only) runs the plain LM. The placeholder id is never sampled
+    (its logit is -inf): a generated placeholder would have no image behind it."""
+
+    def __init__(self, vlm: VisionLanguageModel, features: torch.Tensor):
+        super().__init__()
+        self.lm, self.features, self.image_id = vlm.language_model, features, vlm.image_id
+        self.config = vlm.config
+
+    def forward(self, input_ids, attention_mask=None, cache=None, last_only=False):
+        is_image = input_ids == self.image_id
+        if not bool(is_image.any()):
+            logits = self.lm(input_ids, attention_mask, cache=cache, last_only=last_only)
+        else:
+            with spliced_embeddings(self.lm, is_image, self.features):
+                logits = self.lm(input_ids, attention_mask, cache=cache, last_only=last_only)
+        logits[..., self.image_id] = float("-inf")
+        return logits

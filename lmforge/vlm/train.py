@@ -1,0 +1,172 @@
+"""Training a VisionLanguageModel on the built-in synthetic shapes captions, and scoring it.
+
+Every step draws fresh images (sample indices step*B .. step*B+B-1 of the "train" split), so the
+model never sees an image twice; evaluation is greedy captioning with the KV cache, scored by
+exact match on held-out images ("test") and on held-out colour x shape pairs ("novel").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.errors import ConfigError
+from lmforge.model.config import ModelConfig
+from lmforge.vlm.data import ShapesDataset
+from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_tokenizer
+from lmforge.vlm.vision import VisionConfig
+
+
+def _default_model() -> dict[str, Any]:
+    return {"n_layer": 2, "n_head": 4, "d_model": 128, "pos": "rope", "norm": "rmsnorm",
+            "mlp": "swiglu", "bias": False}  # fmt: skip
+
+
+@dataclass
+class VLMTrainConfig:
+    """A run on ShapesDataset. `model` holds ModelConfig fields of the language model."""
+
+    out_dir: str = "out/vlm-shapes"
+    seed: int = 0
+    image_size: int = 32
+    max_count: int = 3  # shapes per group: 1..max_count
+    patch_size: int = 8  # also the synthetic images' cell size: one shape per patch cell
+    vision_dim: int = 96
+    vision_layers: int = 2
+    vision_heads: int = 4
+    use_cls: bool = False
+    freeze_vision: bool = False
+    projector: str = "linear"  # linear | mlp2
+    tokenizer: str = "whitespace"  # whitespace | word | char
+    model: dict[str, Any] = field(default_factory=_default_model)
+    steps: int = 1500
+    max_time: float | None = None  # seconds of training; stop early when reached
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr: float = 1e-4
+    warmup: int = 50
+    weight_decay: float = 0.01
+    text_dropout: float = 0.0  # caption input tokens replaced by UNK (targets kept): word dropout
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_size: int = 500  # images per held-out split
+    log_interval: int = 10
+    threads: int | None = None  # torch threads (None: leave torch's default)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_interval", "eval_size", "log_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= self.text_dropout < 1:
+            raise ConfigError(f"text_dropout must be in [0, 1), got {self.text_dropout}")
+        if self.lr <= 0 or self.min_lr < 0:
+            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
+
+    def vision_config(self) -> VisionConfig:
+        return VisionConfig(
+            image_size=self.image_size, patch_size=self.patch_size, d_model=self.vision_dim,
+            n_layer=self.vision_layers, n_head=self.vision_heads, use_cls=self.use_cls,
+        )  # fmt: skip
+
+    def text_config(self, vocab_size: int, seq_len: int) -> ModelConfig:
+        overrides = {"vocab_size": vocab_size, "max_seq_len": seq_len, **self.model}
+        return ModelConfig.from_dict(overrides, source="model")
+
+
+def build_model(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
+    """A fresh model sized for the shapes captions (vocabulary and sequence length)."""
+    torch.manual_seed(cfg.seed)
+    tokenizer = build_tokenizer(data.vocabulary_texts(), cfg.tokenizer)
+    vision = cfg.vision_config()
+    longest = "three yellow triangles left of three yellow triangles"
+    seq_len = 1 + vision.num_tokens + 2 + len(tokenizer.encode(longest)) + 1
+    text = cfg.text_config(tokenizer.vocab_size, seq_len + 8)  # a little room for prompts
+    return VisionLanguageModel.build(text, vision, tokenizer, cfg.projector, cfg.freeze_vision)
+
+
+@torch.no_grad()
+def exact_match(
+    vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int, batch: int = 100
+) -> float:
+    """Fraction of the first n images of `split` whose greedy caption equals the reference."""
+    correct = 0
+    for lo in range(0, n, batch):
+        pixels, refs = data.batch(split, range(lo, min(n, lo + batch)))
+        correct += sum(c == r for c, r in zip(vlm.caption(pixels, temperature=0.0), refs))
+    return correct / n
+
+
+def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
+    """Train, evaluate, save the checkpoint + metrics.csv + loss.png in out_dir; return scores."""
+    from tqdm import tqdm
+
+    from lmforge.fileio import write_json
+    from lmforge.train.metrics import MetricsLog
+    from lmforge.train.optim import build_adamw, cosine_lr
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    data = ShapesDataset(cfg.image_size, cfg.seed, cfg.max_count, cfg.patch_size)
+    vlm = build_model(cfg, data)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = build_adamw(vlm, cfg.lr, cfg.weight_decay, (0.9, 0.99))
+    metrics = MetricsLog(out)
+    result: dict[str, float] = {}
+    start, train_time, step = time.perf_counter(), 0.0, 0
+    bar = tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, unit="step")
+    for step in bar:
+        t0 = time.perf_counter()
+        lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        first = (step - 1) * cfg.batch_size
+        pixels, captions = data.batch("train", range(first, first + cfg.batch_size))
+        ids, labels = vlm.collate([vlm.encode_example(c) for c in captions])
+        if cfg.text_dropout > 0:  # the model must read more from the image than from the text
+            drop = (labels != IGNORE) & (torch.rand(ids.shape, generator=gen) < cfg.text_dropout)
+            ids = ids.masked_fill(drop, vlm.tokenizer.unk_id)
+        vlm.train()
+        loss = vlm.loss(ids, labels, pixels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vlm.parameters(), cfg.grad_clip)
+        opt.step()
+        train_time += time.perf_counter() - t0
+        if not math.isfinite(loss.item()):
+            raise ConfigError(f"loss became {loss.item()} at step {step}; lower lr")
+        if step % cfg.log_interval == 0:
+            metrics.log(step, "train", loss=loss.item(), lr=lr)
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+        out_of_time = cfg.max_time is not None and train_time >= cfg.max_time
+        if step % cfg.eval_interval == 0 or step == cfg.steps or out_of_time:
+            result = evaluate(vlm, data, cfg.eval_size)
+            metrics.log(step, "eval", **result)
+            log(
+                f"step {step}: loss {loss.item():.4f}  exact match: held-out images "
+                f"{result['test_exact']:.1%}, held-out pairs {result['novel_exact']:.1%}"
+            )
+            vlm.save(out)
+        if out_of_time:
+            break
+    bar.close()
+    result.update(steps=step, train_s=train_time, total_s=time.perf_counter() - start)
+    write_json(out / "train_config.json", asdict(cfg))
+    write_json(out / "final_metrics.json", result)
+    curves = [("train", "loss"), ("eval", "test_exact"), ("eval", "novel_exact")]
+    result["plot"] = str(metrics.plot(curves, out / "loss.png", title="vlm shapes"))
+    metrics.close()
+    return result
+
+
+def evaluate(vlm: VisionLanguageModel, data: ShapesDataset, n: int) -> dict[str, float]:
+    """Exact match on held-out images of seen pairs ("test") and of held-out pairs ("novel")."""
+    return {"test_exact": exact_match(vlm, data, "test", n),
+            "novel_exact": exact_match(vlm, data, "novel", n)}  # fmt: skip

@@ -1,0 +1,173 @@
+"""A ViT-style vision encoder: image -> one feature vector per patch (optionally a CLS vector too).
+
+ViT (Dosovitskiy et al. 2021) cuts the image into P x P patches, embeds each with one linear map
+(a Conv2d with kernel = stride = P is exactly that map applied to every patch), adds a learned
+position embedding per patch and runs bidirectional pre-norm transformer blocks. The features
+v_1..v_L go to the projector (projector.py) and become the image tokens of the language model.
+The encoder can be trained with the LM or frozen (`freeze()`), as LLaVA does with CLIP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.errors import ConfigError
+
+
+@dataclass
+class VisionConfig:
+    """Hyper-parameters of the patch encoder. Defaults suit 48x48 synthetic images on a CPU."""
+
+    image_size: int = 48
+    patch_size: int = 8
+    channels: int = 3
+    d_model: int = 96
+    n_layer: int = 2
+    n_head: int = 4
+    d_ff: int | None = None  # None = 4 * d_model
+    use_cls: bool = False  # prepend a learned CLS token (its feature becomes an image token too)
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "patch_size", "channels", "d_model", "n_layer", "n_head"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"vision.{name} must be a positive integer, got {value!r}")
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                f"vision.image_size={self.image_size} is not divisible by "
+                f"vision.patch_size={self.patch_size}"
+            )
+        if self.d_model % self.n_head:
+            raise ConfigError(
+                f"vision.d_model={self.d_model} is not divisible by vision.n_head={self.n_head}"
+            )
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+
+    @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_tokens(self) -> int:
+        """Feature vectors per image: one per patch, plus CLS when used."""
+        return self.grid**2 + int(self.use_cls)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "vision config") -> VisionConfig:
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ConfigError(f"{source}: unknown vision field(s) {', '.join(unknown)}")
+        return cls(**data)
+
+
+class PatchEmbedding(nn.Module):
+    """[B, C, H, W] -> [B, (H/P)(W/P), d]: a linear map of each flattened P x P x C patch."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.image_size = config.image_size
+        p = config.patch_size
+        self.proj = nn.Conv2d(config.channels, config.d_model, kernel_size=p, stride=p)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        if pixels.dim() != 4 or tuple(pixels.shape[-2:]) != (self.image_size,) * 2:
+            raise ConfigError(
+                f"expected pixels [B, C, {self.image_size}, {self.image_size}], "
+                f"got {tuple(pixels.shape)} (resize images with lmforge.vlm.data.load_image)"
+            )
+        return self.proj(pixels).flatten(2).transpose(1, 2)  # row-major patch order
+
+
+class VisionAttention(nn.Module):
+    """Bidirectional multi-head self-attention (every patch sees every patch) via SDPA."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.out = nn.Linear(config.d_model, config.d_model)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, d // self.n_head).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=False)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class VisionBlock(nn.Module):
+    """Pre-norm ViT block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.attn = VisionAttention(config)
+        self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.d_model, config.d_ff),
+            nn.GELU(),
+            nn.Linear(config.d_ff, config.d_model),
+            nn.Dropout(config.dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionEncoder(nn.Module):
+    """Pixels [B, C, H, W] in [-1, 1] -> features [B, num_tokens, d_model] (CLS first if used)."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.config = config
+        self.patch_embed = PatchEmbedding(config)
+        self.cls = nn.Parameter(torch.zeros(1, 1, config.d_model)) if config.use_cls else None
+        self.pos = nn.Parameter(torch.randn(1, config.num_tokens, config.d_model) * 0.02)
+        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.n_layer))
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.frozen = False
+
+    @property
+    def d_out(self) -> int:
+        return self.config.d_model
+
+    @property
+    def num_tokens(self) -> int:
+        return self.config.num_tokens
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(pixels)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def freeze(self) -> VisionEncoder:
+        """Stop training the encoder: no gradients, and eval mode kept by `train()`."""
+        self.frozen = True
+        self.requires_grad_(False)
+        return self.eval()
+
+    def train(self, mode: bool = True) -> VisionEncoder:
+        return super().train(mode and not self.frozen)
+
+
+VISION_ENCODERS = {"vit": VisionEncoder}
