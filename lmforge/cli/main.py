@@ -23,9 +23,11 @@ COMMANDS = [
     "lmforge.cli.seq2seq",
     "lmforge.cli.convert",
     "lmforge.cli.align",
+    "lmforge.cli.rl",
     "lmforge.cli.chat",
     "lmforge.cli.serve",
     "lmforge.cli.vlm",
+    "lmforge.cli.checkpoint",
 ]
 
 

@@ -1,6 +1,10 @@
 """Token shards: documents -> one flat token stream (EOS after each document) on disk, split into
 train.bin / val.bin (raw uint16 or uint32, nanoGPT's format) plus meta.json, and read back as a
 read-only memory map so a corpus larger than RAM trains fine.
+
+Building streams too: documents are read lazily, tokenized a batch at a time (optionally by
+several worker processes, results written in input order) and appended to disk, so memory
+depends on the batch size and worker count, never on the corpus size.
 """
 
 from __future__ import annotations
@@ -8,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,11 +60,60 @@ def _split_point(total: int, doc_ends: np.ndarray, val_fraction: float, split_by
     if split_by == "tokens" or val_fraction == 0:
         return n_train
     # split_by == "documents": snap to the document boundary nearest the token split point, but
-    # keep at least one document on each side.
+    # keep at least one document on each side. doc_ends is sorted (and may be a memmap), so a
+    # binary search finds the neighbours without reading it all.
     if len(doc_ends) < 2:
         raise DataError("split_by='documents' needs at least two documents; use split_by='tokens'")
     candidates = doc_ends[:-1]
-    return int(candidates[np.argmin(np.abs(candidates - n_train))])
+    i = int(np.searchsorted(candidates, n_train))
+    near = [int(candidates[j]) for j in (i - 1, i) if 0 <= j < len(candidates)]
+    return min(near, key=lambda end: abs(end - n_train))  # ties -> the earlier boundary
+
+
+def _flatten(encoded: list[list[int]], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(all ids in one array, one length per document)."""
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    ids = itertools.chain.from_iterable(encoded)
+    flat = np.fromiter(ids, dtype=dtype, count=int(lengths.sum()))
+    return flat, lengths
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+    from tokenizers import Tokenizer as Backend
+
+    _WORKER.update(backend=Backend.from_str(tokenizer_json), eos_id=eos_id, dtype=dtype)
+
+
+def _encode_in_worker(batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    backend = _WORKER["backend"]
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    encoded = [e.ids + [_WORKER["eos_id"]] for e in encode(batch, add_special_tokens=False)]
+    return _flatten(encoded, _WORKER["dtype"])
+
+
+def _encoded_batches(
+    batches: Iterable[list[str]], tokenizer: Tokenizer, dtype: str, workers: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, lengths) per batch, in input order. With workers > 1, batches go to a pool of
+    processes (spawned: no forked tokenizer or torch threads) and at most 2 per worker are in
+    flight, so a fast reader cannot queue the whole corpus in memory (Pool.imap would)."""
+    if workers == 1:
+        for batch in batches:
+            yield _flatten(tokenizer.encode_batch(batch, add_eos=True), dtype)
+        return
+    init_args = (tokenizer.backend.to_str(), tokenizer.eos_id, dtype)
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init_args) as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_encode_in_worker, (batch,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
 
 def build_token_shards(
@@ -70,6 +125,7 @@ def build_token_shards(
     batch_docs: int = 256,
     progress: bool = True,
     extra_meta: dict[str, Any] | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Tokenize `documents` into out_dir/train.bin, val.bin and meta.json; return the meta dict.
 
@@ -78,8 +134,11 @@ def build_token_shards(
     (split_by="documents"). Tokens stream to one temp file, so memory stays at one batch of
     documents; the tail is then copied to val.bin and the file truncated into train.bin. Every
     file is renamed into place only when complete, and meta.json is written last: a directory
-    with meta.json holds a finished build.
+    with meta.json holds a finished build. `workers` > 1 tokenizes in that many processes; the
+    shards are byte-identical to workers=1.
     """
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be a positive integer, got {workers!r}")
     if not 0 <= val_fraction < 1:
         raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if split_by not in ("tokens", "documents"):
@@ -93,27 +152,27 @@ def build_token_shards(
     (out / "meta.json").unlink(missing_ok=True)  # an interrupted rebuild must not look finished
 
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".tokens.", suffix=".tmp")
+    fd_ends, ends_tmp = tempfile.mkstemp(dir=out, prefix=".ends.", suffix=".tmp")
     val_tmp = None
     try:
-        total, ends = 0, []
+        total, n_docs = 0, 0
+        batches = _batched((d for d in documents if d), batch_docs)
         with (
             os.fdopen(fd, "wb") as f,
+            os.fdopen(fd_ends, "wb") as f_ends,  # document end offsets, on disk too
             tqdm(desc="tokenizing", unit="doc", disable=not progress) as bar,
         ):
-            for batch in _batched((d for d in documents if d), batch_docs):
-                encoded = tokenizer.encode_batch(batch, add_eos=True)
-                lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-                flat = np.fromiter(
-                    itertools.chain.from_iterable(encoded), dtype=dtype, count=int(lengths.sum())
-                )
+            for flat, lengths in _encoded_batches(batches, tokenizer, dtype, workers):
                 f.write(flat.tobytes())
-                ends.append(total + np.cumsum(lengths))
+                f_ends.write((total + np.cumsum(lengths)).tobytes())
                 total += int(lengths.sum())
-                bar.update(len(batch))
-        doc_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
-        if len(doc_ends) == 0:
+                n_docs += len(lengths)
+                bar.update(len(lengths))
+        if n_docs == 0:
             raise DataError(f"no non-empty documents to tokenize into {out}")
+        doc_ends = np.memmap(ends_tmp, dtype=np.int64, mode="r")
         n_train = _split_point(total, doc_ends, val_fraction, split_by)
+        del doc_ends
 
         fd_val, val_tmp = tempfile.mkstemp(dir=out, prefix=".val.", suffix=".tmp")
         with open(tmp, "r+b") as src, os.fdopen(fd_val, "wb") as dst:
@@ -127,6 +186,8 @@ def build_token_shards(
             if path is not None:
                 Path(path).unlink(missing_ok=True)
         raise
+    finally:
+        Path(ends_tmp).unlink(missing_ok=True)
 
     meta = {
         "format_version": SHARD_FORMAT_VERSION,
@@ -135,7 +196,7 @@ def build_token_shards(
         "eos_id": tokenizer.eos_id,
         "train_tokens": n_train,
         "val_tokens": total - n_train,
-        "num_documents": len(doc_ends),
+        "num_documents": n_docs,
         "val_fraction": val_fraction,
         "split_by": split_by,
         **(extra_meta or {}),
@@ -245,6 +306,7 @@ def prepare_corpus(
     split_by: str = "tokens",
     text_field: str = "text",
     progress: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """read_documents + build_token_shards, skipped when out_dir already holds the same build.
 
@@ -265,4 +327,5 @@ def prepare_corpus(
         split_by=split_by,
         progress=progress,
         extra_meta={"source": source, "fingerprint": fingerprint},
+        workers=workers,
     )

@@ -58,6 +58,10 @@ class TrainConfig:
     sample_prompt: str = "\n"
     progress: bool = True
     tensorboard: bool = False
+    # scaling out (README "Scaling out"); `parallel` matters only under torchrun
+    parallel: str = "ddp"  # ddp (replicas) | fsdp (FSDP2: sharded params/grads/optimizer)
+    activation_checkpointing: bool = False  # recompute blocks in backward: less memory
+    tokenize_workers: int = 1  # processes tokenizing the corpus into shards
 
     def __post_init__(self) -> None:
         if self.lr_decay_iters is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lmforge.data import BatchSampler, TokenShard, iterate_eval_batches, prepare_corpus
+from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
 from lmforge.errors import CheckpointError, LMForgeError
 from lmforge.fileio import write_json
 from lmforge.lm import LM
@@ -31,6 +31,7 @@ from lmforge.train.checkpoint import (
     set_rng_state,
 )
 from lmforge.train.config import TrainConfig
+from lmforge.train.distributed import NullMetrics, setup_parallel
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import LossScaler, build_adamw, cosine_lr
 
@@ -102,37 +103,46 @@ class Pretrainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
         self.cfg, self.log = cfg, log
         self.out_dir = Path(cfg.out_dir)
-        self.device = resolve_device(cfg.device)
+        # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/distributed.py)
+        self.dist = setup_parallel(cfg, resolve_device(cfg.device))
+        if not self.dist.is_main:
+            self.log = lambda *args, **kwargs: None
+        self.device = self.dist.device
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        state_path = self.out_dir / STATE_FILE
+        state_path = self.out_dir / self.dist.state_file
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
 
-        self.tokenizer = build_tokenizer(cfg, self.out_dir)
-        self.tokenizer.save(self.out_dir)
-        meta = prepare_corpus(
-            cfg.data, self.tokenizer, self.out_dir / "data", val_fraction=cfg.val_fraction,
-            text_field=cfg.text_field, progress=cfg.progress,
-        )  # fmt: skip
+        with self.dist.rank_zero_first():  # the other ranks then reuse rank 0's files
+            self.tokenizer = build_tokenizer(cfg, self.out_dir)
+            self.tokenizer.save(self.out_dir)
+            meta = prepare_corpus(
+                cfg.data, self.tokenizer, self.out_dir / "data", val_fraction=cfg.val_fraction,
+                text_field=cfg.text_field, progress=cfg.progress, workers=cfg.tokenize_workers,
+            )  # fmt: skip
         self.train_shard = TokenShard.open(self.out_dir / "data" / "train.bin")
         self.val_shard = TokenShard.open(self.out_dir / "data" / "val.bin")
         self.model_config = cfg.model_config(self.tokenizer.vocab_size)
         self.model = Transformer(self.model_config).to(self.device)
+        self.wrapped = self.dist.wrap(self.model)  # DDP / FSDP2 (sharded in place) / itself
         self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
         self.scaler = LossScaler() if self.dtype == "float16" else None
-        self.sampler = BatchSampler(
-            self.train_shard, cfg.batch_size, cfg.block_size, seed=cfg.seed, device=self.device
+        self.sampler = self.dist.sampler(
+            self.train_shard, cfg.batch_size, cfg.block_size, cfg.grad_accum, cfg.seed
         )
         self.step = 0
         self.tokens_seen = 0
         self.elapsed = 0.0  # training seconds across resumes
         if resume:
             self._load_state(state_path)
-        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard, resume=resume)
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
-        write_json(self.out_dir / "train_config.json", cfg.to_dict())
+        if self.dist.is_main:
+            self.metrics = MetricsLog(self.out_dir, cfg.tensorboard, resume=resume)
+            write_json(self.out_dir / "train_config.json", cfg.to_dict())
+        else:
+            self.metrics = NullMetrics()
+        self.forward = torch.compile(self.wrapped) if cfg.compile else self.wrapped
         self.log(
             f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens; "
             f"model: {self.model.num_parameters():,} parameters; {self.device}, {self.dtype}"
@@ -145,8 +155,17 @@ class Pretrainer:
 
     # ---- state -------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        """Model in HF layout for users, full state in one atomic file for --resume."""
-        LM(self.model, self.tokenizer).save(self.out_dir)
+        """Model in HF layout for users, full state in one atomic file for --resume (under
+        torchrun: a sharded checkpoint, every rank writing its part)."""
+        full = self.dist.full_model(self.model)  # None on ranks other than 0
+        if full is not None:
+            LM(full, self.tokenizer).save(self.out_dir)
+        if self.dist.sharded:
+            progress = {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed": self.elapsed,
+                        "scaler": self.scaler.state_dict() if self.scaler else None,
+                        "model_config": self.model_config.to_dict()}  # fmt: skip
+            self.dist.save_state(self.out_dir, self.model, self.optimizer, self.sampler, progress)
+            return
         state = {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -161,16 +180,21 @@ class Pretrainer:
         save_training_state(self.out_dir / STATE_FILE, state)
 
     def _load_state(self, path: Path) -> None:
-        state = load_training_state(path)
-        if state["model_config"] != self.model_config.to_dict():
-            raise CheckpointError(
-                f"{path}: saved with a different model config; start a new out_dir or "
-                "restore the original settings"
+        if self.dist.sharded:
+            state = self.dist.load_state(
+                path, self.model, self.optimizer, self.sampler, self.model_config.to_dict()
             )
-        self.model.load_state_dict(state["model"], strict=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
+        else:
+            state = load_training_state(path)
+            if state["model_config"] != self.model_config.to_dict():
+                raise CheckpointError(
+                    f"{path}: saved with a different model config; start a new out_dir or "
+                    "restore the original settings"
+                )
+            self.model.load_state_dict(state["model"], strict=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+            set_rng_state(state["rng"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
@@ -184,17 +208,20 @@ class Pretrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = 0.0
-        for _ in range(cfg.grad_accum):
+        accum = self.dist.accumulation_steps(cfg.grad_accum)  # this rank's share of the batch
+        for i in range(accum):
             x, y = self.sampler.next_batch()
-            with self.autocast():
-                loss = lm_loss(self.forward(x), y, cfg.label_smoothing)
-                aux = self.model.aux_loss()  # MoE load balancing (λ·L_aux); None when dense
-                loss = (loss if aux is None else loss + aux) / cfg.grad_accum
-            if self.scaler:
-                (loss * self.scaler.scale).backward()
-            else:
-                loss.backward()
+            with self.dist.no_sync(last=i == accum - 1):  # reduce gradients once per step
+                with self.autocast():
+                    loss = lm_loss(self.forward(x), y, cfg.label_smoothing)
+                    aux = self.model.aux_loss()  # MoE load balancing (λ·L_aux); None when dense
+                    loss = (loss if aux is None else loss + aux) / accum
+                if self.scaler:
+                    (loss * self.scaler.scale).backward()
+                else:
+                    loss.backward()
             total += loss.item()
+        total = self.dist.mean(total)  # the global batch's loss, the same on every rank
         if not math.isfinite(total):
             raise NonFiniteLoss(
                 f"loss became {total} at step {self.step}; stopped. The last good checkpoint "
@@ -215,7 +242,7 @@ class Pretrainer:
         cfg = self.cfg
         self.model.train()
         bar = None
-        if cfg.progress:
+        if cfg.progress and self.dist.is_main:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
@@ -261,7 +288,8 @@ class Pretrainer:
         result.update(
             step=self.step, elapsed_s=self.elapsed, tokens_per_s=self.tokens_seen / self.elapsed
         )
-        write_json(self.out_dir / "final_metrics.json", result)
+        if self.dist.is_main:
+            write_json(self.out_dir / "final_metrics.json", result)
         result["plot"] = str(plot)
         return result
 
@@ -283,10 +311,13 @@ class Pretrainer:
 
     def samples(self, n: int | None = None, max_new_tokens: int | None = None) -> list[str]:
         """A few text samples from the current model (temperature 0.8, top-k 200 like nanoGPT)."""
-        lm = LM(self.model, self.tokenizer)
         n = self.cfg.samples if n is None else n
         if n < 1:
             return []
+        model = self.dist.full_model(self.model)  # under torchrun: rank 0 samples, others []
+        if model is None:
+            return []
+        lm = LM(model, self.tokenizer)
         tokens = min(max_new_tokens or self.cfg.sample_tokens, self.model_config.max_seq_len - 1)
         return lm.complete(
             [self.cfg.sample_prompt] * n, max_new_tokens=tokens, temperature=0.8, top_k=200,

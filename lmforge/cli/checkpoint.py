@@ -1,0 +1,31 @@
+"""`lmforge checkpoint`: tools for the sharded (torch.distributed.checkpoint) training state that
+runs under torchrun write; `consolidate` turns it into one model.safetensors."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "checkpoint",
+        help="inspect or consolidate sharded (multi-process) checkpoints",
+        description="Tools for the sharded checkpoints written by runs under torchrun.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    c = actions.add_parser(
+        "consolidate",
+        help="merge a sharded checkpoint into one model.safetensors (HF layout)",
+        description="Read the latest sharded checkpoint of DIR (a run's out_dir, its "
+        "checkpoints/ folder or one step_* folder) in one process, on any machine, and write "
+        "config.json + model.safetensors (+ the run's tokenizer) for LM.load / lmforge generate.",
+    )
+    c.add_argument("dir", metavar="DIR", help="run out_dir, checkpoints/ folder or step_* folder")
+    c.add_argument("--out", help="output directory (default: the run's out_dir)")
+    c.set_defaults(func=consolidate)
+
+
+def consolidate(args) -> int:
+    from lmforge.train.sharded_checkpoint import consolidate as consolidate_checkpoint
+
+    path = consolidate_checkpoint(args.dir, args.out)
+    print(f"wrote {path}")
+    return 0

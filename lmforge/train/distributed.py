@@ -1,0 +1,329 @@
+"""Multi-process training on PyTorch's own engine: `torchrun` -> process group -> DDP or FSDP2.
+
+A trainer asks `setup_parallel(cfg, device)` for a `Parallel` and calls the same few methods
+whether it runs alone or under torchrun: `wrap` the model, `no_sync` while accumulating,
+`mean` a loss across ranks, `rank_zero_first` for work that writes shared files. Without torchrun
+(no RANK/WORLD_SIZE in the environment) the base class is a no-op, so a single-process run is
+exactly what it was.
+
+Batch convention (nanoGPT's): `batch_size` is the micro-batch of one forward pass on one rank and
+`grad_accum` the number of micro-batches in ONE optimizer step across ALL ranks, so the global
+batch is batch_size * grad_accum sequences whatever the world size; each rank runs
+grad_accum / world_size of them (the per-rank accumulation), i.e.
+global batch = batch_size * (grad_accum / world_size) * world_size. A world size that does not
+divide grad_accum is a ConfigError before any step.
+
+Data: the global batch is drawn as `grad_accum` independent random streams ("lanes"), lane j
+seeded from (seed, j); rank r draws lanes [r*k, (r+1)*k) with k = grad_accum / world_size. Each
+rank's stream is distinct and deterministic, and the global batch at step s does not depend on
+the world size: 2 ranks train on the same data as 1 (same loss curve), and a checkpoint resumes
+exactly on a different number of processes (lane states are saved per rank, read by any rank).
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lmforge.data import BatchSampler, TokenShard
+from lmforge.errors import CheckpointError, ConfigError, DataError
+from lmforge.train import sharded_checkpoint as dcp_ckpt
+from lmforge.train.checkpoint import STATE_FILE
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or any launcher using its env protocol) started this process."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each transformer block in the backward pass instead of storing its activations
+    (torch.utils.checkpoint, non-reentrant): ~1/3 more compute for activation memory that no
+    longer grows with depth. Patching the instance's forward keeps parameter names unchanged."""
+    for block in model.blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def lane_seed(seed: int, lane: int) -> int:
+    """Seed of data lane `lane`; lane 0 uses `seed` itself, like the single-process sampler."""
+    return seed + 1_000_003 * lane
+
+
+class LaneSampler:
+    """This rank's share of the global batch: lanes [first, first + count), one BatchSampler each,
+    drawn round-robin so call i of a step reads lane first + i."""
+
+    def __init__(self, shard: TokenShard, batch_size: int, block_size: int, seed: int,
+                 lanes: range, device: str | torch.device = "cpu"):  # fmt: skip
+        self.lanes = lanes
+        self.samplers = {
+            j: BatchSampler(shard, batch_size, block_size, lane_seed(seed, j), device)
+            for j in lanes
+        }
+        self._calls = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        lane = self.lanes[self._calls % len(self.lanes)]
+        self._calls += 1
+        return self.samplers[lane].next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe: {"lanes": {lane: BatchSampler state}} for this rank's lanes."""
+        return {"lanes": {str(j): s.state_dict() for j, s in self.samplers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take this rank's lanes from a merged {"lanes": ...} of every saving rank."""
+        saved = state.get("lanes", {})
+        for j, sampler in self.samplers.items():
+            if str(j) not in saved:
+                raise DataError(
+                    f"data lane {j} is not in the checkpoint (it has lanes "
+                    f"{sorted(map(int, saved))}); resume with the same grad_accum"
+                )
+            sampler.load_state_dict(saved[str(j)])
+        self._calls = 0
+
+
+class NullMetrics:
+    """What ranks other than 0 log to: nothing (rank 0 writes metrics.csv and the plot)."""
+
+    def log(self, step: int, split: str, **values: float) -> None:
+        pass
+
+    def plot(self, curves, path: str | Path, title: str = "") -> Path:
+        return Path(path)
+
+    def close(self) -> None:
+        pass
+
+
+class Parallel:
+    """One process, no process group: every method is the identity (the single-process path)."""
+
+    name = "single"
+    sharded = False  # checkpoint format: False = one atomic file, True = DCP directory
+    state_file = STATE_FILE  # what --resume looks for in out_dir
+
+    def __init__(self, device: torch.device, activation_checkpointing: bool = False):
+        self.device = device
+        self.activation_checkpointing = activation_checkpointing
+        self.rank, self.world_size, self.local_rank = 0, 1, 0
+        self.module: nn.Module | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs, shows progress and writes shared files."""
+        return self.rank == 0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module to call for training steps (the model itself, or its DDP/FSDP wrapper)."""
+        if self.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        self.module = self._wrap(model)
+        return self.module
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def accumulation_steps(self, grad_accum: int) -> int:
+        """Micro-batches this rank runs per optimizer step."""
+        return grad_accum // self.world_size
+
+    def no_sync(self, last: bool):
+        """Context for one micro-batch's forward+backward: gradients are reduced across ranks
+        only on the last micro-batch of a step."""
+        return contextlib.nullcontext()
+
+    def mean(self, value: float) -> float:
+        """The mean of a float over ranks (the global batch's loss from each rank's share)."""
+        return value
+
+    def barrier(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def rank_zero_first(self) -> Iterator[None]:
+        """Rank 0 runs the body (train the tokenizer, build shards), then the others, which
+        then find its output on the shared file system and reuse it."""
+        yield
+
+    def sampler(self, shard: TokenShard, batch_size: int, block_size: int, grad_accum: int,
+                seed: int):  # fmt: skip
+        return BatchSampler(shard, batch_size, block_size, seed=seed, device=self.device)
+
+    def full_model(self, model: nn.Module) -> nn.Module | None:
+        """The unsharded model on rank 0 (to save in HF layout or sample from); None elsewhere.
+        Every rank must call it (FSDP gathers the shards)."""
+        return model if self.is_main else None
+
+
+class DDPParallel(Parallel):
+    """DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets."""
+
+    name = "ddp"
+    sharded = True
+    state_file = f"{dcp_ckpt.CHECKPOINT_DIR}/{dcp_ckpt.LATEST}"
+
+    def __init__(self, device: torch.device, activation_checkpointing: bool = False):
+        super().__init__(device, activation_checkpointing)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        moe = model.config.mlp == "moe"  # experts no token was routed to get no gradient
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=ids, find_unused_parameters=moe
+        )
+
+    def no_sync(self, last: bool):
+        return contextlib.nullcontext() if last else self.module.no_sync()
+
+    def mean(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)  # SUM: gloo has no AVG
+        return t.item() / self.world_size
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    @contextlib.contextmanager
+    def rank_zero_first(self) -> Iterator[None]:
+        if not self.is_main:
+            dist.barrier()
+        yield
+        if self.is_main:
+            dist.barrier()
+
+    def sampler(self, shard, batch_size, block_size, grad_accum, seed) -> LaneSampler:
+        k = self.accumulation_steps(grad_accum)
+        lanes = range(self.rank * k, (self.rank + 1) * k)
+        return LaneSampler(shard, batch_size, block_size, seed, lanes, self.device)
+
+    def save_state(self, out_dir: Path, model, optimizer, sampler, meta: dict[str, Any]) -> None:
+        """Collective: a sharded DCP checkpoint of model + optimizer, meta and per-rank JSON."""
+        rank_state = {"sampler": sampler.state_dict(), "rng": dcp_ckpt.rng_json()}
+        meta = {**meta, "parallel": self.name}
+        dcp_ckpt.save_sharded(Path(out_dir) / dcp_ckpt.CHECKPOINT_DIR, model, optimizer, meta,
+                             rank_state)  # fmt: skip
+
+    def load_state(self, path: Path, model, optimizer, sampler, model_config: dict) -> dict:
+        """Collective: check the checkpoint (complete, same model config) BEFORE loading, fill
+        model, optimizer, this rank's data lanes and RNG, and return meta (step, ...)."""
+        step_dir = dcp_ckpt.resolve_checkpoint(path)
+        meta = dcp_ckpt.check_checkpoint(step_dir)
+        if meta["model_config"] != model_config:
+            diff = sorted(k for k in model_config if meta["model_config"].get(k) != model_config[k])
+            raise CheckpointError(
+                f"{step_dir}: saved with a different model config (differs in: "
+                f"{', '.join(diff)}); start a new out_dir or restore the original settings"
+            )
+        ranks = dcp_ckpt.read_rank_states(step_dir, meta["world_size"])
+        lanes = {k: v for r in ranks for k, v in r["sampler"]["lanes"].items()}
+        sampler.load_state_dict({"lanes": lanes})
+        dcp_ckpt.load_sharded(step_dir, model, optimizer)
+        if meta["world_size"] == self.world_size:  # else: no per-rank stream to continue
+            dcp_ckpt.set_rng_json(ranks[self.rank]["rng"])
+        return meta
+
+
+class FSDPParallel(DDPParallel):
+    """FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks,
+    gathered block by block for compute. Each block is its own unit, then the root (embeddings,
+    final norm, head), so at most one block's full weights are live beyond the root's."""
+
+    name = "fsdp"
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        return fully_shard(model)
+
+    @contextlib.contextmanager
+    def no_sync(self, last: bool) -> Iterator[None]:
+        self.module.set_requires_gradient_sync(last)
+        yield
+
+    def full_model(self, model: nn.Module) -> nn.Module | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from lmforge.model.transformer import Transformer
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=opts)  # full tensors on rank 0 only
+        if not self.is_main:
+            return None
+        with torch.device("meta"):
+            full = Transformer(model.config)
+        full.load_state_dict(state, assign=True, strict=False)
+        full.reset_buffers()  # RoPE/sinusoid tables are not in the state dict
+        if full.config.tie_embeddings:
+            full.lm_head.weight = full.embed.weight
+        return full
+
+
+PARALLEL: dict[str, type[DDPParallel]] = {"ddp": DDPParallel, "fsdp": FSDPParallel}
+
+
+def _quiet_print() -> None:
+    """print() on ranks other than 0 prints nothing unless print(..., force=True), so every CLI
+    logs once (torchvision's recipe)."""
+    builtin_print = builtins.print
+
+    def print_(*args, force: bool = False, **kwargs) -> None:
+        if force:
+            builtin_print(*args, **kwargs)
+
+    builtins.print = print_
+
+
+def cleanup() -> None:
+    """Leave the process group (registered atexit; safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def setup_parallel(cfg, device: torch.device) -> Parallel:
+    """The Parallel for this process: the single-process no-op, or (under torchrun) a joined
+    process group, gloo on CPU / NCCL on CUDA, with cfg.parallel ('ddp' or 'fsdp').
+
+    Checks the configuration before any step: cfg.parallel is known and the world size divides
+    cfg.grad_accum (see the batch convention above).
+    """
+    if cfg.parallel not in PARALLEL:
+        raise ConfigError(f"parallel must be one of {', '.join(PARALLEL)}; got {cfg.parallel!r}")
+    if not launched_by_torchrun():
+        return Parallel(device, cfg.activation_checkpointing)
+    world = int(os.environ["WORLD_SIZE"])
+    if cfg.grad_accum % world:
+        raise ConfigError(
+            f"grad_accum={cfg.grad_accum} is not divisible by the world size {world}: grad_accum "
+            f"counts the micro-batches of one step across all ranks (global batch = batch_size "
+            f"x grad_accum = {cfg.batch_size * cfg.grad_accum} sequences); set grad_accum to a "
+            f"multiple of {world}"
+        )
+    if cfg.parallel == "fsdp" and cfg.dtype == "float16":
+        raise ConfigError("parallel=fsdp does not support float16 loss scaling; use bfloat16")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        atexit.register(cleanup)
+    if dist.get_rank() != 0:
+        _quiet_print()
+    return PARALLEL[cfg.parallel](device, cfg.activation_checkpointing)
