@@ -1,0 +1,234 @@
+"""PPO for RLHF (Ziegler et al. 2019, InstructGPT; TRL's PPOTrainer), in the SPEC §10 form.
+
+One step: sample completions, score each with the frozen reward (a reward model or a verifier),
+and record π_old log-probs, π_ref log-probs and the critic's values — all fixed at rollout time.
+Per-token rewards are r_t = -β·KL_t with KL_t = log π_old - log π_ref, plus the score R at the
+last real token; GAE turns them into advantages (whitened over real tokens) and value targets
+Â + V. Then `ppo_epochs` passes over shuffled minibatches minimise
+
+    -min(o·Â, clip(o, 1±ε)·Â) + c_v·(clipped) value loss - c_e·entropy   (masked token means)
+
+Variants, picked by `variant`:
+  shaped   the KL is part of the reward (above); β fixed, or adaptive with `kl_target`.
+  kl_loss  "PPO-KL": the reward is R alone and β·KL_k3(π‖π_ref) of the *current* policy is a loss
+           term; β adapts toward `kl_target` (Schulman et al. 2017's adaptive-KL PPO).
+Critics, picked by `critic`: `head` (a scalar head on the policy's own hidden states: one shared
+trunk) or `separate` (a copy of the starting policy with its own head, trained alongside).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.align.losses import (
+    AdaptiveKLController,
+    FixedKLController,
+    dones_from_mask,
+    entropy_from_logits,
+    gae,
+    kl_per_token,
+    masked_mean,
+    masked_whiten,
+    ppo_policy_loss,
+    ppo_value_loss,
+    shape_rewards,
+    token_logprobs,
+)
+from lmforge.align.rl import RLConfig, RLTrainer
+from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_logits
+from lmforge.errors import ConfigError
+from lmforge.fileio import read_json, save_tensors, write_json
+from lmforge.train.checkpoint import model_state
+
+# ----------------------------------------------------------------------------- critics
+
+
+class HeadCritic(nn.Module):
+    """V(s_t) from the policy's own final hidden states (TRL's "value head" model)."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.head = ValueHead(policy.config.d_model)
+
+    def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor, start: int):
+        return self.head(hidden)
+
+
+class SeparateCritic(nn.Module):
+    """A critic with its own trunk, initialised as a copy of the starting policy."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.trunk = copy.deepcopy(policy)
+        self.head = ValueHead(policy.config.d_model)
+
+    def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor, start: int):
+        return self.head(completion_hidden(self.trunk, input_ids, attention_mask, start))
+
+
+CRITICS: dict[str, type[nn.Module]] = {"head": HeadCritic, "separate": SeparateCritic}
+
+# ----------------------------------------------------------------------------- KL placement
+
+
+class ShapedKL:
+    """KL in the reward: r_t = -β·KL_t on every token, the score added at the last one."""
+
+    def rewards(self, score: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:
+        return shape_rewards(score, kl, mask, beta)
+
+    def penalty(self, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+        return logp.new_zeros(())
+
+
+class KLLoss:
+    """PPO-KL: the reward is the score alone; β·KL(π‖π_ref) (k3, unbiased and ≥ 0) is a loss."""
+
+    def rewards(self, score: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:
+        return shape_rewards(score, torch.zeros_like(kl), mask, 0.0)
+
+    def penalty(self, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+        return beta * masked_mean(kl_per_token(logp, ref_logp, "k3"), mask)
+
+
+VARIANTS = {"shaped": ShapedKL, "kl_loss": KLLoss}
+
+
+@dataclass
+class PPOConfig(RLConfig):
+    """A PPO run (`lmforge ppo`). ``reward`` is usually a reward-model directory."""
+
+    out_dir: str = "out/ppo"
+    variant: str = "shaped"  # shaped (KL in the reward) | kl_loss (PPO-KL: KL as a loss term)
+    critic: str = "head"  # head (value head on the policy) | separate (own trunk)
+    kl_coef: float = 0.05  # β (initial β when adaptive)
+    kl_target: float | None = None  # per-sequence KL to steer β toward; None = fixed β
+    kl_horizon: int = 1000  # samples over which the adaptive controller moves β
+    ppo_epochs: int = 4
+    minibatch_size: int = 32  # rows per optimizer step
+    clip_eps: float = 0.2
+    value_clip: float | None = 0.2
+    vf_coef: float = 0.1
+    ent_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    batch_size: int = 32
+    lr: float = 3e-5
+    min_lr: float = 3e-5
+    max_iters: int = 100
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.critic not in CRITICS:
+            raise ConfigError(f"critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
+        if self.variant == "kl_loss" and self.kl_target is None:
+            raise ConfigError("variant kl_loss (PPO-KL) adapts β toward kl_target: set --kl_target")
+        if self.ppo_epochs < 1 or self.minibatch_size < 1:
+            raise ConfigError("ppo_epochs and minibatch_size must be >= 1")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ConfigError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}")
+
+
+def ppo_advantages(
+    rollout: Rollout, beta: float, variant, gamma: float, lam: float, whiten: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(advantages, returns, per-token KL) of a scored rollout with values and log-probs."""
+    mask = rollout.completion_mask
+    kl = kl_per_token(rollout.old_logprobs, rollout.ref_logprobs, "k1") * mask
+    rewards = variant.rewards(rollout.rewards, kl, mask, beta)
+    values = rollout.values * mask
+    advantages, returns = gae(rewards, values, dones_from_mask(mask), gamma, lam)
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return advantages * mask, returns * mask, kl
+
+
+class PPOTrainer(RLTrainer):
+    """Policy + critic against a frozen reward and reference, KL-regularised."""
+
+    name = "ppo"
+    curves = [
+        ("train", "reward"),
+        ("eval", "reward"),
+        ("train", "kl"),
+        ("train", "entropy"),
+        ("train", "clip_frac"),
+        ("train", "value_loss"),
+    ]
+
+    def setup_rl(self) -> None:
+        cfg: PPOConfig = self.cfg
+        self.critic = CRITICS[cfg.critic](self.lm.model).to(self.device)
+        self.variant = VARIANTS[cfg.variant]()
+        if cfg.kl_target is None:
+            self.kl_ctl = FixedKLController(cfg.kl_coef)
+        else:
+            self.kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+        state = self.out_dir / "ppo_state.json"
+        if self.resuming and state.is_file():  # continue with the adapted β
+            self.kl_ctl.value = float(read_json(state, "PPO state")["kl_coef"])
+
+    def value_fn(self):
+        return lambda hidden, r: self.critic(hidden, r.input_ids, r.attention_mask, r.prompt_width)
+
+    def trainable_module(self) -> nn.Module:
+        return nn.ModuleDict({"policy": self.lm.model, "critic": self.critic})
+
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        cfg: PPOConfig = self.cfg
+        beta = self.kl_ctl.value
+        adv, ret, kl = ppo_advantages(
+            rollout, beta, self.variant, cfg.gamma, cfg.lam, cfg.whiten_advantages
+        )
+        rollout.advantages, rollout.returns = adv, ret
+        gen = torch.Generator().manual_seed(cfg.seed + self.step)
+        keys = ("loss", "policy_loss", "value_loss", "entropy", "clip_frac", "approx_kl")
+        totals, n = dict.fromkeys(keys, 0.0), 0
+        for _ in range(cfg.ppo_epochs):
+            for mb in rollout.minibatches(cfg.minibatch_size, gen):
+                stats = self._minibatch_loss(mb, beta)
+                totals["loss"] += self.optimizer_step(stats.pop("loss"))
+                for k, v in stats.items():
+                    totals[k] += v
+                n += 1
+        seq_kl = kl.sum(-1).mean().item()  # KL(π_old‖π_ref) per completion, fixed at rollout
+        self.kl_ctl.update(seq_kl, len(rollout))
+        return {**{k: v / n for k, v in totals.items()}, "kl": seq_kl, "kl_coef": beta}
+
+    def _minibatch_loss(self, mb: Rollout, beta: float) -> dict:
+        cfg: PPOConfig = self.cfg
+        mask = mb.completion_mask
+        logits, hidden = completion_logits(
+            self.lm.model, mb.input_ids, mb.attention_mask, mb.prompt_width, cfg.temperature
+        )
+        logp = token_logprobs(logits, mb.completion_ids.masked_fill(mask == 0, -100))
+        values = self.critic(hidden, mb.input_ids, mb.attention_mask, mb.prompt_width)
+        pg, pstats = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mask, cfg.clip_eps)
+        vf = ppo_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
+        entropy = entropy_from_logits(logits, mask)
+        penalty = self.variant.penalty(logp, mb.ref_logprobs, mask, beta)
+        loss = pg + cfg.vf_coef * vf - cfg.ent_coef * entropy + penalty
+        return {
+            "loss": loss,
+            "policy_loss": pg.item(),
+            "value_loss": vf.item(),
+            "entropy": entropy.item(),
+            "clip_frac": pstats["clip_frac"].item(),
+            "approx_kl": pstats["approx_kl"].item(),
+        }
+
+    def save_checkpoint(self) -> None:
+        super().save_checkpoint()
+        write_json(self.out_dir / "ppo_state.json", {"kl_coef": self.kl_ctl.value})
+
+    def export(self, path: Path) -> None:
+        super().export(path)
+        save_tensors(Path(path) / "critic.safetensors", model_state(self.critic))

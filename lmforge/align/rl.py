@@ -1,0 +1,231 @@
+"""What PPO, GRPO and RSFT share: a prompt set, a reward, a rollout engine, and the AlignTrainer
+loop with one rollout per step.
+
+`RLTrainer` reuses `AlignTrainer` (lr schedule, tqdm bar, metrics.csv, periodic evaluation,
+HF-layout checkpoint, atomic training state for `--resume`, PNG of the curves) and replaces its
+`train_step`: sample `batch_size` prompts, draw `group_size` completions each with the KV-cache
+engine, score them, then let the subclass `update(rollout)` the policy (several optimizer steps
+if it likes). Evaluation decodes the held-out prompts greedily and reports the mean reward and,
+when the records carry answers, exact-match accuracy.
+
+The reward is `reward: verifier` (`tasks.verify`, exact answer match) or the path of a trained
+reward-model directory; in Python any function of (record, completion) or reward model works.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from abc import abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmforge.align import data as D
+from lmforge.align.rollout import (
+    ModelReward,
+    Rollout,
+    RolloutEngine,
+    VerifierReward,
+    build_reward,
+    rollout_stats,
+)
+from lmforge.align.sft import PeftConfig, apply_peft, export_peft
+from lmforge.align.tasks import verify
+from lmforge.align.trainer import AlignConfig, AlignTrainer, NonFiniteLoss
+from lmforge.errors import ConfigError, DataError
+from lmforge.train.optim import cosine_lr
+
+
+@dataclass
+class RLConfig(PeftConfig, AlignConfig):
+    """Fields every RL trainer shares (on top of AlignConfig's data/optimizer/loop fields).
+
+    ``batch_size`` is prompts per step and ``max_iters`` the number of rollout steps.
+    """
+
+    data: str = "task:add:2"  # prompt records: JSONL ({"prompt", "answer"}, GSM8K) or task:NAME
+    reward: str = "verifier"  # verifier (tasks.verify) | path to a reward-model directory
+    group_size: int = 1  # completions sampled per prompt
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    batch_size: int = 16
+    lr: float = 1e-4
+    min_lr: float = 1e-5
+    warmup_iters: int = 0
+    eval_interval: int = 20
+    log_interval: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ConfigError(f"group_size must be a positive integer, got {self.group_size!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A detached, eval-mode, requires_grad=False copy (the reference policy π_ref)."""
+    ref = copy.deepcopy(model).eval()
+    return ref.requires_grad_(False)
+
+
+def load_reward(spec: str, tokenizer, device) -> Any:
+    """`verifier` → tasks.verify; otherwise a reward-model directory (``lmforge reward``)."""
+    if spec == "verifier":
+        return VerifierReward(verify, name="tasks.verify")
+    if not Path(spec).is_dir():
+        raise ConfigError(f"reward must be 'verifier' or a reward-model directory, got {spec!r}")
+    from lmforge.align.reward import RewardModel
+
+    model, rm_tokenizer = RewardModel.load(spec, device=device)
+    if rm_tokenizer is None or rm_tokenizer.backend.get_vocab() != tokenizer.backend.get_vocab():
+        raise ConfigError(
+            f"reward model {spec} uses a different tokenizer from the policy; train it from the "
+            "same base (e.g. --init the SFT checkpoint) so it can score the policy's token ids"
+        )
+    return ModelReward(model)
+
+
+class RLTrainer(AlignTrainer):
+    """AlignTrainer with a rollout per step; subclasses implement `update(rollout)`."""
+
+    name = "rl"
+    curves = [("train", "reward"), ("eval", "reward"), ("eval", "exact_match")]
+    needs_reference = True  # subclasses without a KL term skip the frozen copy
+    keep_logprobs = True  # π_old log-probs at rollout time (off when updates are on-policy)
+
+    def __init__(self, cfg: RLConfig, resume: bool = False, log=print, reward: Any = None):
+        self._reward_override = reward  # a Python reward (function or model) instead of cfg
+        self.resuming = resume
+        super().__init__(cfg, resume=resume, log=log)
+
+    # ---- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg: RLConfig = self.cfg
+        records = D.load_prompts(cfg.data, n=cfg.n_train, seed=cfg.seed, split="train")
+        if cfg.eval_data:
+            eval_records = D.load_prompts(cfg.eval_data, cfg.n_eval, cfg.seed + 1, "all")
+        elif str(cfg.data).startswith("task:"):
+            eval_records = D.load_prompts(cfg.data, cfg.n_eval, cfg.seed + 1, "test")
+        else:
+            if len(records) < 2:
+                raise DataError(f"{cfg.data}: need at least 2 prompts to hold some out")
+            n_eval = max(1, len(records) // 20)
+            records, eval_records = records[:-n_eval], records[-n_eval:]
+        self.records = records
+        self.eval_records = eval_records[: cfg.n_eval]
+        self.prompts = [self._encode(r, i) for i, r in enumerate(self.records)]
+        self.eval_prompts = [self._encode(r, i) for i, r in enumerate(self.eval_records)]
+        reward = self._reward_override
+        self.reward = build_reward(reward) if reward is not None else load_reward(
+            cfg.reward, self.tokenizer, self.device
+        )  # fmt: skip
+        self.reference = frozen_copy(self.lm.model) if self.needs_reference else None
+        self.peft_names = apply_peft(self.lm.model, cfg)
+        self.setup_rl()
+        self.engine = RolloutEngine(
+            self.lm.model,
+            self.tokenizer,
+            cfg.max_new_tokens,
+            cfg.temperature,
+            reference=self.reference,
+            value_fn=self.value_fn(),
+        )
+
+    def _encode(self, record: dict, i: int) -> list[int]:
+        ids = D.prompt_ids(record, self.tokenizer, self.cfg.add_bos)
+        limit = self.lm.config.max_seq_len - 1
+        if not ids or len(ids) > limit:
+            raise DataError(
+                f"{self.cfg.data}: prompt record {i} has {len(ids)} tokens; it must have 1.."
+                f"{limit} to leave room for a completion (max_seq_len={limit + 1})"
+            )
+        return ids
+
+    def setup_rl(self) -> None:
+        """Build trainer-specific parts (value head, KL controller) before the engine."""
+
+    def value_fn(self):
+        """A critic for the rollout engine, or None."""
+        return None
+
+    def num_examples(self) -> int:
+        return len(self.records)
+
+    def batch(self, indices: list[int]) -> dict[str, Any]:
+        return {"indices": indices}
+
+    def loss(self, batch):
+        raise ConfigError(f"{self.name} trains from rollouts; use train_step()")
+
+    # ---- one step ----------------------------------------------------------------------------
+    def rollout(self, indices: list[int]) -> Rollout:
+        """Sample group_size completions for each prompt in ``indices`` and score them."""
+        cfg: RLConfig = self.cfg
+        rollout = self.engine.sample(
+            [self.prompts[i] for i in indices],
+            [self.records[i] for i in indices],
+            n=cfg.group_size,
+            seed=cfg.seed * 100_003 + self.step,
+            keep_logprobs=self.keep_logprobs,
+        )
+        rollout.rewards = self.reward(rollout)
+        return rollout
+
+    @abstractmethod
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        """Learn from one scored rollout; return metrics to log."""
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.module.train()
+        rollout = self.rollout(self.sampler.next())
+        stats = {**rollout_stats(rollout), **self.update(rollout)}
+        self.step += 1
+        return {**stats, "lr": lr}
+
+    def optimizer_step(self, loss: torch.Tensor) -> float:
+        """Backward, clip, step; stop with NonFiniteLoss on NaN/inf. Returns the loss value."""
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(
+                f"{self.name} loss became {value} at step {self.step}; stopped, the last good "
+                f"checkpoint in {self.out_dir} is kept (try a lower lr)"
+            )
+        loss.backward()
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return value
+
+    # ---- evaluation and export ---------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Greedy completions of the held-out prompts: mean reward (and exact match if the
+        records have answers)."""
+        if not self.eval_prompts:
+            return {}
+        rewards, hits = [], []
+        for i in range(0, len(self.eval_prompts), 128):
+            records = self.eval_records[i : i + 128]
+            rollout = self.engine.sample(
+                self.eval_prompts[i : i + 128], records, keep_logprobs=False, greedy=True
+            )
+            rewards.append(self.reward(rollout))
+            if all("answer" in r for r in records):
+                hits += [verify(r, c) for r, c in zip(records, rollout.completions)]
+        result = {"reward": torch.cat(rewards).mean().item()}
+        if hits:
+            result["exact_match"] = sum(hits) / len(hits)
+        return result
+
+    def export(self, path: Path) -> None:
+        export_peft(self.lm.model, self.tokenizer, path, self.cfg)

@@ -1,0 +1,352 @@
+"""Rollouts for RL post-training: sample completions with the KV-cache engine, then score them.
+
+Every RL trainer (PPO, GRPO, RSFT) needs the same thing each step: G completions per prompt from
+the current policy, their log-probs under the policy (π_old) and the frozen reference, optionally
+a value per token, and one scalar reward per completion. `RolloutEngine.sample` produces that as
+padded tensors in one layout, so the trainers only do their own maths:
+
+    input_ids [B, P+C] = left-padded prompt (width P) | completion, right-padded (width C)
+    completion_mask [B, C] = 1 on generated tokens (the stop token included), 0 on padding
+
+Positions count from each row's first real token, exactly as during generation, so a re-scored
+log-prob equals the one the sampler used. Per-token tensors (log-probs, values) are [B, C],
+aligned with the completion tokens: only the C positions that predict them go through the LM head.
+
+Rewards are pluggable: `VerifierReward` wraps any Python function of (record, completion) —
+`tasks.verify` is one — and `ModelReward` any reward model callable on (input_ids,
+attention_mask) -> [B]. A reward that raises or is not finite stops the run with a `RewardError`
+naming the sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.align.losses import token_logprobs
+from lmforge.errors import ConfigError, LMForgeError
+from lmforge.infer.generate import generate, left_pad
+from lmforge.infer.sampling import SamplingParams
+
+
+class RewardError(LMForgeError):
+    """A reward function raised or returned a non-finite value; the message shows the sample."""
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+# ----------------------------------------------------------------------------- scoring passes
+
+
+def completion_hidden(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, start: int
+) -> Tensor:
+    """Final-normed hidden states [B, C, d] at the positions predicting ``input_ids[:, start:]``."""
+    h = model.hidden_states(input_ids, attention_mask)
+    return model.norm(h[:, start - 1 : -1])
+
+
+def completion_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, start: int, temperature=1.0
+) -> tuple[Tensor, Tensor]:
+    """(logits [B, C, V], hidden states [B, C, d]) that score ``input_ids[:, start:]``; the LM
+    head runs on those C positions only.
+
+    Logits are divided by the sampling temperature, so log-probs are those of the distribution
+    the tokens were actually drawn from (TRL does the same).
+    """
+    h = completion_hidden(model, input_ids, attention_mask, start)
+    logits = model.lm_head(h)
+    if temperature not in (0, 1):
+        logits = logits / temperature
+    return logits, h
+
+
+def completion_logprobs(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, start: int, temperature=1.0
+) -> Tensor:
+    """log π(token) for every completion token → [B, C] (0 where the completion is padding)."""
+    logits, _ = completion_logits(model, input_ids, attention_mask, start, temperature)
+    labels = input_ids[:, start:].masked_fill(attention_mask[:, start:] == 0, -100)
+    return token_logprobs(logits, labels)
+
+
+class ValueHead(nn.Module):
+    """A scalar head V(s_t) on the policy's final-normed hidden states (the PPO critic)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model, 1)
+        nn.init.zeros_(self.proj.weight)  # start predicting 0, like a fresh baseline
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled completions and what the trainers need to learn from them."""
+
+    input_ids: Tensor  # [B, P+C]
+    attention_mask: Tensor  # [B, P+C]
+    completion_mask: Tensor  # [B, C] float
+    prompt_width: int  # P
+    group: Tensor  # [B] index of the prompt each row was sampled for
+    records: list[dict] = field(default_factory=list)  # the prompt record of every row
+    completions: list[str] = field(default_factory=list)
+    rewards: Tensor | None = None  # [B]
+    old_logprobs: Tensor | None = None  # [B, C]
+    ref_logprobs: Tensor | None = None  # [B, C]
+    values: Tensor | None = None  # [B, C]
+    advantages: Tensor | None = None  # [B] or [B, C], filled in by the trainer
+    returns: Tensor | None = None  # [B, C] value targets (PPO)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def prompts(self) -> list[str]:
+        return [str(r.get("prompt", "")) for r in self.records]
+
+    @property
+    def completion_ids(self) -> Tensor:
+        return self.input_ids[:, self.prompt_width :]
+
+    @property
+    def lengths(self) -> Tensor:
+        """Completion lengths in tokens, [B]."""
+        return self.completion_mask.sum(-1)
+
+    def select(self, index: Tensor | Sequence[int]) -> Rollout:
+        """The rows in ``index`` (a minibatch), tensors and lists alike."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        rows = index.tolist()
+        changes: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                changes[f.name] = value[index.to(value.device)]
+            elif isinstance(value, list) and value:
+                changes[f.name] = [value[i] for i in rows]
+        return replace(self, **changes)
+
+    def minibatches(self, size: int, generator: torch.Generator | None = None) -> Iterator[Rollout]:
+        """Shuffled minibatches of ``size`` rows covering the batch once (an epoch)."""
+        order = torch.randperm(len(self), generator=generator)
+        for i in range(0, len(self), size):
+            yield self.select(order[i : i + size])
+
+
+class RolloutEngine:
+    """Samples G completions per prompt from a policy with the KV cache and scores them.
+
+    ``reference`` (a frozen model) adds ref log-probs; ``value_fn(hidden, rollout) -> [B, C]``
+    (a critic, given the policy's completion hidden states) adds values; ``keep_logprobs`` adds
+    π_old log-probs (GRPO skips them when it makes one update per batch, where π_old = π).
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        tokenizer,
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        stop_ids: Sequence[int] | None = None,
+        reference: nn.Module | None = None,
+        value_fn: Callable[[Tensor, Rollout], Tensor] | None = None,
+    ):
+        if temperature <= 0:
+            raise ConfigError(f"RL sampling needs temperature > 0, got {temperature}")
+        self.policy, self.tokenizer, self.reference, self.value_fn = (
+            policy,
+            tokenizer,
+            reference,
+            value_fn,
+        )
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.stop_ids = list(stop_ids) if stop_ids is not None else default_stop_ids(tokenizer)
+        self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        records: Sequence[dict] | None = None,
+        n: int = 1,
+        seed: int | None = None,
+        keep_logprobs: bool = True,
+        greedy: bool = False,
+    ) -> Rollout:
+        """n completions for each prompt (consecutive rows), with log-probs/values as configured.
+
+        ``records`` (one dict per prompt, e.g. {"prompt", "answer"}) travel with the rows for the
+        reward function. ``greedy`` decodes with temperature 0 and skips the scoring passes (for
+        evaluation).
+        """
+        rows = [list(p) for p in prompt_ids for _ in range(n)]
+        temperature = 0.0 if greedy else self.temperature
+        params = SamplingParams(self.max_new_tokens, temperature, seed=seed)
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            new = generate(self.policy, rows, params, self.stop_ids)
+        finally:
+            self.policy.train(was_training)
+        rollout = self._assemble(rows, new)
+        if records is None:
+            records = [{"prompt": self.tokenizer.decode(p)} for p in prompt_ids]
+        rollout.records = [r for r in records for _ in range(n)]
+        rollout.completions = self.tokenizer.decode_batch(new, skip_special_tokens=True)
+        rollout.group = torch.arange(len(prompt_ids)).repeat_interleave(n)
+        if not greedy:
+            self.annotate(rollout, keep_logprobs)
+        return rollout
+
+    def _assemble(self, prompt_rows: list[list[int]], new: list[list[int]]) -> Rollout:
+        ids, mask = left_pad(prompt_rows, self.pad_id)
+        width = max(1, max(len(c) for c in new))
+        comp = torch.full((len(new), width), self.pad_id, dtype=torch.long)
+        comp_mask = torch.zeros((len(new), width), dtype=torch.long)
+        for row, tokens in enumerate(new):
+            comp[row, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+            comp_mask[row, : len(tokens)] = 1
+        device = self.device
+        return Rollout(
+            input_ids=torch.cat([ids, comp], 1).to(device),
+            attention_mask=torch.cat([mask, comp_mask], 1).to(device),
+            completion_mask=comp_mask.float().to(device),
+            prompt_width=ids.shape[1],
+            group=torch.zeros(len(new), dtype=torch.long),
+        )
+
+    @torch.no_grad()
+    def annotate(self, rollout: Rollout, keep_logprobs: bool = True) -> None:
+        """Fill in π_old / π_ref log-probs and values (no gradients; models in eval mode)."""
+        args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_width, self.temperature)
+        labels = rollout.completion_ids.masked_fill(rollout.completion_mask == 0, -100)
+        if keep_logprobs or self.value_fn is not None:
+            was_training = self.policy.training
+            self.policy.eval()
+            logits, hidden = completion_logits(self.policy, *args)
+            self.policy.train(was_training)
+            if keep_logprobs:
+                rollout.old_logprobs = token_logprobs(logits, labels)
+            if self.value_fn is not None:
+                rollout.values = self.value_fn(hidden, rollout) * rollout.completion_mask
+        if self.reference is not None:
+            rollout.ref_logprobs = completion_logprobs(self.reference, *args)
+
+
+def default_stop_ids(tokenizer) -> list[int]:
+    """EOS and the chat end-of-turn token, whichever the tokenizer has."""
+    ids = [tokenizer.eos_id, tokenizer.token_to_id("<|end|>")]
+    return sorted({i for i in ids if i is not None})
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+class VerifierReward:
+    """A Python function ``fn(record, completion) -> float`` (bools count as 0/1) applied to every
+    sample: exact-answer checkers such as ``tasks.verify``, unit tests, format rules."""
+
+    def __init__(self, fn: Callable[[dict, str], float], name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "reward function")
+
+    def __call__(self, rollout: Rollout) -> Tensor:
+        scores = []
+        for i, (record, completion) in enumerate(zip(rollout.records, rollout.completions)):
+            try:
+                value = float(self.fn(record, completion))
+            except Exception as err:
+                raise RewardError(
+                    f"{self.name} raised {type(err).__name__}: {err} on sample {i} "
+                    f"(prompt {_clip(str(record.get('prompt')))}, completion {_clip(completion)})"
+                ) from err
+            scores.append(value)
+        out = torch.tensor(scores, dtype=torch.float32)
+        check_finite(out, rollout, self.name)
+        return out.to(rollout.input_ids.device)
+
+
+class ModelReward:
+    """A trained reward model: any callable on (input_ids, attention_mask) returning [B] scores
+    (lmforge's RewardModel, or a wrapped Hugging Face classifier). Kept frozen, in eval mode."""
+
+    def __init__(self, model: Callable[[Tensor, Tensor], Tensor], batch_size: int = 64):
+        self.model, self.batch_size = model, batch_size
+        self.name = type(model).__name__
+        if isinstance(model, nn.Module):
+            model.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def __call__(self, rollout: Rollout) -> Tensor:
+        chunks = []
+        for i in range(0, len(rollout), self.batch_size):
+            ids = rollout.input_ids[i : i + self.batch_size]
+            mask = rollout.attention_mask[i : i + self.batch_size]
+            try:
+                chunks.append(torch.as_tensor(self.model(ids, mask)).float().reshape(-1))
+            except Exception as err:
+                raise RewardError(
+                    f"reward model {self.name} raised {type(err).__name__}: {err} on samples "
+                    f"{i}..{i + len(ids) - 1} (first prompt {_clip(rollout.prompts[i])})"
+                ) from err
+        out = torch.cat(chunks)
+        if out.numel() != len(rollout):
+            raise RewardError(
+                f"reward model {self.name} returned {out.numel()} scores for {len(rollout)} samples"
+            )
+        check_finite(out, rollout, f"reward model {self.name}")
+        return out
+
+
+def check_finite(scores: Tensor, rollout: Rollout, name: str) -> None:
+    """Raise RewardError naming the first sample whose reward is NaN or infinite."""
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        prompt = rollout.prompts[i] if rollout.records else "?"
+        completion = rollout.completions[i] if rollout.completions else "?"
+        raise RewardError(
+            f"{name} returned {scores[i].item()} for sample {i} of {len(rollout)} "
+            f"({len(bad)} non-finite in all): prompt {_clip(prompt)}, "
+            f"completion {_clip(completion)}"
+        )
+
+
+def build_reward(spec: Any) -> Callable[[Rollout], Tensor]:
+    """A reward as is; an nn.Module becomes a ModelReward, a function a VerifierReward."""
+    if isinstance(spec, VerifierReward | ModelReward):
+        return spec
+    if isinstance(spec, nn.Module):
+        return ModelReward(spec)
+    if callable(spec):
+        return VerifierReward(spec)
+    raise ConfigError(f"a reward must be a function or a reward model, got {type(spec).__name__}")
+
+
+def rollout_stats(rollout: Rollout) -> dict[str, float]:
+    """Mean reward / reward std / mean completion length, for logs."""
+    stats = {"length": rollout.lengths.float().mean().item()}
+    if rollout.rewards is not None:
+        stats["reward"] = rollout.rewards.float().mean().item()
+        std = rollout.rewards.float().std().item() if len(rollout) > 1 else 0.0
+        stats["reward_std"] = std if math.isfinite(std) else 0.0
+    return stats

@@ -1,0 +1,125 @@
+"""Rejection-sampling fine-tuning (RAFT / best-of-N / expert iteration).
+
+Each round samples N completions (`group_size`) for `batch_size` prompts, scores them with a
+frozen reward (a verifier or a reward model), keeps some per prompt, and fine-tunes on the kept
+(prompt, completion) pairs with the SFT loss (response tokens only, `losses.sft_loss`) for
+`sft_epochs` passes. `max_iters` is the number of rounds; the mean reward of each round's samples
+is the curve that should rise.
+
+Selection rules, picked by `select`:
+  best       the highest-scoring completion of each prompt (best-of-N, RAFT)
+  top_k      the `top_k` highest-scoring completions of each prompt
+  boltzmann  `top_k` draws per prompt, with replacement, ∝ exp(R/τ) (soft best-of-N)
+`min_reward` drops kept samples scoring below it (with a 0/1 verifier, 1.0 keeps correct ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lmforge.align.losses import sft_loss
+from lmforge.align.rl import RLConfig, RLTrainer
+from lmforge.align.rollout import Rollout
+from lmforge.errors import ConfigError
+
+
+def select_best(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
+    """Index (within each group) of the best completion → [n_prompts, 1]."""
+    return rewards.argmax(-1, keepdim=True)
+
+
+def select_top_k(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
+    """Indices of the k best completions of each group → [n_prompts, k]."""
+    return rewards.topk(min(k, rewards.shape[-1]), dim=-1).indices
+
+
+def select_boltzmann(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
+    """k draws per group with replacement, P(i) ∝ exp(R_i/τ) → [n_prompts, k]."""
+    probs = torch.softmax(rewards.float().cpu() / tau, dim=-1)
+    return torch.multinomial(probs, k, replacement=True, generator=gen).to(rewards.device)
+
+
+SELECTORS: dict[str, Callable[[Tensor, int, float, torch.Generator], Tensor]] = {
+    "best": select_best,
+    "top_k": select_top_k,
+    "boltzmann": select_boltzmann,
+}
+
+
+def select_rows(
+    rewards: Tensor, group_size: int, rule: str, k: int = 1, tau: float = 1.0,
+    min_reward: float | None = None, gen: torch.Generator | None = None,
+) -> Tensor:  # fmt: skip
+    """Flat row indices of the kept completions (consecutive groups of ``group_size``)."""
+    if rule not in SELECTORS:
+        raise ConfigError(f"select must be one of {', '.join(SELECTORS)}, got {rule!r}")
+    grouped = rewards.view(-1, group_size)
+    within = SELECTORS[rule](grouped, k, tau, gen or torch.Generator())
+    rows = within + torch.arange(grouped.shape[0], device=within.device)[:, None] * group_size
+    rows = rows.flatten()
+    if min_reward is not None:
+        rows = rows[rewards[rows] >= min_reward]
+    return rows
+
+
+@dataclass
+class RSFTConfig(RLConfig):
+    """An RSFT run (`lmforge rsft`); ``max_iters`` counts rounds."""
+
+    out_dir: str = "out/rsft"
+    group_size: int = 8  # N samples per prompt
+    select: str = "best"  # best | top_k | boltzmann
+    top_k: int = 2  # kept per prompt for top_k / draws for boltzmann
+    tau: float = 0.1  # boltzmann temperature on rewards
+    min_reward: float | None = None  # drop kept samples below this reward
+    sft_epochs: int = 2
+    minibatch_size: int = 32
+    batch_size: int = 128  # prompts per round
+    max_iters: int = 5
+    eval_interval: int = 1
+    lr: float = 3e-4
+    min_lr: float = 3e-4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.select not in SELECTORS:
+            raise ConfigError(f"select must be one of {', '.join(SELECTORS)}, got {self.select!r}")
+        if self.top_k < 1 or self.tau <= 0 or self.sft_epochs < 1 or self.minibatch_size < 1:
+            raise ConfigError("need top_k >= 1, tau > 0, sft_epochs >= 1 and minibatch_size >= 1")
+
+
+class RSFTTrainer(RLTrainer):
+    """Sample, score, keep the best, fine-tune on them; repeat."""
+
+    name = "rsft"
+    curves = [("train", "reward"), ("eval", "reward"), ("train", "loss"), ("train", "kept")]
+    needs_reference = False
+    keep_logprobs = False
+
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        cfg: RSFTConfig = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed + self.step)
+        rows = select_rows(
+            rollout.rewards, cfg.group_size, cfg.select, cfg.top_k, cfg.tau, cfg.min_reward, gen
+        )
+        if rows.numel() == 0:
+            return {"loss": 0.0, "kept": 0.0, "kept_reward": 0.0}
+        kept = rollout.select(rows.cpu())
+        labels = kept.input_ids.masked_fill(kept.attention_mask == 0, -100)
+        labels[:, : kept.prompt_width] = -100  # response tokens only
+        total, n = 0.0, 0
+        for _ in range(cfg.sft_epochs):
+            for idx in torch.randperm(len(kept), generator=gen).split(cfg.minibatch_size):
+                ids, mask = kept.input_ids[idx], kept.attention_mask[idx]
+                loss = sft_loss(self.lm.model(ids, attention_mask=mask), labels[idx])
+                total += self.optimizer_step(loss)
+                n += 1
+        return {
+            "loss": total / n,
+            "kept": float(len(kept)),
+            "kept_reward": kept.rewards.mean().item(),
+        }
