@@ -1,0 +1,257 @@
+"""Multi-process pretraining: torchrun with gloo on CPU, DDP and FSDP2, sharded checkpoints.
+
+The slow tests launch `torchrun --standalone --nproc_per_node 2 -m lmforge pretrain` as a
+subprocess. The 1-process references run in this process as a torchrun world of one (same code
+path, no launcher start-up), which keeps the module well under two minutes.
+"""
+
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.checkpoint import checkpoint
+
+from lmforge.cli.main import main as cli
+from lmforge.data import BatchSampler, TokenShard
+from lmforge.errors import CheckpointError, ConfigError
+from lmforge.train.config import TrainConfig
+from lmforge.train.distributed import LaneSampler, cleanup, setup_parallel
+from lmforge.train.pretrain import Pretrainer
+from lmforge.train.sharded_checkpoint import consolidate
+
+TEXT = (
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
+)
+STEPS = 24
+ARGS = dict(
+    tokenizer="char", batch_size=4, block_size=16, grad_accum=4, max_iters=STEPS,
+    lr_decay_iters=STEPS, eval_interval=12, eval_iters=2, log_interval=1, warmup_iters=2,
+    progress=False, samples=0, seed=3, device="cpu",
+    model=dict(n_layer=2, n_head=2, d_model=16, max_seq_len=16),
+)  # fmt: skip
+
+
+def corpus(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "corpus.txt").write_text(TEXT)
+    return root / "corpus.txt"
+
+
+def config(root: Path, out: str, **kw) -> TrainConfig:
+    return TrainConfig(**{**ARGS, "out_dir": str(root / out), "data": str(corpus(root)), **kw})
+
+
+def cli_args(cfg: TrainConfig) -> list[str]:
+    args = []
+    for key, value in cfg.to_dict().items():
+        if key == "model":
+            args += [a for k, v in value.items() for a in (f"--model.{k}", str(v))]
+        elif value is not None and key in {*ARGS, "out_dir", "data", "checkpoint_interval",
+                                           "parallel"}:  # fmt: skip
+            args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return args
+
+
+def torchrun(cfg: TrainConfig, nproc: int, resume: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "lmforge", "pretrain", *cli_args(cfg)]  # fmt: skip
+    if resume:
+        cmd.append("--resume")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out.decode()[-3000:]
+    return out.decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def world_of_one():
+    """This process as rank 0 of a torchrun world of size 1 (the distributed code path)."""
+    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        try:
+            yield
+        finally:
+            cleanup()
+
+
+def run_in_process(cfg: TrainConfig, resume: bool = False) -> Path:
+    with world_of_one():
+        Pretrainer(cfg, resume=resume, log=lambda *_: None).run()
+    return Path(cfg.out_dir)
+
+
+def losses(out: Path) -> np.ndarray:
+    with open(out / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["split"] == "train" and r["metric"] == "loss"]
+    return np.array([float(r["value"]) for r in rows])
+
+
+def assert_same_weights(a: Path, b: Path, atol: float) -> None:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sorted(wa) == sorted(wb)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=atol, rtol=0, msg=name)
+
+
+def latest_step(out: Path) -> int:
+    try:
+        return json.loads((out / "checkpoints" / "latest.json").read_text())["step"]
+    except (OSError, ValueError):
+        return 0
+
+
+# ---- fast: configuration, data lanes, single-process features -------------------------------
+def test_world_size_must_divide_grad_accum(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="grad_accum=4 is not divisible by the world size 3"):
+        setup_parallel(config(tmp_path, "run"), torch.device("cpu"))
+
+
+def test_unknown_parallel_strategy(tmp_path):
+    with pytest.raises(ConfigError, match="parallel must be one of ddp, fsdp"):
+        Pretrainer(config(tmp_path, "run", parallel="zero3"))
+
+
+def test_lanes_give_the_same_global_batch_on_any_world_size():
+    shard = TokenShard(np.arange(500, dtype=np.uint16))
+    one = LaneSampler(shard, 2, 8, seed=5, lanes=range(0, 4))
+    two = [LaneSampler(shard, 2, 8, seed=5, lanes=range(r * 2, r * 2 + 2)) for r in range(2)]
+    for _ in range(3):  # three optimizer steps of 4 micro-batches
+        global_batch = [one.next_batch()[0] for _ in range(4)]
+        split = [rank.next_batch()[0] for rank in two for _ in range(2)]
+        assert all(torch.equal(a, b) for a, b in zip(global_batch, split))
+        assert not torch.equal(global_batch[0], global_batch[1])  # lanes are distinct streams
+    lane0 = LaneSampler(shard, 2, 8, seed=5, lanes=range(1))
+    torch.testing.assert_close(lane0.next_batch(), BatchSampler(shard, 2, 8, seed=5).next_batch())
+
+
+def test_activation_checkpointing_leaves_the_losses_unchanged(tmp_path):
+    quiet = lambda *_: None
+    plain = Pretrainer(config(tmp_path, "a"), log=quiet)
+    recompute = Pretrainer(config(tmp_path, "b", activation_checkpointing=True), log=quiet)
+    assert all(block.forward.func is checkpoint for block in recompute.model.blocks)
+    for _ in range(3):
+        assert recompute.train_step() == pytest.approx(plain.train_step(), abs=1e-6)
+
+
+# ---- in-process world of one: sharded checkpoints and their errors --------------------------
+@pytest.fixture
+def sharded_run(tmp_path) -> Path:
+    return run_in_process(config(tmp_path, "run", max_iters=3, eval_interval=3))
+
+
+def test_consolidate_matches_the_exported_model(sharded_run, tmp_path, capsys):
+    assert cli(["checkpoint", "consolidate", str(sharded_run), "--out", str(tmp_path / "c")]) == 0
+    assert_same_weights(sharded_run, tmp_path / "c", atol=0)
+    assert (tmp_path / "c" / "tokenizer.json").is_file()
+    assert cli(["checkpoint", "consolidate", str(tmp_path / "nowhere")]) == 2
+    assert "no sharded checkpoint" in capsys.readouterr().err
+
+
+def test_resume_with_another_model_config_fails_before_training(sharded_run, tmp_path):
+    cfg = config(tmp_path, "run", max_iters=6, model={**ARGS["model"], "d_model": 32})
+    with world_of_one(), pytest.raises(CheckpointError, match=r"different model config.*d_model"):
+        Pretrainer(cfg, resume=True)
+
+
+def test_missing_shard_fails_before_training(sharded_run, tmp_path):
+    step_dir = next((sharded_run / "checkpoints").glob("step_*"))
+    (step_dir / "__0_0.distcp").unlink()
+    with world_of_one(), pytest.raises(CheckpointError, match=r"missing shard .*__0_0.distcp"):
+        Pretrainer(config(tmp_path, "run", max_iters=6), resume=True)
+    with pytest.raises(CheckpointError, match="missing shard"):
+        consolidate(sharded_run, tmp_path / "c")
+
+
+# ---- slow: torchrun with 2 processes ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("dist")
+
+
+@pytest.fixture(scope="module")
+def reference(root) -> Path:
+    """One process, the same global batch (batch_size 4 x grad_accum 4)."""
+    return run_in_process(config(root, "ref"))
+
+
+@pytest.fixture(scope="module")
+def ddp(root) -> Path:
+    cfg = config(root, "ddp")
+    finish(torchrun(cfg, 2))
+    return Path(cfg.out_dir)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one(reference, ddp):
+    ref, two = losses(reference), losses(ddp)
+    assert len(ref) == len(two) == STEPS
+    np.testing.assert_allclose(two, ref, atol=1e-5, rtol=0)
+    assert ref[-1] < ref[0] - 0.1  # it learns
+    assert_same_weights(ddp, reference, atol=1e-5)
+    assert sorted(p.name for p in (ddp / "checkpoints").glob("step_*/*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_fsdp2_two_processes_match_one_on_cpu(reference, root):
+    cfg = config(root, "fsdp", parallel="fsdp")
+    out = finish(torchrun(cfg, 2))
+    assert out.count("final: step") == 1  # rank 0 alone prints
+    np.testing.assert_allclose(losses(Path(cfg.out_dir)), losses(reference), atol=1e-5, rtol=0)
+    assert_same_weights(Path(cfg.out_dir), reference, atol=1e-5)  # gathered to rank 0
+    consolidate(cfg.out_dir, root / "fsdp_consolidated")
+    assert_same_weights(root / "fsdp_consolidated", Path(cfg.out_dir), atol=0)
+
+
+@pytest.mark.slow
+def test_killed_rank_resumes_to_the_same_weights(ddp, root):
+    cfg = config(root, "killed", checkpoint_interval=1)
+    proc = torchrun(cfg, 2)
+    out = Path(cfg.out_dir)
+    deadline = time.monotonic() + 240
+    while latest_step(out) < 6 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    psutil = pytest.importorskip("psutil")
+
+    ranks = {p.environ().get("RANK"): p for p in psutil.Process(proc.pid).children()}
+    ranks["1"].send_signal(signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    killed_at = latest_step(out)
+    assert 6 <= killed_at < STEPS, "the run finished before the kill; the test needs it mid-run"
+    shutil.copytree(out, root / "killed_copy")
+
+    finish(torchrun(config(root, "killed"), 2, resume=True))
+    assert_same_weights(out, ddp, atol=0)  # bit-for-bit: same world size, same reductions
+
+    # the same checkpoint on ONE process: DCP reshards, lanes continue, same weights
+    run_in_process(config(root, "killed_copy"), resume=True)
+    assert_same_weights(root / "killed_copy", ddp, atol=1e-5)
