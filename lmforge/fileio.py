@@ -3,11 +3,12 @@ bad file produces one message naming it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lmforge.errors import CheckpointError, ConfigError
+from lmforge.errors import CheckpointError, ConfigError, DataError
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
@@ -107,3 +108,25 @@ def coerce_numbers(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
         else:
             raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
     return out
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSONL file (.gz allowed).
+
+    Every data loader uses this, so a bad line is always reported as `file:line`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{line_no}: expected a JSON object")
+            yield line_no, row

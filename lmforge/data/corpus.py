@@ -6,14 +6,13 @@ document at all is an error, since training on nothing is never what the user me
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.errors import DataError
+from lmforge.fileio import read_jsonl
 
 TEXT_SUFFIXES = (".txt", ".md")
 SOURCE_FORMS = (
@@ -53,24 +52,15 @@ def builtin_corpus(name: str = "pydoc") -> list[str]:
 
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-            if not isinstance(row, dict) or text_field not in row:
-                raise DataError(f"{path}:{lineno}: missing field {text_field!r}")
-            text = row[text_field]
-            if not isinstance(text, str):
-                raise DataError(
-                    f"{path}:{lineno}: field {text_field!r} must be a string, "
-                    f"got {type(text).__name__}"
-                )
-            yield text
+    for lineno, row in read_jsonl(path):
+        if text_field not in row:
+            raise DataError(f"{path}:{lineno}: missing field {text_field!r}")
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise DataError(
+                f"{path}:{lineno}: field {text_field!r} must be a string, got {type(text).__name__}"
+            )
+        yield text
 
 
 def _read_parquet(path: Path, text_field: str) -> Iterator[str]:

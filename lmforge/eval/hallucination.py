@@ -11,13 +11,13 @@ Data: JSONL rows {"question": str, "answer": str or "answers": [str, ...]}.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError
+from lmforge.fileio import read_jsonl
 
 Verifier = Callable[[str, dict], float]  # (claim, row) -> V in [0, 1]
 
@@ -73,14 +73,8 @@ def load_qa(path: str | Path, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise DataError(f"question-answer data not found: {path}")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str):
+    for lineno, row in read_jsonl(path):
+        if not isinstance(row.get("question"), str):
             raise DataError(f"{path}:{lineno}: expected a 'question' string")
         if not (isinstance(row.get("answer"), str) or isinstance(row.get("answers"), list)):
             raise DataError(f"{path}:{lineno}: expected 'answer' (string) or 'answers' (list)")

@@ -8,7 +8,6 @@ normalised first ("1,000" = "1000", "3.50" = "3.5", "$5" = "5") so formatting is
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from lmforge.errors import DataError
 from lmforge.eval.prompts import COT_TRIGGER
+from lmforge.fileio import read_jsonl
 
 _NUMBER = r"-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
@@ -104,22 +104,15 @@ def load_gsm8k(path: str | Path, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise DataError(f"GSM8K data not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-            if not isinstance(row, dict) or not {"question", "answer"} <= row.keys():
-                raise DataError(f"{path}:{lineno}: expected fields 'question' and 'answer'")
-            ref = extract_gsm8k(row["answer"])
-            if ref is None:
-                raise DataError(f"{path}:{lineno}: answer has no '#### <number>' line")
-            rows.append({**row, "reference": ref})
-            if limit is not None and len(rows) >= limit:
-                break
+    for lineno, row in read_jsonl(path):
+        if not {"question", "answer"} <= row.keys():
+            raise DataError(f"{path}:{lineno}: expected fields 'question' and 'answer'")
+        ref = extract_gsm8k(row["answer"])
+        if ref is None:
+            raise DataError(f"{path}:{lineno}: answer has no '#### <number>' line")
+        rows.append({**row, "reference": ref})
+        if limit is not None and len(rows) >= limit:
+            break
     if not rows:
         raise DataError(f"{path}: no GSM8K rows")
     return rows

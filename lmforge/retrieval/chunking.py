@@ -13,12 +13,12 @@ named in `Corpus.skipped`; a corpus with no text left is a DataError.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError
+from lmforge.fileio import read_jsonl
 
 SOURCES_HELP = "builtin:pydoc, a text file, a folder of text files, or a .jsonl file ('text')"
 
@@ -84,18 +84,11 @@ def _read_pydoc() -> Corpus:
 
 def _read_jsonl(path: Path) -> Corpus:
     docs: list[Document] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
-            source = str(row.get("id", f"{path.name}:{lineno}"))
-            docs.append(Document(source, str(row.get("title", source)), row["text"]))
+    for lineno, row in read_jsonl(path):
+        if not isinstance(row.get("text"), str):
+            raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
+        source = str(row.get("id", f"{path.name}:{lineno}"))
+        docs.append(Document(source, str(row.get("title", source)), row["text"]))
     return Corpus(docs)
 
 
