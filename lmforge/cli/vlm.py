@@ -54,9 +54,10 @@ def run_train(args) -> int:
     result = train(cfg)
     print(
         f"\nexact match: held-out images {result['test_exact']:.1%}, held-out colour x shape "
-        f"pairs {result['novel_exact']:.1%}  ({result['steps']} steps, "
-        f"{result['train_s']:.0f} s training)\ncheckpoint: {cfg.out_dir}   plot: {result['plot']}"
+        f"pairs {result['novel_exact']:.1%}  ({result['steps']} steps; training "
+        f"{result['train_cpu_s']:.0f} s CPU, {result['train_s']:.0f} s wall)"
     )
+    print(f"checkpoint: {cfg.out_dir}   plot: {result['plot']}")
     return 0
 
 

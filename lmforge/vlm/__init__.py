@@ -1,0 +1,27 @@
+"""Vision-language models: images as tokens in lmforge's causal transformer (SPEC §6).
+
+vision.py     ViT patch encoder (trainable or frozen)
+projector.py  vision features -> LM embeddings (linear W v + b, or a 2-layer MLP)
+model.py      VisionLanguageModel: prompts with image blocks, text-only loss, cached generation,
+              save/load in a Hugging Face-like directory
+data.py       built-in synthetic shapes captions (held-out colour x shape pairs), image loading
+train.py      the training run behind `lmforge vlm train`
+"""
+
+from lmforge.vlm.data import ShapesDataset, load_image, to_pixels
+from lmforge.vlm.model import IMAGE, VisionLanguageModel, build_tokenizer
+from lmforge.vlm.projector import PROJECTORS, build_projector
+from lmforge.vlm.vision import VisionConfig, VisionEncoder
+
+__all__ = [
+    "IMAGE",
+    "PROJECTORS",
+    "ShapesDataset",
+    "VisionConfig",
+    "VisionEncoder",
+    "VisionLanguageModel",
+    "build_projector",
+    "build_tokenizer",
+    "load_image",
+    "to_pixels",
+]
