@@ -83,6 +83,20 @@ class BertConfig:
         pad = d.get("pad_token_id") or 0
         return cls(**kw, hidden_act=_HF_ACTIVATIONS[act], pad_token_id=pad, num_labels=labels)
 
+    def to_hf_dict(
+        self, architecture: str = "BertModel", label_names: list[str] | None = None
+    ) -> dict:
+        """The HF `config.json` dict for this config (the inverse of `from_hf_dict`)."""
+        act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[self.hidden_act]
+        d = {"model_type": "bert", "architectures": [architecture]}
+        d |= {key: getattr(self, ours) for ours, (key, _) in _HF_FIELDS.items()}
+        names = label_names or [f"LABEL_{i}" for i in range(self.num_labels)]
+        labels = {str(i): name for i, name in enumerate(names)}
+        return d | {"hidden_act": act, "pad_token_id": self.pad_token_id, "id2label": labels,
+                    "label2id": {v: int(k) for k, v in labels.items()},
+                    "position_embedding_type": "absolute", "initializer_range": 0.02,
+                    "tie_word_embeddings": True}  # fmt: skip
+
 
 class BertEmbeddings(nn.Module):
     """Token + segment + learned absolute position embeddings, then LayerNorm and dropout."""

@@ -1,0 +1,423 @@
+"""Encoder (BERT) pretraining: masked-language modelling, optionally with next-sentence prediction.
+
+`lmforge pretrain --objective mlm` (or `mlm+nsp`) runs EncoderPretrainer. Documents are cut into
+[CLS] ... [SEP] rows (or NSP sentence pairs [CLS] A [SEP] B [SEP]) once; every step draws a batch
+and masks it afresh (15% of non-special tokens, 80/10/10; RoBERTa's dynamic masking), so the model
+never sees the same corruption twice. The MLM head runs only on the selected positions: the loss
+is defined there alone, and the other ~85% of vocabulary projections would be wasted work.
+The result is a Hugging Face BERT directory (config.json, model.safetensors, tokenizer.json) that
+`transformers.BertForMaskedLM.from_pretrained` and `lmforge.model.bert.load_bert` both load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.errors import CheckpointError, ConfigError, DataError, LMForgeError
+from lmforge.fileio import read_json, save_tensors, write_json
+from lmforge.model.bert import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    hf_name,
+    make_nsp_pairs,
+    mask_tokens,
+)
+from lmforge.tokenizer import Tokenizer
+from lmforge.train.checkpoint import (
+    STATE_FILE,
+    load_training_state,
+    model_state,
+    rng_state,
+    save_training_state,
+    set_rng_state,
+)
+from lmforge.train.metrics import MetricsLog
+from lmforge.train.optim import build_adamw, cosine_lr
+from lmforge.train.pretrain import NonFiniteLoss, resolve_device
+
+# BERT's spellings; "pad" first so that [PAD] gets id 0, BERT's padding id.
+BERT_SPECIAL_TOKENS = {
+    "pad": "[PAD]",
+    "unk": "[UNK]",
+    "cls": "[CLS]",
+    "sep": "[SEP]",
+    "mask": "[MASK]",
+}
+
+
+@dataclass
+class EncoderTrainConfig:
+    """A BERT pretraining run. Defaults: a 2-layer encoder on the built-in Python docs."""
+
+    out_dir: str = "out/bert"
+    objective: str = "mlm"  # mlm | mlm+nsp
+    data: str = "builtin:pydoc"  # any lmforge.data source
+    text_field: str = "text"
+    tokenizer: str = "bpe"  # bpe | word | char (trained here with BERT's tokens) or a path
+    vocab_size: int = 4096
+    val_fraction: float = 0.1
+    model: dict[str, Any] = field(
+        default_factory=lambda: {"d_model": 128, "n_layer": 2, "n_head": 4, "d_ff": 512}
+    )  # BertConfig fields; vocab_size and max_position come from the tokenizer and block_size
+    block_size: int = 64  # tokens per row, [CLS] and [SEP] included
+    batch_size: int = 32
+    max_iters: int = 1000
+    mask_prob: float = 0.15
+    lr: float = 5e-4
+    min_lr: float = 5e-5
+    warmup_iters: int = 50
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_iters: int = 10
+    log_interval: int = 10
+    seed: int = 1337
+    device: str = "auto"
+    threads: int | None = None  # torch threads (None: torch's default)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
+                              f"{self.objective!r}")  # fmt: skip
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 8:
+            raise ConfigError(f"block_size must be an integer >= 8, got {self.block_size!r}")
+        if not 0 < self.mask_prob < 1:
+            raise ConfigError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.lr <= 0 or self.min_lr < 0:
+            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
+
+    def bert_config(self, vocab_size: int, use_pooler: bool = True) -> BertConfig:
+        """The model's BertConfig: `model:` fields plus vocabulary and positions from this run."""
+        fields = {f.name for f in dataclasses.fields(BertConfig)}
+        if unknown := sorted(set(self.model) - fields):
+            raise ConfigError(f"model: unknown BertConfig field(s) {', '.join(unknown)}; "
+                              f"valid: {', '.join(sorted(fields))}")  # fmt: skip
+        kw = {"max_position": self.block_size, "use_pooler": use_pooler, **self.model}
+        kw["vocab_size"] = vocab_size
+        if kw["max_position"] < self.block_size:
+            raise ConfigError(f"model.max_position={kw['max_position']} < block_size="
+                              f"{self.block_size}")  # fmt: skip
+        return BertConfig(**kw)
+
+
+# ---- tokenizer and the HF directory ----------------------------------------------------------
+def train_bert_tokenizer(texts, kind: str = "bpe", vocab_size: int = 4096) -> Tokenizer:
+    """A tokenizer with BERT's special tokens whose tokenizer.json wraps inputs as HF's does."""
+    from tokenizers.processors import TemplateProcessing
+
+    trainers = {"bpe": Tokenizer.train_bpe, "word": Tokenizer.train_word}
+    if kind == "char":
+        tok = Tokenizer.train_char(texts, special_tokens=BERT_SPECIAL_TOKENS)
+    elif kind in trainers:
+        tok = trainers[kind](texts, vocab_size=vocab_size, special_tokens=BERT_SPECIAL_TOKENS)
+    else:
+        raise ConfigError(f"tokenizer must be bpe, word, char or a path; got {kind!r}")
+    ids = bert_token_ids(tok)
+    # Only Hugging Face's encode adds these (ours passes add_special_tokens=False).
+    tok.backend.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["cls"]), ("[SEP]", ids["sep"])],
+    )  # fmt: skip
+    return tok
+
+
+def bert_token_ids(tok: Tokenizer) -> dict[str, int]:
+    """Ids of [PAD] [UNK] [CLS] [SEP] [MASK], by role or by BERT's spelling; missing -> error."""
+    ids = {}
+    for role, default in BERT_SPECIAL_TOKENS.items():
+        ids[role] = tok.token_to_id(tok.special_tokens.get(role, default))
+    if missing := [BERT_SPECIAL_TOKENS[r] for r, i in ids.items() if i is None]:
+        raise ConfigError(f"tokenizer lacks BERT special token(s) {', '.join(missing)}")
+    return ids
+
+
+def save_bert(
+    model: nn.Module, tokenizer: Tokenizer | None, directory: str | Path, label_names=None
+) -> Path:
+    """Write a Hugging Face BERT directory: config.json, model.safetensors (HF tensor names,
+    `bert.` prefix on the encoder), tokenizer.json + tokenizer_config.json naming the tokens."""
+    directory = Path(directory)
+    cfg: BertConfig = model.config
+    tensors = {}
+    for name, tensor in model_state(model).items():
+        key = hf_name(name)
+        tensors[key if key.startswith(("cls.", "classifier.")) else f"bert.{key}"] = tensor
+    save_tensors(directory / "model.safetensors", tensors, metadata={"format": "pt"})
+    write_json(directory / "config.json", cfg.to_hf_dict(type(model).__name__, label_names))
+    if tokenizer is not None:
+        tokenizer.save(directory)
+        config = read_json(directory / "tokenizer_config.json", "tokenizer config")
+        specials = {role: tokenizer.id_to_token(i) for role, i in bert_token_ids(tokenizer).items()}
+        config |= {f"{role}_token": token for role, token in specials.items()}
+        config["model_max_length"] = cfg.max_position
+        config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+        write_json(directory / "tokenizer_config.json", config)
+    return directory
+
+
+# ---- data ------------------------------------------------------------------------------------
+def mlm_rows(
+    docs: list[list[int]], ids: dict[str, int], block_size: int
+) -> dict[str, torch.Tensor]:
+    """Each document cut into [CLS] chunk [SEP] rows of at most `block_size` tokens, padded."""
+    n = block_size - 2
+    rows = [[ids["cls"], *d[i : i + n], ids["sep"]] for d in docs for i in range(0, len(d), n)]
+    if not rows:
+        raise DataError("no tokens to train on")
+    x = torch.full((len(rows), max(map(len, rows))), ids["pad"], dtype=torch.long)
+    for r, row in enumerate(rows):
+        x[r, : len(row)] = torch.tensor(row)
+    return {"input_ids": x, "attention_mask": (x != ids["pad"]).long()}
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n\s*\n")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences (text ending in . ! ? ; : or a blank line), stripped, empty ones dropped."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def nsp_rows(texts: list[str], tok: Tokenizer, ids: dict[str, int], block_size: int, seed: int):
+    """NSP pairs from documents' sentences. One document (a single text file) is split into
+    paragraphs, so that "random" second sentences still come from elsewhere."""
+    if len(texts) == 1:
+        texts = [p for p in re.split(r"\n\s*\n", texts[0]) if p.strip()]
+    sentences = [split_sentences(t) for t in texts]
+    flat = tok.encode_batch([s for doc in sentences for s in doc])
+    docs, i = [], 0
+    for doc in sentences:
+        docs.append([s for s in flat[i : i + len(doc)] if s])
+        i += len(doc)
+    g = torch.Generator().manual_seed(seed)
+    return make_nsp_pairs(docs, ids["cls"], ids["sep"], ids["pad"], block_size, g)
+
+
+class MLMObjective:
+    """Masked-language modelling: loss on the selected positions only."""
+
+    model_cls: type[nn.Module] = BertForMaskedLM
+    use_pooler = False  # as HF's BertForMaskedLM; a classifier fine-tuned on it starts a new one
+    curves = ("mlm_loss", "mlm_acc")
+
+    def rows(self, texts: list[str], tok: Tokenizer, ids: dict, cfg: EncoderTrainConfig) -> dict:
+        return mlm_rows(tok.encode_batch(texts), ids, cfg.block_size)
+
+    def losses(
+        self, model: nn.Module, batch: dict, labels: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """{"loss": the total to minimise, and its parts / accuracies as tensors}."""
+        h, pooled = model.bert(batch["input_ids"], batch["attention_mask"],
+                               batch.get("token_type_ids"))  # fmt: skip
+        selected = labels != -100
+        logits = model.mlm(h[selected], model.bert.embeddings.word.weight)
+        target, n = labels[selected], max(1, int(selected.sum()))
+        loss = F.cross_entropy(logits.float(), target, reduction="sum") / n
+        out = {"loss": loss, "mlm_loss": loss, "mlm_acc": (logits.argmax(-1) == target).sum() / n}
+        return self.extra(model, pooled, batch, out)
+
+    def extra(self, model, pooled, batch, out):
+        return out
+
+
+class MLMNSPObjective(MLMObjective):
+    """BERT's original pretraining: MLM plus the binary is-next-sentence head on [CLS]."""
+
+    model_cls = BertForPreTraining
+    use_pooler = True  # the NSP head reads tanh(W h_[CLS] + b)
+    curves = ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")
+
+    def rows(self, texts, tok, ids, cfg):
+        return nsp_rows(texts, tok, ids, cfg.block_size, cfg.seed)
+
+    def extra(self, model, pooled, batch, out):
+        logits, labels = model.nsp(pooled).float(), batch["next_sentence_label"]
+        out["nsp_loss"] = F.cross_entropy(logits, labels)
+        out["nsp_acc"] = (logits.argmax(-1) == labels).float().mean()
+        out["loss"] = out["loss"] + out["nsp_loss"]
+        return out
+
+
+OBJECTIVES: dict[str, type[MLMObjective]] = {"mlm": MLMObjective, "mlm+nsp": MLMNSPObjective}
+
+
+def trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the padding columns no row of this batch uses (rows are padded to the longest)."""
+    width = int(batch["attention_mask"].sum(1).max())
+    return {k: (v[:, :width] if v.dim() == 2 else v) for k, v in batch.items()}
+
+
+# ---- the trainer -----------------------------------------------------------------------------
+class EncoderPretrainer:
+    """One BERT pretraining run, from an EncoderTrainConfig to a HF BERT directory."""
+
+    def __init__(self, cfg: EncoderTrainConfig, resume: bool = False, log=print):
+        from lmforge.data import read_documents
+
+        self.cfg, self.log, self.out_dir = cfg, log, Path(cfg.out_dir)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        state_path = self.out_dir / STATE_FILE
+        if resume and not state_path.is_file():
+            raise CheckpointError(f"--resume: no training state at {state_path}")
+        torch.manual_seed(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.objective = OBJECTIVES[cfg.objective]()
+        texts = list(read_documents(cfg.data, text_field=cfg.text_field))
+        if (self.out_dir / "tokenizer.json").is_file():
+            self.tokenizer = Tokenizer.load(self.out_dir)
+        elif cfg.tokenizer in ("bpe", "word", "char"):
+            self.tokenizer = train_bert_tokenizer(texts, cfg.tokenizer, cfg.vocab_size)
+        else:
+            self.tokenizer = Tokenizer.load(cfg.tokenizer)
+        self.ids = bert_token_ids(self.tokenizer)
+        self.special_ids = torch.tensor(sorted(set(self.ids.values())))
+        try:
+            rows = self.objective.rows(texts, self.tokenizer, self.ids, cfg)
+        except LMForgeError as err:
+            raise DataError(f"{cfg.data}: {err}") from None
+        n = len(rows["input_ids"])
+        n_val = max(1, round(n * cfg.val_fraction))
+        if n - n_val < 1:
+            raise DataError(f"{cfg.data}: only {n} row(s) of {cfg.block_size} tokens; need 2+")
+        self.train_rows = {k: v[: n - n_val] for k, v in rows.items()}
+        self.val_rows = {k: v[n - n_val :] for k, v in rows.items()}
+        self.model_config = cfg.bert_config(self.tokenizer.vocab_size, self.objective.use_pooler)
+        self.model = self.objective.model_cls(self.model_config).to(self.device)
+        self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # batches and masking
+        self.step, self.elapsed = 0, 0.0
+        if resume:
+            self._load_state(state_path)
+        self.metrics = MetricsLog(self.out_dir, resume=resume)
+        write_json(self.out_dir / "train_config.json", dataclasses.asdict(cfg))
+        params = sum(p.numel() for p in self.model.parameters())
+        self.log(f"data: {n - n_val:,} train / {n_val:,} val rows of <= {cfg.block_size} tokens; "
+                 f"model: {params:,} parameters, {cfg.objective}; {self.device}")  # fmt: skip
+
+    def _mask(self, batch: dict, generator: torch.Generator) -> tuple[dict, torch.Tensor]:
+        batch = trim(batch)
+        special = torch.isin(batch["input_ids"], self.special_ids)
+        inputs, labels = mask_tokens(batch["input_ids"], special, self.model_config.vocab_size,
+                                     self.ids["mask"], self.cfg.mask_prob, generator)  # fmt: skip
+        batch = {k: v.to(self.device) for k, v in (batch | {"input_ids": inputs}).items()}
+        return batch, labels.to(self.device)
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on a freshly masked random batch; returns its metrics."""
+        cfg = self.cfg
+        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = len(self.train_rows["input_ids"])
+        idx = torch.randint(n, (cfg.batch_size,), generator=self.generator)
+        batch, labels = self._mask({k: v[idx] for k, v in self.train_rows.items()}, self.generator)
+        self.model.train()
+        out = self.objective.losses(self.model, batch, labels)
+        if not math.isfinite(out["loss"].item()):
+            raise NonFiniteLoss(f"loss became {out['loss'].item()} at step {self.step}; lower lr")
+        out["loss"].backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {k: v.item() for k, v in out.items()} | {"lr": lr}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean metrics over up to `eval_iters` validation batches, masked the same way each
+        time (a fixed seed), so successive evaluations are comparable."""
+        self.model.eval()
+        g, totals, count = torch.Generator().manual_seed(self.cfg.seed + 1), {}, 0
+        n, bs = len(self.val_rows["input_ids"]), self.cfg.batch_size
+        for start in range(0, min(n, bs * self.cfg.eval_iters), bs):
+            batch, labels = self._mask({k: v[start : start + bs] for k, v in self.val_rows.items()},
+                                       g)  # fmt: skip
+            for k, v in self.objective.losses(self.model, batch, labels).items():
+                totals[k] = totals.get(k, 0.0) + v.item()
+            count += 1
+        return {k: v / count for k, v in totals.items()}
+
+    def save_checkpoint(self) -> None:
+        """The HF directory for users, plus one atomic training-state file for --resume."""
+        save_bert(self.model, self.tokenizer, self.out_dir)
+        save_training_state(self.out_dir / STATE_FILE, {
+            "step": self.step, "elapsed": self.elapsed, "model": model_state(self.model),
+            "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+            "rng": rng_state(),  # dropout draws from the global generator
+            "model_config": dataclasses.asdict(self.model_config),
+            "objective": self.cfg.objective,
+        })  # fmt: skip
+
+    def _load_state(self, path: Path) -> None:
+        state = load_training_state(path)
+        mine = (dataclasses.asdict(self.model_config), self.cfg.objective)
+        if (state["model_config"], state["objective"]) != mine:
+            raise CheckpointError(
+                f"{path}: saved with a different model config or objective; start a new "
+                "out_dir or restore the original settings"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        set_rng_state(state["rng"])
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.log(f"resumed from step {self.step}")
+
+    def run(self) -> dict[str, float]:
+        """Train to max_iters, evaluating and checkpointing every eval_interval steps; plot."""
+        from tqdm import tqdm
+
+        cfg, result = self.cfg, {}
+        bar = tqdm(total=cfg.max_iters, initial=self.step, disable=not cfg.progress, unit="it")
+        try:
+            while self.step < cfg.max_iters:
+                t0 = time.perf_counter()
+                metrics = self.train_step()
+                self.elapsed += time.perf_counter() - t0
+                bar.update(1)
+                if self.step % cfg.log_interval == 0 or self.step == 1:
+                    self.metrics.log(self.step, "train", **metrics)
+                    bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+                if self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters:
+                    result = self.evaluate()
+                    self.metrics.log(self.step, "val", **result)
+                    bar.write(f"step {self.step}: " + "  ".join(
+                        f"val {k} {v:.4f}" for k, v in result.items() if k != "loss"))  # fmt: skip
+                    self.save_checkpoint()
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
+            raise
+        finally:
+            bar.close()
+            self.metrics.close()
+        if not result:  # resumed at max_iters: nothing trained, still report
+            result = self.evaluate()
+        curves = [(split, m) for m in self.objective.curves for split in ("train", "val")]
+        plot = self.metrics.plot(curves, self.out_dir / "loss.png", title=f"{cfg.objective} "
+                                 f"{self.out_dir.name}")  # fmt: skip
+        result |= {"step": self.step, "elapsed_s": self.elapsed}
+        write_json(self.out_dir / "final_metrics.json", result)
+        return result | {"plot": str(plot)}
