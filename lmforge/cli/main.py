@@ -21,6 +21,7 @@ COMMANDS = [
     "lmforge.cli.model_info",
     "lmforge.cli.precision",
     "lmforge.cli.seq2seq",
+    "lmforge.cli.classify",
     "lmforge.cli.convert",
     "lmforge.cli.align",
     "lmforge.cli.rl",
