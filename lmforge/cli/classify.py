@@ -123,16 +123,13 @@ class ClassifyTrainConfig:
 
 def encode(tok, texts: list[str], max_len: int):
     """[CLS] text [SEP] rows, truncated to max_len and padded: (input_ids, attention_mask)."""
-    import torch
 
-    from lmforge.train.encoder import bert_token_ids
+    from lmforge.train.encoder import bert_token_ids, pad_rows
 
     ids = bert_token_ids(tok)
     rows = [[ids["cls"], *t[: max_len - 2], ids["sep"]] for t in tok.encode_batch(texts)]
-    x = torch.full((len(rows), max(map(len, rows))), ids["pad"], dtype=torch.long)
-    for i, row in enumerate(rows):
-        x[i, : len(row)] = torch.tensor(row)
-    return x, (x != ids["pad"]).long()
+    batch = pad_rows(rows, ids["pad"])
+    return batch["input_ids"], batch["attention_mask"]
 
 
 def load_classifier(checkpoint: str | Path, num_labels: int):

@@ -121,17 +121,20 @@ class EncoderTrainConfig:
 
 
 # ---- tokenizer and the HF directory ----------------------------------------------------------
+TOKENIZER_KINDS = {
+    "bpe": lambda texts, n: Tokenizer.train_bpe(texts, n, special_tokens=BERT_SPECIAL_TOKENS),
+    "word": lambda texts, n: Tokenizer.train_word(texts, n, special_tokens=BERT_SPECIAL_TOKENS),
+    "char": lambda texts, n: Tokenizer.train_char(texts, special_tokens=BERT_SPECIAL_TOKENS),
+}
+
+
 def train_bert_tokenizer(texts, kind: str = "bpe", vocab_size: int = 4096) -> Tokenizer:
     """A tokenizer with BERT's special tokens whose tokenizer.json wraps inputs as HF's does."""
     from tokenizers.processors import TemplateProcessing
 
-    trainers = {"bpe": Tokenizer.train_bpe, "word": Tokenizer.train_word}
-    if kind == "char":
-        tok = Tokenizer.train_char(texts, special_tokens=BERT_SPECIAL_TOKENS)
-    elif kind in trainers:
-        tok = trainers[kind](texts, vocab_size=vocab_size, special_tokens=BERT_SPECIAL_TOKENS)
-    else:
-        raise ConfigError(f"tokenizer must be bpe, word, char or a path; got {kind!r}")
+    if kind not in TOKENIZER_KINDS:
+        raise ConfigError(f"tokenizer must be {', '.join(TOKENIZER_KINDS)} or a path; got {kind!r}")
+    tok = TOKENIZER_KINDS[kind](texts, vocab_size)
     ids = bert_token_ids(tok)
     # Only Hugging Face's encode adds these (ours passes add_special_tokens=False).
     tok.backend.post_processor = TemplateProcessing(
@@ -184,10 +187,16 @@ def mlm_rows(
     rows = [[ids["cls"], *d[i : i + n], ids["sep"]] for d in docs for i in range(0, len(d), n)]
     if not rows:
         raise DataError("no tokens to train on")
-    x = torch.full((len(rows), max(map(len, rows))), ids["pad"], dtype=torch.long)
+    return pad_rows(rows, ids["pad"])
+
+
+def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids and the attention_mask (1 on real tokens) for id lists."""
+    x = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(x)
     for r, row in enumerate(rows):
-        x[r, : len(row)] = torch.tensor(row)
-    return {"input_ids": x, "attention_mask": (x != ids["pad"]).long()}
+        x[r, : len(row)], mask[r, : len(row)] = torch.tensor(row, dtype=torch.long), 1
+    return {"input_ids": x, "attention_mask": mask}
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n\s*\n")
@@ -286,7 +295,7 @@ class EncoderPretrainer:
         texts = list(read_documents(cfg.data, text_field=cfg.text_field))
         if (self.out_dir / "tokenizer.json").is_file():
             self.tokenizer = Tokenizer.load(self.out_dir)
-        elif cfg.tokenizer in ("bpe", "word", "char"):
+        elif cfg.tokenizer in TOKENIZER_KINDS:
             self.tokenizer = train_bert_tokenizer(texts, cfg.tokenizer, cfg.vocab_size)
         else:
             self.tokenizer = Tokenizer.load(cfg.tokenizer)
