@@ -78,3 +78,34 @@ def test_end_to_end(tmp_path):
     assert len(losses) == 2 and all(abs(x) < 1e3 for x in losses)
     assert any(",train,kl," in r for r in rows)
     LM.load(out).generate([[5, 6]], max_new_tokens=2, temperature=0.0)
+
+
+def test_positive_only_gradient_is_the_sft_gradient(tmp_path):
+    """With every advantage 1 the on-policy GRPO loss is the SFT loss on the sampled completions
+    (per-sequence token means), so RL formatting (left padding, positions, the stop token) trains
+    exactly the tokens SFT would."""
+    from lmforge.align import data as D
+    from lmforge.align.losses import grpo_loss, sft_loss
+
+    t = trainer(tmp_path)
+    model = t.lm.model
+    rollout = t.rollout([0, 1])
+    keep = [i for i in range(len(rollout)) if rollout.lengths[i] > 0]
+    rollout = rollout.select(keep)
+    logp = completion_logprobs(
+        model, rollout.input_ids, rollout.attention_mask, rollout.prompt_width
+    )
+    ones = torch.ones(len(rollout))
+    loss_rl, _ = grpo_loss(logp, None, None, ones, rollout.completion_mask, 0.2, 0.0)
+    grads_rl = torch.autograd.grad(loss_rl, list(model.parameters()))
+    grads_sft = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(len(rollout)):  # one sequence at a time: SFT's token mean = GRPO's per row
+        tokens = rollout.completion_ids[i][rollout.completion_mask[i].bool()].tolist()
+        prompt = t.prompts[rollout.group[i].item()]
+        ex = D.SFTExample(prompt + tokens, [-100] * len(prompt) + tokens)
+        batch = D.collate_sft([ex], t.pad_id)
+        loss = sft_loss(model(batch["input_ids"]), batch["labels"]) / len(rollout)
+        for g, gi in zip(grads_sft, torch.autograd.grad(loss, list(model.parameters()))):
+            g += gi
+    for (name, _), a, b in zip(model.named_parameters(), grads_rl, grads_sft):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)

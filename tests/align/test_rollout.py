@@ -123,3 +123,16 @@ def test_model_reward_checks_outputs(lm):
         ModelReward(lambda ids, mask: torch.full((len(ids),), math.inf))(r)
     with pytest.raises(RewardError, match="returned 1 scores for 6 samples"):
         ModelReward(lambda ids, mask: torch.zeros(1))(r)
+
+
+def test_greedy_rollout_matches_lm_generate(lm):
+    """RL evaluation decodes exactly what SFT's exact_match sees (same prompts, same tokens)."""
+    pairs = [(1, 2), (13, 22), (7, 85)]
+    records = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs]
+    ids = [lm.tokenizer.encode(r["prompt"]) for r in records]
+    r = engine(lm).sample(ids, records, greedy=True)
+    expected = lm.generate(ids, max_new_tokens=6, temperature=0.0)
+    assert r.completions == lm.tokenizer.decode_batch(expected, skip_special_tokens=True)
+    for row, tokens in enumerate(expected):
+        assert r.completion_ids[row, : len(tokens)].tolist() == tokens
+        assert r.lengths[row].item() == len(tokens)
