@@ -2,18 +2,27 @@
 
 A 32M-parameter Llama (vocab 8192, d_model 512, 8 layers, 8 heads, 4 KV heads, d_ff 1376) is
 created with transformers (random init, fp32), saved, and loaded with `LM.load`. Each case runs
-both sides alternately, 3 times, and reports the median tokens/s and the ratio; it also checks
-both produce the same tokens. Batch 1 is compared with the memory-bandwidth bound: decoding one
-token must read every weight once, so tokens/s <= bandwidth / weight bytes (bandwidth measured
-here by copying a large tensor).
+both sides alternately, 3 times, and reports the median tokens/s and the ratio. transformers runs
+in fp32; lmforge in the precision asked for (default: int8 weights with bf16 activations, see
+lmforge/infer/quantize.py); the script prints both. Same precision: it checks the greedy tokens
+are identical. Reduced precision: it reports how many greedy tokens agree with fp32 transformers
+(positions, and the first divergence), and once, teacher-forced on one sequence, the top-1
+agreement and the logit error against fp32. Batch 1 is compared with the memory-bandwidth bound:
+a decoding step reads every weight it uses once, so tokens/s <= bandwidth / bytes read per token
+(lmforge's weights at the precision used, all but the embedding table, of which a token reads one
+row); bandwidth is measured here by copying a 1 GiB tensor, next to each batch-1 run.
 
-    python benchmarks/bench_generate.py            # all cases
-    python benchmarks/bench_generate.py --quick    # short runs, to check it works
+    python benchmarks/bench_generate.py                                  # int8 weights, bf16
+    python benchmarks/bench_generate.py --dtype float32 --quantize none  # same precision as HF
+    python benchmarks/bench_generate.py --quick                          # short, to check it runs
+
+Threads: torch reads OMP_NUM_THREADS / MKL_NUM_THREADS (set both), or pass --threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -69,18 +78,30 @@ def timed(fn, *args) -> tuple[float, list]:
     return time.perf_counter() - t, out
 
 
-def compare(name, hf, engine, batch, prompt_len, new, repeats) -> float:
+def agreement(ours: list[list[int]], ref: list[list[int]]) -> str:
+    """'identical', or the share of equal positions and the earliest first divergence."""
+    if ours == ref:
+        return "tokens identical"
+    pairs = [(a, b) for o, r in zip(ours, ref) for a, b in zip(o, r)]
+    firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(o))
+              for o, r in zip(ours, ref)]  # fmt: skip
+    equal = sum(a == b for a, b in pairs) / len(pairs)
+    return f"tokens agree {equal:.0%} (first divergence at step {min(firsts)})"
+
+
+def compare(name, hf, engine, batch, prompt_len, new, repeats, bandwidths=None) -> float:
     prompts = torch.randint(
         0, 8192, (batch, prompt_len), generator=torch.Generator().manual_seed(1)
     )
     run_hf(hf, prompts[:, :8], 2), run_ours(engine, prompts[:, :8], 2)  # warm up
-    hf_times, our_times, same = [], [], True
+    hf_times, our_times = [], []
     for _ in range(repeats):  # alternate, so load changes hit both sides alike
         t_hf, out_hf = timed(run_hf, hf, prompts, new)
         t_us, out_us = timed(run_ours, engine, prompts, new)
         hf_times.append(t_hf)
         our_times.append(t_us)
-        same &= out_hf == out_us
+        if bandwidths is not None:
+            bandwidths.append(bandwidth_gbs())
     tokens = batch * new
     hf_tps, our_tps = tokens / statistics.median(hf_times), tokens / statistics.median(our_times)
     ratio = our_tps / hf_tps
@@ -90,8 +111,22 @@ def compare(name, hf, engine, batch, prompt_len, new, repeats) -> float:
     )
     print(f"{name:12s} B={batch:<3d} prompt={prompt_len:<5d} new={new:<4d} "
           f"transformers {hf_tps:8.1f} tok/s | lmforge {our_tps:8.1f} tok/s | "
-          f"ratio {ratio:5.2f}x {verdict} | same tokens: {same}")  # fmt: skip
+          f"ratio {ratio:5.2f}x {verdict} | {agreement(out_us, out_hf)}", flush=True)  # fmt: skip
     return our_tps
+
+
+@torch.inference_mode()
+def accuracy(hf, engine, length: int = 320) -> str:
+    """Teacher-forced on fp32 transformers' greedy sequence: top-1 agreement and logit error."""
+    prompt = torch.randint(0, 8192, (1, 64), generator=torch.Generator().manual_seed(2))
+    seq = torch.cat([prompt, torch.tensor(run_hf(hf, prompt, length - 64))], dim=1)
+    ref = hf(seq).logits[0, 63:-1].float()
+    ours = engine.forward(seq)[0, 63:-1].float()
+    top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    err = (ours - ref).abs()
+    return (f"teacher-forced on {ref.shape[0]} positions vs fp32 transformers: top-1 agreement "
+            f"{top1:.1%}, max |logit error| {err.max().item():.4f}, mean {err.mean().item():.4f} "
+            f"(logit std {ref.std().item():.3f})")  # fmt: skip
 
 
 def main() -> None:
@@ -99,33 +134,61 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="lmforge weight dtype (transformers stays fp32; bf16 halves the "
-                        "bytes each token reads, so tokens differ slightly)")  # fmt: skip
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="lmforge activation (and weight, unless quantised) dtype; "
+                        "transformers stays fp32")  # fmt: skip
+    parser.add_argument(
+        "--quantize",
+        default="int8",
+        choices=["int8", "none"],
+        help="lmforge weight-only quantisation of the Linear layers",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    quantize = None if args.quantize == "none" else args.quantize
     from transformers import AutoModelForCausalLM
 
     from lmforge.infer.engine import Engine
+    from lmforge.infer.quantize import decode_bytes, weight_bytes
     from lmforge.lm import LM
 
     with tempfile.TemporaryDirectory() as directory:
         make_checkpoint(directory)
         hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-        lm = LM.load(directory, dtype=getattr(torch, args.dtype))
-    engine = Engine.from_lm(lm, max_batch=16, max_len=2048 + 64, compile=args.compile)
-    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+        lm = LM.load(directory)
+    t = time.perf_counter()
+    engine = Engine.from_lm(lm, max_batch=16, max_len=2048 + 64, compile=args.compile,
+                            dtype=args.dtype, quantize=quantize)  # fmt: skip
+    setup = time.perf_counter() - t
+    read = decode_bytes(engine.model)
     n_params = sum(p.numel() for p in lm.model.parameters()) / 1e6
-    threads = torch.get_num_threads()
-    print(f"model: {n_params:.1f}M parameters, {weight_bytes / 2**20:.0f} MiB {args.dtype}; "
-          f"torch threads {threads}")  # fmt: skip
+    print(
+        f"model: {n_params:.1f}M parameters; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')})"
+    )
+    print(
+        f"precision: transformers float32 weights and activations | lmforge {engine.precision} "
+        f"({weight_bytes(engine.model) / 2**20:.0f} MiB of weights, "
+        f"{read / 2**20:.1f} MiB read per decoded token; engine setup {setup:.1f} s)"
+    )
     new, long_prompt = (32, 512) if args.quick else (256, 2048)
-    b1 = compare("batch 1", hf, engine, 1, 64, new, args.repeats)
+    bandwidths: list[float] = []
+    b1 = compare("batch 1", hf, engine, 1, 64, new, args.repeats, bandwidths)
     compare("batch 16", hf, engine, 16, 64, new, args.repeats)
     compare("long prompt", hf, engine, 1, long_prompt, 64 if not args.quick else 16, args.repeats)
-    bw = bandwidth_gbs()
-    bound = bw * 1e9 / weight_bytes
-    print(f"memory bandwidth {bw:.1f} GB/s (tensor copy) -> batch-1 bound {bound:.1f} tok/s; "
-          f"lmforge batch 1 = {b1 / bound:.0%} of the bound (target >= 70%)")  # fmt: skip
+    if args.compile:
+        print("compiled decode step: first call includes compilation (warm-up, not timed)")
+    if engine.precision != "float32":
+        print(accuracy(hf, engine))
+    bw = statistics.median(bandwidths)
+    bound = bw * 1e9 / read
+    print(
+        f"memory bandwidth {bw:.1f} GB/s (1 GiB tensor copy, median of {len(bandwidths)}) -> "
+        f"batch-1 bound {bound:.1f} tok/s at {read / 2**20:.1f} MiB/token; lmforge batch 1 = "
+        f"{b1 / bound:.0%} of the bound (target >= 70%: {'ok' if b1 >= 0.7 * bound else 'MISSED'})"
+    )
     print("note: shared, loaded 2-core machine; compare ratios, not absolute numbers")
 
 

@@ -27,8 +27,10 @@ import torch
 
 from lmforge.errors import ConfigError
 from lmforge.infer.batch import SlotCache
+from lmforge.infer.decoder import FastDecoder
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
 from lmforge.infer.params import GenerationParams
+from lmforge.infer.quantize import to_inference_precision
 from lmforge.infer.sampler import BatchSampler, TokenLogprobs
 
 __all__ = ["Engine", "GenerationParams", "StepOutput", "Completion"]
@@ -86,6 +88,8 @@ class Engine:
         eos_ids: Sequence[int] | None = None,
         max_prefill_tokens: int = 8192,
         compile: bool = False,
+        dtype: torch.dtype | str | None = None,
+        quantize: str | None = None,
     ):
         config = model.config
         plain = getattr(config, "attention", "softmax") == "softmax" and not (
@@ -93,15 +97,18 @@ class Engine:
         )
         if not plain:
             raise ConfigError("Engine needs full softmax attention (no sliding window/pattern)")
-        self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
+        self.tokenizer, self.config = tokenizer, config
+        self.quantize = quantize
+        self.model, self.forward = _inference_forward(model.eval(), dtype, quantize)
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
         if eos_ids is None:
             eos_ids = [tokenizer.eos_id] if tokenizer and tokenizer.eos_id is not None else []
         self.eos_ids = frozenset(int(i) for i in eos_ids)
-        param = next(model.parameters())
-        self.device = param.device
-        self.cache = SlotCache(config, max_batch, self.max_len, param.dtype, self.device)
+        weight = self.model.embed.weight if hasattr(self.model, "embed") else None
+        weight = weight if weight is not None else next(self.model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype  # activations and KV cache
+        self.cache = SlotCache(config, max_batch, self.max_len, self.dtype, self.device)
         self.sampler = BatchSampler(max_batch, config.vocab_size, self.device)
         self.next_tokens = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         self.rows: list[_Sequence] = []  # running sequences, in cache-row order
@@ -109,7 +116,13 @@ class Engine:
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._decode = torch.compile(model, dynamic=True) if compile else model
+        self._decode = torch.compile(self.forward, dynamic=True) if compile else self.forward
+
+    @property
+    def precision(self) -> str:
+        """What the engine computes in, e.g. 'float32' or 'int8 weights, bfloat16 activations'."""
+        act = str(self.dtype).removeprefix("torch.")
+        return f"{self.quantize} weights, {act} activations" if self.quantize else act
 
     @classmethod
     def from_lm(cls, lm, **kwargs) -> Engine:
@@ -246,7 +259,7 @@ class Engine:
         cache.room_for(width)
         pad_mask = None if bool(pad.all()) else pad.to(self.device)
         view = cache.prefill_view(lo, lo + len(prompts), width, pad_mask)
-        logits = self.model(ids.to(self.device), cache=view, last_only=True)[:, -1]
+        logits = self.forward(ids.to(self.device), cache=view, last_only=True)[:, -1]
         lengths = [len(s.prompt) for s in ordered]
         cache.start_rows(lo, lengths, lengths)
         source = [lo + unique[tuple(s.prompt)] for s in ordered]
@@ -359,3 +372,11 @@ class Engine:
                             return
         finally:
             self.abort(rid)
+
+
+def _inference_forward(model, dtype, quantize):
+    """(model, forward): the model in the asked precision (a converted copy when that differs
+    from the caller's) and the function that runs it (decoder.FastDecoder when it covers the
+    model, else the model's own forward)."""
+    model = to_inference_precision(model, dtype, quantize)
+    return model, model if FastDecoder.unsupported(model) else FastDecoder(model)

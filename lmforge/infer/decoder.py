@@ -1,0 +1,159 @@
+"""A lean inference forward for the common pre-norm transformer (Llama, Mistral, Qwen, GPT-2).
+
+`Transformer.forward` is written to teach and to train: each block goes through norm modules,
+residual wiring, dropout and reshapes, about 50 small ops per layer. Decoding one token on a CPU
+spends much of its time outside the matmuls in those ops, so the engine runs this instead: the
+same modules (so the same weights, quantised or not: quantize.py) and the same formulas, with
+about half the ops. Activations stay 2-D [B*T, d] and Q and K are rotated in one pass. (Fusing
+the MLP's gate and up projections into one matmul measured no faster, so it is not done.)
+Configs it does not cover (post-norm, parallel blocks, MoE, non-softmax attention) fall back to
+the model's own forward: see `FastDecoder.unsupported`.
+
+The output equals `Transformer.forward(input_ids, positions=..., cache=..., last_only=...)` up to
+float rounding (tests/infer/test_decoder.py compares them on several configs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.infer.quantize import Int8Linear
+from lmforge.model.attention import CausalSelfAttention
+from lmforge.model.blocks import PreNormResidual
+from lmforge.model.mlp import MLP, GatedMLP
+from lmforge.model.norms import LayerNorm, RMSNorm
+from lmforge.model.transformer import Transformer
+
+
+def plain_linear(m: nn.Module):
+    """x [N, in] -> [N, out] for a Linear or Int8Linear, without nn.Module call overhead."""
+    if isinstance(m, Int8Linear):
+        return m.matmul
+    if type(m) is nn.Linear:
+        weight, bias = m.weight, m.bias  # Parameters: later in-place updates are seen
+        return lambda x: F.linear(x, weight, bias)
+    return m
+
+
+def plain_norm(m: nn.Module):
+    """The model's norm as one fused op; same formula (fp32 inside, cast back)."""
+    if type(m) is RMSNorm:
+        w, shape, eps = m.weight.float(), m.weight.shape, m.eps
+        return lambda x: F.rms_norm(x.float(), shape, w, eps).to(x.dtype)
+    if type(m) is LayerNorm:
+        w, shape, eps = m.weight.float(), m.weight.shape, m.eps
+        b = None if m.bias is None else m.bias.float()
+        return lambda x: F.layer_norm(x.float(), shape, w, b, eps).to(x.dtype)
+    return m
+
+
+class _Layer:
+    """One block's parts as plain functions (module dispatch and attribute lookups cost
+    microseconds each, at every token, in every layer)."""
+
+    def __init__(self, block: nn.Module):
+        attn, mlp = block.attn, block.mlp
+        self.attn_norm, self.mlp_norm = plain_norm(block.attn_norm), plain_norm(block.mlp_norm)
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
+        self.qkv, self.o = plain_linear(attn.qkv_proj), plain_linear(attn.o_proj)
+        self.act, self.down, self.up = (
+            mlp.act,
+            plain_linear(mlp.down_proj),
+            plain_linear(mlp.up_proj),
+        )
+        self.gate = plain_linear(mlp.gate_proj) if isinstance(mlp, GatedMLP) else None
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            return self.down(self.act(self.gate(h)) * self.up(h))
+        return self.down(self.act(self.up(h)))
+
+
+class FastDecoder:
+    """Callable like `Transformer.forward` for inference (ids, positions, cache, last_only)."""
+
+    def __init__(self, model: Transformer):
+        reason = self.unsupported(model)
+        if reason:
+            raise ValueError(f"FastDecoder does not cover this model: {reason}")
+        self.model, self.config = model, model.config
+        self.layers = [_Layer(b) for b in model.blocks]
+        self.lm_head, self.norm = plain_linear(model.lm_head), plain_norm(model.norm)
+        attn = model.blocks[0].attn
+        self.n_head, self.n_kv_head, self.head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+        self.gqa = self.n_head != self.n_kv_head
+        self.lm_head_out = model.lm_head.out_features
+
+    @staticmethod
+    def unsupported(model) -> str | None:
+        """Why this model needs its own forward (None: FastDecoder runs it)."""
+        if not isinstance(model, Transformer):
+            return f"{type(model).__name__} is not a Transformer"
+        c = model.config
+        if c.attention != "softmax" or c.attention_pattern or c.sliding_window:
+            return "attention other than full softmax"
+        for block in model.blocks:
+            if type(block.residual) is not PreNormResidual:
+                return "post-norm or parallel residual wiring"
+            if type(block.attn) is not CausalSelfAttention:
+                return f"attention module {type(block.attn).__name__}"
+            if type(block.mlp) not in (MLP, GatedMLP):
+                return f"MLP module {type(block.mlp).__name__}"
+        return None
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache=None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        model = self.model
+        b, t = input_ids.shape
+        start = cache.length if cache is not None else 0
+        key_mask = cache.key_mask if cache is not None else None
+        if positions is None:
+            positions = model._positions(start, start + t, key_mask, input_ids.device)
+        mask, is_causal = model._mask(t, start + t, key_mask, input_ids.device)
+        x = model.embed(input_ids)
+        if model.abs_pos is not None:
+            x = x + model.abs_pos(positions)
+        x = x.view(b * t, -1)
+        cos = sin = None
+        if model.rope is not None:
+            cos, sin = model.rope.tables(positions, x.dtype)
+            # [T, D] or [B, 1, T, D] -> [B*T, 1, D], to broadcast over heads in [B*T, heads, D]
+            cos, sin = (c.expand(b, 1, t, c.shape[-1]).reshape(b * t, 1, -1) for c in (cos, sin))
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, layer.attn_norm(x), b, t, cos, sin, cache, mask,
+                                    is_causal)  # fmt: skip
+            x = x + layer.mlp(layer.mlp_norm(x))
+        if cache is not None:
+            cache.advance(t)
+        x = x.view(b, t, -1)
+        if last_only:
+            x = x[:, -1:]
+        x = self.norm(x.reshape(-1, x.shape[-1]))
+        if model.output_scale != 1.0:
+            x = x * model.output_scale
+        return self.lm_head(x).view(b, -1, self.lm_head_out)
+
+    def _attention(self, i, layer, h, b, t, cos, sin, cache, mask, is_causal) -> torch.Tensor:
+        """Self-attention of layer i on normed activations h [B*T, d] -> [B*T, d]."""
+        nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        qkv = layer.qkv(h)
+        qk = qkv[:, : (nh + nkv) * hd].view(b * t, nh + nkv, hd)
+        if layer.q_norm is not None:
+            qk = torch.cat([layer.q_norm(qk[:, :nh]), layer.k_norm(qk[:, nh:])], dim=1)
+        if cos is not None:
+            qk = self.model.rope.rotate(qk, cos, sin)  # queries and keys in one pass
+        q = qk[:, :nh].view(b, t, nh, hd).transpose(1, 2)
+        k = qk[:, nh:].view(b, t, nkv, hd).transpose(1, 2)
+        v = qkv[:, (nh + nkv) * hd :].view(b, t, nkv, hd).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(i, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=self.gqa)  # fmt: skip
+        return layer.o(y.transpose(1, 2).reshape(b * t, nh * hd))
