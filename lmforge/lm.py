@@ -49,13 +49,25 @@ class LM:
         return cls(model, tokenizer)
 
     @classmethod
-    def load(cls, path: str | Path, device="cpu", dtype: torch.dtype | None = None) -> LM:
+    def load(
+        cls,
+        path: str | Path,
+        device="cpu",
+        dtype: torch.dtype | str | None = None,
+        quantize: str | None = None,
+    ) -> LM:
         """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json): ours or
-        a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop)."""
+        a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop).
+        quantize="int8": weight-only int8 Linear layers for inference (lmforge.infer.quantize)."""
+        from lmforge.infer.quantize import resolve_dtype, to_inference_precision
+
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
+        dtype = resolve_dtype(dtype)
         model = load_model(path, device=device, dtype=dtype)
+        if quantize is not None:
+            model = to_inference_precision(model, dtype, quantize, copy_model=False)
         tokenizer = None
         if (path / "tokenizer.json").is_file():
             from lmforge.tokenizer import Tokenizer

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import ConfigError
+from lmforge.model.positions import LearnedPositions
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,9 +134,9 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def decode_bytes(model: nn.Module) -> int:
-    """Weight bytes one decoding step reads: everything but the embedding tables, of which a
-    token reads one row (the table is still counted when the LM head shares it)."""
-    tables = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
+    """Weight bytes one decoding step reads: everything but the token and position embedding
+    tables, of which a token reads one row (a token table the LM head shares still counts)."""
+    tables = [m.weight for m in model.modules() if isinstance(m, (nn.Embedding, LearnedPositions))]
     head = getattr(model, "lm_head", None)
     shared = getattr(getattr(head, "weight", None), "data_ptr", lambda: None)()
     skip = sum(t.numel() * t.element_size() for t in tables if t.data_ptr() != shared)
