@@ -10,6 +10,9 @@ and the median of `--repeats` is reported (the machine is shared, so only ratios
 process mean anything). TRL is a benchmark-only dependency: `pip install trl`.
 
   python benchmarks/bench_grpo.py [--steps 10] [--repeats 3] [--threads 1]
+
+Measured (`--steps 8 --repeats 3`, 2 shared cores, TRL 1.16, transformers 5): lmforge 2.34
+steps/s, TRL 1.29 steps/s, 1.81x.
 """
 
 from __future__ import annotations
