@@ -1,6 +1,7 @@
 """Reward model: pooling, left/right padding equality, losses, save/load, trainer."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -48,8 +49,39 @@ def test_pooling_vectors():
     assert last_index(mask).tolist() == [2, 3]
     assert POOLING["last"](h, mask, ids, None)[0].tolist() == [6.0, 7.0, 8.0]
     assert POOLING["mean"](h, mask, ids, None)[1].tolist() == [6.0, 7.0, 8.0]  # rows 1..3
-    eos = POOLING["eos"](h, mask, ids, 9)  # the (last) EOS token, wherever it is
+    eos = POOLING["eos"](h, mask, ids, SimpleNamespace(eos_id=9))  # the last EOS, wherever
     assert eos[0].tolist() == [3.0, 4.0, 5.0] and eos[1].tolist() == [3.0, 4.0, 5.0]
+
+
+def test_match_pooling_sums_to_the_logits_of_the_actual_next_tokens(lm):
+    """Summed over d_model, `match` pooling is the mean logit the LM gave each real next token."""
+    tok = lm.tokenizer
+    rm = RewardModel(lm.model, "match", tok.eos_id).eval()
+    rows = [tok.encode("12+34=46") + [tok.eos_id], tok.encode("1+1=2")]
+    ids, mask = padded(rows, tok.pad_id, "right")
+    with torch.no_grad():
+        h = lm.model.norm(lm.model.hidden_states(ids, mask))
+        pooled = POOLING["match"](h, mask, ids, rm)
+        for i, r in enumerate(rows):
+            logits = lm.model(torch.tensor([r]))[0]
+            want = torch.stack([logits[t - 1, r[t]] for t in range(1, len(r))]).mean()
+            assert pooled[i].sum().item() == pytest.approx(want.item(), abs=1e-4)
+
+
+def test_lm_weight_adds_the_chosen_next_token_loss(tmp_path):
+    from lmforge.align.losses import sft_loss
+
+    cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=16, n_eval=8,
+                       batch_size=4, max_iters=1, progress=False, lm_weight=0.5)  # fmt: skip
+    t = RewardTrainer(cfg, log=lambda *a: None)
+    b = t.batch([0, 1, 2, 3])
+    with torch.no_grad():
+        total, stats = t.loss(b)
+        t.cfg.lm_weight = 0.0
+        plain, _ = t.loss(b)
+        lm_loss = sft_loss(t.lm.model(b["input_ids"][:4]), b["labels"][:4])  # chosen rows only
+    assert stats["lm_loss"] == pytest.approx(lm_loss.item(), rel=1e-4)
+    assert total.item() == pytest.approx(plain.item() + 0.5 * lm_loss.item(), rel=1e-4)
 
 
 def test_save_and_load_roundtrip(lm, tmp_path):
@@ -71,9 +103,10 @@ def test_bad_pooling_or_loss():
 
 @pytest.mark.parametrize("loss", ["bt", "hinge", "mse", "listwise"])
 def test_reward_trainer_runs(tmp_path, loss):
+    pooling = "match" if loss == "hinge" else "last"
     cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=32, n_eval=16,
                        batch_size=8, max_iters=3, eval_interval=3, progress=False, threads=1,
-                       loss=loss, warmup_iters=1)  # fmt: skip
+                       loss=loss, warmup_iters=1, pooling=pooling)  # fmt: skip
     t = RewardTrainer(cfg, log=lambda *a: None)
     if loss == "bt":  # SPEC: equal rewards give ln 2
         b = t.batch([0, 1])
