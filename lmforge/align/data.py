@@ -27,6 +27,7 @@ import torch
 
 from lmforge.align import tasks
 from lmforge.errors import DataError
+from lmforge.fileio import read_jsonl
 
 IGNORE = -100
 PROMPT_KEYS = ("prompt", "question", "instruction", "input")
@@ -292,7 +293,7 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
         make = {"sft": tasks.sft_records, "preference": tasks.preference_pairs,
                 "prompts": tasks.rl_prompts}[kind]  # fmt: skip
         return [(f"{source}[{i}]", r) for i, r in enumerate(make(name, n, seed, split, **kw))]
-    return [(f"{source}:{line}", r) for line, r in tasks.read_jsonl(Path(source))]
+    return [(f"{source}:{line}", r) for line, r in read_jsonl(Path(source))]
 
 
 def _encode_all(pairs, encode, skip_invalid: bool) -> Dataset:

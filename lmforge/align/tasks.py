@@ -17,8 +17,6 @@ Also here: the GSM8K loader (answers end in `#### <number>`) and the HH-RLHF par
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 import re
 import string
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import ConfigError, DataError
+from lmforge.fileio import read_jsonl
 
 Record = dict[str, Any]
 TEST_FRACTION = 0.2  # share of the problem space (by prompt hash) reserved for evaluation
@@ -351,22 +350,3 @@ def load_hh(path: str | Path, limit: int | None = None) -> list[Record]:
         if limit is not None and len(out) >= limit:
             break
     return out
-
-
-def read_jsonl(path: str | Path):
-    """Yield (line number, object) from a JSONL file (.gz allowed); bad JSON names file:line."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{line_no}: expected a JSON object")
-            yield line_no, row
