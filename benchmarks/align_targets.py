@@ -2,7 +2,8 @@
 
   1. SFT a tiny model from scratch on 2-digit addition (the "pretrained+SFT" start).
   2. DPO on verifier-labelled pairs: held-out implicit-reward preference accuracy (target >= 80%).
-  3. A reward model on the same kind of pairs: held-out pair accuracy (target >= 90%).
+  3. A reward model on the same kind of pairs: held-out pair accuracy (target >= 90%), then per kind
+     of near miss on 500 more held-out problems (so a gap would show if it only caught easy ones).
   4. Continual learning of subtraction: replay vs plain full fine-tuning, both stopped at the same
      held-out new-task loss; old-task (addition) loss increase = forgetting (target: replay less).
 
@@ -17,9 +18,10 @@ import argparse
 import time
 from pathlib import Path
 
+from lmforge.align import tasks
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
 from lmforge.align.dpo import DPOConfig, DPOTrainer
-from lmforge.align.reward import RewardConfig, RewardTrainer
+from lmforge.align.reward import RewardConfig, RewardModel, RewardTrainer
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.train.config import build_config
 
@@ -32,6 +34,24 @@ def run(cls, trainer_cls, name: str, **overrides):
     result = trainer_cls(cfg, log=lambda *a: None).run()
     print(f"  [{name}] {time.perf_counter() - t0:.0f} s wall, {result['step']} steps")
     return result
+
+
+def near_miss_report(rm_dir: Path, n: int = 500) -> str:
+    """Held-out pair accuracy of a saved reward model for each kind of wrong sum."""
+    rm, tok = RewardModel.load(rm_dir)
+    kinds = {"+1": 1, "-1": -1, "+2": 2, "-2": -2, "+10": 10, "-10": -10}
+    texts, groups = [], []
+    for r in tasks.problems("add", n, seed=2024, split="test", digits=2):
+        value = int(r["answer"])
+        for kind, d in kinds.items():
+            if value + d >= 0:
+                texts += [r["prompt"] + r["answer"], r["prompt"] + str(value + d)]
+                groups.append(kind)
+    scores = rm.score(texts, tok).view(-1, 2)
+    hits = {k: [] for k in kinds}
+    for kind, (good, bad) in zip(groups, scores.tolist()):
+        hits[kind].append(good > bad)
+    return "  ".join(f"{k}: {sum(v) / len(v):.1%}" for k, v in hits.items())
 
 
 def main() -> None:
@@ -53,6 +73,7 @@ def main() -> None:
     r = run(RewardConfig, RewardTrainer, "reward_add.yaml", init=sft_dir,
             out_dir=str(out / "reward_add"))  # fmt: skip
     rows.append(("reward model held-out pair accuracy", r["accuracy"], 0.90))
+    print(f"reward model, per near miss: {near_miss_report(out / 'reward_add')}")
 
     results = {}
     for reg in ("none", "replay"):
