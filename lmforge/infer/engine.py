@@ -12,7 +12,12 @@ prompts, e.g. the n samples of one request or a GRPO group, are prefilled once a
 copied), then runs one decode step for every running sequence. Finished sequences leave at once
 and their slot is reused by the next request. Per token the host work is one `.tolist()` and a
 few list operations: masks and positions are updated in place (batch.py), logits are computed
-for the last position only, and sampling is vectorized over rows (sampler.py).
+for the last position only, and sampling is vectorized over rows (sampler.py). The forward is
+decoder.FastDecoder (same math as the model's, half the ops) whenever it covers the model.
+
+Precision: `dtype="bfloat16"` and/or `quantize="int8"` (weight-only, per-channel scales) run a
+converted copy of the model (quantize.py); the caller's model is untouched. On CPU, int8 reads
+4x fewer weight bytes per token than fp32 and prefill / large batches use bf16 GEMMs.
 """
 
 from __future__ import annotations
