@@ -20,6 +20,18 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="weights/activations precision for decoding (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=["int8"],
+        help="weight-only int8 decoding (about 4x fewer weight bytes than fp32)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.set_defaults(func=run)
 
@@ -32,7 +44,13 @@ def run(args) -> int:
     from lmforge.serve.app import create_app
 
     lm = LM.load(args.checkpoint, device=args.device)
-    engine = Engine.from_lm(lm, max_batch=args.max_batch, compile=args.compile)
+    engine = Engine.from_lm(
+        lm,
+        max_batch=args.max_batch,
+        compile=args.compile,
+        dtype=args.dtype,
+        quantize=args.quantize,
+    )
     name = args.model_name or lm_name(args.checkpoint)
     app = create_app(engine, name, args.api_key, args.max_tokens_limit)
     if args.host not in LOOPBACK and not args.api_key:
