@@ -14,24 +14,12 @@ HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
 
 def register(sub) -> None:
-    from lmforge.cli.generate import add_sampling_args
+    from lmforge.cli.generate import add_engine_args, add_sampling_args
 
     p = sub.add_parser("chat", help="chat with a checkpoint in the terminal")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (with tokenizer)")
     p.add_argument("--system", default=None, help="system message")
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16"],
-        help="weights/activations precision for decoding (default: the checkpoint's)",
-    )
-    p.add_argument(
-        "--quantize",
-        default=None,
-        choices=["int8"],
-        help="weight-only int8 decoding (about 4x fewer weight bytes than fp32)",
-    )
+    add_engine_args(p)
     add_sampling_args(p)
     p.set_defaults(func=run, max_new_tokens=256)
 

@@ -13,6 +13,23 @@ def add_sampling_args(p) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def add_engine_args(p) -> None:
+    """Device and decoding precision for the engine-backed commands (chat, serve)."""
+    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="weights/activations precision for decoding (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=["int8"],
+        help="weight-only int8 decoding (about 4x fewer weight bytes than fp32)",
+    )
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a checkpoint")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")

@@ -8,6 +8,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def register(sub) -> None:
+    from lmforge.cli.generate import add_engine_args
+
     p = sub.add_parser("serve", help="OpenAI-compatible API server with a web chat page")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (with tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
@@ -19,19 +21,7 @@ def register(sub) -> None:
     )  # fmt: skip
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16"],
-        help="weights/activations precision for decoding (default: the checkpoint's)",
-    )
-    p.add_argument(
-        "--quantize",
-        default=None,
-        choices=["int8"],
-        help="weight-only int8 decoding (about 4x fewer weight bytes than fp32)",
-    )
+    add_engine_args(p)
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.set_defaults(func=run)
 
