@@ -170,7 +170,7 @@ class RLTrainer(AlignTrainer):
             [self.prompts[i] for i in indices],
             [self.records[i] for i in indices],
             n=cfg.group_size,
-            seed=cfg.seed * 100_003 + self.step,
+            seed=cfg.seed * 100_003 + self.step + 7_919 * self.dist.rank,  # ranks: own samples
             keep_logprobs=self.keep_logprobs,
         )
         rollout.rewards = self.reward(rollout)
@@ -201,6 +201,7 @@ class RLTrainer(AlignTrainer):
             )
         loss.backward()
         params = [p for p in self.module.parameters() if p.grad is not None]
+        self.dist.all_reduce_grads(params)  # torchrun: the mean over ranks, as DDP would
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         self.optimizer.step()

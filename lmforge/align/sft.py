@@ -238,6 +238,10 @@ class SFTTrainer(AlignTrainer):
         loss = sft_loss(logits, batch["labels"], label_smoothing=self.cfg.label_smoothing)
         return loss, {}
 
+    def loss_weight(self, batch) -> float:
+        """Response tokens: the loss is a mean over them (see AlignTrainer.loss_weight)."""
+        return float((batch["labels"][:, 1:] != D.IGNORE).sum())
+
     def eval_loss(self, examples: list[D.SFTExample]) -> float:
         """Mean response-token loss over examples (token-weighted)."""
         total, count = 0.0, 0

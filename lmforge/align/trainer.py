@@ -9,12 +9,21 @@ and runs: warmup + cosine lr, gradient clipping, a tqdm bar, metrics.csv, period
 an HF-layout checkpoint (LM.save) and one atomic training-state file for `--resume`, a PNG of the
 curves at the end. A subclass provides `setup()`, `loss(batch) -> (loss, metrics)`,
 `evaluate() -> metrics` and, where the saved model is not the policy itself, `export(path)`.
+
+Under `torchrun --nproc_per_node N -m lmforge sft ...` the same loop runs data-parallel (DDP,
+lmforge/train/distributed.py): `batch_size` stays the GLOBAL batch, every rank draws the same
+shuffled indices and takes its 1/N slice, the subclass's `loss` runs inside one DDP module call
+(`LossModule`) so gradients are all-reduced during backward, and each rank's loss is scaled by
+its share of `loss_weight` (rows, or response tokens for a token-mean loss) so the averaged
+gradient is the one-process gradient of the whole batch. Rank 0 alone evaluates, logs, shows
+progress and writes checkpoints; the training state is one file any world size can resume from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -22,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from lmforge.align.tasks import ALPHABET
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
@@ -35,6 +45,7 @@ from lmforge.train.checkpoint import (
     save_training_state,
     set_rng_state,
 )
+from lmforge.train.distributed import NullMetrics, init_parallel, launched_by_torchrun
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import build_adamw, cosine_lr
 
@@ -73,6 +84,7 @@ class AlignConfig:
     device: str = "auto"
     threads: int | None = None  # CPU threads; 1 is fastest for tiny models on a busy machine
     progress: bool = True
+    parallel: str = "ddp"  # under torchrun: ddp (the post-training trainers run DDP only)
 
     def __post_init__(self) -> None:
         if self.checkpoint_interval is None:
@@ -83,6 +95,12 @@ class AlignConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.lr <= 0 or self.min_lr < 0:
             raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
+        if self.parallel != "ddp":
+            raise ConfigError(
+                f"parallel={self.parallel} is for pretraining; post-training runs under torchrun "
+                "with DDP (parallel: ddp), which keeps a full model per rank for evaluation, "
+                "rollouts and PEFT export"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,13 +128,29 @@ def load_lm(init: str, model: dict[str, Any], max_len: int, seed: int, device) -
     return lm
 
 
-class EpochSampler:
-    """Shuffled minibatch indices, epoch after epoch; its position is part of the saved state."""
+def check_world_size(batch_size: int, world_size: int, what: str = "batch_size") -> None:
+    """The global batch must split evenly over the ranks (before any step)."""
+    if batch_size % world_size:
+        raise ConfigError(
+            f"{what}={batch_size} is not divisible by the world size {world_size}: it is the "
+            f"global batch of one step across all ranks (each rank takes {what} / world size); "
+            f"set it to a multiple of {world_size}"
+        )
 
-    def __init__(self, n: int, batch_size: int, seed: int):
+
+class EpochSampler:
+    """Shuffled minibatch indices, epoch after epoch; its position is part of the saved state.
+
+    Every rank shuffles the same order and `next()` returns rank `rank`'s contiguous slice of
+    the global batch, so the state is the same on every rank and resumes on any world size.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         if n < 1:
             raise ConfigError("no training examples")
         self.n, self.batch_size, self.seed = n, min(batch_size, n), seed
+        check_world_size(self.batch_size, world_size, f"batch_size (capped at {n} examples)")
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.pos = 0, 0
         self._order = self._shuffle()
 
@@ -130,7 +164,8 @@ class EpochSampler:
             self._order = self._shuffle()
         idx = self._order[self.pos : self.pos + self.batch_size]
         self.pos += self.batch_size
-        return idx
+        share = self.batch_size // self.world_size
+        return idx[self.rank * share : (self.rank + 1) * share]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos}
@@ -138,6 +173,21 @@ class EpochSampler:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.pos = state["epoch"], state["pos"]
         self._order = self._shuffle()
+
+
+class LossModule(nn.Module):
+    """A trainer's `loss(batch)` as the forward of a module holding its trainable parameters:
+    DDP wraps this, so any loss (two forward passes, a reward head, a regulariser) is one DDP
+    call and its gradients are all-reduced in backward, with no change to the subclass."""
+
+    def __init__(self, trainer: AlignTrainer, module: nn.Module):
+        super().__init__()
+        self.inner = module
+        self.loss_fn = trainer.loss
+        self.config = trainer.lm.config  # DDP looks for unused experts in MoE models
+
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.loss_fn(batch)
 
 
 class AlignTrainer(ABC):
@@ -149,7 +199,14 @@ class AlignTrainer(ABC):
     def __init__(self, cfg: AlignConfig, resume: bool = False, log=print):
         self.cfg, self.log = cfg, log
         self.out_dir = Path(cfg.out_dir)
-        self.device = resolve_device(cfg.device)
+        if launched_by_torchrun():  # a batch that does not split is an error before any work
+            check_world_size(cfg.batch_size, int(os.environ["WORLD_SIZE"]))
+        # one process, or one rank of a torchrun job (DDP; lmforge/train/distributed.py)
+        self.dist = init_parallel(cfg.parallel, resolve_device(cfg.device))
+        self.dist.sync_buffers = False  # RoPE tables, NF4 weights: identical, never trained
+        if not self.dist.is_main:
+            self.log = lambda *args, **kwargs: None
+        self.device = self.dist.device
         state_path = self.out_dir / STATE_FILE
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
@@ -166,12 +223,18 @@ class AlignTrainer(ABC):
         if not params:
             raise ConfigError(f"{self.name}: nothing to train (every parameter is frozen)")
         self.optimizer = build_adamw(self.module, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-        self.sampler = EpochSampler(self.num_examples(), cfg.batch_size, cfg.seed)
+        self.sampler = EpochSampler(
+            self.num_examples(), cfg.batch_size, cfg.seed, self.dist.rank, self.dist.world_size
+        )
+        self._loss_module: nn.Module | None = None  # built at the first step (DDP under torchrun)
         self.step, self.elapsed = 0, 0.0
         if resume:
             self._load_state(state_path)
-        self.metrics = MetricsLog(self.out_dir, resume=resume)
-        write_json(self.out_dir / f"{self.name}_config.json", cfg.to_dict())
+        if self.dist.is_main:
+            self.metrics = MetricsLog(self.out_dir, resume=resume)
+            write_json(self.out_dir / f"{self.name}_config.json", cfg.to_dict())
+        else:
+            self.metrics = NullMetrics()
         n_train = sum(p.numel() for p in params)
         n_all = sum(p.numel() for p in self.module.parameters())
         self.log(f"{self.name}: {n_train:,} of {n_all:,} parameters trainable; {self.device}")
@@ -197,6 +260,11 @@ class AlignTrainer(ABC):
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss to backpropagate, extra metrics to log) for one batch."""
 
+    def loss_weight(self, batch: dict[str, torch.Tensor]) -> float:
+        """How much this rank's slice counts in the batch's mean loss: its rows (a loss averaged
+        over rows); a loss averaged over tokens returns its token count."""
+        return float(next(v for v in batch.values() if isinstance(v, torch.Tensor)).shape[0])
+
     def evaluate(self) -> dict[str, float]:
         return {}
 
@@ -210,6 +278,9 @@ class AlignTrainer(ABC):
 
     # ---- state -------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
+        """Rank 0 writes (under DDP every rank holds the same weights and optimizer state)."""
+        if not self.dist.is_main:
+            return
         self.export(self.out_dir)
         trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
         state = {
@@ -244,12 +315,25 @@ class AlignTrainer(ABC):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.module.train()
-        loss, stats = self.loss(self.batch(self.sampler.next()))
-        if not math.isfinite(loss.item()):
+        if self._loss_module is None:
+            # every step uses the same parameters, unless experts are picked per token (MoE)
+            self.dist.static_graph = self.lm.config.mlp != "moe"
+            self._loss_module = self.dist.wrap(LossModule(self, self.module))
+        batch = self.batch(self.sampler.next())
+        loss, stats = self._loss_module(batch)
+        # this rank's share: scale by weight * world / total weight, so that DDP's mean of the
+        # ranks' gradients (and the mean of the logged values) is the whole batch's
+        weight = self.loss_weight(batch)
+        total, bad = self.dist.sum([weight, float(not math.isfinite(loss.item()))])
+        if bad:
             raise NonFiniteLoss(
-                f"{self.name} loss became {loss.item()} at step {self.step}; stopped, the last "
+                f"{self.name} loss became non-finite at step {self.step}; stopped, the last "
                 f"good checkpoint in {self.out_dir} is kept (try a lower lr)"
             )
+        share = weight * self.dist.world_size / total
+        if share != 1.0:
+            loss = loss * share
+            stats = {k: v * share for k, v in stats.items()}
         loss.backward()
         params = [p for p in self.module.parameters() if p.grad is not None]
         if cfg.grad_clip > 0:
@@ -260,6 +344,10 @@ class AlignTrainer(ABC):
         return {"loss": loss.item(), "lr": lr, **stats}
 
     def _evaluate(self) -> dict[str, float]:
+        """Rank 0 evaluates (the other ranks hold the same weights and go on to the next step,
+        where the all-reduce waits for rank 0)."""
+        if not self.dist.is_main:
+            return {}
         was_training = self.module.training
         self.module.eval()
         with torch.no_grad():
@@ -273,7 +361,7 @@ class AlignTrainer(ABC):
         """Train to max_iters with periodic eval/checkpoints; returns the final metrics."""
         cfg = self.cfg
         bar = None
-        if cfg.progress:
+        if cfg.progress and self.dist.is_main:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
@@ -283,7 +371,7 @@ class AlignTrainer(ABC):
         try:
             while self.step < cfg.max_iters:
                 t0 = time.perf_counter()
-                stats = self.train_step()
+                stats = self._global(self.train_step())
                 self.elapsed += time.perf_counter() - t0
                 if bar is not None:
                     bar.update(1)
@@ -294,7 +382,7 @@ class AlignTrainer(ABC):
                 if self.step % cfg.eval_interval == 0 or self.step >= cfg.max_iters:
                     evaluated = self._evaluate()
                     result.update(evaluated)
-                    stop = self.should_stop(evaluated)
+                    stop = self.dist.broadcast_flag(self.should_stop(evaluated))
                     if bar is not None and evaluated:
                         line = ", ".join(f"{k} {v:.4g}" for k, v in evaluated.items())
                         bar.write(f"step {self.step}: {line}")
@@ -311,9 +399,19 @@ class AlignTrainer(ABC):
                 bar.close()
             self.metrics.close()
         result.update(step=self.step, elapsed_s=self.elapsed)
-        write_json(self.out_dir / "final_metrics.json", result)
+        if self.dist.is_main:
+            write_json(self.out_dir / "final_metrics.json", result)
         plot = self.metrics.plot(
             self.curves, self.out_dir / f"{self.name}.png", title=f"{self.name} {self.out_dir.name}"
         )
         result["plot"] = str(plot)
         return result
+
+    def _global(self, stats: dict[str, float]) -> dict[str, float]:
+        """The mean over ranks of each rank's step metrics: the batch's values (train_step
+        scales each rank's share; an RL rank reports on its own prompts, all of equal size)."""
+        if self.dist.world_size == 1:
+            return stats
+        keys = sorted(stats)
+        sums = self.dist.sum([float(stats[k]) for k in keys])
+        return {k: v / self.dist.world_size for k, v in zip(keys, sums)}

@@ -26,6 +26,7 @@ import atexit
 import builtins
 import contextlib
 import functools
+import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,6 +150,18 @@ class Parallel:
         """The mean of a float over ranks (the global batch's loss from each rank's share)."""
         return value
 
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums over ranks of a short list of floats (one all-reduce)."""
+        return list(values)
+
+    def all_reduce_grads(self, params: list[nn.Parameter]) -> None:
+        """Replace each gradient by its mean over ranks, for a backward pass that did not run
+        through a DDP module call (the same mean DDP takes, in one flat bucket)."""
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's value of a flag on every rank (e.g. "stop now" after a rank-0 evaluation)."""
+        return flag
+
     def barrier(self) -> None:
         pass
 
@@ -168,12 +181,24 @@ class Parallel:
         return model if self.is_main else None
 
 
+# the DDP argument that turns off the per-forward buffer broadcast (renamed in torch 2.13)
+_NO_BUFFER_SYNC = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
+    else "broadcast_buffers"
+)
+
+
 class DDPParallel(Parallel):
     """DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets."""
 
     name = "ddp"
     sharded = True
     state_file = f"{dcp_ckpt.CHECKPOINT_DIR}/{dcp_ckpt.LATEST}"
+    # static_graph: the same parameters take part in every step (a post-training loss), so DDP
+    # learns once which ones a loss leaves out (e.g. a reward model's unused LM head)
+    static_graph = False
+    sync_buffers = True  # rank 0's buffers sent at every forward (DDP's default)
 
     def __init__(self, device: torch.device, activation_checkpointing: bool = False):
         super().__init__(device, activation_checkpointing)
@@ -182,18 +207,40 @@ class DDPParallel(Parallel):
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         ids = [self.device.index] if self.device.type == "cuda" else None
-        moe = model.config.mlp == "moe"  # experts no token was routed to get no gradient
+        # experts no token was routed to get no gradient
+        moe = getattr(getattr(model, "config", None), "mlp", None) == "moe"
         return nn.parallel.DistributedDataParallel(
-            model, device_ids=ids, find_unused_parameters=moe
-        )
+            model, device_ids=ids, find_unused_parameters=moe, static_graph=self.static_graph,
+            **({} if self.sync_buffers else {_NO_BUFFER_SYNC: False}),
+        )  # fmt: skip
 
     def no_sync(self, last: bool):
         return contextlib.nullcontext() if last else self.module.no_sync()
 
     def mean(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        return self.sum([value])[0] / self.world_size
+
+    def sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)  # SUM: gloo has no AVG
-        return t.item() / self.world_size
+        return t.tolist()
+
+    def all_reduce_grads(self, params: list[nn.Parameter]) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.broadcast(t, src=0)
+        return bool(t.item())
 
     def barrier(self) -> None:
         dist.barrier()
@@ -317,6 +364,17 @@ def setup_parallel(cfg, device: torch.device) -> Parallel:
         )
     if cfg.parallel == "fsdp" and cfg.dtype == "float16":
         raise ConfigError("parallel=fsdp does not support float16 loss scaling; use bfloat16")
+    return init_parallel(cfg.parallel, device, cfg.activation_checkpointing)
+
+
+def init_parallel(
+    parallel: str, device: torch.device, activation_checkpointing: bool = False
+) -> Parallel:
+    """Join torchrun's process group (gloo on CPU, NCCL on CUDA; once per process) and return
+    the `parallel` ('ddp' or 'fsdp') strategy; the single-process no-op without torchrun.
+    Trainers check their own batch against the world size before calling it."""
+    if not launched_by_torchrun():
+        return Parallel(device, activation_checkpointing)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -326,4 +384,4 @@ def setup_parallel(cfg, device: torch.device) -> Parallel:
         atexit.register(cleanup)
     if dist.get_rank() != 0:
         _quiet_print()
-    return PARALLEL[cfg.parallel](device, cfg.activation_checkpointing)
+    return PARALLEL[parallel](device, activation_checkpointing)

@@ -1,0 +1,176 @@
+"""Post-training under torchrun: 2 gloo processes on CPU against one process, same global batch.
+
+One `torchrun --standalone --nproc_per_node 2` launch runs this file as a worker (the
+`__main__` block): SFT through the CLI (`lmforge sft`, as users run it), then DPO, reward and
+GRPO through the Python API, each rank saving its own copy of the trained parameters so the test
+can check that the ranks agree. The one-process references run in the pytest process.
+
+GRPO's sampled completions depend on each rank's seed, so its 2-process run cannot match one
+process step for step; what can be compared is the update from a FIXED rollout: each rank learns
+from its share of the groups, the gradient all-reduce makes it the one-process update.
+"""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lmforge.align.dpo import DPOConfig, DPOTrainer
+from lmforge.align.grpo import GRPOConfig, GRPOTrainer
+from lmforge.align.reward import RewardConfig, RewardTrainer
+from lmforge.align.sft import SFTConfig, SFTTrainer
+from lmforge.errors import ConfigError
+
+TINY = {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}
+COMMON = dict(init="scratch", model=TINY, max_len=32, n_train=64, n_eval=16, batch_size=8,
+              max_iters=4, eval_interval=2, log_interval=1, progress=False, threads=1,
+              device="cpu", seed=5)  # fmt: skip
+RUNS = {
+    "sft": (SFTConfig, SFTTrainer, dict(data="task:add", eval_generate=4, lr=3e-3)),
+    "dpo": (DPOConfig, DPOTrainer, dict(data="task:add", lr=3e-3)),
+    "reward": (RewardConfig, RewardTrainer, dict(data="task:add", lr=3e-3)),
+    "grpo": (GRPOConfig, GRPOTrainer, dict(data="task:add:1", batch_size=4, group_size=4,
+                                           max_new_tokens=4, max_iters=3, n_eval=8)),
+}  # fmt: skip
+quiet = lambda *args, **kwargs: None  # noqa: E731
+
+
+def distinct(record: dict, completion: str) -> float:
+    """A reward a random policy's groups differ in (the verifier gives them all 0)."""
+    return float(len(set(completion)))
+
+
+def make(name: str, out: Path, **kw):
+    config_cls, trainer_cls, fields = RUNS[name]
+    cfg = config_cls(**{**COMMON, **fields, "out_dir": str(out), **kw})
+    return trainer_cls(cfg, log=quiet, **({"reward": distinct} if name == "grpo" else {}))
+
+
+def cli_args(name: str, out: Path) -> list[str]:
+    fields = {**COMMON, **RUNS[name][2], "out_dir": str(out)}
+    args = [name]
+    for key, value in fields.items():
+        pairs = [(f"model.{k}", v) for k, v in value.items()] if key == "model" else [(key, value)]
+        for k, v in pairs:
+            args += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    return args
+
+
+def save_params(module: torch.nn.Module, path: Path) -> None:
+    save_file({n: p.detach().clone() for n, p in module.named_parameters()}, str(path))
+
+
+def fixed_rollout(t: GRPOTrainer):
+    """A scored rollout of the first 4 prompts from a fixed seed (the same on every rank)."""
+    rollout = t.engine.sample(t.prompts[:4], t.records[:4], n=4, seed=11, keep_logprobs=False)
+    rollout.rewards = t.reward(rollout)
+    return rollout
+
+
+def worker(root: Path) -> None:
+    """What each torchrun rank runs (see the module docstring)."""
+    from lmforge.cli.main import main as cli
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    assert cli(cli_args("sft", root / "sft")) == 0
+    for name in ("dpo", "reward", "grpo"):
+        t = make(name, root / name)
+        t.run()
+        save_params(t.module, root / name / f"rank{rank}.safetensors")
+    t = make("grpo", root / "grpo_fixed")  # a fresh policy, one update from a fixed rollout
+    rollout = fixed_rollout(t)
+    share = len(rollout) // world
+    t.update(rollout.select(torch.arange(rank * share, (rank + 1) * share)))
+    save_params(t.module, root / "grpo_fixed" / f"rank{rank}.safetensors")
+
+
+# ---- tests -------------------------------------------------------------------------------------
+def losses(out: Path) -> np.ndarray:
+    with open(out / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["split"] == "train" and r["metric"] == "loss"]
+    return np.array([float(r["value"]) for r in rows])
+
+
+def assert_close(a: dict, b: dict, atol: float) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=name)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> Path:
+    """Output root of the 2-process torchrun launch."""
+    root = tmp_path_factory.mktemp("two")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           __file__, str(root)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert proc.stdout.count("final: ") == 1  # the CLI's summary is printed by rank 0 alone
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sft", "dpo", "reward"])
+def test_two_processes_match_one(two, tmp_path, name):
+    make(name, tmp_path / name).run()
+    ref, dist = losses(tmp_path / name), losses(two / name)
+    assert len(ref) == len(dist) == COMMON["max_iters"]
+    np.testing.assert_allclose(dist, ref, atol=1e-5, rtol=0)
+    weights = lambda root: load_file(str(root / name / "model.safetensors"))  # noqa: E731
+    if name == "reward":  # a pair's loss is blind to the final norm's bias (it shifts both
+        # rewards): its gradient is rounding noise, which Adam scales to lr-sized steps
+        weights = lambda root: {k: v for k, v in load_file(  # noqa: E731
+            str(root / name / "model.safetensors")).items() if k != "norm.bias"}  # fmt: skip
+    assert_close(weights(two), weights(tmp_path), atol=1e-5)
+    assert (two / name / "training_state.safetensors").is_file()
+    assert not list((two / name).glob("*rank*training*"))  # one state file, written by rank 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dpo", "reward", "grpo"])
+def test_ranks_end_with_identical_weights(two, name):
+    rank0, rank1 = (load_file(str(two / name / f"rank{r}.safetensors")) for r in (0, 1))
+    assert_close(rank0, rank1, atol=0)
+    start = make(name, two / "fresh" / name).module.state_dict()
+    assert any(not torch.equal(start[n], rank0[n]) for n in rank0)  # it trained
+    assert np.isfinite(losses(two / name)).all()
+
+
+@pytest.mark.slow
+def test_grpo_update_from_a_fixed_rollout_matches_one_process(two, tmp_path):
+    t = make("grpo", tmp_path / "grpo")
+    start = {n: p.detach().clone() for n, p in t.module.named_parameters()}
+    rollout = fixed_rollout(t)
+    assert rollout.rewards.view(4, 4).std(-1).gt(0).all()  # every group has a gradient
+    t.update(rollout)
+    ref = {n: p.detach() for n, p in t.module.named_parameters()}
+    assert any(not torch.equal(start[n], ref[n]) for n in ref)
+    for rank in (0, 1):
+        assert_close(load_file(str(two / "grpo_fixed" / f"rank{rank}.safetensors")), ref, 1e-5)
+
+
+def test_batch_not_divisible_by_world_size_fails_before_any_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for name in ("sft", "grpo"):
+        with pytest.raises(ConfigError, match=r"batch_size=\d+ is not divisible by the world size"):
+            make(name, tmp_path / name)
+        assert not (tmp_path / name).exists()  # nothing loaded, nothing written
+
+
+def test_fsdp_is_refused_for_post_training():
+    with pytest.raises(ConfigError, match="post-training runs under torchrun with DDP"):
+        SFTConfig(parallel="fsdp")
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
