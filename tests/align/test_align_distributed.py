@@ -1,9 +1,10 @@
 """Post-training under torchrun: 2 gloo processes on CPU against one process, same global batch.
 
 One `torchrun --standalone --nproc_per_node 2` launch runs this file as a worker (the
-`__main__` block): SFT through the CLI (`lmforge sft`, as users run it), then DPO, reward and
-GRPO through the Python API, each rank saving its own copy of the trained parameters so the test
-can check that the ranks agree. The one-process references run in the pytest process.
+`__main__` block): SFT through the CLI (`lmforge sft`, as users run it, and `--resume` of a
+1-process run stopped half way), then DPO, reward and GRPO through the Python API, each rank
+saving its own copy of the trained parameters so the test can check that the ranks agree. The
+one-process references run in the pytest process.
 
 GRPO's sampled completions depend on each rank's seed, so its 2-process run cannot match one
 process step for step; what can be compared is the update from a FIXED rollout: each rank learns
@@ -79,6 +80,7 @@ def worker(root: Path) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     assert cli(cli_args("sft", root / "sft")) == 0
+    assert cli([*cli_args("sft", root / "resumed"), "--resume"]) == 0
     for name in ("dpo", "reward", "grpo"):
         t = make(name, root / name)
         t.run()
@@ -107,6 +109,10 @@ def assert_close(a: dict, b: dict, atol: float) -> None:
 def two(tmp_path_factory) -> Path:
     """Output root of the 2-process torchrun launch."""
     root = tmp_path_factory.mktemp("two")
+    half = make("sft", root / "resumed")  # 2 of 4 steps on one process, then the state file
+    for _ in range(2):
+        half.train_step()
+    half.save_checkpoint()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            __file__, str(root)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -114,7 +120,7 @@ def two(tmp_path_factory) -> Path:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert proc.stdout.count("final: ") == 1  # the CLI's summary is printed by rank 0 alone
+    assert proc.stdout.count("final: ") == 2  # one summary per CLI run: rank 0 alone prints
     return root
 
 
@@ -133,6 +139,12 @@ def test_two_processes_match_one(two, tmp_path, name):
     assert_close(weights(two), weights(tmp_path), atol=1e-5)
     assert (two / name / "training_state.safetensors").is_file()
     assert not list((two / name).glob("*rank*training*"))  # one state file, written by rank 0
+
+
+@pytest.mark.slow
+def test_one_process_state_resumes_on_two(two):
+    weights = lambda out: load_file(str(out / "model.safetensors"))  # noqa: E731
+    assert_close(weights(two / "resumed"), weights(two / "sft"), atol=1e-5)
 
 
 @pytest.mark.slow
