@@ -1,19 +1,25 @@
 """Load test of `lmforge serve` on loopback: many concurrent streaming clients, bounded in time.
 
-Starts the server in a subprocess (tiny random model, its own tokenizer), then:
-  1. 1 client, then 16 clients, streaming for --phase seconds each: aggregate tokens/s
-     (target: 16 clients >= 4x one client, because requests share the decode batch);
+Starts the server in a subprocess (tiny random llama-micro model, its own tokenizer; the server
+and the client threads share this machine), then:
+  1. phases of 1 client and of 16 clients, alternating, --rounds times each, streaming for
+     --phase seconds: aggregate tokens/s, and the ratio of the medians (target: 16 clients >= 4x
+     one client, because requests share the decode batch). Same server, model, prompt and
+     max_tokens in both. The server's CPU seconds per token are printed too: on a shared
+     machine the share of CPU the server gets moves between phases, its CPU per token does not;
   2. 32 clients for --duration seconds: zero errors, every stream ends with a finish_reason,
      a usage chunk and [DONE].
 
-    python benchmarks/load_test.py [--duration 30 --phase 10]
+    python benchmarks/load_test.py [--duration 30 --phase 10 --rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,8 +66,8 @@ def stream_once(url: str, max_tokens: int) -> int:
     return usage
 
 
-def run_clients(url: str, clients: int, seconds: float, max_tokens: int) -> tuple[int, int, int]:
-    """(tokens, completed streams, errors) of `clients` threads looping for `seconds`."""
+def run_clients(url: str, clients: int, seconds: float, max_tokens: int) -> tuple[float, int, int]:
+    """(tokens/s, completed streams, errors) of `clients` threads looping for `seconds`."""
     stats = {"tokens": 0, "streams": 0, "errors": 0}
     lock = threading.Lock()
     deadline = time.time() + seconds
@@ -88,10 +94,31 @@ def run_clients(url: str, clients: int, seconds: float, max_tokens: int) -> tupl
     return stats["tokens"] / elapsed, stats["streams"], stats["errors"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def phase(url: str, pid: int, clients: int, args) -> tuple[float, float, int]:
+    """(tokens/s, server CPU ms per token, errors) of one phase."""
+    cpu0, t0 = cpu_seconds(pid), time.time()
+    tps, _, errors = run_clients(url, clients, args.phase, args.max_tokens)
+    cpu = (cpu_seconds(pid) - cpu0) / (time.time() - t0)
+    print(f"  {clients:2d} client(s): {tps:7.1f} tokens/s, server {cpu:.2f} cores, "
+          f"{1000 * cpu / max(tps, 1e-9):.3f} CPU ms/token")  # fmt: skip
+    return tps, 1000 * cpu / max(tps, 1e-9), errors
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--phase", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
     with socket.socket() as s:
@@ -110,14 +137,26 @@ def main() -> int:
                         break
                 except requests.ConnectionError:
                     time.sleep(0.1)
-            one, _, e1 = run_clients(url, 1, args.phase, args.max_tokens)
-            sixteen, _, e16 = run_clients(url, 16, args.phase, args.max_tokens)
-            print(f"aggregate tokens/s: 1 client {one:.1f}, 16 clients {sixteen:.1f} -> "
-                  f"{sixteen / one:.1f}x (target >= 4x)")  # fmt: skip
-            tps, streams, errors = run_clients(url, 32, args.duration, args.max_tokens)
-            errors += e1 + e16
+            run_clients(url, 1, 1.0, args.max_tokens)  # warm-up
+            results: dict[int, list] = {1: [], 16: []}
+            errors = 0
+            for _ in range(args.rounds):
+                for clients in (1, 16):
+                    tps, ms, err = phase(url, server.pid, clients, args)
+                    results[clients].append((tps, ms))
+                    errors += err
+            one, sixteen = ([statistics.median(x[i] for x in results[c]) for i in (0, 1)]
+                            for c in (1, 16))  # fmt: skip
+            print(
+                f"aggregate tokens/s (median of {args.rounds}): 1 client {one[0]:.1f}, "
+                f"16 clients {sixteen[0]:.1f} -> {sixteen[0] / one[0]:.1f}x (target >= 4x)"
+            )
+            print(f"server CPU ms/token: 1 client {one[1]:.3f}, 16 clients {sixteen[1]:.3f} -> "
+                  f"{one[1] / sixteen[1]:.1f}x less per token")  # fmt: skip
+            tps, streams, err = run_clients(url, 32, args.duration, args.max_tokens)
+            errors += err
             print(f"32 clients for {args.duration:.0f}s: {streams} complete streams, "
-                  f"{tps:.1f} tokens/s, {errors} errors (target: 0)")  # fmt: skip
+                  f"{tps:.1f} tokens/s, {errors} errors in all phases (target: 0)")  # fmt: skip
             print("note: shared, loaded 2-core machine (clients and server share it)")
             return 1 if errors else 0
         finally:

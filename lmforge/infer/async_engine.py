@@ -2,7 +2,11 @@
 
 The model runs in a plain thread (PyTorch releases the GIL inside its kernels), so the event loop
 keeps accepting connections and streaming bytes while a step computes. Each step's outputs are
-handed to the loop in one `call_soon_threadsafe` and routed to the request's asyncio.Queue. A
+handed to the loop in one `call_soon_threadsafe` and appended to the request's inbox. A consumer
+takes everything in its inbox at once: when the loop falls behind the engine (many clients, each
+token costing JSON + HTTP work), one chunk carries several tokens instead of the loop paying that
+per-token cost again and again, so per-client overhead shrinks exactly when the batch is large,
+and a lone client still gets every token as soon as it exists. A
 request whose consumer stops early (client disconnect -> task cancelled) is aborted, which frees
 its batch slot at the next step. An exception inside a step fails only the requests running at
 that moment; the loop resets the engine and keeps serving.
@@ -30,7 +34,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._inboxes: dict[str, _Inbox] = {}
         self._wake = threading.Event()
         self._running = False
         self._thread: threading.Thread | None = None
@@ -73,37 +77,57 @@ class AsyncEngine:
     def _dispatch(self, outputs: list) -> None:
         for out in outputs:
             rid = out[0] if isinstance(out, tuple) else out.request_id
-            queue = self._queues.get(rid)
-            if queue is not None:
-                queue.put_nowait(out[1] if isinstance(out, tuple) else out)
+            inbox = self._inboxes.get(rid)
+            if inbox is not None:
+                inbox.put(out[1] if isinstance(out, tuple) else out)
 
     async def generate(
         self, prompt: str | Sequence[int], params: GenerationParams, n: int = 1
-    ) -> AsyncIterator[StepOutput]:
-        """Outputs of all n samples of one request, interleaved, until every one finished.
+    ) -> AsyncIterator[list[StepOutput]]:
+        """Outputs of all n samples of one request until every one finished, in lists: each
+        list is everything produced since the consumer last asked (in order, samples mixed).
 
         Raises ConfigError (bad prompt/params) before anything is queued.
         """
         rid = f"req-{next(self._ids)}"
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[rid] = queue
+        inbox = _Inbox()
+        self._inboxes[rid] = inbox
         try:
             self.engine.add_request(prompt, params, n, request_id=rid)
         except BaseException:
-            del self._queues[rid]
+            del self._inboxes[rid]
             raise
         self._wake.set()
         remaining = n
         try:
             while remaining:
-                out = await queue.get()
-                if isinstance(out, Exception):
-                    raise out
-                if out.finished:
-                    remaining -= 1
-                yield out
+                outs = await inbox.take()
+                failure = next((o for o in outs if isinstance(o, Exception)), None)
+                if failure is not None:
+                    raise failure
+                remaining -= sum(out.finished for out in outs)
+                yield outs
         finally:
-            self._queues.pop(rid, None)
+            self._inboxes.pop(rid, None)
             if remaining:
                 self.engine.abort(rid)
                 self._wake.set()
+
+
+class _Inbox:
+    """A request's pending outputs; `take` waits for at least one, then returns them all."""
+
+    def __init__(self):
+        self.items: list = []
+        self.ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    async def take(self) -> list:
+        if not self.items:
+            await self.ready.wait()
+        self.ready.clear()
+        items, self.items = self.items, []
+        return items

@@ -59,10 +59,14 @@ class SlotCache:
         return self.length
 
     def make_column(self) -> None:
-        """Before a decode step: free a column when the buffer is full (rows move left)."""
-        if self.length < self.max_len:
+        """Before a decode step: free a column when the buffer is full, and drop the dead
+        columns before every row's start once they are over half the width (rows move left).
+        Attention reads all `length` columns, so with requests coming and going the dead
+        prefix would otherwise grow to the whole buffer and double a decode step's cost; the
+        copy happens at most once per (live width) steps."""
+        shift = min(self.starts[: self.n], default=0)
+        if self.length < self.max_len and 2 * shift <= self.length:
             return
-        shift = min(self.starts[: self.n])
         if shift == 0:
             raise RuntimeError("slot cache full: a row reached max_len without finishing")
         self._shift(-shift)

@@ -116,7 +116,10 @@ class FastDecoder:
         key_mask = cache.key_mask if cache is not None else None
         if positions is None:
             positions = model._positions(start, start + t, key_mask, input_ids.device)
-        mask, is_causal = model._mask(t, start + t, key_mask, input_ids.device)
+        if t == 1 and key_mask is not None:  # decode: a query sees exactly the real keys
+            mask, is_causal = key_mask[:, None, None, : start + 1], False
+        else:
+            mask, is_causal = model._mask(t, start + t, key_mask, input_ids.device)
         x = model.embed(input_ids)
         if model.abs_pos is not None:
             x = x + model.abs_pos(positions)

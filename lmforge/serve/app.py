@@ -83,8 +83,11 @@ def create_app(
     model_name: str = "lmforge",
     api_key: str | None = None,
     max_tokens_limit: int | None = None,
+    stream_interval: float = 0.02,
 ) -> FastAPI:
-    """The FastAPI app serving `engine` (which must have a tokenizer)."""
+    """The FastAPI app serving `engine` (which must have a tokenizer). A stream sends at most
+    one chunk per `stream_interval` seconds (with all the tokens made meanwhile); 0 sends one
+    chunk per token."""
     if engine.tokenizer is None:
         raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
     runner = AsyncEngine(engine)
@@ -103,7 +106,7 @@ def create_app(
     _install_error_handlers(app)
     app.state.engine = runner
 
-    def authorize(request: Request) -> None:
+    async def authorize(request: Request) -> None:  # async: a sync one costs a thread hop
         if api_key is None:
             return
         header = request.headers.get("authorization", "")
@@ -127,7 +130,8 @@ def create_app(
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         return GenerationParams(
             max_new_tokens=max_tokens or min(default, limit),
-            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+            temperature=req.temperature, top_k=req.top_k, seed=req.seed,
+            top_p=None if req.top_p == 1 else req.top_p,  # 1 keeps all: skip the sort
             stop=stop, stop_token_ids=stop_ids, repetition_penalty=req.repetition_penalty,
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             logprobs=logprobs,
@@ -138,7 +142,7 @@ def create_app(
         usage = req.stream_options.include_usage if req.stream_options else False
         if req.stream:
             return StreamingResponse(
-                sse_stream(outputs, fmt, req.n, usage),
+                sse_stream(outputs, fmt, req.n, usage, stream_interval),
                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
             )  # fmt: skip
         task = asyncio.ensure_future(collect(outputs, fmt, req.n))

@@ -7,6 +7,7 @@ server-sent events. Token strings in logprobs are each token decoded alone, as O
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from lmforge.infer.async_engine import EngineFailure
+from lmforge.infer.engine import StepOutput
 
 
 def new_id(prefix: str) -> str:
@@ -111,31 +113,63 @@ class ChatFormat(_Format):
                 "finish_reason": c.finish_reason}  # fmt: skip
 
 
-async def collect(outputs: AsyncIterator, fmt: _Format, n: int) -> dict:
+async def collect(outputs: AsyncIterator[list], fmt: _Format, n: int) -> dict:
     """The whole (non-streamed) response."""
     choices = [_Choice() for _ in range(n)]
-    async for out in outputs:
-        c = choices[out.index]
-        c.text.append(out.text)
-        c.tokens += len(out.token_ids)
-        c.logprobs += out.logprobs or []
-        c.finish_reason = out.finish_reason or c.finish_reason
+    async for outs in outputs:
+        for out in outs:
+            c = choices[out.index]
+            c.text.append(out.text)
+            c.tokens += len(out.token_ids)
+            c.logprobs += out.logprobs or []
+            c.finish_reason = out.finish_reason or c.finish_reason
     body = [fmt.choice(i, c) for i, c in enumerate(choices)]
     return {**fmt.head(fmt.object), "choices": body,
             "usage": fmt.usage(sum(c.tokens for c in choices))}  # fmt: skip
 
 
-async def sse_stream(outputs: AsyncIterator, fmt: _Format, n: int, include_usage: bool):
-    """Server-sent events: one chunk per output with text (or logprobs, or a finish)."""
+def merge(outs: list[StepOutput]) -> list[StepOutput]:
+    """Consecutive outputs of one request folded into one per sample (in first-seen order):
+    tokens, text and logprobs concatenated, the last finish reason kept."""
+    merged: dict[int, StepOutput] = {}
+    for out in outs:
+        m = merged.get(out.index)
+        if m is None:
+            merged[out.index] = StepOutput(out.request_id, out.index, list(out.token_ids),
+                                           out.text, out.logprobs, out.finish_reason)  # fmt: skip
+            continue
+        m.token_ids += out.token_ids
+        m.text += out.text
+        if out.logprobs:
+            m.logprobs = (m.logprobs or []) + out.logprobs
+        m.finish_reason = out.finish_reason or m.finish_reason
+    return list(merged.values())
+
+
+async def sse_stream(
+    outputs: AsyncIterator[list], fmt: _Format, n: int, include_usage: bool, interval: float = 0
+):
+    """Server-sent events: one chunk per sample for each batch of outputs that has text (or
+    logprobs, or a finish). After a write the stream waits `interval` seconds and then sends
+    everything produced meanwhile as the next batch (the first token goes out at once): each
+    write costs a socket send, HTTP framing and a client wake-up, which at one write per token
+    per client costs more CPU than the model's whole decode step (benchmarks/load_test.py)."""
     started: set[int] = set()
-    tokens = 0
+    tokens = finished = 0
     try:
-        async for out in outputs:
-            tokens += len(out.token_ids)
-            if not (out.text or out.finished or out.logprobs) and out.index in started:
-                continue
-            yield sse(fmt.chunk(out, out.index not in started))
-            started.add(out.index)
+        async for outs in outputs:
+            events = []
+            for out in merge(outs):
+                tokens += len(out.token_ids)
+                finished += out.finished
+                if not (out.text or out.finished or out.logprobs) and out.index in started:
+                    continue
+                events.append(sse(fmt.chunk(out, out.index not in started)))
+                started.add(out.index)
+            if events:
+                yield "".join(events)
+                if interval and finished < n:
+                    await asyncio.sleep(interval)
         if include_usage:
             yield sse({**fmt.head(fmt.chunk_object), "choices": [], "usage": fmt.usage(tokens)})
     except EngineFailure as err:

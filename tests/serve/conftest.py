@@ -52,7 +52,9 @@ class LiveServer:
 @pytest.fixture(scope="module")
 def server():
     engine = Engine.from_lm(tiny_lm(), max_batch=8)
-    app = create_app(engine, "tiny", api_key=API_KEY, max_tokens_limit=64)
+    # One chunk per token (no stream_interval): the page test watches the reply grow, and a
+    # tiny model would otherwise finish within one or two 20 ms chunks (test_responses.py).
+    app = create_app(engine, "tiny", api_key=API_KEY, max_tokens_limit=64, stream_interval=0)
     live = LiveServer(app)
     live.engine = engine
     yield live
