@@ -280,19 +280,28 @@ def pack_sft(examples: Sequence[SFTExample], max_len: int) -> list[SFTExample]:
 
 def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int = 0,
                  split: str = "train") -> list[tuple[str, dict]]:  # fmt: skip
-    """(location, record) pairs from a JSONL file, a list of dicts, or `task:NAME[:LEVEL]`.
+    """(location, record) pairs from a JSONL file, a list of dicts, or `task:NAME[:LEVEL][:chat]`.
 
-    kind: "sft" | "preference" | "prompts" picks what a built-in task generates.
+    kind: "sft" | "preference" | "prompts" picks what a built-in task generates. A `:chat` task
+    wraps each prompt as one user message, so it is rendered with the chat template (what
+    `lmforge chat` sends the model) everywhere: SFT, preferences and RL prompts alike.
     """
     if isinstance(source, list):
         return [(f"records[{i}]", r) for i, r in enumerate(source)]
     source = str(source)
     if source.startswith("task:"):
-        name, _, level = source[len("task:") :].partition(":")
+        name, *rest = source[len("task:") :].split(":")
+        chat = rest[-1:] == ["chat"]
+        level = rest[0] if rest and rest[0] != "chat" else ""
+        if len(rest) > 1 + chat or not (level == "" or level.isdigit()):
+            raise DataError(f"{source}: expected task:NAME[:LEVEL][:chat], LEVEL an integer")
         kw = {"digits": int(level), "length": int(level)} if level else {}
         make = {"sft": tasks.sft_records, "preference": tasks.preference_pairs,
                 "prompts": tasks.rl_prompts}[kind]  # fmt: skip
-        return [(f"{source}[{i}]", r) for i, r in enumerate(make(name, n, seed, split, **kw))]
+        records = make(name, n, seed, split, **kw)
+        if chat:
+            records = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in records]
+        return [(f"{source}[{i}]", r) for i, r in enumerate(records)]
     return [(f"{source}:{line}", r) for line, r in read_jsonl(Path(source))]
 
 

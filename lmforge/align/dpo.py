@@ -34,15 +34,18 @@ class DPOConfig(PeftConfig, AlignConfig):
     data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
     beta: float = 0.1
     label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO)
+    # RPO (Pang et al. 2024; TRL's rpo_alpha): + α · per-token NLL of the chosen responses, which
+    # keeps DPO from lowering the likelihood of the right answers along with the wrong ones.
+    rpo_alpha: float = 0.0
     precompute_ref: bool = True  # score every pair under π_ref once instead of every step
     lr: float = 1e-4
     warmup_iters: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.beta <= 0 or not 0 <= self.label_smoothing <= 1:
-            raise ConfigError(f"need beta > 0 and 0 <= label_smoothing <= 1, got {self.beta}, "
-                              f"{self.label_smoothing}")  # fmt: skip
+        if self.beta <= 0 or not 0 <= self.label_smoothing <= 1 or self.rpo_alpha < 0:
+            raise ConfigError(f"need beta > 0, 0 <= label_smoothing <= 1 and rpo_alpha >= 0, got "
+                              f"{self.beta}, {self.label_smoothing}, {self.rpo_alpha}")  # fmt: skip
 
 
 def completion_logprobs(model, batch: dict[str, Tensor]) -> Tensor:
@@ -100,8 +103,12 @@ class DPOTrainer(AlignTrainer):
     def _loss(self, b) -> tuple[Tensor, Tensor, Tensor]:
         chosen, rejected = completion_logprobs(self.lm.model, b).chunk(2)
         ref = b["ref"]
-        return dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], self.cfg.beta,
-                        self.cfg.label_smoothing)  # fmt: skip
+        loss, rc, rr = dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], self.cfg.beta,
+                                self.cfg.label_smoothing)  # fmt: skip
+        if self.cfg.rpo_alpha > 0:
+            n_chosen = (b["labels"][: len(chosen), 1:] != D.IGNORE).sum().clamp(min=1)
+            loss = loss - self.cfg.rpo_alpha * chosen.sum() / n_chosen
+        return loss, rc, rr
 
     def loss(self, batch):
         loss, rc, rr = self._loss(batch)

@@ -29,6 +29,7 @@ COMMANDS = [
     "lmforge.cli.serve",
     "lmforge.cli.vlm",
     "lmforge.cli.checkpoint",
+    "lmforge.cli.speedrun",
 ]
 
 

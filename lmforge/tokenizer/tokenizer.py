@@ -114,8 +114,13 @@ class Tokenizer:
         special_tokens: dict[str, str] | None = None,
         min_frequency: int = 2,
         show_progress: bool = False,
+        split_digits: bool = False,
     ) -> Tokenizer:
-        """Train a byte-level BPE tokenizer whose round trip is exact for any Unicode text."""
+        """Train a byte-level BPE tokenizer whose round trip is exact for any Unicode text.
+
+        `split_digits` makes every digit its own token (as Llama and nanochat do), so numbers
+        share one set of ten digit ids and arithmetic is learnable digit by digit.
+        """
         specials = cls._specials(special_tokens)
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         if vocab_size < len(specials) + len(alphabet):
@@ -124,7 +129,12 @@ class Tokenizer:
                 f"{len(specials) + len(alphabet)} ({len(specials)} special tokens + 256 bytes)"
             )
         backend = Backend(models.BPE())
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.pre_tokenizer = (
+            pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+            if split_digits
+            else byte_level
+        )
         backend.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,

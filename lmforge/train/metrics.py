@@ -8,6 +8,20 @@ from pathlib import Path
 from typing import Any
 
 
+def read_series(path: str | Path, split: str, metric: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one curve in a metrics.csv; empty lists if the file is absent."""
+    steps: list[int] = []
+    values: list[float] = []
+    if not Path(path).is_file():
+        return steps, values
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["split"] == split and row["metric"] == metric:
+                steps.append(int(row["step"]))
+                values.append(float(row["value"]))
+    return steps, values
+
+
 class MetricsLog:
     """Rows of {step, split, name: value...} to metrics.csv; plot(...) draws them."""
 
@@ -45,13 +59,7 @@ class MetricsLog:
 
     def series(self, split: str, metric: str) -> tuple[list[int], list[float]]:
         """(steps, values) for one curve, read back from the CSV."""
-        steps, values = [], []
-        with open(self.path, newline="") as fh:
-            for row in csv.DictReader(fh):
-                if row["split"] == split and row["metric"] == metric:
-                    steps.append(int(row["step"]))
-                    values.append(float(row["value"]))
-        return steps, values
+        return read_series(self.path, split, metric)
 
     def plot(self, curves: list[tuple[str, str]], path: str | Path, title: str = "") -> Path:
         """One panel per metric name; each (split, metric) a line. Writes a PNG."""

@@ -117,3 +117,15 @@ def test_preference_validation(tmp_path, tok):
 def test_load_prompts_gsm8k(shared_data):
     rows = D.load_prompts(shared_data / "gsm8k_test.jsonl")
     assert rows[0]["answer"] == tasks.load_gsm8k(shared_data / "gsm8k_test.jsonl", 1)[0]["answer"]
+
+
+def test_chat_task_sources_wrap_prompts_as_user_messages(tok):
+    plain = D.records_from("task:add:2", "prompts", n=5)
+    chat = D.records_from("task:add:2:chat", "prompts", n=5)
+    assert [r["prompt"] for _, r in plain] == [r["prompt"][0]["content"] for _, r in chat]
+    assert all(r["prompt"][0]["role"] == "user" for _, r in chat)
+    pair = D.records_from("task:add:chat", "preference", n=1)[0][1]
+    ex = D.encode_preference(pair, tok, 64)
+    assert ex.chosen.prompt_len == ex.rejected.prompt_len > len(tok.encode(pair["answer"]))
+    with pytest.raises(DataError, match="task:NAME"):
+        D.records_from("task:add:two", "sft", n=1)

@@ -77,3 +77,16 @@ def test_dpo_with_lora(tmp_path):
     t.train_step()
     t.export(tmp_path)
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+
+
+def test_rpo_adds_the_chosen_per_token_nll(tmp_path):
+    t = DPOTrainer(cfg(tmp_path, rpo_alpha=0.5), log=lambda *a: None)
+    b = t.batch([0, 1, 2, 3])
+    loss, _ = t.loss(b)
+    logits = t.lm.model(b["input_ids"][:4])
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1), b["labels"][:4, 1:].flatten(), ignore_index=-100
+    )
+    assert loss.item() == pytest.approx(math.log(2) + 0.5 * nll.item(), abs=1e-4)
+    with pytest.raises(ConfigError, match="rpo_alpha"):
+        DPOConfig(rpo_alpha=-1)

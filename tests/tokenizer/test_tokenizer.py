@@ -198,3 +198,14 @@ def test_bad_inputs(tmp_path):
         Tokenizer.train_bpe(WORD_LINES, special_tokens={"bos": "<s>", "eos": "<s>"})
     with pytest.raises(DataError, match="no characters"):
         Tokenizer.train_char([""])
+
+
+def test_bpe_split_digits_gives_one_token_per_digit_and_exact_round_trip():
+    tok = Tokenizer.train_bpe(builtin_corpus("pydoc")[:30], vocab_size=512, split_digits=True)
+    text = "12+345=357 in 2024, x1"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    digit_pieces = [tok.id_to_token(i) for i in tok.encode("9876543210")]
+    assert digit_pieces == list("9876543210")
+    merged = Tokenizer.train_bpe(["1000 2000 3000 " * 50] * 20, vocab_size=300)
+    assert len(merged.encode("1000")) < 4  # without the option, frequent numbers merge

