@@ -330,7 +330,7 @@ class AlignTrainer(ABC):
                 f"{self.name} loss became non-finite at step {self.step}; stopped, the last "
                 f"good checkpoint in {self.out_dir} is kept (try a lower lr)"
             )
-        share = weight * self.dist.world_size / total
+        share = weight * self.dist.world_size / total if total else 1.0  # 0: nothing to learn
         if share != 1.0:
             loss = loss * share
             stats = {k: v * share for k, v in stats.items()}
