@@ -17,15 +17,26 @@ shuffled indices and takes its 1/N slice, the subclass's `loss` runs inside one 
 its share of `loss_weight` (rows, or response tokens for a token-mean loss) so the averaged
 gradient is the one-process gradient of the whole batch. Rank 0 alone evaluates, logs, shows
 progress and writes checkpoints; the training state is one file any world size can resume from.
+
+With `parallel: fsdp` the trainable module is sharded with FSDP2 instead (each transformer block
+its own unit, the rest in the root; frozen copies such as DPO's reference stay whole on every
+rank), so parameters, gradients and optimizer state take 1/N of the memory per rank. What needs
+whole weights gets them from a collective gather that every rank joins at the same step: rank 0
+keeps one unsharded copy of the trainable module (in CPU memory between uses), refreshes it from
+the shards, and evaluates and exports with it; the training-state file holds the gathered
+parameters and optimizer state, the same file as one process or DDP writes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import math
 import os
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +56,12 @@ from lmforge.train.checkpoint import (
     save_training_state,
     set_rng_state,
 )
-from lmforge.train.distributed import NullMetrics, init_parallel, launched_by_torchrun
+from lmforge.train.distributed import (
+    PARALLEL,
+    NullMetrics,
+    init_parallel,
+    launched_by_torchrun,
+)
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import build_adamw, cosine_lr
 
@@ -84,7 +100,7 @@ class AlignConfig:
     device: str = "auto"
     threads: int | None = None  # CPU threads; 1 is fastest for tiny models on a busy machine
     progress: bool = True
-    parallel: str = "ddp"  # under torchrun: ddp (the post-training trainers run DDP only)
+    parallel: str = "ddp"  # under torchrun: ddp (full replica per rank) | fsdp (FSDP2 shards)
 
     def __post_init__(self) -> None:
         if self.checkpoint_interval is None:
@@ -95,11 +111,9 @@ class AlignConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.lr <= 0 or self.min_lr < 0:
             raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
-        if self.parallel != "ddp":
+        if self.parallel not in PARALLEL:
             raise ConfigError(
-                f"parallel={self.parallel} is for pretraining; post-training runs under torchrun "
-                "with DDP (parallel: ddp), which keeps a full model per rank for evaluation, "
-                "rollouts and PEFT export"
+                f"parallel must be one of {', '.join(PARALLEL)}; got {self.parallel!r}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,6 +204,32 @@ class LossModule(nn.Module):
         return self.loss_fn(batch)
 
 
+@contextlib.contextmanager
+def swapped_modules(owner: object, module: nn.Module, replacement: nn.Module) -> Iterator[None]:
+    """For the body, every attribute of `owner` and of the plain objects it holds (an LM, a
+    rollout engine) that refers to `module` or one of its submodules refers instead to the
+    same-named submodule of `replacement`, a copy with the same structure. This is how
+    evaluation and export code, written against the trainer's own attributes, runs unchanged
+    on rank 0's whole copy of a sharded model."""
+    twin = dict(replacement.named_modules(remove_duplicate=False))
+    mapping = {id(m): twin[n] for n, m in module.named_modules(remove_duplicate=False)}
+    holders = [owner] + [
+        v for v in vars(owner).values()
+        if hasattr(v, "__dict__") and not isinstance(v, (nn.Module, torch.Tensor, type))
+    ]  # fmt: skip
+    changed = []
+    for obj in holders:
+        for key, value in list(vars(obj).items()):
+            if isinstance(value, nn.Module) and id(value) in mapping:
+                changed.append((obj, key, value))
+                setattr(obj, key, mapping[id(value)])
+    try:
+        yield
+    finally:
+        for obj, key, value in changed:
+            setattr(obj, key, value)
+
+
 class AlignTrainer(ABC):
     """The shared loop. Subclasses set `name`, `curves` and implement the hooks below."""
 
@@ -201,6 +241,15 @@ class AlignTrainer(ABC):
         self.out_dir = Path(cfg.out_dir)
         if launched_by_torchrun():  # a batch that does not split is an error before any work
             check_world_size(cfg.batch_size, int(os.environ["WORLD_SIZE"]))
+        own_loop = [f for f in ("train_step", "run") if getattr(type(self), f) is not
+                    getattr(AlignTrainer, f)]  # fmt: skip
+        if cfg.parallel == "fsdp" and own_loop:
+            raise ConfigError(
+                f"parallel=fsdp: {self.name} uses the model outside the shared loop (its own "
+                f"{' and '.join(own_loop)}: rollouts, regularisers, extra evaluation), where "
+                "sharded weights are not whole; run it with parallel: ddp (FSDP2 covers SFT, "
+                "DPO and reward models)"
+            )
         # one process, or one rank of a torchrun job (DDP; lmforge/train/distributed.py)
         self.dist = init_parallel(cfg.parallel, resolve_device(cfg.device))
         self.dist.sync_buffers = False  # RoPE tables, NF4 weights: identical, never trained
@@ -219,6 +268,11 @@ class AlignTrainer(ABC):
         self.pad_id = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         self.setup()
         self.module = self.trainable_module()
+        self._loss_module: nn.Module | None = None  # built at the first step (DDP under torchrun)
+        self._full: nn.Module | None = None  # FSDP: rank 0's unsharded copy (eval, export)
+        self._full_step = -1  # the step whose weights _full holds
+        if self.dist.shards_parameters:
+            self._shard()
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(f"{self.name}: nothing to train (every parameter is frozen)")
@@ -226,7 +280,6 @@ class AlignTrainer(ABC):
         self.sampler = EpochSampler(
             self.num_examples(), cfg.batch_size, cfg.seed, self.dist.rank, self.dist.world_size
         )
-        self._loss_module: nn.Module | None = None  # built at the first step (DDP under torchrun)
         self.step, self.elapsed = 0, 0.0
         if resume:
             self._load_state(state_path)
@@ -238,6 +291,39 @@ class AlignTrainer(ABC):
         n_train = sum(p.numel() for p in params)
         n_all = sum(p.numel() for p in self.module.parameters())
         self.log(f"{self.name}: {n_train:,} of {n_all:,} parameters trainable; {self.device}")
+
+    # ---- FSDP --------------------------------------------------------------------------------
+    def _shard(self) -> None:
+        """Shard the trainable module in place (before the optimizer is built: FSDP2 replaces
+        the parameters), after rank 0 has kept a whole copy of it for evaluation and export."""
+        if self.dist.is_main:
+            self._full = copy.deepcopy(self.module).to("cpu")
+        self._loss_module = self.dist.wrap(LossModule(self, self.module))
+
+    @contextlib.contextmanager
+    def _full_weights(self) -> Iterator[bool]:
+        """Collective under FSDP: yields True on rank 0, which for the body sees the current
+        model whole wherever the trainer refers to it (self.module, self.lm.model, self.rm,
+        a rollout engine's policy), and False on the other ranks. Without sharding it is
+        free: rank 0's own module is whole."""
+        if not self.dist.shards_parameters:
+            yield self.dist.is_main
+            return
+        if self._full_step != self.step:  # at most one gather per step (eval + checkpoint)
+            trainable = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+            whole = {n: self.dist.full_tensor(p) for n, p in trainable}  # every rank joins
+            if self._full is not None:
+                params = dict(self._full.named_parameters())
+                with torch.no_grad():
+                    for n, value in whole.items():
+                        params[n].copy_(value)
+            self._full_step = self.step
+        if self._full is None:
+            yield False
+            return
+        with swapped_modules(self, self.module, self._full.to(self.device)):
+            yield True
+        self._full.to("cpu")
 
     # ---- hooks -------------------------------------------------------------------------------
     @abstractmethod
@@ -278,20 +364,34 @@ class AlignTrainer(ABC):
 
     # ---- state -------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        """Rank 0 writes (under DDP every rank holds the same weights and optimizer state)."""
-        if not self.dist.is_main:
-            return
-        self.export(self.out_dir)
-        trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-        state = {
-            "step": self.step,
-            "elapsed": self.elapsed,
-            "trainable": trainable,
-            "optimizer": self.optimizer.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
-        }
-        save_training_state(self.out_dir / STATE_FILE, state)
+        """Rank 0 writes (under DDP every rank holds the same weights and optimizer state;
+        under FSDP every rank first joins the gathers of the weights and optimizer state)."""
+        optimizer = self._optimizer_state()
+        with self._full_weights() as main:
+            if not main:
+                return
+            self.export(self.out_dir)
+            trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+            state = {
+                "step": self.step,
+                "elapsed": self.elapsed,
+                "trainable": trainable,
+                "optimizer": optimizer,
+                "sampler": self.sampler.state_dict(),
+                "rng": rng_state(),
+            }
+            save_training_state(self.out_dir / STATE_FILE, state)
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """optimizer.state_dict() with whole tensors (collective under FSDP, same order on
+        every rank), so the file does not depend on how the run was split."""
+        state = self.optimizer.state_dict()
+        if self.dist.shards_parameters:
+            state["state"] = {
+                i: {k: self.dist.full_tensor(v) if torch.is_tensor(v) else v for k, v in s.items()}
+                for i, s in sorted(state["state"].items())
+            }
+        return state
 
     def _load_state(self, path: Path) -> None:
         state = load_training_state(path)
@@ -301,8 +401,16 @@ class AlignTrainer(ABC):
             raise CheckpointError(f"{path}: saved for a different model ({missing[:3]} missing)")
         with torch.no_grad():
             for n, value in state["trainable"].items():
-                params[n].copy_(value)
-        self.optimizer.load_state_dict(state["optimizer"])
+                params[n].copy_(self.dist.shard_like(value, params[n]))
+        optimizer = state["optimizer"]
+        if self.dist.shards_parameters:  # each rank keeps its slice of the moments
+            by_index = [p for g in self.optimizer.param_groups for p in g["params"]]
+            for i, s in optimizer["state"].items():
+                p = by_index[int(i)]
+                for k, v in s.items():
+                    if torch.is_tensor(v) and v.shape == p.shape:
+                        s[k] = self.dist.shard_like(v, p)
+        self.optimizer.load_state_dict(optimizer)
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.step, self.elapsed = state["step"], state["elapsed"]
@@ -344,15 +452,16 @@ class AlignTrainer(ABC):
         return {"loss": loss.item(), "lr": lr, **stats}
 
     def _evaluate(self) -> dict[str, float]:
-        """Rank 0 evaluates (the other ranks hold the same weights and go on to the next step,
-        where the all-reduce waits for rank 0)."""
-        if not self.dist.is_main:
-            return {}
-        was_training = self.module.training
-        self.module.eval()
-        with torch.no_grad():
-            result = self.evaluate()
-        self.module.train(was_training)
+        """Rank 0 evaluates (the other ranks hold the same weights, or under FSDP join the
+        gather of them, and go on to the next step, where the all-reduce waits for rank 0)."""
+        with self._full_weights() as main:
+            if not main:
+                return {}
+            was_training = self.module.training
+            self.module.eval()
+            with torch.no_grad():
+                result = self.evaluate()
+            self.module.train(was_training)
         if result:
             self.metrics.log(self.step, "eval", **result)
         return result

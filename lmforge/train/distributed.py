@@ -56,6 +56,13 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of every `blocks` ModuleList inside `model` (a Transformer, or a module that
+    holds one: a reward model, a post-training loss): FSDP2's per-block units."""
+    return [b for m in model.modules() if isinstance(getattr(m, "blocks", None), nn.ModuleList)
+            for b in m.blocks]  # fmt: skip
+
+
 def lane_seed(seed: int, lane: int) -> int:
     """Seed of data lane `lane`; lane 0 uses `seed` itself, like the single-process sampler."""
     return seed + 1_000_003 * lane
@@ -113,6 +120,7 @@ class Parallel:
     """One process, no process group: every method is the identity (the single-process path)."""
 
     name = "single"
+    shards_parameters = False  # True: each rank holds a slice of every parameter (FSDP)
     sharded = False  # checkpoint format: False = one atomic file, True = DCP directory
     state_file = STATE_FILE  # what --resume looks for in out_dir
 
@@ -179,6 +187,16 @@ class Parallel:
         """The unsharded model on rank 0 (to save in HF layout or sample from); None elsewhere.
         Every rank must call it (FSDP gathers the shards)."""
         return model if self.is_main else None
+
+    def full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole of a parameter (or of optimizer state shaped like one), detached. Every rank
+        must call it, in the same order (FSDP all-gathers the slices)."""
+        return tensor.detach()
+
+    def shard_like(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """This rank's part of `full`, laid out as `param` is (the inverse of full_tensor;
+        every rank passes the same `full`, no communication)."""
+        return full
 
 
 # the DDP argument that turns off the per-forward buffer broadcast (renamed in torch 2.13)
@@ -291,13 +309,28 @@ class FSDPParallel(DDPParallel):
     final norm, head), so at most one block's full weights are live beyond the root's."""
 
     name = "fsdp"
+    shards_parameters = True
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:
+        for block in transformer_blocks(model):
             fully_shard(block)
         return fully_shard(model)
+
+    def full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        tensor = tensor.detach()
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def shard_like(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if not isinstance(param, DTensor):
+            return full
+        full = full.to(device=param.device, dtype=param.dtype)
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
 
     @contextlib.contextmanager
     def no_sync(self, last: bool) -> Iterator[None]:

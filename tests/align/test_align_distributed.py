@@ -6,6 +6,10 @@ One `torchrun --standalone --nproc_per_node 2` launch runs this file as a worker
 saving its own copy of the trained parameters so the test can check that the ranks agree. The
 one-process references run in the pytest process.
 
+The same launch then repeats SFT (CLI, and `--resume` of the same 1-process state), DPO and reward
+with `parallel: fsdp` (FSDP2 shards), which must match one process as DDP does, and saves a
+2-rank FSDP training state half way that the test resumes on one process.
+
 GRPO's sampled completions depend on each rank's seed, so its 2-process run cannot match one
 process step for step; what can be compared is the update from a FIXED rollout: each rank learns
 from its share of the groups, the gradient all-reduce makes it the one-process update.
@@ -13,6 +17,7 @@ from its share of the groups, the gradient all-reduce makes it the one-process u
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmforge.align.continual import ContinualConfig, ContinualTrainer
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
 from lmforge.align.reward import RewardConfig, RewardTrainer
@@ -90,6 +96,15 @@ def worker(root: Path) -> None:
     share = len(rollout) // world
     t.update(rollout.select(torch.arange(rank * share, (rank + 1) * share)))
     save_params(t.module, root / "grpo_fixed" / f"rank{rank}.safetensors")
+    fsdp = ["--parallel", "fsdp"]
+    assert cli([*cli_args("sft", root / "fsdp_sft"), *fsdp]) == 0
+    assert cli([*cli_args("sft", root / "fsdp_resumed"), *fsdp, "--resume"]) == 0
+    for name in ("dpo", "reward"):
+        make(name, root / f"fsdp_{name}", parallel="fsdp").run()
+    half = make("sft", root / "fsdp_half", parallel="fsdp")  # 2 of 4 steps, then the state
+    for _ in range(2):
+        half.train_step()
+    half.save_checkpoint()
 
 
 # ---- tests -------------------------------------------------------------------------------------
@@ -113,6 +128,7 @@ def two(tmp_path_factory) -> Path:
     for _ in range(2):
         half.train_step()
     half.save_checkpoint()
+    shutil.copytree(root / "resumed", root / "fsdp_resumed")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            __file__, str(root)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -120,31 +136,60 @@ def two(tmp_path_factory) -> Path:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert proc.stdout.count("final: ") == 2  # one summary per CLI run: rank 0 alone prints
+    assert proc.stdout.count("final: ") == 4  # one summary per CLI run: rank 0 alone prints
     return root
 
 
+@pytest.fixture(scope="module")
+def one(tmp_path_factory) -> Path:
+    """Output root of the 1-process references (each trainer run once, when first needed)."""
+    return tmp_path_factory.mktemp("one")
+
+
+def reference(one: Path, name: str) -> Path:
+    if not (one / name / "final_metrics.json").is_file():
+        make(name, one / name).run()
+    return one / name
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "model.safetensors"))
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("name", ["sft", "dpo", "reward"])
-def test_two_processes_match_one(two, tmp_path, name):
-    make(name, tmp_path / name).run()
-    ref, dist = losses(tmp_path / name), losses(two / name)
-    assert len(ref) == len(dist) == COMMON["max_iters"]
-    np.testing.assert_allclose(dist, ref, atol=1e-5, rtol=0)
-    weights = lambda root: load_file(str(root / name / "model.safetensors"))  # noqa: E731
-    if name == "reward":  # a pair's loss is blind to the final norm's bias (it shifts both
-        # rewards): its gradient is rounding noise, which Adam scales to lr-sized steps
-        weights = lambda root: {k: v for k, v in load_file(  # noqa: E731
-            str(root / name / "model.safetensors")).items() if k != "norm.bias"}  # fmt: skip
-    assert_close(weights(two), weights(tmp_path), atol=1e-5)
-    assert (two / name / "training_state.safetensors").is_file()
-    assert not list((two / name).glob("*rank*training*"))  # one state file, written by rank 0
+def test_two_processes_match_one(two, one, name, parallel):
+    out = two / (name if parallel == "ddp" else f"fsdp_{name}")
+    ref = reference(one, name)
+    assert len(losses(ref)) == len(losses(out)) == COMMON["max_iters"]
+    np.testing.assert_allclose(losses(out), losses(ref), atol=1e-5, rtol=0)
+    drop = {"norm.bias"} if name == "reward" else set()  # a pair's loss is blind to the final
+    # norm's bias (it shifts both rewards): its gradient is rounding noise, which Adam scales to
+    # lr-sized steps
+    kept = lambda out: {k: v for k, v in weights(out).items() if k not in drop}  # noqa: E731
+    assert_close(kept(out), kept(ref), atol=1e-5)
+    assert (out / "training_state.safetensors").is_file()
+    assert not list(out.glob("*rank*training*"))  # one state file, written by rank 0
 
 
 @pytest.mark.slow
-def test_one_process_state_resumes_on_two(two):
-    weights = lambda out: load_file(str(out / "model.safetensors"))  # noqa: E731
-    assert_close(weights(two / "resumed"), weights(two / "sft"), atol=1e-5)
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_one_process_state_resumes_on_two(two, parallel):
+    prefix = "" if parallel == "ddp" else "fsdp_"
+    assert_close(weights(two / f"{prefix}resumed"), weights(two / f"{prefix}sft"), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_fsdp_state_resumes_on_one_process(two, tmp_path):
+    """The state 2 FSDP ranks saved half way holds whole weights and Adam moments."""
+    shutil.copytree(two / "fsdp_half", tmp_path / "half")
+    config_cls, trainer_cls, fields = RUNS["sft"]
+    cfg = config_cls(**{**COMMON, **fields, "out_dir": str(tmp_path / "half")})
+    t = trainer_cls(cfg, resume=True, log=quiet)
+    assert t.step == 2
+    t.run()
+    assert_close(weights(tmp_path / "half"), weights(two / "fsdp_sft"), atol=1e-5)
 
 
 @pytest.mark.slow
@@ -179,9 +224,15 @@ def test_batch_not_divisible_by_world_size_fails_before_any_step(tmp_path, monke
         assert not (tmp_path / name).exists()  # nothing loaded, nothing written
 
 
-def test_fsdp_is_refused_for_post_training():
-    with pytest.raises(ConfigError, match="post-training runs under torchrun with DDP"):
-        SFTConfig(parallel="fsdp")
+def test_fsdp_is_refused_where_the_loop_uses_whole_weights(tmp_path):
+    with pytest.raises(ConfigError, match="parallel must be one of ddp, fsdp"):
+        SFTConfig(parallel="zero3")
+    with pytest.raises(ConfigError, match="parallel=fsdp: grpo uses the model outside"):
+        make("grpo", tmp_path / "grpo", parallel="fsdp")
+    cfg = ContinualConfig(**{**COMMON, "out_dir": str(tmp_path / "cl"), "parallel": "fsdp"})
+    with pytest.raises(ConfigError, match="parallel=fsdp: continual uses the model outside"):
+        ContinualTrainer(cfg, log=quiet)
+    assert not (tmp_path / "grpo").exists() and not (tmp_path / "cl").exists()
 
 
 if __name__ == "__main__":
