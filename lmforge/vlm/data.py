@@ -22,6 +22,7 @@ that do not map to RGB (16-bit or float images) raise DataError naming the file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,21 +31,36 @@ import torch
 
 from lmforge.errors import DataError
 
-COLOURS: dict[str, tuple[int, int, int]] = {
+COLOURS: dict[str, tuple[int, int, int]] = {  # >= 95 apart in some channel: jitter is +-25
     "red": (220, 40, 40),
     "green": (40, 180, 60),
     "blue": (50, 90, 235),
     "yellow": (235, 205, 30),
+    "purple": (150, 60, 210),
+    "pink": (245, 120, 190),
+    "cyan": (40, 200, 210),
+    "white": (230, 230, 230),
 }
-SHAPES = ("circle", "square", "triangle")
+SHAPES = ("circle", "square", "triangle", "cross", "ring")
+PLURALS = {"cross": "crosses"}  # the others add "s"
 COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
 RELATIONS = {"horizontal": "left of", "vertical": "above"}
-# One pair held out per shape; every colour and every shape still occurs in training.
-HELD_OUT_PAIRS: tuple[tuple[str, str], ...] = (
-    ("red", "triangle"),
-    ("green", "square"),
-    ("blue", "circle"),
-)
+
+
+def plural(shape: str) -> str:
+    return PLURALS.get(shape, shape + "s")
+
+
+def latin_square_pairs(
+    colours: Sequence[str], shapes: Sequence[str]
+) -> tuple[tuple[str, str], ...]:
+    """One held-out shape per colour, cycling through the shapes: colour i loses shape i mod S.
+    Every colour keeps S - 1 shapes and every shape keeps most colours, so both are seen in many
+    combinations and only the held-out pairs are new."""
+    return tuple((c, shapes[i % len(shapes)]) for i, c in enumerate(colours))
+
+
+HELD_OUT_PAIRS = latin_square_pairs(tuple(COLOURS), SHAPES)
 SPLITS = {"train": 0, "test": 1, "novel": 2}
 # Modes Pillow converts to RGB without losing meaning; others (I;16, I, F) are refused.
 RGB_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
@@ -59,7 +75,7 @@ class Group:
     count: int
 
     def phrase(self) -> str:
-        noun = self.shape + ("s" if self.count > 1 else "")
+        noun = plural(self.shape) if self.count > 1 else self.shape
         return f"{COUNT_WORDS[self.count]} {self.colour} {noun}"
 
 
@@ -84,7 +100,9 @@ class ShapesDataset:
         seed: int = 0,
         max_count: int = 3,
         cell_size: int = 8,
-        held_out: tuple[tuple[str, str], ...] = HELD_OUT_PAIRS,
+        colours: int = len(COLOURS),
+        shapes: int = len(SHAPES),
+        held_out: Sequence[Sequence[str]] | None = None,
     ):
         if image_size % (2 * cell_size) or image_size < 2 * cell_size or cell_size < 4:
             raise DataError(
@@ -95,7 +113,15 @@ class ShapesDataset:
             raise DataError(f"shapes: max_count={max_count} shapes do not fit in half the cells")
         if max_count not in COUNT_WORDS:
             raise DataError(f"shapes: max_count must be in {sorted(COUNT_WORDS)}, got {max_count}")
-        pairs = [(c, s) for c in COLOURS for s in SHAPES]
+        if not (2 <= colours <= len(COLOURS) and 2 <= shapes <= len(SHAPES)):
+            raise DataError(
+                f"shapes: colours must be in 2..{len(COLOURS)} and shapes in 2..{len(SHAPES)}, "
+                f"got {colours}, {shapes}"
+            )
+        self.colours, self.shapes = tuple(COLOURS)[:colours], SHAPES[:shapes]
+        if held_out is None:
+            held_out = latin_square_pairs(self.colours, self.shapes)
+        pairs = [(c, s) for c in self.colours for s in self.shapes]
         unknown = [p for p in held_out if tuple(p) not in pairs]
         if unknown:
             raise DataError(f"shapes: held-out pairs {unknown} are not colour x shape pairs")
@@ -123,7 +149,8 @@ class ShapesDataset:
 
     def vocabulary_texts(self) -> list[str]:
         """Every caption word, for building the word tokenizer (held-out words included)."""
-        words = [*COLOURS, *SHAPES, *(s + "s" for s in SHAPES), *COUNT_WORDS.values()]
+        words = [*self.colours, *self.shapes, *map(plural, self.shapes)]
+        words += list(COUNT_WORDS.values())
         words += [w for r in RELATIONS.values() for w in r.split()]
         return [" ".join(words)]
 
@@ -195,8 +222,14 @@ def _draw_shape(draw, shape: str, x: int, y: int, size: int, colour) -> None:
     end = (x + size - 1, y + size - 1)
     if shape == "circle":
         draw.ellipse([(x, y), end], fill=colour)
+    elif shape == "ring":  # a circle's outline, two pixels thick
+        draw.ellipse([(x, y), end], outline=colour, width=2)
     elif shape == "square":
         draw.rectangle([(x, y), end], fill=colour)
+    elif shape == "cross":  # a plus sign, two pixels thick
+        lo, hi = x + (size - 2) // 2, y + (size - 2) // 2
+        draw.rectangle([(lo, y), (lo + 1, y + size - 1)], fill=colour)
+        draw.rectangle([(x, hi), (x + size - 1, hi + 1)], fill=colour)
     else:  # triangle, apex up
         draw.polygon([(x + (size - 1) / 2, y), (x, y + size - 1), end], fill=colour)
 

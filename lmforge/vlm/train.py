@@ -35,11 +35,14 @@ class VLMTrainConfig:
     seed: int = 0
     image_size: int = 32
     max_count: int = 3  # shapes per group: 1..max_count
+    colours: int = 8  # the first n colours of data.COLOURS
+    shapes: int = 5  # the first n shapes of data.SHAPES; held out: data.latin_square_pairs
     patch_size: int = 8  # also the synthetic images' cell size: one shape per patch cell
     vision_dim: int = 96
     vision_layers: int = 2
     vision_heads: int = 4
     use_cls: bool = False
+    patch_embed: str = "linear"  # linear | factorised (see vision.FactorisedPatchEmbedding)
     freeze_vision: bool = False
     projector: str = "linear"  # linear | mlp2
     tokenizer: str = "whitespace"  # whitespace | word | char
@@ -75,11 +78,17 @@ class VLMTrainConfig:
         return VisionConfig(
             image_size=self.image_size, patch_size=self.patch_size, d_model=self.vision_dim,
             n_layer=self.vision_layers, n_head=self.vision_heads, use_cls=self.use_cls,
+            patch_embed=self.patch_embed,
         )  # fmt: skip
 
     def text_config(self, vocab_size: int, seq_len: int) -> ModelConfig:
         overrides = {"vocab_size": vocab_size, "max_seq_len": seq_len, **self.model}
         return ModelConfig.from_dict(overrides, source="model")
+
+
+def build_data(cfg: VLMTrainConfig) -> ShapesDataset:
+    return ShapesDataset(cfg.image_size, cfg.seed, cfg.max_count, cfg.patch_size, cfg.colours,
+                         cfg.shapes)  # fmt: skip
 
 
 def build_model(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
@@ -116,7 +125,7 @@ def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
-    data = ShapesDataset(cfg.image_size, cfg.seed, cfg.max_count, cfg.patch_size)
+    data = build_data(cfg)
     vlm = build_model(cfg, data)
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = build_adamw(vlm, cfg.lr, cfg.weight_decay, (0.9, 0.99))

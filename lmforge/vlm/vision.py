@@ -31,6 +31,11 @@ class VisionConfig:
     n_head: int = 4
     d_ff: int | None = None  # None = 4 * d_model
     use_cls: bool = False  # prepend a learned CLS token (its feature becomes an image token too)
+    patch_embed: str = "linear"  # linear (ViT) | factorised (shape code + colour code)
+    act: str = "gelu"  # MLP activation: gelu | gelu_tanh (SigLIP) | quick_gelu (CLIP)
+    patch_bias: bool = True  # CLIP's patch embedding has no bias
+    pre_norm: bool = False  # LayerNorm before the blocks (CLIP's pre_layrnorm)
+    final_norm: bool = True  # LayerNorm after the blocks (CLIP's last_hidden_state has none)
     dropout: float = 0.0
     norm_eps: float = 1e-5
 
@@ -48,6 +53,13 @@ class VisionConfig:
             raise ConfigError(
                 f"vision.d_model={self.d_model} is not divisible by vision.n_head={self.n_head}"
             )
+        if self.patch_embed not in PATCH_EMBEDDINGS:
+            raise ConfigError(
+                f"vision.patch_embed must be one of {sorted(PATCH_EMBEDDINGS)}, "
+                f"got {self.patch_embed!r}"
+            )
+        if self.act not in ACTIVATIONS:
+            raise ConfigError(f"vision.act must be one of {sorted(ACTIVATIONS)}, got {self.act!r}")
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
 
@@ -73,6 +85,28 @@ class VisionConfig:
         return cls(**data)
 
 
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "quick_gelu": QuickGELU,
+}
+
+
+def check_pixels(pixels: torch.Tensor, image_size: int) -> None:
+    if pixels.dim() != 4 or tuple(pixels.shape[-2:]) != (image_size,) * 2:
+        raise ConfigError(
+            f"expected pixels [B, C, {image_size}, {image_size}], "
+            f"got {tuple(pixels.shape)} (resize images with lmforge.vlm.data.load_image)"
+        )
+
+
 class PatchEmbedding(nn.Module):
     """[B, C, H, W] -> [B, (H/P)(W/P), d]: a linear map of each flattened P x P x C patch."""
 
@@ -80,15 +114,46 @@ class PatchEmbedding(nn.Module):
         super().__init__()
         self.image_size = config.image_size
         p = config.patch_size
-        self.proj = nn.Conv2d(config.channels, config.d_model, kernel_size=p, stride=p)
+        self.proj = nn.Conv2d(
+            config.channels, config.d_model, kernel_size=p, stride=p, bias=config.patch_bias
+        )
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        if pixels.dim() != 4 or tuple(pixels.shape[-2:]) != (self.image_size,) * 2:
-            raise ConfigError(
-                f"expected pixels [B, C, {self.image_size}, {self.image_size}], "
-                f"got {tuple(pixels.shape)} (resize images with lmforge.vlm.data.load_image)"
-            )
+        check_pixels(pixels, self.image_size)
         return self.proj(pixels).flatten(2).transpose(1, 2)  # row-major patch order
+
+
+class FactorisedPatchEmbedding(nn.Module):
+    """[B, C, H, W] -> [B, (H/P)(W/P), d]: per patch, a shape code plus a colour code.
+
+    A linear patch embedding sees colour times outline (pixel = colour where the shape is), so a
+    "red triangle" patch is a point it never met if red triangles are absent from training: the
+    features entangle the two and caption only the pairs seen. Here each patch is split into
+    two parts, each blind to the other:
+      shape:  per-pixel brightness (max over channels), min-max normalised within the patch:
+              the outline in [0, 1] whatever its colour (a uniform patch gives zeros);
+      colour: per-channel max and min over the patch: the brightest colour and the background,
+              whatever the outline.
+    The token is W_s shape + W_c colour + b; the encoder blocks then work on both. This is local
+    contrast normalisation plus colour statistics, and works on any RGB image.
+    """
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.image_size, self.p = config.image_size, config.patch_size
+        self.shape = nn.Linear(self.p * self.p, config.d_model)
+        self.colour = nn.Linear(2 * config.channels, config.d_model, bias=False)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        check_pixels(pixels, self.image_size)
+        b, c = pixels.shape[:2]
+        patches = F.unfold(pixels, self.p, stride=self.p).view(b, c, self.p * self.p, -1)
+        patches = patches.permute(0, 3, 1, 2)  # [B, L, C, P*P], row-major patch order
+        value = patches.amax(dim=2)  # [B, L, P*P]
+        low, high = value.amin(-1, keepdim=True), value.amax(-1, keepdim=True)
+        outline = (value - low) / (high - low).clamp_min(0.1)
+        colour = torch.cat([patches.amax(-1), patches.amin(-1)], dim=-1)  # [B, L, 2C]
+        return self.shape(outline) + self.colour(colour)
 
 
 class VisionAttention(nn.Module):
@@ -120,7 +185,7 @@ class VisionBlock(nn.Module):
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.mlp = nn.Sequential(
             nn.Linear(config.d_model, config.d_ff),
-            nn.GELU(),
+            ACTIVATIONS[config.act](),
             nn.Linear(config.d_ff, config.d_model),
             nn.Dropout(config.dropout),
         )
@@ -136,11 +201,13 @@ class VisionEncoder(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
         self.config = config
-        self.patch_embed = PatchEmbedding(config)
+        self.patch_embed = PATCH_EMBEDDINGS[config.patch_embed](config)
         self.cls = nn.Parameter(torch.zeros(1, 1, config.d_model)) if config.use_cls else None
         self.pos = nn.Parameter(torch.randn(1, config.num_tokens, config.d_model) * 0.02)
+        d, eps = config.d_model, config.norm_eps
+        self.pre_norm = nn.LayerNorm(d, eps=eps) if config.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.n_layer))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.norm = nn.LayerNorm(d, eps=eps) if config.final_norm else nn.Identity()
         self.frozen = False
 
     @property
@@ -155,7 +222,7 @@ class VisionEncoder(nn.Module):
         x = self.patch_embed(pixels)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
-        x = x + self.pos
+        x = self.pre_norm(x + self.pos)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
@@ -170,4 +237,8 @@ class VisionEncoder(nn.Module):
         return super().train(mode and not self.frozen)
 
 
+PATCH_EMBEDDINGS: dict[str, type[nn.Module]] = {
+    "linear": PatchEmbedding,
+    "factorised": FactorisedPatchEmbedding,
+}
 VISION_ENCODERS = {"vit": VisionEncoder}

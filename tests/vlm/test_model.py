@@ -12,13 +12,15 @@ from lmforge.vlm.vision import VisionConfig
 WORDS = "a two three red green blue circle circles square squares left of above"
 
 
-def tiny(pos="rope", use_cls=False, projector="linear", **text):
+def tiny(pos="rope", use_cls=False, projector="linear", patch_embed="linear", **text):
     tok = build_tokenizer([WORDS])
     text_cfg = ModelConfig(
         vocab_size=tok.vocab_size, d_model=32, n_layer=2, n_head=4, max_seq_len=64, pos=pos,
         **text,
     )  # fmt: skip
-    vision = VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2, use_cls=use_cls)
+    vision = VisionConfig(
+        image_size=16, patch_size=8, d_model=16, n_head=2, use_cls=use_cls, patch_embed=patch_embed
+    )
     return VisionLanguageModel.build(text_cfg, vision, tok, projector).eval()
 
 
@@ -92,10 +94,13 @@ def test_image_is_visible_only_after_its_position():
     assert not torch.allclose(a[:, -1], b[:, -1])
 
 
-@pytest.mark.parametrize("pos,use_cls", [("rope", False), ("learned", True)])
-def test_cached_equals_uncached_generation_with_image_prefix(pos, use_cls):
+@pytest.mark.parametrize(
+    "pos,use_cls,patch_embed",
+    [("rope", False, "linear"), ("learned", True, "linear"), ("rope", False, "factorised")],
+)
+def test_cached_equals_uncached_generation_with_image_prefix(pos, use_cls, patch_embed):
     torch.manual_seed(1)
-    vlm = tiny(pos=pos, use_cls=use_cls)
+    vlm = tiny(pos=pos, use_cls=use_cls, patch_embed=patch_embed)
     pixels = torch.randn(3, 3, 16, 16)
     prompts = [vlm.encode_prompt(p, 1) for p in ("", "two", "red circles left")]  # left padding
     cached = vlm.generate(pixels, prompts, 12, use_cache=True)
@@ -126,13 +131,14 @@ def test_two_images_in_one_prompt_cached_equals_uncached():
     assert vlm.generate(pixels, [ids], 8) == vlm.generate(pixels, [ids], 8, use_cache=False)
 
 
-@pytest.mark.parametrize("projector", ["linear", "mlp2"])
-def test_save_load_round_trip(tmp_path, projector):
-    vlm = tiny(projector=projector)
+@pytest.mark.parametrize("projector,patch_embed", [("linear", "factorised"), ("mlp2", "linear")])
+def test_save_load_round_trip(tmp_path, projector, patch_embed):
+    vlm = tiny(projector=projector, patch_embed=patch_embed)
     vlm.save(tmp_path)
     meta = json.loads((tmp_path / "config.json").read_text())
     assert meta["model_type"] == "lmforge-vlm" and meta["projector"] == projector
     assert meta["vision_config"]["patch_size"] == 8
+    assert meta["vision_config"]["patch_embed"] == patch_embed
     assert (tmp_path / "tokenizer.json").is_file()
     back = VisionLanguageModel.load(tmp_path)
     ids = torch.tensor([vlm.encode_prompt("two", 1)])

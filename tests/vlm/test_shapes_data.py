@@ -8,6 +8,7 @@ from lmforge.vlm.data import (
     HELD_OUT_PAIRS,
     SHAPES,
     ShapesDataset,
+    latin_square_pairs,
     load_image,
     save_image,
     to_pixels,
@@ -38,9 +39,42 @@ def test_held_out_pairs_never_in_train_or_test_and_always_in_novel():
         assert not pairs_of(data.scene("train", i)) & held
         assert not pairs_of(data.scene("test", i)) & held
         assert pairs_of(data.scene("novel", i)) & held
-    # Every colour and every shape still occurs in training.
-    seen = set().union(*(pairs_of(data.scene("train", i)) for i in range(400)))
+    # Every colour and every shape still occurs in training, each with most partners.
+    seen = set().union(*(pairs_of(data.scene("train", i)) for i in range(1000)))
     assert {c for c, _ in seen} == set(COLOURS) and {s for _, s in seen} == set(SHAPES)
+    assert seen == {(c, s) for c in COLOURS for s in SHAPES} - held
+
+
+def test_latin_square_holds_out_one_shape_per_colour():
+    pairs = latin_square_pairs(("r", "g", "b", "y"), ("o", "s", "t"))
+    assert pairs == (("r", "o"), ("g", "s"), ("b", "t"), ("y", "o"))
+    assert HELD_OUT_PAIRS == latin_square_pairs(tuple(COLOURS), SHAPES)
+    small = ShapesDataset(colours=4, shapes=3)
+    assert small.novel_pairs == list(pairs_of_names(small, pairs))
+    assert all(c in small.colours and s in small.shapes for c, s in small.seen_pairs)
+    assert "cross" not in small.vocabulary_texts()[0] and "rings" not in small.vocabulary_texts()[0]
+
+
+def pairs_of_names(data, pairs):
+    names = dict(zip("rgby", data.colours)) | dict(zip("ost", data.shapes))
+    return [(names[c], names[s]) for c, s in pairs]
+
+
+def test_shapes_have_distinct_outlines():
+    """Every shape, drawn at both sizes, differs from every other shape in some pixel."""
+    from PIL import Image, ImageDraw
+
+    from lmforge.vlm.data import _draw_shape
+
+    for size in (6, 7):
+        masks = []
+        for shape in SHAPES:
+            image = Image.new("L", (8, 8), 0)
+            _draw_shape(ImageDraw.Draw(image), shape, 0, 0, size, 255)
+            masks.append(np.asarray(image) > 0)
+        for i in range(len(masks)):
+            for j in range(i):
+                assert (masks[i] != masks[j]).sum() >= 4, (SHAPES[i], SHAPES[j], size)
 
 
 def test_caption_matches_drawing():
@@ -74,7 +108,9 @@ def test_bad_dataset_arguments():
     with pytest.raises(DataError, match="unknown split"):
         ShapesDataset().sample("valid", 0)
     with pytest.raises(DataError, match="not colour x shape pairs"):
-        ShapesDataset(held_out=(("purple", "circle"),))
+        ShapesDataset(held_out=(("mauve", "circle"),))
+    with pytest.raises(DataError, match="colours must be in"):
+        ShapesDataset(colours=9)
 
 
 def test_load_png_and_jpeg_resize_and_modes(tmp_path):

@@ -3,7 +3,12 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.errors import ConfigError
-from lmforge.vlm.vision import PatchEmbedding, VisionConfig, VisionEncoder
+from lmforge.vlm.vision import (
+    FactorisedPatchEmbedding,
+    PatchEmbedding,
+    VisionConfig,
+    VisionEncoder,
+)
 
 
 def test_patch_embedding_shapes_and_equals_linear_map_of_each_patch():
@@ -16,6 +21,40 @@ def test_patch_embedding_shapes_and_equals_linear_map_of_each_patch():
     patches = F.unfold(x, kernel_size=4, stride=4).transpose(1, 2)
     ref = patches @ embed.proj.weight.flatten(1).T + embed.proj.bias
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_factorised_patch_embedding_separates_shape_from_colour():
+    """The shape code ignores the colour and the colour code ignores the outline."""
+    embed = FactorisedPatchEmbedding(
+        VisionConfig(image_size=16, patch_size=8, d_model=8, n_head=2, patch_embed="factorised")
+    )
+    mask_a = torch.zeros(16, 16)
+    mask_a[1:6, 1:6] = 1  # a square in patch 0
+    mask_b = torch.zeros(16, 16)
+    mask_b[1:6, 3] = 1
+    mask_b[3, 1:6] = 1  # a cross in patch 0
+
+    def paint(mask, rgb):
+        background = torch.full((3, 16, 16), -0.9)
+        return torch.where(mask.bool(), torch.tensor(rgb).view(3, 1, 1), background)[None]
+
+    red_a, blue_a = paint(mask_a, [0.8, -0.7, -0.7]), paint(mask_a, [-0.6, -0.3, 0.9])
+    red_b = paint(mask_b, [0.8, -0.7, -0.7])
+    with torch.no_grad():
+        colour_w = embed.colour.weight.clone()
+        embed.colour.weight.zero_()  # shape code only
+        torch.testing.assert_close(embed(red_a), embed(blue_a))
+        assert not torch.allclose(embed(red_a), embed(red_b))
+        embed.colour.weight.copy_(colour_w)
+        embed.shape.weight.zero_()  # colour code (+ bias) only
+        torch.testing.assert_close(embed(red_a), embed(red_b))
+        assert not torch.allclose(embed(red_a), embed(blue_a))
+    enc = VisionEncoder(
+        VisionConfig(image_size=16, patch_size=8, d_model=8, n_head=2, patch_embed="factorised")
+    )
+    assert enc(red_a).shape == (1, 4, 8)
+    with pytest.raises(ConfigError, match="expected pixels"):
+        enc(torch.randn(1, 3, 20, 20))
 
 
 @pytest.mark.parametrize("use_cls", [False, True])
@@ -47,6 +86,8 @@ def test_bad_config_and_bad_pixels():
         VisionConfig(image_size=30, patch_size=8)
     with pytest.raises(ConfigError, match="n_head"):
         VisionConfig(d_model=30, n_head=4)
+    with pytest.raises(ConfigError, match="patch_embed must be one of"):
+        VisionConfig(patch_embed="conv")
     enc = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2))
     with pytest.raises(ConfigError, match="expected pixels"):
         enc(torch.randn(1, 3, 20, 20))
