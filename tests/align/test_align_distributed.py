@@ -40,6 +40,7 @@ COMMON = dict(init="scratch", model=TINY, max_len=32, n_train=64, n_eval=16, bat
               device="cpu", seed=5)  # fmt: skip
 RUNS = {
     "sft": (SFTConfig, SFTTrainer, dict(data="task:add", eval_generate=4, lr=3e-3)),
+    "lora": (SFTConfig, SFTTrainer, dict(data="task:add", eval_generate=0, lr=3e-3, peft="lora")),
     "dpo": (DPOConfig, DPOTrainer, dict(data="task:add", lr=3e-3)),
     "reward": (RewardConfig, RewardTrainer, dict(data="task:add", lr=3e-3)),
     "grpo": (GRPOConfig, GRPOTrainer, dict(data="task:add:1", batch_size=4, group_size=4,
@@ -99,7 +100,7 @@ def worker(root: Path) -> None:
     fsdp = ["--parallel", "fsdp"]
     assert cli([*cli_args("sft", root / "fsdp_sft"), *fsdp]) == 0
     assert cli([*cli_args("sft", root / "fsdp_resumed"), *fsdp, "--resume"]) == 0
-    for name in ("dpo", "reward"):
+    for name in ("lora", "dpo", "reward"):
         make(name, root / f"fsdp_{name}", parallel="fsdp").run()
     half = make("sft", root / "fsdp_half", parallel="fsdp")  # 2 of 4 steps, then the state
     for _ in range(2):
@@ -171,6 +172,17 @@ def test_two_processes_match_one(two, one, name, parallel):
     assert_close(kept(out), kept(ref), atol=1e-5)
     assert (out / "training_state.safetensors").is_file()
     assert not list(out.glob("*rank*training*"))  # one state file, written by rank 0
+
+
+@pytest.mark.slow
+def test_fsdp_lora_matches_one_process(two, one):
+    """Frozen base weights and trained LoRA factors sharded together; the adapter and the
+    merged model that rank 0 exports from its whole copy are the 1-process ones."""
+    ref, out = reference(one, "lora"), two / "fsdp_lora"
+    np.testing.assert_allclose(losses(out), losses(ref), atol=1e-5, rtol=0)
+    assert_close(weights(out), weights(ref), atol=1e-5)
+    adapter = lambda out: load_file(str(out / "adapter" / "adapter_model.safetensors"))  # noqa: E731
+    assert_close(adapter(out), adapter(ref), atol=1e-5)
 
 
 @pytest.mark.slow
