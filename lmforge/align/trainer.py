@@ -321,9 +321,11 @@ class AlignTrainer(ABC):
         if self._full is None:
             yield False
             return
-        with swapped_modules(self, self.module, self._full.to(self.device)):
-            yield True
-        self._full.to("cpu")
+        try:
+            with swapped_modules(self, self.module, self._full.to(self.device)):
+                yield True
+        finally:
+            self._full.to("cpu")  # GPU memory holds only the shards between uses
 
     # ---- hooks -------------------------------------------------------------------------------
     @abstractmethod
