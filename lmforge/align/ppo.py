@@ -12,8 +12,16 @@ Variants, picked by `variant`:
   shaped   the KL is part of the reward (above); β fixed, or adaptive with `kl_target`.
   kl_loss  "PPO-KL": the reward is R alone and β·KL_k3(π‖π_ref) of the *current* policy is a loss
            term; β adapts toward `kl_target` (Schulman et al. 2017's adaptive-KL PPO).
-Critics, picked by `critic`: `head` (a scalar head on the policy's own hidden states: one shared
-trunk) or `separate` (a copy of the starting policy with its own head, trained alongside).
+Critics, picked by `critic`: `head` (a scalar head on the policy's own hidden states; with
+`value_detach` the value loss trains the head only, so it cannot pull the shared trunk),
+`separate` (a copy of the starting policy with its own head) or `reward` (a trainable copy of the
+reward model scoring every prefix: TRL's default, it knows each prompt's typical score from step
+one). `critic_warmup` steps train the critic alone before the policy moves.
+
+Measured on task:add:2 (configs/align/ppo.yaml has the figures): the update itself is right
+(tests/align/test_ppo.py's toy raises its reward in one step), but against the add:2 reward model
+80% of the score variance is between prompts and the part a policy controls is ~0.03, so mean
+reward stays flat within noise; even GRPO against that reward model does not raise it.
 """
 
 from __future__ import annotations
@@ -49,29 +57,73 @@ from lmforge.train.checkpoint import model_state
 
 
 class HeadCritic(nn.Module):
-    """V(s_t) from the policy's own final hidden states (TRL's "value head" model)."""
+    """V(s_t) from the policy's own final hidden states (TRL's "value head" model).
 
-    def __init__(self, policy: nn.Module):
+    With ``detach`` the value loss trains the head only: on a shared trunk its gradient (often
+    larger than the policy gradient, and pointing elsewhere) otherwise moves the policy too.
+    """
+
+    def __init__(self, policy: nn.Module, reward=None, detach: bool = True):
         super().__init__()
         self.head = ValueHead(policy.config.d_model)
+        self.detach = detach
 
     def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor, start: int):
-        return self.head(hidden)
+        return self.head(hidden.detach() if self.detach else hidden)
 
 
 class SeparateCritic(nn.Module):
     """A critic with its own trunk, initialised as a copy of the starting policy."""
 
-    def __init__(self, policy: nn.Module):
+    def __init__(self, policy: nn.Module, reward=None, detach: bool = True):
         super().__init__()
-        self.trunk = copy.deepcopy(policy)
+        self.trunk = copy.deepcopy(policy).requires_grad_(True)
         self.head = ValueHead(policy.config.d_model)
 
     def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor, start: int):
         return self.head(completion_hidden(self.trunk, input_ids, attention_mask, start))
 
 
-CRITICS: dict[str, type[nn.Module]] = {"head": HeadCritic, "separate": SeparateCritic}
+class RewardCritic(nn.Module):
+    """A trainable copy of the reward model scoring every prefix (TRL's default critic).
+
+    V(s_t) starts as the reward model's score of the text so far, so from the first step it
+    already knows how each prompt tends to score: the prompt-to-prompt spread that a fresh value
+    head would take hundreds of steps to learn, and that would otherwise swamp the advantages.
+    Every pooling has a prefix form: `last`/`eos` read h_t, `mean` and `match` are running means.
+    """
+
+    def __init__(self, policy: nn.Module, reward=None, detach: bool = True):
+        super().__init__()
+        rm = getattr(reward, "model", None)
+        if not all(hasattr(rm, a) for a in ("backbone", "head", "pooling")):
+            raise ConfigError(
+                "critic: reward needs a reward-model directory as --reward (got a verifier or "
+                "a Python function); use critic: head or separate"
+            )
+        self.rm = copy.deepcopy(rm).train().requires_grad_(True)
+
+    def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor, start: int):
+        rm = self.rm
+        mask = attention_mask.to(torch.float32).unsqueeze(-1)
+        h = rm.backbone.norm(rm.backbone.hidden_states(input_ids, attention_mask))
+        if rm.pooling == "mean":
+            pooled = (h * mask).cumsum(1) / mask.cumsum(1).clamp(min=1)
+        elif rm.pooling == "match":
+            w = rm.backbone.lm_head.weight[input_ids[:, 1:]] * rm.backbone.output_scale
+            both = mask[:, 1:] * mask[:, :-1]
+            terms = nn.functional.pad(h[:, :-1] * w * both, (0, 0, 1, 0))
+            pooled = terms.cumsum(1) / nn.functional.pad(both, (0, 0, 1, 0)).cumsum(1).clamp(min=1)
+        else:  # last / eos: the prefix ends at t (no EOS inside a completion prefix)
+            pooled = h
+        return rm.head(pooled[:, start - 1 : -1]).squeeze(-1).float()
+
+
+CRITICS: dict[str, type[nn.Module]] = {
+    "head": HeadCritic,
+    "separate": SeparateCritic,
+    "reward": RewardCritic,
+}
 
 # ----------------------------------------------------------------------------- KL placement
 
@@ -105,7 +157,9 @@ class PPOConfig(RLConfig):
 
     out_dir: str = "out/ppo"
     variant: str = "shaped"  # shaped (KL in the reward) | kl_loss (PPO-KL: KL as a loss term)
-    critic: str = "head"  # head (value head on the policy) | separate (own trunk)
+    critic: str = "head"  # head (value head on the policy) | separate (own trunk) | reward
+    value_detach: bool = True  # critic: head: the value loss does not reach the policy trunk
+    critic_warmup: int = 0  # first steps train the critic only (the policy waits for a baseline)
     kl_coef: float = 0.05  # β (initial β when adaptive)
     kl_target: float | None = None  # per-sequence KL to steer β toward; None = fixed β
     kl_horizon: int = 1000  # samples over which the adaptive controller moves β
@@ -166,7 +220,9 @@ class PPOTrainer(RLTrainer):
 
     def setup_rl(self) -> None:
         cfg: PPOConfig = self.cfg
-        self.critic = CRITICS[cfg.critic](self.lm.model).to(self.device)
+        self.critic = CRITICS[cfg.critic](self.lm.model, self.reward, cfg.value_detach).to(
+            self.device
+        )
         self.variant = VARIANTS[cfg.variant]()
         if cfg.kl_target is None:
             self.kl_ctl = FixedKLController(cfg.kl_coef)
@@ -215,7 +271,9 @@ class PPOTrainer(RLTrainer):
         vf = ppo_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
         entropy = entropy_from_logits(logits, mask)
         penalty = self.variant.penalty(logp, mb.ref_logprobs, mask, beta)
-        loss = pg + cfg.vf_coef * vf - cfg.ent_coef * entropy + penalty
+        loss = cfg.vf_coef * vf
+        if self.step >= cfg.critic_warmup:  # during warm-up only the critic learns
+            loss = loss + pg - cfg.ent_coef * entropy + penalty
         return {
             "loss": loss,
             "policy_loss": pg.item(),
