@@ -1,6 +1,7 @@
 """`lmforge vlm`: train the vision-language model on the built-in shapes captions, caption images.
 
 lmforge vlm train --config configs/vlm-shapes.yaml --steps 3000     # prints held-out exact match
+lmforge vlm train --vision_tower DIR --freeze_vision true             # CLIP/SigLIP tower from HF
 lmforge vlm samples --out_dir out/shapes-png --n 8                   # synthetic PNGs + captions
 lmforge vlm caption --checkpoint out/vlm-shapes --image out/shapes-png/novel_0.png
 """

@@ -1,14 +1,17 @@
 """Vision-language models: images as tokens in lmforge's causal transformer (SPEC §6).
 
-vision.py     ViT patch encoder (trainable or frozen)
+vision.py     ViT patch encoder (trainable or frozen; linear or factorised patch embedding)
+hf_vision.py  load a CLIP / SigLIP vision tower from a Hugging Face directory
 projector.py  vision features -> LM embeddings (linear W v + b, or a 2-layer MLP)
 model.py      VisionLanguageModel: prompts with image blocks, text-only loss, cached generation,
               save/load in a Hugging Face-like directory
-data.py       built-in synthetic shapes captions (held-out colour x shape pairs), image loading
+data.py       built-in synthetic shapes captions (Latin-square held-out colour x shape pairs),
+              image loading
 train.py      the training run behind `lmforge vlm train`
 """
 
 from lmforge.vlm.data import ShapesDataset, load_image, to_pixels
+from lmforge.vlm.hf_vision import load_hf_vision_tower
 from lmforge.vlm.model import IMAGE, VisionLanguageModel, build_tokenizer
 from lmforge.vlm.projector import PROJECTORS, build_projector
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
@@ -22,6 +25,7 @@ __all__ = [
     "VisionLanguageModel",
     "build_projector",
     "build_tokenizer",
+    "load_hf_vision_tower",
     "load_image",
     "to_pixels",
 ]

@@ -17,9 +17,11 @@ import torch
 
 from lmforge.errors import ConfigError
 from lmforge.model.config import ModelConfig
+from lmforge.model.transformer import Transformer
 from lmforge.vlm.data import ShapesDataset
+from lmforge.vlm.hf_vision import load_hf_vision_tower
 from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_tokenizer
-from lmforge.vlm.vision import VisionConfig
+from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
 
 def _default_model() -> dict[str, Any]:
@@ -44,6 +46,9 @@ class VLMTrainConfig:
     use_cls: bool = False
     patch_embed: str = "linear"  # linear | factorised (see vision.FactorisedPatchEmbedding)
     freeze_vision: bool = False
+    # HF directory of a CLIP/SigLIP vision model to use as the tower instead of a fresh ViT (its
+    # image and patch size must equal image_size and patch_size); vision_* fields are then unused.
+    vision_tower: str | None = None
     projector: str = "linear"  # linear | mlp2
     tokenizer: str = "whitespace"  # whitespace | word | char
     model: dict[str, Any] = field(default_factory=_default_model)
@@ -95,11 +100,25 @@ def build_model(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel
     """A fresh model sized for the shapes captions (vocabulary and sequence length)."""
     torch.manual_seed(cfg.seed)
     tokenizer = build_tokenizer(data.vocabulary_texts(), cfg.tokenizer)
-    vision = cfg.vision_config()
+    tower = pretrained_tower(cfg) if cfg.vision_tower else VisionEncoder(cfg.vision_config())
+    vision = tower.config
     longest = "three yellow triangles left of three yellow triangles"
     seq_len = 1 + vision.num_tokens + 2 + len(tokenizer.encode(longest)) + 1
     text = cfg.text_config(tokenizer.vocab_size, seq_len + 8)  # a little room for prompts
-    return VisionLanguageModel.build(text, vision, tokenizer, cfg.projector, cfg.freeze_vision)
+    return VisionLanguageModel(
+        Transformer(text), tower, tokenizer, cfg.projector, cfg.freeze_vision
+    )
+
+
+def pretrained_tower(cfg: VLMTrainConfig) -> VisionEncoder:
+    tower = load_hf_vision_tower(cfg.vision_tower)
+    got = (tower.config.image_size, tower.config.patch_size)
+    if got != (cfg.image_size, cfg.patch_size):
+        raise ConfigError(
+            f"vision_tower {cfg.vision_tower}: image_size/patch_size {got} differ from the "
+            f"config's ({cfg.image_size}, {cfg.patch_size}); set them to match"
+        )
+    return tower
 
 
 @torch.no_grad()

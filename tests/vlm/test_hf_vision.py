@@ -94,3 +94,18 @@ def test_clip_tower_inside_a_vlm_saves_and_loads(tmp_path):
     pixels = torch.randn(1, 3, 16, 16)
     torch.testing.assert_close(back(ids, pixels), vlm.eval()(ids, pixels))
     assert back.vision_tower.config.act == "quick_gelu" and back.vision_tower.frozen
+
+
+def test_train_config_can_use_a_pretrained_tower(tmp_path):
+    from lmforge.errors import ConfigError
+    from lmforge.vlm.train import VLMTrainConfig, build_data, build_model
+
+    config = transformers.CLIPVisionConfig(**{**TINY, "image_size": 32})
+    transformers.CLIPVisionModel(config).save_pretrained(tmp_path)
+    cfg = VLMTrainConfig(vision_tower=str(tmp_path), freeze_vision=True, colours=4, shapes=3)
+    vlm = build_model(cfg, build_data(cfg))
+    assert vlm.tokens_per_image == 17 and vlm.vision_tower.frozen  # 16 patches + CLS
+    assert vlm.projector.proj.in_features == 32
+    with pytest.raises(ConfigError, match="image_size/patch_size \\(32, 8\\) differ"):
+        bad = VLMTrainConfig(vision_tower=str(tmp_path), image_size=48)
+        build_model(bad, build_data(bad))
