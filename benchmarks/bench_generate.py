@@ -13,8 +13,9 @@ a decoding step reads every weight it uses once, so tokens/s <= bandwidth / byte
 row); bandwidth is measured here by copying a 1 GiB tensor, next to each batch-1 run. It also
 times the weight matmuls alone (one GEMV per Linear): with int8 weights that kernel
 (aten._weight_int8pack_mm) is compute-bound at a single thread, well under the bandwidth bound,
-so no overhead cut can bring int8 batch 1 to 70% of its bound; fp32 weights (--dtype float32
---quantize none) reach it but read 4x the bytes. The last line says which targets this mode met.
+so no overhead cut can bring int8 batch 1 to 70% of its bound; fp32 GEMVs run near the
+bandwidth (--dtype float32 --quantize none: ~65-71% of the bound) but read 4x the bytes. The
+last line says which targets this mode met.
 
     python benchmarks/bench_generate.py                                  # int8 weights, bf16
     python benchmarks/bench_generate.py --dtype float32 --quantize none  # same precision as HF
