@@ -150,6 +150,38 @@ class KLLoss:
 
 VARIANTS = {"shaped": ShapedKL, "kl_loss": KLLoss}
 
+# ----------------------------------------------------------------------------- score scaling
+
+
+class RunningMoments:
+    """Mean and variance of every score seen so far (Chan et al.'s merge of batch moments)."""
+
+    def __init__(self, mean: float = 0.0, var: float = 1.0, count: int = 0):
+        self.mean, self.var, self.count = mean, var, count
+
+    def update(self, x: Tensor) -> None:
+        x = x.detach().double().flatten()
+        n, m, v = x.numel(), x.mean().item(), x.var(unbiased=False).item()
+        total = self.count + n
+        delta = m - self.mean
+        self.var = (self.var * self.count + v * n + delta**2 * self.count * n / total) / total
+        self.mean += delta * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return max(self.var, 1e-12) ** 0.5
+
+
+# How a score enters the reward, given the running moments (updated with the batch first).
+# A reward model's scale is arbitrary (a Bradley-Terry head may separate pairs by 0.05), and the
+# score competes with β·KL in the shaped reward, so TRL offers the same two options.
+SCORE_NORMS = {
+    "none": lambda s, m: s,
+    "scale": lambda s, m: s / m.std,  # TRL use_score_scaling
+    "whiten": lambda s, m: (s - m.mean) / m.std,  # TRL use_score_scaling + use_score_norm
+}
+
 
 @dataclass
 class PPOConfig(RLConfig):
@@ -172,6 +204,8 @@ class PPOConfig(RLConfig):
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
+    score_norm: str = "none"  # none | scale (÷ running std) | whiten (- running mean, ÷ std)
+    score_clip: float | None = None  # clip normalised scores to ±this
     batch_size: int = 32
     lr: float = 3e-5
     min_lr: float = 3e-5
@@ -181,6 +215,10 @@ class PPOConfig(RLConfig):
         super().__post_init__()
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.score_norm not in SCORE_NORMS:
+            raise ConfigError(
+                f"score_norm must be one of {', '.join(SCORE_NORMS)}, got {self.score_norm!r}"
+            )
         if self.critic not in CRITICS:
             raise ConfigError(f"critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
         if self.variant == "kl_loss" and self.kl_target is None:
@@ -192,12 +230,20 @@ class PPOConfig(RLConfig):
 
 
 def ppo_advantages(
-    rollout: Rollout, beta: float, variant, gamma: float, lam: float, whiten: bool
+    rollout: Rollout,
+    beta: float,
+    variant,
+    gamma: float,
+    lam: float,
+    whiten: bool,
+    scores: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(advantages, returns, per-token KL) of a scored rollout with values and log-probs."""
+    """(advantages, returns, per-token KL) of a scored rollout with values and log-probs;
+    ``scores`` replaces rollout.rewards (e.g. normalised) as the sequence-level score."""
     mask = rollout.completion_mask
     kl = kl_per_token(rollout.old_logprobs, rollout.ref_logprobs, "k1") * mask
-    rewards = variant.rewards(rollout.rewards, kl, mask, beta)
+    score = rollout.rewards if scores is None else scores
+    rewards = variant.rewards(score, kl, mask, beta)
     values = rollout.values * mask
     advantages, returns = gae(rewards, values, dones_from_mask(mask), gamma, lam)
     if whiten:
@@ -228,9 +274,12 @@ class PPOTrainer(RLTrainer):
             self.kl_ctl = FixedKLController(cfg.kl_coef)
         else:
             self.kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+        self.moments = RunningMoments()
         state = self.out_dir / "ppo_state.json"
-        if self.resuming and state.is_file():  # continue with the adapted β
-            self.kl_ctl.value = float(read_json(state, "PPO state")["kl_coef"])
+        if self.resuming and state.is_file():  # continue with the adapted β and score moments
+            saved = read_json(state, "PPO state")
+            self.kl_ctl.value = float(saved["kl_coef"])
+            self.moments = RunningMoments(**saved.get("score_moments", {}))
 
     def value_fn(self):
         return lambda hidden, r: self.critic(hidden, r.input_ids, r.attention_mask, r.prompt_width)
@@ -241,8 +290,12 @@ class PPOTrainer(RLTrainer):
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: PPOConfig = self.cfg
         beta = self.kl_ctl.value
+        self.moments.update(rollout.rewards)
+        scores = SCORE_NORMS[cfg.score_norm](rollout.rewards, self.moments)
+        if cfg.score_clip is not None:
+            scores = scores.clamp(-cfg.score_clip, cfg.score_clip)
         adv, ret, kl = ppo_advantages(
-            rollout, beta, self.variant, cfg.gamma, cfg.lam, cfg.whiten_advantages
+            rollout, beta, self.variant, cfg.gamma, cfg.lam, cfg.whiten_advantages, scores
         )
         rollout.advantages, rollout.returns = adv, ret
         gen = torch.Generator().manual_seed(cfg.seed + self.step)
@@ -285,7 +338,9 @@ class PPOTrainer(RLTrainer):
 
     def save_checkpoint(self) -> None:
         super().save_checkpoint()
-        write_json(self.out_dir / "ppo_state.json", {"kl_coef": self.kl_ctl.value})
+        moments = {"mean": self.moments.mean, "var": self.moments.var, "count": self.moments.count}
+        state = {"kl_coef": self.kl_ctl.value, "score_moments": moments}
+        write_json(self.out_dir / "ppo_state.json", state)
 
     def export(self, path: Path) -> None:
         super().export(path)

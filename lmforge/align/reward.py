@@ -17,6 +17,16 @@ K-way listwise (softmax CE; with pairs, K = 2). `lm_weight` adds the next-token 
 responses: a full fine-tune on a 1-bit preference signal otherwise erases what the backbone knew
 (held-out exact match of the add:2 SFT model fell from ~90% to 0% at lr 1e-3).
 
+Pairs come from `pairs_from`: `data` (the preference file, or a task's canned near misses) or
+`policy`: InstructGPT's recipe, where labellers compare the policy's own outputs. For each prompt
+of `data` the starting model (`init`, i.e. the policy PPO will start from) samples
+`pair_samples` completions; the verifier labels them and a correct one is paired with a wrong one.
+The reward model then learns to rank exactly the samples PPO will show it, token for token (the
+pairs keep the sampled ids, stop token included, so nothing is re-tokenised). Measured on
+task:add:2 (configs/align/reward_onpolicy.yaml): canned near-miss pairs give an RM whose score on
+the policy's own samples barely separates right from wrong within a prompt, and PPO cannot raise
+it; on-policy pairs fix that (figures in that config and benchmarks/rl_targets.py).
+
 Saved as an HF-layout backbone (config.json, model.safetensors, tokenizer) plus
 `reward_head.safetensors` and `reward_config.json`.
 """
@@ -39,9 +49,11 @@ from lmforge.align.losses import (
     preference_accuracy,
     sft_loss,
 )
+from lmforge.align.rollout import RolloutEngine
 from lmforge.align.sft import split_dataset
+from lmforge.align.tasks import verify
 from lmforge.align.trainer import AlignConfig, AlignTrainer
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, DataError
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
@@ -146,6 +158,63 @@ class RewardModel(nn.Module):
         return torch.cat(out)
 
 
+# ----------------------------------------------------------------------------- preference sources
+
+
+def policy_pairs(
+    model: nn.Module,
+    tokenizer,
+    records: list[dict],
+    samples: int = 8,
+    pairs_per_prompt: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 8,
+    max_len: int = 64,
+    seed: int = 0,
+    add_bos: bool = False,
+    judge: Callable[[dict, str], float] | None = None,
+    batch_prompts: int = 64,
+) -> tuple[D.Dataset, int]:
+    """(on-policy preference pairs, prompts that gave none): `samples` completions per prompt
+    from `model`, labelled by `judge` (default tasks.verify; > 0.5 = right); up to
+    `pairs_per_prompt` (right, wrong) pairs of distinct completions per prompt; prompts whose
+    samples are all right or all wrong give none. Examples hold the sampled token ids, so the
+    reward model trains on exactly what it scores during PPO."""
+    judge = judge or verify
+    engine = RolloutEngine(model, tokenizer, max_new_tokens, temperature)
+    out, unpaired = D.Dataset([]), 0
+    for start in range(0, len(records), batch_prompts):
+        chunk = records[start : start + batch_prompts]
+        prompts = [D.prompt_ids(r, tokenizer, add_bos) for r in chunk]
+        rollout = engine.sample(prompts, chunk, samples, seed + start, keep_logprobs=False)
+        comp, mask = rollout.completion_ids.tolist(), rollout.completion_mask.tolist()
+        for i, (record, prompt) in enumerate(zip(chunk, prompts)):
+            right: dict[tuple, None] = {}  # distinct completions, in sampling order
+            wrong: dict[tuple, None] = {}
+            for row in range(i * samples, (i + 1) * samples):
+                ids = tuple(t for t, m in zip(comp[row], mask[row]) if m)
+                good = judge(record, rollout.completions[row]) > 0.5
+                (right if good else wrong)[ids] = None
+            if not right or not wrong:
+                unpaired += 1
+                continue
+            right_ids, wrong_ids = list(right), list(wrong)
+            for k in range(min(pairs_per_prompt, max(len(right_ids), len(wrong_ids)))):
+                pair = [
+                    D.SFTExample(
+                        (prompt + list(c))[:max_len], ([D.IGNORE] * len(prompt) + list(c))[:max_len]
+                    )
+                    for c in (right_ids[k % len(right_ids)], wrong_ids[k % len(wrong_ids)])
+                ]
+                out.examples.append(D.PreferenceExample(*pair))
+    if not out.examples:
+        raise DataError(
+            f"no on-policy pairs: all {len(records)} prompts had only right or only wrong samples "
+            f"out of {samples}; raise pair_samples or pair_temperature"
+        )
+    return out, unpaired
+
+
 def _pairwise_listwise(rc: Tensor, rr: Tensor, **_) -> Tensor:
     return listwise_loss(torch.stack([rc, rr], dim=1), torch.zeros_like(rc, dtype=torch.long))
 
@@ -169,6 +238,11 @@ class RewardConfig(AlignConfig):
     margin: float = 1.0  # hinge margin
     target_gap: float = 1.0  # mse target reward gap
     lm_weight: float = 0.0  # + lm_weight * next-token loss on chosen responses (keeps the skill)
+    pairs_from: str = "data"  # data (pairs in `data`) | policy (verifier-labelled init samples)
+    pair_samples: int = 8  # pairs_from policy: completions sampled per prompt
+    pairs_per_prompt: int = 1  # pairs_from policy: at most this many (right, wrong) per prompt
+    pair_temperature: float = 1.0  # pairs_from policy: sampling temperature (PPO's, usually)
+    pair_max_new_tokens: int = 8  # pairs_from policy: completion length (PPO's max_new_tokens)
     lr: float = 3e-4
 
     def __post_init__(self) -> None:
@@ -177,6 +251,37 @@ class RewardConfig(AlignConfig):
             raise ConfigError(f"loss must be one of {', '.join(REWARD_LOSSES)}, got {self.loss!r}")
         if self.pooling not in POOLING:
             raise ConfigError(f"pooling must be one of {', '.join(POOLING)}, got {self.pooling!r}")
+        if self.pairs_from not in PAIR_SOURCES:
+            raise ConfigError(
+                f"pairs_from must be one of {', '.join(PAIR_SOURCES)}, got {self.pairs_from!r}"
+            )
+        if self.pair_samples < 2 or self.pairs_per_prompt < 1 or self.pair_temperature <= 0:
+            raise ConfigError("pair_samples must be >= 2, pairs_per_prompt >= 1, temperature > 0")
+
+
+def data_pairs(trainer: RewardTrainer, source, skip_invalid=False, **kw) -> D.Dataset:
+    """Pairs written in a preference file or generated by a task (canned wrong answers)."""
+    cfg = trainer.cfg
+    return D.load_preferences(
+        source, trainer.tokenizer, cfg.max_len, skip_invalid, cfg.add_bos, **kw
+    )
+
+
+def sampled_pairs(trainer: RewardTrainer, source, skip_invalid=False, n=1000, seed=0,
+                  split="train") -> D.Dataset:  # fmt: skip
+    """Verifier-labelled pairs of the starting model's own samples for the prompts of `source`."""
+    cfg = trainer.cfg
+    records = D.load_prompts(source, n=n, seed=seed, split=split)
+    pairs, unpaired = policy_pairs(
+        trainer.lm.model, trainer.tokenizer, records, cfg.pair_samples, cfg.pairs_per_prompt,
+        cfg.pair_temperature, cfg.pair_max_new_tokens, cfg.max_len, seed, cfg.add_bos,
+    )  # fmt: skip
+    trainer.log(f"{split}: {len(pairs)} on-policy pairs from {len(records)} prompts "
+                f"({unpaired} had only right or only wrong samples)")  # fmt: skip
+    return pairs
+
+
+PAIR_SOURCES: dict[str, Callable[..., D.Dataset]] = {"data": data_pairs, "policy": sampled_pairs}
 
 
 class RewardTrainer(AlignTrainer):
@@ -187,9 +292,7 @@ class RewardTrainer(AlignTrainer):
 
     def setup(self) -> None:
         cfg: RewardConfig = self.cfg
-        loader = lambda src, **kw: D.load_preferences(  # noqa: E731
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw
-        )
+        loader = lambda src, **kw: PAIR_SOURCES[cfg.pairs_from](self, src, **kw)  # noqa: E731
         train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
         if train.skipped:
             self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")

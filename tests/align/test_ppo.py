@@ -4,7 +4,15 @@ penalty, KL = 0 at the start, and short end-to-end runs with both critics."""
 import pytest
 import torch
 
-from lmforge.align.ppo import KLLoss, PPOConfig, PPOTrainer, ShapedKL, ppo_advantages
+from lmforge.align.ppo import (
+    SCORE_NORMS,
+    KLLoss,
+    PPOConfig,
+    PPOTrainer,
+    RunningMoments,
+    ShapedKL,
+    ppo_advantages,
+)
 from lmforge.align.rollout import Rollout
 from lmforge.errors import ConfigError
 
@@ -200,3 +208,30 @@ def test_reward_critic_scores_each_prefix_like_the_reward_model(pooling):
             torch.testing.assert_close(values[:, end - 2], expected, rtol=1e-4, atol=1e-5)
     with pytest.raises(ConfigError, match="reward-model directory"):
         RewardCritic(None, SimpleNamespace(fn=len))
+
+
+# ----------------------------------------------------------------------------- score scaling
+
+
+def test_running_moments_equal_the_moments_of_everything_seen():
+    batches = [torch.randn(n) * 3 + 1 for n in (5, 17, 1, 40)]
+    m = RunningMoments()
+    for b in batches:
+        m.update(b)
+    every = torch.cat(batches).double()
+    assert m.count == every.numel()
+    assert m.mean == pytest.approx(every.mean().item(), abs=1e-9)
+    assert m.var == pytest.approx(every.var(unbiased=False).item(), abs=1e-9)
+    s = torch.tensor([1.0, 3.0])
+    torch.testing.assert_close(SCORE_NORMS["whiten"](s, m), ((s - m.mean) / m.std).float())
+    torch.testing.assert_close(SCORE_NORMS["scale"](s, m), (s / m.std).float())
+
+
+def test_score_norm_reaches_the_advantages_and_survives_resume(tmp_path):
+    t = trainer(tmp_path, score_norm="whiten", score_clip=1.0)
+    t.run()
+    assert t.moments.count == 8  # two rollouts of 4 samples
+    resumed = PPOTrainer(t.cfg, resume=True, log=lambda *a: None, reward=t._reward_override)
+    assert resumed.moments.count == 8 and resumed.moments.mean == pytest.approx(t.moments.mean)
+    with pytest.raises(ConfigError, match="score_norm"):
+        PPOConfig(score_norm="rank")

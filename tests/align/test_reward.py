@@ -7,9 +7,16 @@ import pytest
 import torch
 
 from lmforge.align import data as D
-from lmforge.align.reward import POOLING, RewardConfig, RewardModel, RewardTrainer, last_index
+from lmforge.align.reward import (
+    POOLING,
+    RewardConfig,
+    RewardModel,
+    RewardTrainer,
+    last_index,
+    policy_pairs,
+)
 from lmforge.align.trainer import load_lm
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, DataError
 
 TINY = {"n_layer": 2, "d_model": 32, "n_head": 2}
 
@@ -124,3 +131,62 @@ def test_preference_batch_rewards_split(lm):
     b = D.collate_preferences([ex, ex], lm.tokenizer.pad_id)
     r = RewardModel(lm.model)(b["input_ids"], b["attention_mask"])
     assert r.shape == (4,)
+
+
+# ----------------------------------------------------------------------------- on-policy pairs
+
+
+def odd_first(record, completion):  # a stand-in verifier: right when the answer starts odd
+    return float(completion[:1] in "13579" and completion[:1] != "")
+
+
+def test_policy_pairs_pair_a_right_sample_with_a_wrong_one(lm):
+    tok = lm.tokenizer
+    records = D.load_prompts("task:add:1", n=12, seed=0)
+    pairs, unpaired = policy_pairs(lm.model, tok, records, samples=16, pairs_per_prompt=2,
+                                   max_new_tokens=3, judge=odd_first)  # fmt: skip
+    assert pairs.examples and 0 <= unpaired < len(records)
+    for e in pairs.examples:
+        n = e.chosen.prompt_len
+        assert n == e.rejected.prompt_len and e.chosen.input_ids[:n] == e.rejected.input_ids[:n]
+        assert e.chosen.labels[n:] == e.chosen.input_ids[n:]  # completion trained, prompt not
+        right, wrong = (tok.decode(x.input_ids[n:], skip_special_tokens=True)
+                        for x in (e.chosen, e.rejected))  # fmt: skip
+        assert odd_first({}, right) == 1.0 and odd_first({}, wrong) == 0.0
+        assert e.chosen.input_ids != e.rejected.input_ids
+    assert len(pairs.examples) <= 2 * len(records)
+    with pytest.raises(DataError, match="no on-policy pairs"):  # all samples right: no pairs
+        policy_pairs(lm.model, tok, records[:2], samples=4, judge=lambda r, c: 1.0)
+
+
+def test_policy_pairs_keep_the_sampled_token_ids(lm):
+    """The pairs hold exactly the ids the sampler drew (stop token included): what PPO scores."""
+    from lmforge.align.rollout import RolloutEngine
+
+    tok = lm.tokenizer
+    records = D.load_prompts("task:add:1", n=4, seed=0)
+    prompts = [D.prompt_ids(r, tok) for r in records]
+    rollout = RolloutEngine(lm.model, tok, 3, 1.0).sample(prompts, records, 16, 0, False)
+    sampled = {tuple(rollout.input_ids[i][rollout.attention_mask[i] == 1].tolist())
+               for i in range(len(rollout))}  # fmt: skip
+    pairs, _ = policy_pairs(lm.model, tok, records, samples=16, max_new_tokens=3, judge=odd_first)
+    for e in pairs.examples:
+        assert tuple(e.chosen.input_ids) in sampled and tuple(e.rejected.input_ids) in sampled
+
+
+def test_reward_trainer_on_policy_pairs(tmp_path, monkeypatch):
+    import lmforge.align.reward as reward_module
+
+    monkeypatch.setattr(reward_module, "verify", odd_first)
+    cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=24, n_eval=8,
+                       batch_size=8, max_iters=2, eval_interval=2, progress=False, threads=1,
+                       pairs_from="policy", pair_samples=8, pair_max_new_tokens=3,
+                       pooling="match")  # fmt: skip
+    t = RewardTrainer(cfg, log=lambda *a: None)
+    assert t.train_examples and t.eval_examples
+    r = t.run()
+    assert math.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1
+    with pytest.raises(ConfigError, match="pairs_from"):
+        RewardConfig(pairs_from="labellers")
+    with pytest.raises(ConfigError, match="pair_samples"):
+        RewardConfig(pair_samples=1)
