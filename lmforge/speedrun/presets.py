@@ -90,7 +90,7 @@ BASE: dict[str, Any] = {
     "grpo": {
         "n_train": 5000,
         "n_eval": 200,
-        "batch_size": 32,
+        "batch_size": 64,
         "group_size": 8,
         "scale": "std",
         "max_new_tokens": 6,
