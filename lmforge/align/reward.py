@@ -239,6 +239,7 @@ class RewardConfig(AlignConfig):
     target_gap: float = 1.0  # mse target reward gap
     lm_weight: float = 0.0  # + lm_weight * next-token loss on chosen responses (keeps the skill)
     pairs_from: str = "data"  # data (pairs in `data`) | policy (verifier-labelled init samples)
+    pair_policy: str | None = None  # pairs_from policy: checkpoint that samples (None = init)
     pair_samples: int = 8  # pairs_from policy: completions sampled per prompt
     pairs_per_prompt: int = 1  # pairs_from policy: at most this many (right, wrong) per prompt
     pair_temperature: float = 1.0  # pairs_from policy: sampling temperature (PPO's, usually)
@@ -272,8 +273,13 @@ def sampled_pairs(trainer: RewardTrainer, source, skip_invalid=False, n=1000, se
     """Verifier-labelled pairs of the starting model's own samples for the prompts of `source`."""
     cfg = trainer.cfg
     records = D.load_prompts(source, n=n, seed=seed, split=split)
+    policy = trainer.lm
+    if cfg.pair_policy is not None:  # e.g. a weaker PPO start than the reward model's backbone
+        policy = LM.load(cfg.pair_policy, device=trainer.device)
+        if policy.tokenizer.backend.get_vocab() != trainer.tokenizer.backend.get_vocab():
+            raise ConfigError(f"pair_policy {cfg.pair_policy} uses a different tokenizer from init")
     pairs, unpaired = policy_pairs(
-        trainer.lm.model, trainer.tokenizer, records, cfg.pair_samples, cfg.pairs_per_prompt,
+        policy.model, trainer.tokenizer, records, cfg.pair_samples, cfg.pairs_per_prompt,
         cfg.pair_temperature, cfg.pair_max_new_tokens, cfg.max_len, seed, cfg.add_bos,
     )  # fmt: skip
     trainer.log(f"{split}: {len(pairs)} on-policy pairs from {len(records)} prompts "

@@ -174,14 +174,15 @@ def test_policy_pairs_keep_the_sampled_token_ids(lm):
         assert tuple(e.chosen.input_ids) in sampled and tuple(e.rejected.input_ids) in sampled
 
 
-def test_reward_trainer_on_policy_pairs(tmp_path, monkeypatch):
+def test_reward_trainer_on_policy_pairs(lm, tmp_path, monkeypatch):
     import lmforge.align.reward as reward_module
 
     monkeypatch.setattr(reward_module, "verify", odd_first)
-    cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=24, n_eval=8,
-                       batch_size=8, max_iters=2, eval_interval=2, progress=False, threads=1,
-                       pairs_from="policy", pair_samples=8, pair_max_new_tokens=3,
-                       pooling="match")  # fmt: skip
+    lm.save(tmp_path / "policy")  # pairs sampled by another checkpoint than the RM's init
+    cfg = RewardConfig(out_dir=str(tmp_path / "rm"), model=TINY, max_len=24, n_train=24,
+                       n_eval=8, batch_size=8, max_iters=2, eval_interval=2, progress=False,
+                       threads=1, pairs_from="policy", pair_samples=8, pair_max_new_tokens=3,
+                       pair_policy=str(tmp_path / "policy"), pooling="match")  # fmt: skip
     t = RewardTrainer(cfg, log=lambda *a: None)
     assert t.train_examples and t.eval_examples
     r = t.run()
