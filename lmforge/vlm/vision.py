@@ -31,7 +31,7 @@ class VisionConfig:
     n_head: int = 4
     d_ff: int | None = None  # None = 4 * d_model
     use_cls: bool = False  # prepend a learned CLS token (its feature becomes an image token too)
-    patch_embed: str = "linear"  # linear (ViT) | factorised (shape code + colour code)
+    patch_embed: str = "linear"  # linear (ViT) | factorised | late_colour (see their classes)
     act: str = "gelu"  # MLP activation: gelu | gelu_tanh (SigLIP) | quick_gelu (CLIP)
     patch_bias: bool = True  # CLIP's patch embedding has no bias
     pre_norm: bool = False  # LayerNorm before the blocks (CLIP's pre_layrnorm)
@@ -41,9 +41,9 @@ class VisionConfig:
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "channels", "d_model", "n_layer", "n_head"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"vision.{name} must be a positive integer, got {value!r}")
+            value, low = getattr(self, name), int(name != "n_layer")  # 0 blocks: embeddings only
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"vision.{name} must be an integer >= {low}, got {value!r}")
         if self.image_size % self.patch_size:
             raise ConfigError(
                 f"vision.image_size={self.image_size} is not divisible by "
@@ -110,6 +110,8 @@ def check_pixels(pixels: torch.Tensor, image_size: int) -> None:
 class PatchEmbedding(nn.Module):
     """[B, C, H, W] -> [B, (H/P)(W/P), d]: a linear map of each flattened P x P x C patch."""
 
+    late_colour = False
+
     def __init__(self, config: VisionConfig):
         super().__init__()
         self.image_size = config.image_size
@@ -144,7 +146,14 @@ class FactorisedPatchEmbedding(nn.Module):
         self.shape = nn.Linear(self.p * self.p, config.d_model)
         self.colour = nn.Linear(2 * config.channels, config.d_model, bias=False)
 
+    late_colour = False
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        shape, colour = self.codes(pixels)
+        return shape + colour
+
+    def codes(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_s outline + b, W_c colour), each [B, L, d]."""
         check_pixels(pixels, self.image_size)
         b, c = pixels.shape[:2]
         patches = F.unfold(pixels, self.p, stride=self.p).view(b, c, self.p * self.p, -1)
@@ -153,7 +162,19 @@ class FactorisedPatchEmbedding(nn.Module):
         low, high = value.amin(-1, keepdim=True), value.amax(-1, keepdim=True)
         outline = (value - low) / (high - low).clamp_min(0.1)
         colour = torch.cat([patches.amax(-1), patches.amin(-1)], dim=-1)  # [B, L, 2C]
-        return self.shape(outline) + self.colour(colour)
+        return self.shape(outline), self.colour(colour)
+
+
+class LateColourPatchEmbedding(FactorisedPatchEmbedding):
+    """The factorised codes, but the encoder blocks see only the shape code; the colour code is
+    added to their output. The blocks (attention + MLP) then cannot tie a colour to a shape at
+    all: every image token is f(outlines) + W_c colour, and colour x shape pairs never seen in
+    training are sums of parts that were."""
+
+    late_colour = True
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.codes(pixels)[0]
 
 
 class VisionAttention(nn.Module):
@@ -219,13 +240,20 @@ class VisionEncoder(nn.Module):
         return self.config.num_tokens
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(pixels)
+        late = None
+        if self.patch_embed.late_colour:  # added after the blocks (LateColourPatchEmbedding)
+            x, late = self.patch_embed.codes(pixels)
+        else:
+            x = self.patch_embed(pixels)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.pre_norm(x + self.pos)
         for block in self.blocks:
             x = block(x)
-        return self.norm(x)
+        x = self.norm(x)
+        if late is not None:
+            x = x + F.pad(late, (0, 0, int(self.cls is not None), 0))  # none on CLS
+        return x
 
     def freeze(self) -> VisionEncoder:
         """Stop training the encoder: no gradients, and eval mode kept by `train()`."""
@@ -240,5 +268,6 @@ class VisionEncoder(nn.Module):
 PATCH_EMBEDDINGS: dict[str, type[nn.Module]] = {
     "linear": PatchEmbedding,
     "factorised": FactorisedPatchEmbedding,
+    "late_colour": LateColourPatchEmbedding,
 }
 VISION_ENCODERS = {"vit": VisionEncoder}

@@ -58,6 +58,35 @@ def test_factorised_patch_embedding_separates_shape_from_colour():
 
 
 @pytest.mark.parametrize("use_cls", [False, True])
+def test_late_colour_blocks_never_see_colour(use_cls):
+    """Recolouring a shape moves its own token by exactly the colour code's change and leaves
+    every other token alone: the blocks saw only outlines."""
+    torch.manual_seed(0)
+    cfg = VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2, use_cls=use_cls,
+                       patch_embed="late_colour")  # fmt: skip
+    enc = VisionEncoder(cfg).eval()
+    pixels = torch.full((1, 3, 16, 16), -0.9)
+    pixels[0, :, 9:14, 1:6] = torch.tensor([0.8, -0.7, -0.7]).view(3, 1, 1)  # patch 2
+    recoloured = pixels.clone()
+    recoloured[0, :, 9:14, 1:6] = torch.tensor([-0.6, -0.3, 0.9]).view(3, 1, 1)
+    with torch.no_grad():
+        delta = enc(recoloured) - enc(pixels)
+        code = enc.patch_embed.codes(recoloured)[1] - enc.patch_embed.codes(pixels)[1]
+    patch = 2 + use_cls
+    others = [i for i in range(delta.shape[1]) if i != patch]
+    assert delta[0, others].abs().max() < 1e-6
+    torch.testing.assert_close(delta[0, patch], code[0, 2])
+    assert delta[0, patch].abs().max() > 1e-3
+
+
+def test_zero_blocks_allowed_negative_refused():
+    enc = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2, n_layer=0))
+    assert enc(torch.randn(1, 3, 16, 16)).shape == (1, 4, 16)
+    with pytest.raises(ConfigError, match="n_layer must be an integer >= 0"):
+        VisionConfig(n_layer=-1)
+
+
+@pytest.mark.parametrize("use_cls", [False, True])
 def test_encoder_tokens(use_cls):
     cfg = VisionConfig(image_size=32, patch_size=8, d_model=16, n_head=2, use_cls=use_cls)
     enc = VisionEncoder(cfg)
