@@ -54,6 +54,7 @@ class GRPOTrainer(RLTrainer):
     """Group-relative policy optimisation against a verifier (or any reward)."""
 
     name = "grpo"
+    fsdp_own_loop = True  # losses through sharded_call, rollouts from whole copies
     curves = [
         ("train", "reward"),
         ("eval", "exact_match"),
@@ -75,16 +76,21 @@ class GRPOTrainer(RLTrainer):
         n = 0
         for _ in range(cfg.num_iterations):
             for mb in rollout.minibatches(size, gen):
-                logp = completion_logprobs(
-                    self.lm.model, mb.input_ids, mb.attention_mask, mb.prompt_width, cfg.temperature
-                )
-                loss, stats = grpo_loss(
-                    logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.completion_mask,
-                    cfg.clip_eps, cfg.beta,
-                )  # fmt: skip
+                loss, stats = self.sharded_call(self.minibatch_loss, mb)
                 totals["loss"] += self.optimizer_step(loss)
                 totals["kl"] += stats["kl"].item()
                 totals["clip_frac"] += stats["clip_frac"].item()
                 n += 1
         flat = (rollout.rewards.view(-1, cfg.group_size).std(-1) == 0).float().mean().item()
         return {**{k: v / n for k, v in totals.items()}, "frac_zero_std": flat}
+
+    def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The GRPO loss of one minibatch of a scored rollout (and its kl / clip_frac)."""
+        cfg: GRPOConfig = self.cfg
+        logp = completion_logprobs(
+            self.lm.model, mb.input_ids, mb.attention_mask, mb.prompt_width, cfg.temperature
+        )
+        return grpo_loss(
+            logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.completion_mask,
+            cfg.clip_eps, cfg.beta,
+        )  # fmt: skip

@@ -97,6 +97,7 @@ class RLTrainer(AlignTrainer):
     curves = [("train", "reward"), ("eval", "reward"), ("eval", "exact_match")]
     needs_reference = True  # subclasses without a KL term skip the frozen copy
     keep_logprobs = True  # π_old log-probs at rollout time (off when updates are on-policy)
+    whole_copy_everywhere = True  # FSDP: every rank samples from its own whole copy
 
     def __init__(self, cfg: RLConfig, resume: bool = False, log=print, reward: Any = None):
         self._reward_override = reward  # a Python reward (function or model) instead of cfg
@@ -163,10 +164,18 @@ class RLTrainer(AlignTrainer):
         raise ConfigError(f"{self.name} trains from rollouts; use train_step()")
 
     # ---- one step ----------------------------------------------------------------------------
+    def sample(self, *args, **kwargs) -> Rollout:
+        """`self.engine.sample(...)` with whole weights. Collective under FSDP: every rank first
+        joins one gather that refreshes its whole copy of the policy (once per step), then
+        generates and scores alone, with no collective, so ranks whose completions differ in
+        length never wait on each other."""
+        with self.whole_weights():
+            return self.engine.sample(*args, **kwargs)
+
     def rollout(self, indices: list[int]) -> Rollout:
         """Sample group_size completions for each prompt in ``indices`` and score them."""
         cfg: RLConfig = self.cfg
-        rollout = self.engine.sample(
+        rollout = self.sample(
             [self.prompts[i] for i in indices],
             [self.records[i] for i in indices],
             n=cfg.group_size,
@@ -201,7 +210,10 @@ class RLTrainer(AlignTrainer):
             )
         loss.backward()
         params = [p for p in self.module.parameters() if p.grad is not None]
-        self.dist.all_reduce_grads(params)  # torchrun: the mean over ranks, as DDP would
+        if self.dist.shards_parameters:  # FSDP reduce-scattered them in backward
+            self._whole.version = None  # the whole copies are stale after this step
+        else:
+            self.dist.all_reduce_grads(params)  # torchrun: the mean over ranks, as DDP would
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         self.optimizer.step()

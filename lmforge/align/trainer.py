@@ -24,19 +24,19 @@ rank), so parameters, gradients and optimizer state take 1/N of the memory per r
 whole weights gets them from a collective gather that every rank joins at the same step: rank 0
 keeps one unsharded copy of the trainable module (in CPU memory between uses), refreshes it from
 the shards, and evaluates and exports with it; the training-state file holds the gathered
-parameters and optimizer state, the same file as one process or DDP writes.
+parameters and optimizer state, the same file as one process or DDP writes. Trainers that sample
+from the policy every step (GRPO) keep such a copy on every rank (lmforge/align/parallel.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmforge.align.parallel import LossModule, WholeCopy
 from lmforge.align.tasks import ALPHABET
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.fileio import write_json
@@ -189,52 +190,17 @@ class EpochSampler:
         self._order = self._shuffle()
 
 
-class LossModule(nn.Module):
-    """A trainer's `loss(batch)` as the forward of a module holding its trainable parameters:
-    DDP wraps this, so any loss (two forward passes, a reward head, a regulariser) is one DDP
-    call and its gradients are all-reduced in backward, with no change to the subclass."""
-
-    def __init__(self, trainer: AlignTrainer, module: nn.Module):
-        super().__init__()
-        self.inner = module
-        self.loss_fn = trainer.loss
-        self.config = trainer.lm.config  # DDP looks for unused experts in MoE models
-
-    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss_fn(batch)
-
-
-@contextlib.contextmanager
-def swapped_modules(owner: object, module: nn.Module, replacement: nn.Module) -> Iterator[None]:
-    """For the body, every attribute of `owner` and of the plain objects it holds (an LM, a
-    rollout engine) that refers to `module` or one of its submodules refers instead to the
-    same-named submodule of `replacement`, a copy with the same structure. This is how
-    evaluation and export code, written against the trainer's own attributes, runs unchanged
-    on rank 0's whole copy of a sharded model."""
-    twin = dict(replacement.named_modules(remove_duplicate=False))
-    mapping = {id(m): twin[n] for n, m in module.named_modules(remove_duplicate=False)}
-    holders = [owner] + [
-        v for v in vars(owner).values()
-        if hasattr(v, "__dict__") and not isinstance(v, (nn.Module, torch.Tensor, type))
-    ]  # fmt: skip
-    changed = []
-    for obj in holders:
-        for key, value in list(vars(obj).items()):
-            if isinstance(value, nn.Module) and id(value) in mapping:
-                changed.append((obj, key, value))
-                setattr(obj, key, mapping[id(value)])
-    try:
-        yield
-    finally:
-        for obj, key, value in changed:
-            setattr(obj, key, value)
-
-
 class AlignTrainer(ABC):
     """The shared loop. Subclasses set `name`, `curves` and implement the hooks below."""
 
     name = "align"
     curves: list[tuple[str, str]] = [("train", "loss"), ("eval", "loss")]
+    # FSDP: a trainer with its own train_step/run declares that loop shard-safe: it computes
+    # losses through `sharded_call` and needs whole weights only through `whole_weights`
+    fsdp_own_loop = False
+    # FSDP: whole copy of the trained module on rank 0 only (evaluation, export), kept in CPU
+    # memory between uses; True: on every rank, on the device (samplers use it every step)
+    whole_copy_everywhere = False
 
     def __init__(self, cfg: AlignConfig, resume: bool = False, log=print):
         self.cfg, self.log = cfg, log
@@ -243,12 +209,12 @@ class AlignTrainer(ABC):
             check_world_size(cfg.batch_size, int(os.environ["WORLD_SIZE"]))
         own_loop = [f for f in ("train_step", "run") if getattr(type(self), f) is not
                     getattr(AlignTrainer, f)]  # fmt: skip
-        if cfg.parallel == "fsdp" and own_loop:
+        if cfg.parallel == "fsdp" and own_loop and not self.fsdp_own_loop:
             raise ConfigError(
                 f"parallel=fsdp: {self.name} uses the model outside the shared loop (its own "
                 f"{' and '.join(own_loop)}: rollouts, regularisers, extra evaluation), where "
                 "sharded weights are not whole; run it with parallel: ddp (FSDP2 covers SFT, "
-                "DPO and reward models)"
+                "DPO, reward models and GRPO)"
             )
         # one process, or one rank of a torchrun job (DDP; lmforge/train/distributed.py)
         self.dist = init_parallel(cfg.parallel, resolve_device(cfg.device))
@@ -269,8 +235,7 @@ class AlignTrainer(ABC):
         self.setup()
         self.module = self.trainable_module()
         self._loss_module: nn.Module | None = None  # built at the first step (DDP under torchrun)
-        self._full: nn.Module | None = None  # FSDP: rank 0's unsharded copy (eval, export)
-        self._full_step = -1  # the step whose weights _full holds
+        self._whole: WholeCopy | None = None  # FSDP: unsharded copy (eval, export, sampling)
         if self.dist.shards_parameters:
             self._shard()
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -295,37 +260,36 @@ class AlignTrainer(ABC):
     # ---- FSDP --------------------------------------------------------------------------------
     def _shard(self) -> None:
         """Shard the trainable module in place (before the optimizer is built: FSDP2 replaces
-        the parameters), after rank 0 has kept a whole copy of it for evaluation and export."""
-        if self.dist.is_main:
-            self._full = copy.deepcopy(self.module).to("cpu")
+        the parameters), after the ranks that need one have kept a whole copy of it."""
+        keep = self.dist.is_main or self.whole_copy_everywhere
+        self._whole = WholeCopy(self.module, keep, self.device, not self.whole_copy_everywhere)
         self._loss_module = self.dist.wrap(LossModule(self, self.module))
 
     @contextlib.contextmanager
-    def _full_weights(self) -> Iterator[bool]:
-        """Collective under FSDP: yields True on rank 0, which for the body sees the current
-        model whole wherever the trainer refers to it (self.module, self.lm.model, self.rm,
-        a rollout engine's policy), and False on the other ranks. Without sharding it is
-        free: rank 0's own module is whole."""
+    def whole_weights(self) -> Iterator[bool]:
+        """Collective under FSDP (every rank enters it at the same point): for the body, this
+        rank sees the current model whole wherever the trainer refers to it (self.module,
+        self.lm.model, a rollout engine's policy, a critic) and the context yields True; a
+        rank that keeps no whole copy yields False. Without sharding it is free and yields
+        True: every rank's own module is whole."""
         if not self.dist.shards_parameters:
-            yield self.dist.is_main
+            yield True
             return
-        if self._full_step != self.step:  # at most one gather per step (eval + checkpoint)
-            trainable = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-            whole = {n: self.dist.full_tensor(p) for n, p in trainable}  # every rank joins
-            if self._full is not None:
-                params = dict(self._full.named_parameters())
-                with torch.no_grad():
-                    for n, value in whole.items():
-                        params[n].copy_(value)
-            self._full_step = self.step
-        if self._full is None:
+        self._whole.refresh(self.module, self.dist.full_tensor, self.step)  # every rank joins
+        if self._whole.copy is None:
             yield False
             return
-        try:
-            with swapped_modules(self, self.module, self._full.to(self.device)):
-                yield True
-        finally:
-            self._full.to("cpu")  # GPU memory holds only the shards between uses
+        with self._whole.swapped_in(self, self.module):
+            yield True
+
+    def sharded_call(self, fn: Callable[[Any], Any], batch: Any) -> Any:
+        """`fn(batch)`, a loss computed with the trainable module; under FSDP inside one forward
+        of the sharded root, whose pre-forward hook gathers the root-level parameters
+        (embedding, final norm, head) that `hidden_states` / `lm_head` calls read, and whose
+        backward reduce-scatters the gradients (their mean over ranks)."""
+        if not self.dist.shards_parameters:
+            return fn(batch)
+        return self._loss_module(batch, fn)
 
     # ---- hooks -------------------------------------------------------------------------------
     @abstractmethod
@@ -369,8 +333,8 @@ class AlignTrainer(ABC):
         """Rank 0 writes (under DDP every rank holds the same weights and optimizer state;
         under FSDP every rank first joins the gathers of the weights and optimizer state)."""
         optimizer = self._optimizer_state()
-        with self._full_weights() as main:
-            if not main:
+        with self.whole_weights() as whole:
+            if not (whole and self.dist.is_main):
                 return
             self.export(self.out_dir)
             trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
@@ -456,8 +420,8 @@ class AlignTrainer(ABC):
     def _evaluate(self) -> dict[str, float]:
         """Rank 0 evaluates (the other ranks hold the same weights, or under FSDP join the
         gather of them, and go on to the next step, where the all-reduce waits for rank 0)."""
-        with self._full_weights() as main:
-            if not main:
+        with self.whole_weights() as whole:
+            if not (whole and self.dist.is_main):
                 return {}
             was_training = self.module.training
             self.module.eval()

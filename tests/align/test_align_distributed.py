@@ -12,7 +12,10 @@ with `parallel: fsdp` (FSDP2 shards), which must match one process as DDP does, 
 
 GRPO's sampled completions depend on each rank's seed, so its 2-process run cannot match one
 process step for step; what can be compared is the update from a FIXED rollout: each rank learns
-from its share of the groups, the gradient all-reduce makes it the one-process update.
+from its share of the groups, the gradient all-reduce makes it the one-process update. Under
+FSDP the same holds (gradients reduce-scattered instead), and since every rank samples from a
+whole copy gathered from the shards with the same per-rank seeds as DDP, the 2-process FSDP GRPO
+run is the 2-process DDP run.
 """
 
 import csv
@@ -31,6 +34,7 @@ from lmforge.align.continual import ContinualConfig, ContinualTrainer
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
 from lmforge.align.reward import RewardConfig, RewardTrainer
+from lmforge.align.rsft import RSFTConfig, RSFTTrainer
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.errors import ConfigError
 
@@ -76,9 +80,20 @@ def save_params(module: torch.nn.Module, path: Path) -> None:
 
 def fixed_rollout(t: GRPOTrainer):
     """A scored rollout of the first 4 prompts from a fixed seed (the same on every rank)."""
-    rollout = t.engine.sample(t.prompts[:4], t.records[:4], n=4, seed=11, keep_logprobs=False)
+    rollout = t.sample(t.prompts[:4], t.records[:4], n=4, seed=11, keep_logprobs=False)
     rollout.rewards = t.reward(rollout)
     return rollout
+
+
+def grpo_fixed_update(root: Path, rank: int, world: int, **kw) -> None:
+    """A fresh policy takes one update from its rank's share of a fixed rollout; each rank
+    saves the whole weights it ends with (under FSDP, its whole copy gathered from the shards)."""
+    t = make("grpo", root, **kw)
+    rollout = fixed_rollout(t)
+    share = len(rollout) // world
+    t.update(rollout.select(torch.arange(rank * share, (rank + 1) * share)))
+    with t.whole_weights():
+        save_params(t.module, root / f"rank{rank}.safetensors")
 
 
 def worker(root: Path) -> None:
@@ -92,16 +107,17 @@ def worker(root: Path) -> None:
         t = make(name, root / name)
         t.run()
         save_params(t.module, root / name / f"rank{rank}.safetensors")
-    t = make("grpo", root / "grpo_fixed")  # a fresh policy, one update from a fixed rollout
-    rollout = fixed_rollout(t)
-    share = len(rollout) // world
-    t.update(rollout.select(torch.arange(rank * share, (rank + 1) * share)))
-    save_params(t.module, root / "grpo_fixed" / f"rank{rank}.safetensors")
+    grpo_fixed_update(root / "grpo_fixed", rank, world)
     fsdp = ["--parallel", "fsdp"]
     assert cli([*cli_args("sft", root / "fsdp_sft"), *fsdp]) == 0
     assert cli([*cli_args("sft", root / "fsdp_resumed"), *fsdp, "--resume"]) == 0
     for name in ("lora", "dpo", "reward"):
         make(name, root / f"fsdp_{name}", parallel="fsdp").run()
+    t = make("grpo", root / "fsdp_grpo", parallel="fsdp")
+    t.run()
+    with t.whole_weights():  # every rank's copy, refreshed from the shards
+        save_params(t.module, root / "fsdp_grpo" / f"rank{rank}.safetensors")
+    grpo_fixed_update(root / "fsdp_grpo_fixed", rank, world, parallel="fsdp")
     half = make("sft", root / "fsdp_half", parallel="fsdp")  # 2 of 4 steps, then the state
     for _ in range(2):
         half.train_step()
@@ -205,17 +221,27 @@ def test_fsdp_state_resumes_on_one_process(two, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dpo", "reward", "grpo"])
+@pytest.mark.parametrize("name", ["dpo", "reward", "grpo", "fsdp_grpo"])
 def test_ranks_end_with_identical_weights(two, name):
     rank0, rank1 = (load_file(str(two / name / f"rank{r}.safetensors")) for r in (0, 1))
     assert_close(rank0, rank1, atol=0)
-    start = make(name, two / "fresh" / name).module.state_dict()
+    start = make(name.removeprefix("fsdp_"), two / "fresh" / name).module.state_dict()
     assert any(not torch.equal(start[n], rank0[n]) for n in rank0)  # it trained
     assert np.isfinite(losses(two / name)).all()
 
 
 @pytest.mark.slow
-def test_grpo_update_from_a_fixed_rollout_matches_one_process(two, tmp_path):
+def test_fsdp_grpo_run_matches_ddp(two):
+    """Same per-rank prompts and rollout seeds, the same mean gradient: sharding changes
+    nothing, so the FSDP run samples the DDP run's completions and ends with its weights."""
+    np.testing.assert_allclose(losses(two / "fsdp_grpo"), losses(two / "grpo"), atol=1e-5, rtol=0)
+    assert_close(weights(two / "fsdp_grpo"), weights(two / "grpo"), atol=1e-5)
+    assert (two / "fsdp_grpo" / "training_state.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_grpo_update_from_a_fixed_rollout_matches_one_process(two, tmp_path, parallel):
     t = make("grpo", tmp_path / "grpo")
     start = {n: p.detach().clone() for n, p in t.module.named_parameters()}
     rollout = fixed_rollout(t)
@@ -223,8 +249,9 @@ def test_grpo_update_from_a_fixed_rollout_matches_one_process(two, tmp_path):
     t.update(rollout)
     ref = {n: p.detach() for n, p in t.module.named_parameters()}
     assert any(not torch.equal(start[n], ref[n]) for n in ref)
+    out = two / ("grpo_fixed" if parallel == "ddp" else "fsdp_grpo_fixed")
     for rank in (0, 1):
-        assert_close(load_file(str(two / "grpo_fixed" / f"rank{rank}.safetensors")), ref, 1e-5)
+        assert_close(load_file(str(out / f"rank{rank}.safetensors")), ref, 1e-5)
 
 
 def test_batch_not_divisible_by_world_size_fails_before_any_step(tmp_path, monkeypatch):
@@ -239,12 +266,12 @@ def test_batch_not_divisible_by_world_size_fails_before_any_step(tmp_path, monke
 def test_fsdp_is_refused_where_the_loop_uses_whole_weights(tmp_path):
     with pytest.raises(ConfigError, match="parallel must be one of ddp, fsdp"):
         SFTConfig(parallel="zero3")
-    with pytest.raises(ConfigError, match="parallel=fsdp: grpo uses the model outside"):
-        make("grpo", tmp_path / "grpo", parallel="fsdp")
-    cfg = ContinualConfig(**{**COMMON, "out_dir": str(tmp_path / "cl"), "parallel": "fsdp"})
-    with pytest.raises(ConfigError, match="parallel=fsdp: continual uses the model outside"):
-        ContinualTrainer(cfg, log=quiet)
-    assert not (tmp_path / "grpo").exists() and not (tmp_path / "cl").exists()
+    refused = [("rsft", RSFTConfig, RSFTTrainer), ("continual", ContinualConfig, ContinualTrainer)]
+    for name, config_cls, trainer_cls in refused:
+        cfg = config_cls(**{**COMMON, "out_dir": str(tmp_path / name), "parallel": "fsdp"})
+        with pytest.raises(ConfigError, match=f"parallel=fsdp: {name} uses the model outside"):
+            trainer_cls(cfg, log=quiet)
+        assert not (tmp_path / name).exists()  # refused before anything loads or is written
 
 
 if __name__ == "__main__":
