@@ -255,6 +255,7 @@ class PPOTrainer(RLTrainer):
     """Policy + critic against a frozen reward and reference, KL-regularised."""
 
     name = "ppo"
+    fsdp_own_loop = True  # losses through sharded_call, rollouts from whole copies (rl.py)
     curves = [
         ("train", "reward"),
         ("eval", "reward"),
@@ -303,7 +304,7 @@ class PPOTrainer(RLTrainer):
         totals, n = dict.fromkeys(keys, 0.0), 0
         for _ in range(cfg.ppo_epochs):
             for mb in rollout.minibatches(cfg.minibatch_size, gen):
-                stats = self._minibatch_loss(mb, beta)
+                stats = self.sharded_call(lambda mb: self._minibatch_loss(mb, beta), mb)
                 totals["loss"] += self.optimizer_step(stats.pop("loss"))
                 for k, v in stats.items():
                     totals[k] += v

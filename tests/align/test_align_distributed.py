@@ -15,7 +15,7 @@ process step for step; what can be compared is the update from a FIXED rollout: 
 from its share of the groups, the gradient all-reduce makes it the one-process update. Under
 FSDP the same holds (gradients reduce-scattered instead), and since every rank samples from a
 whole copy gathered from the shards with the same per-rank seeds as DDP, the 2-process FSDP GRPO
-run is the 2-process DDP run.
+run is the 2-process DDP run; PPO (policy and critic sharded together) likewise.
 """
 
 import csv
@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
+from lmforge.align.ppo import PPOConfig, PPOTrainer
 from lmforge.align.reward import RewardConfig, RewardTrainer
 from lmforge.align.rsft import RSFTConfig, RSFTTrainer
 from lmforge.align.sft import SFTConfig, SFTTrainer
@@ -49,6 +50,9 @@ RUNS = {
     "reward": (RewardConfig, RewardTrainer, dict(data="task:add", lr=3e-3)),
     "grpo": (GRPOConfig, GRPOTrainer, dict(data="task:add:1", batch_size=4, group_size=4,
                                            max_new_tokens=4, max_iters=3, n_eval=8)),
+    "ppo": (PPOConfig, PPOTrainer, dict(data="task:add:1", batch_size=4, group_size=2,
+                                        max_new_tokens=4, max_iters=3, n_eval=8, lr=1e-3,
+                                        minibatch_size=2, ppo_epochs=2, value_detach=False)),
 }  # fmt: skip
 quiet = lambda *args, **kwargs: None  # noqa: E731
 
@@ -61,7 +65,8 @@ def distinct(record: dict, completion: str) -> float:
 def make(name: str, out: Path, **kw):
     config_cls, trainer_cls, fields = RUNS[name]
     cfg = config_cls(**{**COMMON, **fields, "out_dir": str(out), **kw})
-    return trainer_cls(cfg, log=quiet, **({"reward": distinct} if name == "grpo" else {}))
+    rl = name in ("grpo", "ppo")
+    return trainer_cls(cfg, log=quiet, **({"reward": distinct} if rl else {}))
 
 
 def cli_args(name: str, out: Path) -> list[str]:
@@ -113,10 +118,12 @@ def worker(root: Path) -> None:
     assert cli([*cli_args("sft", root / "fsdp_resumed"), *fsdp, "--resume"]) == 0
     for name in ("lora", "dpo", "reward"):
         make(name, root / f"fsdp_{name}", parallel="fsdp").run()
-    t = make("grpo", root / "fsdp_grpo", parallel="fsdp")
-    t.run()
-    with t.whole_weights():  # every rank's copy, refreshed from the shards
-        save_params(t.module, root / "fsdp_grpo" / f"rank{rank}.safetensors")
+    make("ppo", root / "ppo").run()
+    for name in ("grpo", "ppo"):
+        t = make(name, root / f"fsdp_{name}", parallel="fsdp")
+        t.run()
+        with t.whole_weights():  # every rank's copy, refreshed from the shards
+            save_params(t.module, root / f"fsdp_{name}" / f"rank{rank}.safetensors")
     grpo_fixed_update(root / "fsdp_grpo_fixed", rank, world, parallel="fsdp")
     half = make("sft", root / "fsdp_half", parallel="fsdp")  # 2 of 4 steps, then the state
     for _ in range(2):
@@ -221,7 +228,7 @@ def test_fsdp_state_resumes_on_one_process(two, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dpo", "reward", "grpo", "fsdp_grpo"])
+@pytest.mark.parametrize("name", ["dpo", "reward", "grpo", "fsdp_grpo", "fsdp_ppo"])
 def test_ranks_end_with_identical_weights(two, name):
     rank0, rank1 = (load_file(str(two / name / f"rank{r}.safetensors")) for r in (0, 1))
     assert_close(rank0, rank1, atol=0)
@@ -231,12 +238,18 @@ def test_ranks_end_with_identical_weights(two, name):
 
 
 @pytest.mark.slow
-def test_fsdp_grpo_run_matches_ddp(two):
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_fsdp_rl_run_matches_ddp(two, name):
     """Same per-rank prompts and rollout seeds, the same mean gradient: sharding changes
-    nothing, so the FSDP run samples the DDP run's completions and ends with its weights."""
-    np.testing.assert_allclose(losses(two / "fsdp_grpo"), losses(two / "grpo"), atol=1e-5, rtol=0)
-    assert_close(weights(two / "fsdp_grpo"), weights(two / "grpo"), atol=1e-5)
-    assert (two / "fsdp_grpo" / "training_state.safetensors").is_file()
+    nothing, so the FSDP run samples the DDP run's completions and ends with its weights (and,
+    for PPO, its critic: a value head trained through the shared trunk)."""
+    fsdp, ddp = two / f"fsdp_{name}", two / name
+    np.testing.assert_allclose(losses(fsdp), losses(ddp), atol=1e-5, rtol=0)
+    assert_close(weights(fsdp), weights(ddp), atol=1e-5)
+    if name == "ppo":
+        critic = lambda out: load_file(str(out / "critic.safetensors"))  # noqa: E731
+        assert_close(critic(fsdp), critic(ddp), atol=1e-5)
+    assert (fsdp / "training_state.safetensors").is_file()
 
 
 @pytest.mark.slow
