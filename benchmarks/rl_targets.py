@@ -2,9 +2,10 @@
 
 Stages (each cached in --out): SFT from scratch with lmforge's SFTTrainer (the 4-layer d_model 128
 model of configs/align/sft_add.yaml, stopped at 900 steps so RL has room); a reward model on
-verifier-labelled pairs; then GRPO (held-out greedy exact match before/after, on the trainer's
-200-problem eval and on 1000 held-out problems), PPO against the reward model (mean reward and KL
-per step) and RSFT (mean reward of each round's samples). Times are CPU seconds of this process
+verifier-labelled pairs of that model's own samples (backbone: the same SFT run to 1500
+steps); then GRPO (held-out greedy exact match before/after, on the trainer's 200-problem eval
+and on 1000 held-out problems), PPO against the reward model (mean reward and KL per step) and
+RSFT (mean reward of each round's samples). Times are CPU seconds of this process
 (threads=1) and wall seconds, which on a shared machine are several times larger.
 
     python benchmarks/rl_targets.py --stage all
@@ -21,13 +22,22 @@ points; after 250 steps / 149 CPU s 0.297); on the trainer's 200-problem eval 0.
 0.16 -> 0.34. Continued with --resume --grpo.max_iters 1000 (596 CPU s in all, 2009 s wall):
 1000 problems 0.239 -> 0.508 (+26.9 points); 200-problem eval 0.325 -> 0.475 (+15.0); sampled
 train reward 0.16 -> 0.47..0.52. A fresh run reproduces the eval curve exactly (checked to 400).
-PPO against the reward model (configs/align/reward_add.yaml from this SFT model: 86.5% pair
-accuracy), 64 prompts/step, 100 steps (~60 CPU s): mean reward does NOT rise; greedy held-out
-reward 0.446 -> 0.442..0.448 and sampled train reward 0.42 -> 0.42 for every critic (head,
-separate, reward, with/without warm-up), lr 3e-5..1e-3 (higher lr lowers it) and β 0..0.05. The
-PPO update is right (tests/align/test_ppo.py toy); this reward model is the limit: 80% of its
-score variance is between prompts, the within-prompt part has std 0.045 (correct - wrong gap 0.04),
-and GRPO against it (8 prompts x G=8, 100 steps) does not either; see configs/align/ppo.yaml.
+Reward model (configs/align/reward_onpolicy.yaml, InstructGPT-style): the SFT model samples 8
+completions per prompt at T=1, the verifier labels them, up to 2 (right, wrong) pairs per prompt
+(3903 train pairs from 3000 prompts, 501 held out); backbone = the same SFT recipe run to 1500
+steps (stage sft_rm, 87% exact match): 98.4% held-out on-policy pair accuracy; on 128 test
+prompts x 8 fresh policy samples the within-prompt corr(score, correct) is 0.60 and the top-
+scored sample is right on 94.7% of mixed prompts (random 29.6%). The older near-miss RM
+(reward_add.yaml, 86.5% on its own pairs) has corr 0.37 there; an on-policy RM on the 900-step
+backbone 82.2% / 0.37 (the backbone knows no more than the policy).
+PPO against the on-policy RM (64 prompts x 4 samples, 2 epochs of 128-row minibatches, lr 1e-4,
+RM-initialised critic with 5 warm-up steps, scores whitened with running moments, β 0.05, 80
+steps, 97 CPU s): sampled train reward, mean of the first 10 -> last 10 steps, 0.497 -> 0.535
+(seed 1337) and 0.502 -> 0.539 (seed 1), +0.04 = ~0.35 within-prompt std; per-completion KL
+0.66 / 0.84 over the last 10 steps (bounded; β fixed). Greedy held-out reward 0.566 -> 0.585 /
+0.558 -> 0.553 and exact match 0.325 -> 0.32 / 0.305 -> 0.295: the gain is mostly sharpening
+(entropy 0.72 -> 0.47), greedy answers do not improve yet. Against reward_add.yaml's RM every
+setting tried stayed flat (0.42 -> 0.42), GRPO too; see configs/align/ppo.yaml.
 RSFT (512 prompts x 8 samples, keep the best correct one, 3 SFT epochs at lr 1e-4,
 8 rounds, 25 CPU s): mean reward of each round's samples 0.150, 0.168, 0.190, 0.195, 0.205,
 0.219, 0.207, 0.223; held-out exact match (1000) 0.239 -> 0.323.
@@ -57,10 +67,10 @@ def series(out: Path, split: str, metric: str) -> list[tuple[int, float]]:
         ]
 
 
-def run_sft(root: Path, kw: dict) -> Path:
+def run_sft(root: Path, kw: dict, name: str = "sft") -> Path:
     from lmforge.align.sft import SFTConfig, SFTTrainer
 
-    out = root / "sft"
+    out = root / name
     if not (out / "final_metrics.json").is_file():
         cfg = SFTConfig(**{**COMMON, "out_dir": str(out), "init": "scratch", "model": SFT_MODEL,
                            "max_len": 24,
@@ -68,22 +78,24 @@ def run_sft(root: Path, kw: dict) -> Path:
                            "min_lr": 1e-4, "warmup_iters": 50, "eval_interval": 300,
                            "eval_generate": 200, **kw})  # fmt: skip
         SFTTrainer(cfg, log=lambda *a: None).run()
-    print("sft exact match:", series(out, "eval", "exact_match"))
+    print(f"{name} exact match:", series(out, "eval", "exact_match"))
     return out
 
 
 def run_reward(root: Path, sft: Path, kw: dict) -> Path:
+    """configs/align/reward_onpolicy.yaml: pairs of the PPO start's own samples (`sft`, 8 per
+    prompt, verifier-labelled right vs wrong), scored by a backbone SFT'd to 1500 steps."""
     from lmforge.align.reward import RewardConfig, RewardTrainer
     from lmforge.train.config import build_config
 
     out = root / "reward"
     if not (out / "final_metrics.json").is_file():
-        # configs/align/reward_add.yaml (match pooling + LM loss): 86.5% held-out pair accuracy
-        # from this 900-step SFT model; the old last-pooling settings here gave 59.5%.
-        config = Path(__file__).resolve().parents[1] / "configs" / "align" / "reward_add.yaml"
-        over = {"progress": False, "out_dir": str(out), "init": str(sft), **kw}
+        backbone = run_sft(root, {"max_iters": 1500}, name="sft_rm")
+        config = Path(__file__).resolve().parents[1] / "configs" / "align" / "reward_onpolicy.yaml"
+        over = {"progress": False, "out_dir": str(out), "init": str(backbone),
+                "pair_policy": str(sft), **kw}  # fmt: skip
         RewardTrainer(build_config(RewardConfig, config, over), log=lambda *a: None).run()
-    print("reward model pair accuracy:", series(out, "eval", "accuracy"))
+    print("reward model on-policy pair accuracy:", series(out, "eval", "accuracy"))
     return out
 
 
@@ -108,8 +120,9 @@ def run_rl(
     defaults = {
         "grpo": {"batch_size": 64, "group_size": 8, "lr": 1e-4, "min_lr": 1e-4,
                  "warmup_iters": 10, "max_iters": 550, "eval_interval": 25},
-        "ppo": {"batch_size": 64, "lr": 3e-5, "min_lr": 3e-5, "max_iters": 100,
-                "eval_interval": 25, "critic": "reward", "critic_warmup": 10},
+        "ppo": {"batch_size": 64, "group_size": 4, "minibatch_size": 128, "ppo_epochs": 2,
+                "lr": 1e-4, "min_lr": 1e-4, "max_iters": 80, "eval_interval": 20,
+                "critic": "reward", "critic_warmup": 5, "score_norm": "whiten"},
         "rsft": {"batch_size": 512, "group_size": 8, "min_reward": 1.0, "sft_epochs": 3,
                  "lr": 1e-4, "min_lr": 1e-4, "max_iters": 8},
     }[name]  # fmt: skip
