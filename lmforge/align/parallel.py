@@ -12,6 +12,10 @@ an unsharded copy of the trained module, refreshed from the shards by one gather
 joins at the same point, and `swapped_modules` points the trainer's attributes (self.module,
 self.lm.model, a rollout engine's policy, a PPO critic) at the copy for the length of a block,
 so evaluation, export and sampling code runs on it unchanged.
+
+The rest is how a global batch and a saved state split over ranks: `EpochSampler` gives each
+rank its slice of the same shuffled order, and the optimizer state is saved with whole tensors
+and re-sliced on load, so one file resumes on any world size and either strategy.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from lmforge.errors import ConfigError
 
 
 class LossModule(nn.Module):
@@ -106,3 +112,75 @@ class WholeCopy:
         finally:
             if self.offload:
                 self.copy.to("cpu")  # GPU memory holds only the shards between uses
+
+
+def check_world_size(batch_size: int, world_size: int, what: str = "batch_size") -> None:
+    """The global batch must split evenly over the ranks (before any step)."""
+    if batch_size % world_size:
+        raise ConfigError(
+            f"{what}={batch_size} is not divisible by the world size {world_size}: it is the "
+            f"global batch of one step across all ranks (each rank takes {what} / world size); "
+            f"set it to a multiple of {world_size}"
+        )
+
+
+class EpochSampler:
+    """Shuffled minibatch indices, epoch after epoch; its position is part of the saved state.
+
+    Every rank shuffles the same order and `next()` returns rank `rank`'s contiguous slice of
+    the global batch, so the state is the same on every rank and resumes on any world size.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        if n < 1:
+            raise ConfigError("no training examples")
+        self.n, self.batch_size, self.seed = n, min(batch_size, n), seed
+        check_world_size(self.batch_size, world_size, f"batch_size (capped at {n} examples)")
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.pos = 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def next(self) -> list[int]:
+        if self.pos + self.batch_size > self.n:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._order = self._shuffle()
+        idx = self._order[self.pos : self.pos + self.batch_size]
+        self.pos += self.batch_size
+        share = self.batch_size // self.world_size
+        return idx[self.rank * share : (self.rank + 1) * share]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._shuffle()
+
+
+def whole_optimizer_state(optimizer: torch.optim.Optimizer, dist: Any) -> dict[str, Any]:
+    """optimizer.state_dict() with whole tensors (collective under FSDP, same order on every
+    rank), so a saved state does not depend on how the run was split."""
+    state = optimizer.state_dict()
+    if dist.shards_parameters:
+        state["state"] = {
+            i: {k: dist.full_tensor(v) if torch.is_tensor(v) else v for k, v in s.items()}
+            for i, s in sorted(state["state"].items())
+        }
+    return state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, dist: Any) -> None:
+    """Load a state saved by `whole_optimizer_state`; under FSDP each rank keeps its slice of
+    the moments (no communication)."""
+    if dist.shards_parameters:
+        by_index = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, s in state["state"].items():
+            p = by_index[int(i)]
+            for k, v in s.items():
+                if torch.is_tensor(v) and v.shape == p.shape:
+                    s[k] = dist.shard_like(v, p)
+    optimizer.load_state_dict(state)

@@ -44,7 +44,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmforge.align.parallel import LossModule, WholeCopy
+from lmforge.align.parallel import (
+    EpochSampler,
+    LossModule,
+    WholeCopy,
+    check_world_size,
+    load_optimizer_state,
+    whole_optimizer_state,
+)
 from lmforge.align.tasks import ALPHABET
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.fileio import write_json
@@ -141,53 +148,6 @@ def load_lm(init: str, model: dict[str, Any], max_len: int, seed: int, device) -
     if lm.tokenizer is None:
         raise CheckpointError(f"{init}: no tokenizer.json; post-training needs the tokenizer")
     return lm
-
-
-def check_world_size(batch_size: int, world_size: int, what: str = "batch_size") -> None:
-    """The global batch must split evenly over the ranks (before any step)."""
-    if batch_size % world_size:
-        raise ConfigError(
-            f"{what}={batch_size} is not divisible by the world size {world_size}: it is the "
-            f"global batch of one step across all ranks (each rank takes {what} / world size); "
-            f"set it to a multiple of {world_size}"
-        )
-
-
-class EpochSampler:
-    """Shuffled minibatch indices, epoch after epoch; its position is part of the saved state.
-
-    Every rank shuffles the same order and `next()` returns rank `rank`'s contiguous slice of
-    the global batch, so the state is the same on every rank and resumes on any world size.
-    """
-
-    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        if n < 1:
-            raise ConfigError("no training examples")
-        self.n, self.batch_size, self.seed = n, min(batch_size, n), seed
-        check_world_size(self.batch_size, world_size, f"batch_size (capped at {n} examples)")
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.pos = 0, 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
-
-    def next(self) -> list[int]:
-        if self.pos + self.batch_size > self.n:
-            self.epoch, self.pos = self.epoch + 1, 0
-            self._order = self._shuffle()
-        idx = self._order[self.pos : self.pos + self.batch_size]
-        self.pos += self.batch_size
-        share = self.batch_size // self.world_size
-        return idx[self.rank * share : (self.rank + 1) * share]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.pos = state["epoch"], state["pos"]
-        self._order = self._shuffle()
 
 
 class AlignTrainer(ABC):
@@ -332,7 +292,7 @@ class AlignTrainer(ABC):
     def save_checkpoint(self) -> None:
         """Rank 0 writes (under DDP every rank holds the same weights and optimizer state;
         under FSDP every rank first joins the gathers of the weights and optimizer state)."""
-        optimizer = self._optimizer_state()
+        optimizer = whole_optimizer_state(self.optimizer, self.dist)  # collective under FSDP
         with self.whole_weights() as whole:
             if not (whole and self.dist.is_main):
                 return
@@ -348,17 +308,6 @@ class AlignTrainer(ABC):
             }
             save_training_state(self.out_dir / STATE_FILE, state)
 
-    def _optimizer_state(self) -> dict[str, Any]:
-        """optimizer.state_dict() with whole tensors (collective under FSDP, same order on
-        every rank), so the file does not depend on how the run was split."""
-        state = self.optimizer.state_dict()
-        if self.dist.shards_parameters:
-            state["state"] = {
-                i: {k: self.dist.full_tensor(v) if torch.is_tensor(v) else v for k, v in s.items()}
-                for i, s in sorted(state["state"].items())
-            }
-        return state
-
     def _load_state(self, path: Path) -> None:
         state = load_training_state(path)
         params = dict(self.module.named_parameters())
@@ -368,15 +317,7 @@ class AlignTrainer(ABC):
         with torch.no_grad():
             for n, value in state["trainable"].items():
                 params[n].copy_(self.dist.shard_like(value, params[n]))
-        optimizer = state["optimizer"]
-        if self.dist.shards_parameters:  # each rank keeps its slice of the moments
-            by_index = [p for g in self.optimizer.param_groups for p in g["params"]]
-            for i, s in optimizer["state"].items():
-                p = by_index[int(i)]
-                for k, v in s.items():
-                    if torch.is_tensor(v) and v.shape == p.shape:
-                        s[k] = self.dist.shard_like(v, p)
-        self.optimizer.load_state_dict(optimizer)
+        load_optimizer_state(self.optimizer, state["optimizer"], self.dist)
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.step, self.elapsed = state["step"], state["elapsed"]
