@@ -63,7 +63,7 @@ def completion_logits(
     the tokens were actually drawn from (TRL does the same).
     """
     h = completion_hidden(model, input_ids, attention_mask, start)
-    logits = model.lm_head(h)
+    logits = model.lm_head(h * getattr(model, "output_scale", 1.0))  # as forward() (SPEC §1)
     if temperature not in (0, 1):
         logits = logits / temperature
     return logits, h

@@ -9,6 +9,7 @@ from lmforge.align.losses import group_advantages
 from lmforge.align.rollout import completion_logprobs
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
+from lmforge.model.config import ModelConfig
 
 TINY = {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}
 
@@ -109,3 +110,17 @@ def test_positive_only_gradient_is_the_sft_gradient(tmp_path):
             g += gi
     for (name, _), a, b in zip(model.named_parameters(), grads_rl, grads_sft):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("logit_scaling", [False, True])
+def test_scored_logprobs_are_the_samplers(logit_scaling):
+    """The update's log-probs are those of the forward pass the sampler drew from (with the
+    1/sqrt(d_model) logit scaling too), so on-policy ratios start at exactly 1."""
+    config = ModelConfig.from_dict({**TINY, "vocab_size": 20, "logit_scaling": logit_scaling})
+    model = LM.from_config(config, seed=0).model
+    ids = torch.randint(0, 20, (2, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        logp = completion_logprobs(model, ids, mask, 4)
+        full = torch.log_softmax(model(ids, attention_mask=mask)[:, 3:-1], -1)
+    torch.testing.assert_close(logp, full.gather(-1, ids[:, 4:, None])[..., 0])
