@@ -44,6 +44,8 @@ def register(sub) -> None:
     m.add_argument("--split", action="append", choices=["train", "test", "novel"])
     m.add_argument("--image_size", type=int, default=32)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--colours", type=int, default=8, help="first N colours (as in training)")
+    m.add_argument("--shapes", type=int, default=5, help="first N shapes (as in training)")
     m.set_defaults(func=run_samples)
 
 
@@ -90,7 +92,7 @@ def run_samples(args) -> int:
     from lmforge.fileio import write_text
     from lmforge.vlm.data import ShapesDataset, save_image
 
-    data = ShapesDataset(args.image_size, args.seed)
+    data = ShapesDataset(args.image_size, args.seed, colours=args.colours, shapes=args.shapes)
     out = Path(args.out_dir)
     lines = []
     for split in args.split or ["test", "novel"]:

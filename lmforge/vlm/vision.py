@@ -5,6 +5,14 @@ ViT (Dosovitskiy et al. 2021) cuts the image into P x P patches, embeds each wit
 position embedding per patch and runs bidirectional pre-norm transformer blocks. The features
 v_1..v_L go to the projector (projector.py) and become the image tokens of the language model.
 The encoder can be trained with the LM or frozen (`freeze()`), as LLaVA does with CLIP.
+
+The patch embedding is chosen by name (PATCH_EMBEDDINGS). Besides ViT's linear map there are
+factorised ones that code a patch's outline and its colour separately. They exist for
+compositional generalisation: on the synthetic shapes, captions of colour x shape pairs never seen
+together in training were 52% exact with a factorised stem and 2 blocks, 86% when the blocks see
+outlines only (late_colour), 96.5% with no blocks at all (vision_layers 0), after 3 CPU minutes
+each: per-patch MLPs learn "purple triangle" as one feature and snap a blue triangle onto it.
+The same switches (activation, norms, patch bias) let hf_vision.py load CLIP and SigLIP towers.
 """
 
 from __future__ import annotations
