@@ -1,9 +1,13 @@
 """The chat page in headless Chromium: type a message, watch the reply stream in."""
 
 import shutil
+import time
 
 import pytest
-from conftest import API_KEY
+from conftest import API_KEY, LiveServer, tiny_lm
+
+from lmforge.infer.engine import Engine
+from lmforge.serve.app import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -11,14 +15,27 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def paced_server():
+    """The test server, its decode steps paced 10 ms apart: the page must show the reply grow
+    token by token, which a tiny model on a quiet machine could otherwise finish in one chunk."""
+    engine = Engine.from_lm(tiny_lm(), max_batch=8)
+    step = engine.step
+    engine.step = lambda: (time.sleep(0.01), step())[1]
+    app = create_app(engine, "tiny", api_key=API_KEY, max_tokens_limit=64, stream_interval=0)
+    live = LiveServer(app)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def page(paced_server):
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     if not shutil.which("chromium"):
         pytest.skip("Chromium not installed (apt-get install -y chromium); page test skipped")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         page = browser.new_page()
-        page.goto(server.url)
+        page.goto(paced_server.url)
         yield page
         browser.close()
 
