@@ -22,7 +22,11 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
     add_engine_args(p)
-    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode step (slower than eager on CPU; see infer/engine.py)",
+    )
     p.set_defaults(func=run)
 
 
