@@ -5,8 +5,8 @@ mapping per stage whose keys are that stage's trainer config fields (the same na
 `lmforge sft --config ...` YAML files), so anything a trainer accepts can be set here.
 `resolve_plan` layers: preset, then a user YAML file, then `--stage.key value` overrides.
 
-The cpu-tiny numbers were tuned so the whole pipeline takes about 5.5 CPU-minutes (8.7 minutes of
-wall time on a shared 2-core machine) while every stage still shows its effect: SFT stops at ~40%
+The cpu-tiny numbers were tuned so the whole pipeline takes about 5 minutes on 2 quiet CPU cores
+(8.7 on a shared machine) while every stage still shows its effect: SFT stops at ~40%
 exact match so DPO and GRPO have room to improve it (README "The speedrun" has a real report).
 """
 
@@ -123,7 +123,7 @@ BASE: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # under 10 minutes on 2 CPU cores; PPO is left to the larger presets
+    # about 5 minutes on 2 CPU cores; PPO is left to the larger presets
     # one thread: tiny matrices gain little from a second one, and a busy machine costs it a lot
     "cpu-tiny": {"stages": [s for s in STAGE_ORDER if s != "ppo"], "threads": 1},
     # a longer CPU run on a harder task (+, - and x): a wider model, longer stages, PPO against a
