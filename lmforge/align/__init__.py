@@ -6,18 +6,14 @@ from lmforge.align.losses import (
     FixedKLController,
     bradley_terry_loss,
     clipped_surrogate,
-    diagonal_fisher,
-    distillation_loss,
     dones_from_mask,
     dpo_loss,
     entropy_from_logits,
-    ewc_penalty,
     gae,
     group_advantages,
     grpo_loss,
     hinge_loss,
     kl_per_token,
-    l2_to_reference,
     listwise_loss,
     masked_mean,
     masked_var,
@@ -51,6 +47,12 @@ from lmforge.align.peft import (
     quantize_nf4,
     save_adapter,
     unmerge_lora,
+)
+from lmforge.align.regularizers import (
+    diagonal_fisher,
+    distillation_loss,
+    ewc_penalty,
+    l2_to_reference,
 )
 
 __all__ = [

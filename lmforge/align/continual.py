@@ -22,11 +22,13 @@ from torch import Tensor, nn
 
 from lmforge.align import data as D
 from lmforge.align.losses import (
+    sft_loss,
+)
+from lmforge.align.regularizers import (
     diagonal_fisher,
     distillation_loss,
     ewc_penalty,
     l2_to_reference,
-    sft_loss,
 )
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.errors import ConfigError

@@ -1,0 +1,78 @@
+"""Continual-learning penalties that keep a fine-tuned model near its previous self (SPEC §10):
+L2 to the reference weights, elastic weight consolidation with a diagonal Fisher, and Hinton-style
+distillation from the previous model's outputs. Used by `continual.py`'s regularisers."""
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.align.losses import masked_mean
+from lmforge.errors import LMForgeError
+
+Params = nn.Module | Mapping[str, Tensor]
+
+
+def _named(params: Params) -> dict[str, Tensor]:
+    if isinstance(params, nn.Module):
+        return {n: p for n, p in params.named_parameters() if p.requires_grad}
+    return dict(params)
+
+
+def _paired(params: Params, ref: Mapping[str, Tensor]) -> Iterable[tuple[str, Tensor, Tensor]]:
+    named = _named(params)
+    missing = sorted(set(named) - set(ref))
+    if missing:
+        raise LMForgeError(f"reference is missing parameters: {missing[:5]}")
+    return ((n, p, ref[n].to(p.device, p.dtype)) for n, p in named.items())
+
+
+def l2_to_reference(params: Params, ref_params: Mapping[str, Tensor]) -> Tensor:
+    """Σ‖θ - θ_ref‖² over (trainable, for a module) parameters: stay close to the previous model."""
+    terms = [((p - r) ** 2).sum() for _, p, r in _paired(params, ref_params)]
+    return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def ewc_penalty(
+    params: Params, ref_params: Mapping[str, Tensor], fisher: Mapping[str, Tensor]
+) -> Tensor:
+    """Elastic weight consolidation Σ F_i (θ_i - θ*_i)²; the caller applies the usual λ/2."""
+    terms = [(fisher[n].to(p) * (p - r) ** 2).sum() for n, p, r in _paired(params, ref_params)]
+    return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def diagonal_fisher(
+    model: nn.Module, batches: Iterable, loss_fn: Callable[[nn.Module, object], Tensor]
+) -> dict[str, Tensor]:
+    """Empirical diagonal Fisher: squared gradients of ``loss_fn(model, batch)`` averaged over
+    batches, for trainable parameters. Uses autograd.grad so existing ``.grad`` is left alone."""
+    named = _named(model)
+    fisher = {n: torch.zeros_like(p) for n, p in named.items()}
+    count = 0
+    for batch in batches:
+        grads = torch.autograd.grad(loss_fn(model, batch), list(named.values()), allow_unused=True)
+        for n, g in zip(named, grads):
+            if g is not None:
+                fisher[n] += g.detach() ** 2
+        count += 1
+    if count == 0:
+        raise LMForgeError("diagonal_fisher needs at least one batch")
+    return {n: f / count for n, f in fisher.items()}
+
+
+def distillation_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """T²·KL(teacher_T ‖ student_T) per position, averaged (masked if ``mask`` given), Hinton-style.
+
+    Softened by temperature T on both sides; T² keeps gradient scale independent of T.
+    """
+    t = temperature
+    s = F.log_softmax(student_logits.float() / t, dim=-1)
+    q = F.log_softmax(teacher_logits.float().detach() / t, dim=-1)
+    kl = (q.exp() * (q - s)).sum(-1) * t * t
+    return kl.mean() if mask is None else masked_mean(kl, mask)
