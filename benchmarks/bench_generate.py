@@ -11,11 +11,17 @@ agreement and the logit error against fp32. Batch 1 is compared with the memory-
 a decoding step reads every weight it uses once, so tokens/s <= bandwidth / bytes read per token
 (lmforge's weights at the precision used, all but the embedding table, of which a token reads one
 row); bandwidth is measured here by copying a 1 GiB tensor, next to each batch-1 run. It also
-times the weight matmuls alone (one GEMV per Linear): with int8 weights that kernel
-(aten._weight_int8pack_mm) is compute-bound at a single thread, well under the bandwidth bound,
-so no overhead cut can bring int8 batch 1 to 70% of its bound; fp32 GEMVs run near the
-bandwidth (--dtype float32 --quantize none: ~65-71% of the bound) but read 4x the bytes. The
-last line says which targets this mode met.
+times the weight matmuls alone (one GEMV per Linear). On a quiet machine the int8 kernel
+(aten._weight_int8pack_mm) runs at ~90% of the bound (1 or 2 threads), so what keeps batch 1 at
+33-45% of the bound is the per-token work outside the matmuls (norms, RoPE, SDPA, slicing:
+~1.8 of 3.9 ms per token at one thread); on a loaded machine the int8 kernel itself is starved
+(~37%). fp32 GEMVs run near the bandwidth (--dtype float32 --quantize none: ~65-71% of the
+bound) but read 4x the bytes. The last line says which targets this mode met.
+
+Measured at the end of the 2026-11-22 session on a quiet 2-core machine, int8:
+  --threads 1: 2.94x / 2.34x / 2.80x (batch 1 / batch 16 / long prompt), batch 1 at 45% of the
+               bound (matmuls alone 92%)
+  --threads 2: 2.47x / 2.23x / 3.05x, batch 1 at 33% (matmuls alone 90%)
 
     python benchmarks/bench_generate.py                                  # int8 weights, bf16
     python benchmarks/bench_generate.py --dtype float32 --quantize none  # same precision as HF
