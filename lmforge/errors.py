@@ -15,3 +15,12 @@ class DataError(LMForgeError, ValueError):
 
 class CheckpointError(LMForgeError, ValueError):
     """A missing, corrupt or mismatched checkpoint."""
+
+
+def require_positive_ints(obj: object, *names: str) -> None:
+    """Raise ConfigError naming the first of `names` that is not an integer >= 1 on `obj`
+    (a config dataclass); booleans do not count as integers."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")

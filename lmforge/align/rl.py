@@ -36,7 +36,7 @@ from lmforge.align.rollout import (
 from lmforge.align.sft import PeftConfig, apply_peft, export_peft
 from lmforge.align.tasks import verify
 from lmforge.align.trainer import AlignConfig, AlignTrainer, NonFiniteLoss
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.train.optim import cosine_lr
 
 
@@ -61,8 +61,7 @@ class RLConfig(PeftConfig, AlignConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ConfigError(f"group_size must be a positive integer, got {self.group_size!r}")
+        require_positive_ints(self, "group_size")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
 

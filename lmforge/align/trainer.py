@@ -53,7 +53,7 @@ from lmforge.align.parallel import (
     whole_optimizer_state,
 )
 from lmforge.align.tasks import ALPHABET
-from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_positive_ints
 from lmforge.fileio import write_json
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
@@ -113,10 +113,9 @@ class AlignConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_interval is None:
             self.checkpoint_interval = self.eval_interval
-        for name in ("batch_size", "max_iters", "max_len", "eval_interval", "log_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(
+            self, "batch_size", "max_iters", "max_len", "eval_interval", "log_interval"
+        )
         if self.lr <= 0 or self.min_lr < 0:
             raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
         if self.parallel not in PARALLEL:

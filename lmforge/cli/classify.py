@@ -19,7 +19,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_positive_ints
 
 POSITIVE = "good great excellent superb wonderful delightful brilliant charming lovely fine".split()
 NEGATIVE = "bad awful terrible dull boring poor dreadful bland mediocre clumsy".split()
@@ -111,10 +111,7 @@ class ClassifyTrainConfig:
         if not self.checkpoint:
             raise ConfigError("checkpoint: give a BERT directory (e.g. from `lmforge pretrain "
                               "--objective mlm`)")  # fmt: skip
-        for name in ("steps", "batch_size", "eval_interval", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(self, "steps", "batch_size", "eval_interval", "max_len")
         if self.max_len < 3:
             raise ConfigError(f"max_len must be >= 3 ([CLS] text [SEP]), got {self.max_len}")
         if not 0 < self.val_fraction < 1:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_positive_ints
 
 
 @dataclass
@@ -37,10 +37,7 @@ class Seq2SeqTrainConfig:
     model: dict[str, Any] = field(default_factory=lambda: {"d_model": 64, "d_ff": 256, "n_head": 4})
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "max_number", "eval_interval", "beam"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(self, "steps", "batch_size", "max_number", "eval_interval", "beam")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.fileio import coerce_numbers
 
 NORMS = ("layernorm", "rmsnorm")
@@ -101,18 +101,9 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Check every field and cross-field rule; raise ConfigError naming the fields."""
-        for name in (
-            "vocab_size",
-            "n_layer",
-            "n_head",
-            "n_kv_head",
-            "d_model",
-            "d_ff",
-            "max_seq_len",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(
+            self, "vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_seq_len"
+        )
         choices = {"norm": NORMS, "pos": POSITIONS, "mlp": MLPS, "attn_impl": ATTN_IMPLS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -174,10 +165,7 @@ class ModelConfig:
                 "attention_pattern or sliding_window"
             )
         if self.attention == "mla":
-            for name in ("kv_lora_rank", "qk_rope_head_dim"):
-                value = getattr(self, name)
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            require_positive_ints(self, "kv_lora_rank", "qk_rope_head_dim")
             if self.pos == "rope" and self.qk_rope_head_dim % 2:
                 raise ConfigError(
                     f"pos='rope' with attention='mla' needs an even qk_rope_head_dim, "

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.fileio import coerce_numbers, load_yaml
 from lmforge.model.config import ModelConfig
 
@@ -68,10 +68,9 @@ class TrainConfig:
             self.lr_decay_iters = self.max_iters
         if self.checkpoint_interval is None:
             self.checkpoint_interval = self.eval_interval
-        for name in ("batch_size", "block_size", "grad_accum", "max_iters", "eval_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(
+            self, "batch_size", "block_size", "grad_accum", "max_iters", "eval_interval"
+        )
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ConfigError(
                 f"dtype must be float32, bfloat16, float16 or auto; got {self.dtype!r}"

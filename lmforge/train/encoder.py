@@ -23,7 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import CheckpointError, ConfigError, DataError, LMForgeError
+from lmforge.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    LMForgeError,
+    require_positive_ints,
+)
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.model.bert import (
     BertConfig,
@@ -93,10 +99,9 @@ class EncoderTrainConfig:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
                               f"{self.objective!r}")  # fmt: skip
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(
+            self, "batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"
+        )
         if not isinstance(self.block_size, int) or self.block_size < 8:
             raise ConfigError(f"block_size must be an integer >= 8, got {self.block_size!r}")
         if not 0 < self.mask_prob < 1:
