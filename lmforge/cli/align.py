@@ -69,8 +69,12 @@ def run(args) -> int:
             flags["out_dir"] = "out/lora"
         overrides = {**flags, **overrides}
     cfg = build_config(getattr(module, cfg_name), args.config, overrides)
-    trainer = getattr(module, trainer_name)(cfg, resume=args.resume)
-    result = trainer.run()
+    return train_and_report(getattr(module, trainer_name), cfg, args.resume)
+
+
+def train_and_report(trainer_cls, cfg, resume: bool) -> int:
+    """Run a post-training trainer, then print its final numbers and where its outputs are."""
+    result = trainer_cls(cfg, resume=resume).run()
     shown = {k: v for k, v in result.items() if isinstance(v, float)}
     print("\nfinal: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))
     print(

@@ -45,12 +45,7 @@ def run(args) -> int:
 
     module_name, cfg_name, trainer_name, _, _ = TRAINERS[args.trainer]
     module = importlib.import_module(module_name)
+    from lmforge.cli.align import train_and_report
+
     cfg = build_config(getattr(module, cfg_name), args.config, parse_overrides(args.overrides))
-    trainer = getattr(module, trainer_name)(cfg, resume=args.resume)
-    result = trainer.run()
-    shown = {k: v for k, v in result.items() if isinstance(v, float)}
-    print("\nfinal: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))
-    print(
-        f"checkpoint: {cfg.out_dir}   metrics: {cfg.out_dir}/metrics.csv   plot: {result['plot']}"
-    )
-    return 0
+    return train_and_report(getattr(module, trainer_name), cfg, args.resume)
