@@ -16,65 +16,34 @@ import argparse
 import copy
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from trl_common import build_checkpoint, hf_twin, step_clock, steps_per_second
 
 from lmforge.align.dpo import DPOConfig, DPOTrainer
-from lmforge.align.tasks import ALPHABET, preference_pairs
-from lmforge.lm import LM
+from lmforge.align.tasks import preference_pairs
 from lmforge.model.config import ModelConfig
-from lmforge.tokenizer import Tokenizer
 
-SIZE = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": 64}
 BATCH, WARMUP = 32, 5
-
-
-def build_checkpoint(directory: Path) -> tuple[ModelConfig, Tokenizer]:
-    """A random lmforge model in Llama form (what our trainer loads) plus its tokenizer."""
-    tok = Tokenizer.train_char([ALPHABET])
-    cfg = ModelConfig(vocab_size=tok.vocab_size, norm="rmsnorm", pos="rope", mlp="swiglu",
-                      bias=False, tie_embeddings=False, **SIZE)  # fmt: skip
-    LM.from_config(cfg, tokenizer=tok, seed=0).save(directory)
-    return cfg, tok
 
 
 def ours(directory: Path, steps: int, precompute: bool, out: Path) -> float:
     cfg = DPOConfig(init=str(directory), out_dir=str(out), data="task:add:2", n_train=2000,
                     max_len=24, batch_size=BATCH, max_iters=steps + WARMUP, progress=False,
                     precompute_ref=precompute, beta=0.1, lr=1e-4)  # fmt: skip
-    trainer = DPOTrainer(cfg, log=lambda *a: None)
-    for _ in range(WARMUP):
-        trainer.train_step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step()
-    return steps / (time.perf_counter() - t0)
+    return steps_per_second(DPOTrainer(cfg, log=lambda *a: None), steps, WARMUP)
 
 
 def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
     from datasets import Dataset
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
     from trl import DPOConfig as TRLConfig
     from trl import DPOTrainer as TRLTrainer
 
-    hf_tok = AutoTokenizer.from_pretrained(str(directory))
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                         intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layer,
-                         num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-                         max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=False,
-                         pad_token_id=hf_tok.pad_token_id, eos_token_id=hf_tok.eos_token_id,
-                         bos_token_id=hf_tok.bos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(hf_cfg)
+    hf_tok, model = hf_twin(directory, cfg)
     pairs = preference_pairs("add", 2000, seed=1337, digits=2)
     data = Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in pairs])
     stamps: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
 
     args = TRLConfig(output_dir=str(out), per_device_train_batch_size=BATCH,
                      max_steps=steps + WARMUP, learning_rate=1e-4, beta=0.1, report_to="none",
@@ -82,7 +51,7 @@ def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
                      dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
     trainer = TRLTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
                          train_dataset=data, processing_class=hf_tok,
-                         callbacks=[Clock()])  # fmt: skip
+                         callbacks=[step_clock(stamps)])  # fmt: skip
     trainer.train()
     return steps / (stamps[-1] - stamps[WARMUP - 1])
 
@@ -96,7 +65,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        cfg, _ = build_checkpoint(tmp / "init")
+        cfg = build_checkpoint(tmp / "init")
         runs: dict[str, list[float]] = {"ours": [], "ours_precompute": [], "trl": []}
         for i in range(args.repeats):  # alternate, so load changes hit every contender alike
             runs["trl"].append(trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"))

@@ -20,28 +20,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from trl_common import build_checkpoint, hf_twin, step_clock, steps_per_second
 
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
-from lmforge.align.tasks import ALPHABET, problems, verify
-from lmforge.lm import LM
+from lmforge.align.tasks import problems, verify
 from lmforge.model.config import ModelConfig
-from lmforge.tokenizer import Tokenizer
 
-SIZE = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": 64}
 PROMPTS, G, NEW_TOKENS, WARMUP = 16, 8, 6, 3
-
-
-def build_checkpoint(directory: Path) -> ModelConfig:
-    """A random lmforge model in Llama form (what our trainer loads) plus its tokenizer."""
-    tok = Tokenizer.train_char([ALPHABET])
-    cfg = ModelConfig(vocab_size=tok.vocab_size, norm="rmsnorm", pos="rope", mlp="swiglu",
-                      bias=False, tie_embeddings=False, **SIZE)  # fmt: skip
-    LM.from_config(cfg, tokenizer=tok, seed=0).save(directory)
-    return cfg
 
 
 def ours(directory: Path, steps: int, out: Path) -> float:
@@ -49,30 +37,15 @@ def ours(directory: Path, steps: int, out: Path) -> float:
                      n_eval=8, batch_size=PROMPTS, group_size=G, max_new_tokens=NEW_TOKENS,
                      temperature=1.0, beta=0.0, num_iterations=1, max_iters=steps + WARMUP,
                      lr=1e-5, min_lr=1e-5, progress=False)  # fmt: skip
-    trainer = GRPOTrainer(cfg, log=lambda *a: None)
-    for _ in range(WARMUP):
-        trainer.train_step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step()
-    return steps / (time.perf_counter() - t0)
+    return steps_per_second(GRPOTrainer(cfg, log=lambda *a: None), steps, WARMUP)
 
 
 def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
     from datasets import Dataset
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    hf_tok = AutoTokenizer.from_pretrained(str(directory))
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                         intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layer,
-                         num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-                         max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=False,
-                         pad_token_id=hf_tok.pad_token_id, eos_token_id=hf_tok.eos_token_id,
-                         bos_token_id=hf_tok.bos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(hf_cfg)
+    hf_tok, model = hf_twin(directory, cfg)
     rows = problems("add", 2000, seed=1337, digits=2)
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
 
@@ -81,17 +54,13 @@ def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
 
     stamps: list[float] = []
 
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-
     args = TRLConfig(output_dir=str(out), per_device_train_batch_size=PROMPTS * G,
                      num_generations=G, max_completion_length=NEW_TOKENS, temperature=1.0,
                      beta=0.0, num_iterations=1, max_steps=steps + WARMUP, learning_rate=1e-5,
                      report_to="none", use_cpu=True, save_strategy="no", logging_steps=10_000,
                      dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
     trainer = TRLTrainer(model=model, reward_funcs=exact_match, args=args, train_dataset=data,
-                         processing_class=hf_tok, callbacks=[Clock()])  # fmt: skip
+                         processing_class=hf_tok, callbacks=[step_clock(stamps)])  # fmt: skip
     trainer.train()
     return steps / (stamps[-1] - stamps[WARMUP - 1])
 

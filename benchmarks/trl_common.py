@@ -1,0 +1,62 @@
+"""What bench_dpo.py and bench_grpo.py share: the same random Llama-shaped model on both sides
+(an lmforge checkpoint and its transformers twin with the same sizes and tokenizer), timing of
+lmforge trainer steps after warm-up, and a TRL callback that stamps each step's end."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from lmforge.align.tasks import ALPHABET
+from lmforge.lm import LM
+from lmforge.model.config import ModelConfig
+from lmforge.tokenizer import Tokenizer
+
+SIZE = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": 64}
+
+
+def build_checkpoint(directory: Path) -> ModelConfig:
+    """A random lmforge model in Llama form (what our trainers load) with a char tokenizer."""
+    tok = Tokenizer.train_char([ALPHABET])
+    cfg = ModelConfig(vocab_size=tok.vocab_size, norm="rmsnorm", pos="rope", mlp="swiglu",
+                      bias=False, tie_embeddings=False, **SIZE)  # fmt: skip
+    LM.from_config(cfg, tokenizer=tok, seed=0).save(directory)
+    return cfg
+
+
+def hf_twin(directory: Path, cfg: ModelConfig):
+    """(HF tokenizer, a random LlamaForCausalLM of the same shape) for the TRL side."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    hf_tok = AutoTokenizer.from_pretrained(str(directory))
+    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
+                         intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layer,
+                         num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
+                         max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=False,
+                         pad_token_id=hf_tok.pad_token_id, eos_token_id=hf_tok.eos_token_id,
+                         bos_token_id=hf_tok.bos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    return hf_tok, LlamaForCausalLM(hf_cfg)
+
+
+def steps_per_second(trainer, steps: int, warmup: int) -> float:
+    """lmforge trainer steps/s, after `warmup` untimed steps."""
+    for _ in range(warmup):
+        trainer.train_step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step()
+    return steps / (time.perf_counter() - t0)
+
+
+def step_clock(stamps: list[float]):
+    """A transformers TrainerCallback appending perf_counter() at the end of every step."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+    return Clock()
