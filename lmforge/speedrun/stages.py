@@ -130,7 +130,7 @@ class TrainerStage(Stage):
         path = ctx.dir(self.name) / "speedrun_config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, yaml.safe_dump(cfg, sort_keys=False))
-        argv = [sys.executable, "-m", "torch.distributed.run",
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={ctx.plan['nproc']}", "-m", "lmforge", command,
                 "--config", str(path)] + (["--resume"] if resume else [])  # fmt: skip
         ctx.log("$ " + " ".join(argv[2:]))
