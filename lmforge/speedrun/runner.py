@@ -48,6 +48,18 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
+def _disk_full(err: BaseException) -> bool:
+    """Whether an error (or one it wraps) is "no space left on device"; libraries such as
+    safetensors re-raise it as their own error type with the OS message inside."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(err) or "os error 28" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 class Speedrun:
     """tokenizer -> pretrain -> sft -> reward -> dpo -> grpo (-> ppo) -> eval -> rag -> report."""
 
@@ -133,8 +145,8 @@ class Speedrun:
             self.log(f"\ninterrupted in stage {stage}; finished stages are kept in {self.out}. "
                      "Run the same command again to continue.")  # fmt: skip
             raise
-        except OSError as err:
-            if err.errno == errno.ENOSPC:
+        except Exception as err:
+            if _disk_full(err):
                 raise LMForgeError(
                     f"disk full during stage {stage} (writing under {self.out}); finished stages "
                     "are kept: free some space and run the same command again to continue"

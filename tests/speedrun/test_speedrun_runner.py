@@ -79,6 +79,11 @@ def test_folder_from_another_preset_or_settings_is_refused(tmp_path, stages):
     "failure, error",
     [
         (OSError(errno.ENOSPC, "No space left on device"), LMForgeError),
+        # safetensors re-raises the OS error as its own type, with the message inside
+        (
+            RuntimeError("Error while serializing: IoError(No space left on device (os error 28))"),
+            LMForgeError,
+        ),
         (KeyboardInterrupt(), KeyboardInterrupt),
     ],  # fmt: skip
 )
