@@ -20,9 +20,11 @@ converted copy of the model (quantize.py); the caller's model is untouched. On C
 4x fewer weight bytes per token than fp32 and prefill / large batches use bf16 GEMMs.
 
 `compile=True` wraps the decode step in `torch.compile` (no graph breaks, no recompiles after
-warm-up). On CPU it is slower than the eager FastDecoder and stays off by default: measured
-14-16 vs 88 tok/s at batch 1 on the 32M-parameter bench model (fp32, one thread) and 816 vs
-1,460 tok/s on llama-micro; the in-place KV-cache writes are the suspect.
+warm-up). On CPU it is slower than the eager FastDecoder and stays off by default: 65 vs 88 tok/s
+at batch 1 on the 32M-parameter bench model (fp32, one thread, quiet machine). The generated code
+spends ~10 ms a step outside the matmuls: the cache's slice assignment (batch.SlotCache.update) is
+functionalised into copies of the key/value buffers instead of an in-place write. A gpt-fast-style
+static per-layer cache written with index_put_ is the known way out; it is not done yet.
 """
 
 from __future__ import annotations
