@@ -30,6 +30,7 @@ class LM:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config  # HF generation_config.json, when loaded
+        self.speculative_stats = None  # counters of the latest generation with a draft model
 
     # ---- construction and persistence --------------------------------------------------------
     @classmethod
@@ -119,13 +120,20 @@ class LM:
         seed: int | None = None,
         eos_ids: Sequence[int] | None = None,
         use_cache: bool = True,
+        draft: LM | None = None,
+        draft_tokens: int = 4,
     ) -> list[list[int]]:
-        """New token ids for each prompt (n consecutive rows per prompt when n > 1)."""
+        """New token ids for each prompt (n consecutive rows per prompt when n > 1).
+
+        draft: a smaller LM with the same vocabulary for speculative decoding (draft_tokens
+        proposals per target forward; same output distribution, greedy output unchanged)."""
         params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
         rows = [list(p) for p in prompts for _ in range(n)]
         was_training = self.model.training
         self.model.eval()
         try:
+            if draft is not None:
+                return self._speculative(draft, draft_tokens, rows, params, self._eos_ids(eos_ids))
             return generate(self.model, rows, params, self._eos_ids(eos_ids), None, use_cache)
         finally:
             self.model.train(was_training)
@@ -141,6 +149,8 @@ class LM:
         seed: int | None = None,
         stop: Sequence[str] | None = None,
         add_bos: bool = False,
+        draft: LM | None = None,
+        draft_tokens: int = 4,
     ) -> list[str]:
         """Text continuations, cut at the first stop string (which is not included)."""
         tok = self._require_tokenizer()
@@ -152,7 +162,10 @@ class LM:
         if stop:
             stop_fn = lambda row, toks: any(s in tok.decode(toks[-64:]) for s in stop)  # noqa: E731
         self.model.eval()
-        ids = generate(self.model, rows, params, self._eos_ids(None), stop_fn)
+        if draft is not None:
+            ids = self._speculative(draft, draft_tokens, rows, params, self._eos_ids(None), stop_fn)
+        else:
+            ids = generate(self.model, rows, params, self._eos_ids(None), stop_fn)
         return [truncate_at_stop(tok.decode(row, skip_special_tokens=True), stop) for row in ids]
 
     def stream(
@@ -164,6 +177,8 @@ class LM:
         top_p: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] | None = None,
+        draft: LM | None = None,
+        draft_tokens: int = 4,
     ) -> Iterator[str]:
         """Yield pieces of text as they are generated (UTF-8-safe incremental decoding)."""
         tok = self._require_tokenizer()
@@ -172,10 +187,15 @@ class LM:
         tokens: list[int] = []
         sent = ""
         self.model.eval()
-        for token, _active in generate_stream(
-            self.model, [tok.encode(text)], params, self._eos_ids(None)
-        ):
-            tokens.append(int(token[0]))
+        if draft is None:
+            steps = generate_stream(self.model, [tok.encode(text)], params, self._eos_ids(None))
+            new_tokens = (int(token[0]) for token, _active in steps)
+        else:
+            spec = self._speculative_decoder(draft, draft_tokens)
+            chunks = spec.stream(tok.encode(text), params, self._eos_ids(None))
+            new_tokens = (t for chunk in chunks for t in chunk)
+        for token in new_tokens:
+            tokens.append(token)
             full = tok.decode(tokens, skip_special_tokens=True)
             cut = truncate_at_stop(full, stop)
             if cut.endswith("\ufffd") and cut == full:
@@ -185,6 +205,29 @@ class LM:
                 sent = cut
             if cut != full:
                 return
+
+    def _speculative_decoder(self, draft: LM, draft_tokens: int):
+        from lmforge.infer.speculative import SpeculativeDecoder  # lazy: pulls in the decoder
+
+        draft.model.eval()
+        return SpeculativeDecoder(self.model, draft.model, draft_tokens)
+
+    def _speculative(self, draft, draft_tokens, rows, params, eos_ids, stop_fn=None):
+        """Rows one at a time through speculative decoding (batch size 1, one random stream);
+        the summed counters are left in `self.speculative_stats`."""
+        from lmforge.infer.speculative import SpeculativeStats
+
+        spec = self._speculative_decoder(draft, draft_tokens)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        out, total = [], SpeculativeStats()
+        for i, row in enumerate(rows):
+            row_stop = None if stop_fn is None else (lambda _r, toks, i=i: stop_fn(i, toks))
+            out.append(spec.generate(row, params, eos_ids, row_stop, generator).tokens)
+            total.add(spec.stats)
+        self.speculative_stats = total
+        return out
 
     def _require_tokenizer(self):
         if self.tokenizer is None:

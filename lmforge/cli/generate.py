@@ -38,6 +38,15 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--draft",
+        default=None,
+        metavar="CHECKPOINT_DIR",
+        help="a smaller checkpoint with the same vocabulary: speculative decoding "
+        "(same output distribution; greedy output unchanged)",
+    )
+    p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
+                   help="tokens the draft proposes per target forward")  # fmt: skip
     add_sampling_args(p)
     p.set_defaults(func=run)
 
@@ -50,6 +59,8 @@ def run(args) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, stop=args.stop,
     )  # fmt: skip
+    if args.draft is not None:
+        kwargs.update(draft=LM.load(args.draft, device=args.device), draft_tokens=args.draft_tokens)
     if args.stream:
         for prompt in args.prompt:
             sys.stdout.write(prompt)
@@ -61,4 +72,9 @@ def run(args) -> int:
     outputs = lm.complete(args.prompt, n=args.n, **kwargs)
     for i, text in enumerate(outputs):
         print(f"--- {i + 1} ---\n{args.prompt[i // args.n]}{text}")
+    if lm.speculative_stats is not None:
+        s = lm.speculative_stats
+        print(f"speculative: {s.accepted}/{s.proposed} draft tokens accepted "
+              f"({s.acceptance_rate:.0%}), {s.target_calls} target forwards for "
+              f"{s.new_tokens} tokens", file=sys.stderr)  # fmt: skip
     return 0

@@ -1,0 +1,276 @@
+"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023).
+
+Decoding one token reads every weight of the target once, so a large model is bandwidth-bound
+and scoring K+1 positions in one forward costs about as much as scoring one. A small draft model
+proposes K tokens one by one (cheap); the target scores them all in ONE forward over its KV
+cache, and a rejection rule keeps the output distributed exactly as the target's own sampling:
+
+    draft token x (drawn from q) is accepted with probability min(1, p(x) / q(x));
+    at the first rejection the token is drawn from normalize(max(0, p - q)) and the round ends;
+    when all K are accepted, one bonus token is drawn from the target's next distribution.
+
+p and q are the *processed* distributions (temperature, top-k, top-p applied the same way as
+`sampling.sample_next`), so the output follows what plain sampling with those settings gives.
+Greedy (temperature 0) accepts while the draft token is the target's argmax and then takes the
+target's argmax: the same tokens as the target's own greedy decoding (up to float rounding of
+one multi-token forward versus single-token steps, which can only matter on exact ties).
+
+Rolling back after a rejection is setting `cache.length` back: `KVCache.update` writes at
+`length` and returns keys up to the write end, so positions past it are never read again and
+are overwritten by the next forward. Caches that cannot be rewound that way (rolling windows,
+linear-attention states) are refused. One prompt at a time (batch size 1): rows of a batch
+accept different numbers of tokens, so their caches would need per-row lengths.
+
+    spec = SpeculativeDecoder(target_model, draft_model, draft_tokens=4)
+    result = spec.generate(prompt_ids, SamplingParams(64, temperature=0.0))
+    result.tokens, result.stats.acceptance_rate, result.stats.target_calls
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lmforge.errors import ConfigError
+from lmforge.infer.decoder import FastDecoder
+from lmforge.infer.generate import StopFn, check_prompts
+from lmforge.infer.sampling import SamplingParams, top_k_filter, top_p_filter
+from lmforge.model.cache import KVCache
+from lmforge.model.mla import LatentKVCache
+
+# Caches whose update writes at `length` and reads only up to it: rewinding = lowering length.
+REWINDABLE = (KVCache, LatentKVCache)
+
+
+@dataclass
+class SpeculativeStats:
+    """Counters of one generation: draft tokens proposed / accepted and forwards run."""
+
+    proposed: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    new_tokens: int = 0
+
+    def add(self, other: SpeculativeStats) -> SpeculativeStats:
+        """Sum other's counters into these (several prompts); returns self."""
+        for name in ("proposed", "accepted", "target_calls", "draft_calls", "new_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens (1.0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 1.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+
+@dataclass
+class SpeculativeResult:
+    tokens: list[int]  # new tokens (the finishing EOS included, nothing after it)
+    stats: SpeculativeStats = field(default_factory=SpeculativeStats)
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] logits -> the distributions `sample_next` draws from (temperature > 0)."""
+    logits = logits.float() / params.temperature
+    if params.top_k is not None:
+        logits = top_k_filter(logits, params.top_k)
+    if params.top_p is not None:
+        logits = top_p_filter(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def rewind(cache: KVCache, length: int) -> None:
+    """Forget every position from `length` on (the next forward overwrites them)."""
+    if type(cache) not in REWINDABLE:
+        raise ConfigError(f"speculative decoding cannot rewind a {type(cache).__name__}")
+    if not 0 <= length <= cache.length:
+        raise ValueError(f"cannot rewind a cache of length {cache.length} to {length}")
+    cache.length = length
+
+
+class _Side:
+    """One model's decoding state: its forward, its cache, and the committed tokens the cache
+    has not seen yet (they lead its next forward)."""
+
+    def __init__(self, forward: Callable, cache: KVCache, pending: list[int], device):
+        self.forward, self.cache, self.pending, self.device = forward, cache, pending, device
+
+    @property
+    def committed(self) -> int:
+        return self.cache.length + len(self.pending)
+
+    def feed(self, tokens: list[int], last_only: bool) -> torch.Tensor:
+        """Run pending + tokens through the model; logits [T or 1, V] of the fed positions."""
+        ids = torch.tensor([self.pending + tokens], dtype=torch.long, device=self.device)
+        self.pending = []
+        return self.forward(ids, cache=self.cache, last_only=last_only)[0]
+
+    def commit(self, base: int, accepted: list[int], last: int) -> None:
+        """After a round that started with `base` committed tokens: keep the accepted drafts
+        the cache already holds, drop the rest, and queue what it has not seen."""
+        if self.pending:  # this side did not run this round
+            self.pending += [*accepted, last]
+            return
+        keep = min(self.cache.length - base, len(accepted))
+        rewind(self.cache, base + keep)
+        self.pending = [*accepted[keep:], last]
+
+
+def _forward_for(model) -> Callable:
+    """FastDecoder (same outputs, about half the ops per token) where it covers the model."""
+    return FastDecoder(model) if FastDecoder.unsupported(model) is None else model
+
+
+class SpeculativeDecoder:
+    """Generate from `target` with `draft` proposing `draft_tokens` tokens per target forward.
+
+    Both models must share the vocabulary. `stats` holds the counters of the latest call.
+    """
+
+    def __init__(self, target, draft, draft_tokens: int = 4):
+        t_vocab, d_vocab = target.config.vocab_size, draft.config.vocab_size
+        if t_vocab != d_vocab:
+            raise ConfigError(
+                f"draft and target must share the vocabulary: target vocab_size={t_vocab}, "
+                f"draft vocab_size={d_vocab}"
+            )
+        if not isinstance(draft_tokens, int) or draft_tokens < 1:
+            raise ConfigError(f"draft_tokens must be an integer >= 1, got {draft_tokens}")
+        self.target, self.draft, self.k = target, draft, draft_tokens
+        self.target_forward, self.draft_forward = _forward_for(target), _forward_for(draft)
+        self.stats = SpeculativeStats()
+        self.target_side: _Side | None = None  # state of the latest call (tests inspect it)
+        self.draft_side: _Side | None = None
+
+    def _side(self, model, forward, prompt: list[int], max_len: int) -> _Side:
+        param = next(model.parameters())
+        cache = KVCache.for_model(model.config, 1, max_len, param.dtype, param.device)
+        if type(cache) not in REWINDABLE:
+            raise ConfigError(
+                f"speculative decoding needs a cache it can rewind; this model's attention "
+                f"uses a {type(cache).__name__}"
+            )
+        return _Side(forward, cache, list(prompt), param.device)
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        eos_ids: Sequence[int] = (),
+        stop_fn: StopFn | None = None,
+        generator: torch.Generator | None = None,
+    ) -> SpeculativeResult:
+        """New tokens for one prompt, and the counters of this call."""
+        tokens = [t for chunk in self.stream(prompt, params, eos_ids, stop_fn, generator)
+                  for t in chunk]  # fmt: skip
+        return SpeculativeResult(tokens, self.stats)
+
+    @torch.inference_mode()
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        eos_ids: Sequence[int] = (),
+        stop_fn: StopFn | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[list[int]]:
+        """Yield the new tokens of each round (1 to draft_tokens + 1 of them) until EOS,
+        stop_fn or max_new_tokens; the finishing token is the last one yielded.
+
+        generator: the random stream (default: one seeded with params.seed, if any)."""
+        t_config, d_config = self.target.config, self.draft.config
+        prompt = [int(t) for t in prompt]
+        check_prompts([prompt], t_config.max_seq_len, t_config.vocab_size)
+        budget = min(params.max_new_tokens, t_config.max_seq_len - len(prompt))
+        if generator is None and params.seed is not None:
+            device = next(self.target.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(params.seed)
+        draft_max = min(d_config.max_seq_len, len(prompt) + budget)
+        draft = self._side(self.draft, self.draft_forward, prompt, draft_max)
+        target = self._side(self.target, self.target_forward, prompt, len(prompt) + budget)
+        self.target_side, self.draft_side = target, draft
+        self.stats = stats = SpeculativeStats()
+        eos, produced = set(int(e) for e in eos_ids), []
+        while len(produced) < budget:
+            base = target.committed
+            # a round yields at most k + 1 tokens; the draft can only see its context window
+            k = max(0, min(self.k, budget - len(produced) - 1, draft_max - base + 1))
+            drafts, q = self._propose(draft, k, params, generator)
+            p_logits = target.feed(drafts, last_only=k == 0)[-(k + 1) :]
+            n, last = self._verify(p_logits, drafts, q, params, generator)
+            target.commit(base, drafts[:n], last)
+            draft.commit(base, drafts[:n], last)
+            stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + n
+            stats.target_calls, stats.draft_calls = stats.target_calls + 1, stats.draft_calls + k
+            new, done = [], False
+            for token in [*drafts[:n], last]:
+                new.append(token)
+                produced.append(token)
+                if token in eos or (stop_fn is not None and stop_fn(0, produced)):
+                    done = True
+                    break
+            stats.new_tokens += len(new)
+            yield new
+            if done:
+                return
+
+    def _propose(self, draft: _Side, k: int, params: SamplingParams, generator):
+        """k draft tokens, drawn one by one, and the distributions they were drawn from."""
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        if k == 0:
+            return tokens, None
+        logits = draft.feed([], last_only=True)[-1:]
+        for i in range(k):
+            if params.temperature == 0:
+                tokens.append(int(logits.argmax(-1)))
+            else:
+                q = processed_probs(logits, params)
+                tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+                probs.append(q[0])
+            if i < k - 1:
+                logits = draft.feed(tokens[-1:], last_only=True)[-1:]
+        return tokens, torch.stack(probs) if probs else None
+
+    @staticmethod
+    def _verify(p_logits, drafts: list[int], q, params: SamplingParams, generator):
+        """(number of drafts accepted, the token that ends the round) from the target's logits
+        at the k + 1 positions after the last committed token."""
+        k = len(drafts)
+        x = torch.tensor(drafts, dtype=torch.long, device=p_logits.device)
+        if params.temperature == 0:
+            best = p_logits.argmax(-1)
+            n = int((x == best[:k]).long().cumprod(0).sum()) if k else 0
+            return n, int(best[n])
+        p = processed_probs(p_logits, params)
+        n = 0
+        if k:
+            rows = torch.arange(k, device=p.device)
+            u = torch.rand(k, generator=generator, device=p.device)
+            accept = u * q[rows, x] < p[rows, x]  # u < p(x) / q(x); q(x) > 0 as x was drawn
+            n = int(accept.long().cumprod(0).sum())
+        dist = p[n]
+        if n < k:  # rejected: draw from the part of p that q under-proposes
+            residual = (p[n] - q[n]).clamp(min=0)
+            if float(residual.sum()) > 0:  # zero only if p == q, where rejection cannot happen
+                dist = residual
+        return n, int(torch.multinomial(dist / dist.sum(), 1, generator=generator))
+
+
+def speculative_generate(
+    target,
+    draft,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    draft_tokens: int = 4,
+    eos_ids: Sequence[int] = (),
+) -> SpeculativeResult:
+    """One-call form: new tokens for `prompt` and the acceptance counters."""
+    return SpeculativeDecoder(target, draft, draft_tokens).generate(prompt, params, eos_ids)
