@@ -46,7 +46,8 @@ REWINDABLE = (KVCache, LatentKVCache)
 
 @dataclass
 class SpeculativeStats:
-    """Counters of one generation: draft tokens proposed / accepted and forwards run."""
+    """Counters of one generation: draft tokens proposed / accepted and forwards run
+    (target_calls counts verification forwards; the prompt's prefill is not one of them)."""
 
     proposed: int = 0
     accepted: int = 0
@@ -107,7 +108,12 @@ class _Side:
         return self.cache.length + len(self.pending)
 
     def feed(self, tokens: list[int], last_only: bool) -> torch.Tensor:
-        """Run pending + tokens through the model; logits [T or 1, V] of the fed positions."""
+        """Run pending + tokens through the model; logits [T or 1, V] of the positions from
+        the last pending token on (or of the last position only)."""
+        if len(self.pending) > 1 and not last_only:  # a prompt: prefill it without the LM head
+            ids = torch.tensor([self.pending[:-1]], dtype=torch.long, device=self.device)
+            self.forward(ids, cache=self.cache, last_only=True)
+            self.pending = self.pending[-1:]
         ids = torch.tensor([self.pending + tokens], dtype=torch.long, device=self.device)
         self.pending = []
         return self.forward(ids, cache=self.cache, last_only=last_only)[0]
