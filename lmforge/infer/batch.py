@@ -1,11 +1,12 @@
 """KV memory for continuous batching: a fixed set of slots that sequences join and leave.
 
-Layout: k, v of shape [n_layer, slots, n_kv_head, max_len, head_dim], allocated once. The running
-sequences always occupy rows 0..n-1 (when one finishes, the last row moves into its place), so
-each decode step runs one dense batch with no gather. All rows write their next token at the same
-column `length`; a row's tokens fill columns [start, length) and `mask` hides the columns before
-`start`. Positions (for RoPE / learned embeddings) are tracked per row, so where a sequence's
-keys sit in the buffer never matters: attention is order-free over keys once they are rotated.
+Layout: per layer, k and v of shape [slots, n_kv_head, max_len, head_dim], allocated once. The
+running sequences always occupy rows 0..n-1 (when one finishes, the last row moves into its
+place), so each decode step runs one dense batch with no gather. All rows write their next
+token at the same column `length`; a row's tokens fill columns [start, length) and `mask` hides
+the columns before `start`. Positions (for RoPE / learned embeddings) are tracked per row, so
+where a sequence's keys sit in the buffer never matters: attention is order-free over keys once
+they are rotated.
 
 Joining: the new prompts are prefilled straight into their rows, right-aligned to end at column
 `length` (if a prompt is longer than `length`, the running rows shift right first). Running out
@@ -23,9 +24,11 @@ class SlotCache:
     """Keys/values, padding mask and next position for up to `slots` running sequences."""
 
     def __init__(self, config, slots: int, max_len: int, dtype=torch.float32, device="cpu"):
-        shape = (config.n_layer, slots, config.n_kv_head, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (slots, config.n_kv_head, max_len, config.head_dim)
+        # One tensor per layer (not one 5-D buffer): torch.compile can then write a layer's
+        # new column in place; slices of a shared buffer were functionalised into full copies.
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
         self.mask = torch.zeros(slots, max_len, dtype=torch.bool, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.starts = [0] * slots  # first column of each row's tokens (host copy, no syncs)
@@ -41,9 +44,10 @@ class SlotCache:
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         end = self.length + k_new.shape[2]
-        self.k[layer, : self.n, :, self.length : end] = k_new
-        self.v[layer, : self.n, :, self.length : end] = v_new
-        return self.k[layer, : self.n, :, :end], self.v[layer, : self.n, :, :end]
+        k, v = self.k[layer], self.v[layer]
+        k[: self.n, :, self.length : end] = k_new
+        v[: self.n, :, self.length : end] = v_new
+        return k[: self.n, :, :end], v[: self.n, :, :end]
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -75,8 +79,8 @@ class SlotCache:
         """Move the running rows' columns by d (right if positive, left if negative)."""
         n, L = self.n, self.length
         src, dst = (slice(0, L), slice(d, L + d)) if d > 0 else (slice(-d, L), slice(0, L + d))
-        for buf in (self.k, self.v):
-            buf[:, :n, :, dst] = buf[:, :n, :, src].clone()
+        for buf in self.k + self.v:
+            buf[:n, :, dst] = buf[:n, :, src].clone()
         self.mask[:n, dst] = self.mask[:n, src].clone()
         if d > 0:
             self.mask[:n, :d] = False
@@ -99,8 +103,8 @@ class SlotCache:
     def copy_kv(self, src: int, dst: int, first_col: int = 0) -> None:
         """Copy a row's keys/values from `first_col` up to `length` (prefix reuse)."""
         cols = slice(first_col, self.length)
-        self.k[:, dst, :, cols] = self.k[:, src, :, cols]
-        self.v[:, dst, :, cols] = self.v[:, src, :, cols]
+        for buf in self.k + self.v:
+            buf[dst, :, cols] = buf[src, :, cols]
 
     def copy_row(self, src: int, dst: int) -> None:
         """Move a whole row (keys, values, mask, position) into another slot."""
@@ -121,8 +125,8 @@ class _PrefillView:
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         cols = slice(self.col, self.col + k_new.shape[2])
-        self.cache.k[layer, self.lo : self.hi, :, cols] = k_new
-        self.cache.v[layer, self.lo : self.hi, :, cols] = v_new
+        self.cache.k[layer][self.lo : self.hi, :, cols] = k_new
+        self.cache.v[layer][self.lo : self.hi, :, cols] = v_new
         return k_new, v_new
 
     def advance(self, n: int) -> None:
