@@ -42,6 +42,7 @@ import torch
 
 TARGETS = {"batch 1": 2.5, "batch 16": 2.0, "long prompt": 1.5}
 VERDICTS: dict[str, bool] = {}  # target -> met, for the summary line
+DEVICE = "cpu"  # --device
 
 
 def make_checkpoint(directory: str) -> None:
@@ -56,19 +57,26 @@ def make_checkpoint(directory: str) -> None:
     LlamaForCausalLM(config).save_pretrained(directory)
 
 
-def bandwidth_gbs(mib: int = 1024) -> float:
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bandwidth_gbs(mib: int = 1024, device: str = "cpu") -> float:
     """Best of 5 copies of a `mib`-MiB tensor, counting the read and the write."""
-    src = torch.ones(mib * 2**18)
+    src = torch.ones(mib * 2**18, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(5):
+        sync(device)
         t = time.perf_counter()
         dst.copy_(src)
+        sync(device)
         best = min(best, time.perf_counter() - t)
     return 2 * src.numel() * 4 / best / 1e9
 
 
-def matmul_ceiling(model, dtype: torch.dtype, seconds: float = 1.0) -> float:
+def matmul_ceiling(model, dtype: torch.dtype, seconds: float = 1.0, device: str = "cpu") -> float:
     """Steps/s of a batch-1 step that were only its weight matmuls (every Linear / Int8Linear
     once on one row of `dtype` activations): how far the GEMV kernels alone can go."""
     from torch import nn
@@ -76,20 +84,24 @@ def matmul_ceiling(model, dtype: torch.dtype, seconds: float = 1.0) -> float:
     from lmforge.infer.quantize import Int8Linear
 
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
-    calls = [(m.matmul if isinstance(m, Int8Linear) else m, torch.randn(1, m.in_features).to(dtype))
-             for m in layers]  # fmt: skip
+    calls = [(m.matmul if isinstance(m, Int8Linear) else m,
+              torch.randn(1, m.in_features, device=device).to(dtype)) for m in layers]  # fmt: skip
     with torch.inference_mode():
         for f, x in calls:
             f(x)
+        sync(device)
         steps, t = 0, time.perf_counter()
         while time.perf_counter() - t < seconds:
-            for f, x in calls:
-                f(x)
-            steps += 1
+            for _ in range(10):
+                for f, x in calls:
+                    f(x)
+            sync(device)
+            steps += 10
         return steps / (time.perf_counter() - t)
 
 
 def run_hf(model, prompts: torch.Tensor, new: int) -> list[list[int]]:
+    prompts = prompts.to(model.device)
     with torch.inference_mode():
         out = model.generate(
             prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
@@ -134,7 +146,7 @@ def compare(name, hf, engine, batch, prompt_len, new, repeats, bandwidths=None) 
         hf_times.append(t_hf)
         our_times.append(t_us)
         if bandwidths is not None:
-            bandwidths.append(bandwidth_gbs())
+            bandwidths.append(bandwidth_gbs(device=DEVICE))
     tokens = batch * new
     hf_tps, our_tps = tokens / statistics.median(hf_times), tokens / statistics.median(our_times)
     ratio = our_tps / hf_tps
@@ -154,7 +166,7 @@ def compare(name, hf, engine, batch, prompt_len, new, repeats, bandwidths=None) 
 def accuracy(hf, engine, length: int = 320) -> str:
     """Teacher-forced on fp32 transformers' greedy sequence: top-1 agreement and logit error."""
     prompt = torch.randint(0, 8192, (1, 64), generator=torch.Generator().manual_seed(2))
-    seq = torch.cat([prompt, torch.tensor(run_hf(hf, prompt, length - 64))], dim=1)
+    seq = torch.cat([prompt, torch.tensor(run_hf(hf, prompt, length - 64))], dim=1).to(DEVICE)
     ref = hf(seq).logits[0, 63:-1].float()
     ours = engine.forward(seq)[0, 63:-1].float()
     top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
@@ -179,7 +191,14 @@ def main() -> None:
         help="lmforge weight-only quantisation of the Linear layers",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda (on cuda transformers runs in --dtype and lmforge uses CUDA graphs)",
+    )
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     quantize = None if args.quantize == "none" else args.quantize
@@ -191,8 +210,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as directory:
         make_checkpoint(directory)
-        hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        hf_dtype = torch.float32 if args.device == "cpu" else getattr(torch, args.dtype)
+        hf = AutoModelForCausalLM.from_pretrained(directory, dtype=hf_dtype).eval().to(DEVICE)
         lm = LM.load(directory)
+        lm.model.to(DEVICE)
     t = time.perf_counter()
     engine = Engine.from_lm(lm, max_batch=16, max_len=2048 + 64, compile=args.compile,
                             dtype=args.dtype, quantize=quantize)  # fmt: skip
@@ -204,7 +225,8 @@ def main() -> None:
         f"{torch.get_num_threads()} threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')})"
     )
     print(
-        f"precision: transformers float32 weights and activations | lmforge {engine.precision} "
+        f"precision: transformers {str(hf.dtype).removeprefix('torch.')} weights and activations"
+        f" | lmforge {engine.precision} "
         f"({weight_bytes(engine.model) / 2**20:.0f} MiB of weights, "
         f"{read / 2**20:.1f} MiB read per decoded token; engine setup {setup:.1f} s)"
     )
@@ -219,7 +241,8 @@ def main() -> None:
         print(accuracy(hf, engine))
     bw = statistics.median(bandwidths)
     bound = bw * 1e9 / read
-    ceiling = statistics.median(matmul_ceiling(engine.model, engine.dtype) for _ in range(3))
+    ceiling = statistics.median(matmul_ceiling(engine.model, engine.dtype, device=DEVICE)
+                                 for _ in range(3))  # fmt: skip
     VERDICTS["batch 1 >= 70% of bound"] = b1 >= 0.7 * bound
     print(
         f"memory bandwidth {bw:.1f} GB/s (1 GiB tensor copy, median of {len(bandwidths)}) -> "

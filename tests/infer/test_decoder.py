@@ -4,6 +4,7 @@ last_only), on the configs it covers; the others are reported and the engine fal
 import pytest
 import torch
 
+from lmforge.errors import ConfigError
 from lmforge.infer.decoder import FastDecoder, decode_attention
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.lm import LM
@@ -143,3 +144,27 @@ def test_compiled_engine_decodes_the_same_tokens():
     for batch in (prompts, prompts[:1]):
         want = [c.token_ids for c in eager.generate(batch, params)]
         assert [c.token_ids for c in compiled.generate(batch, params)] == want
+
+
+def test_static_decode_step_decodes_the_same_tokens():
+    """The CUDA-graph step's static form (full-width masked attention, device-tensor column,
+    padded buckets) run eagerly on CPU: same greedy tokens as the dynamic step, with rows of
+    different lengths joining and leaving."""
+    lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
+    prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [4] * 9, [5, 6]]
+    params = GenerationParams(max_new_tokens=8, temperature=0.0, stop_token_ids=[])
+    want = [
+        c.token_ids for c in Engine(lm.model, max_batch=3, eos_ids=[]).generate(prompts, params)
+    ]
+    static = Engine(lm.model, max_batch=3, eos_ids=[], cuda_graphs=True)
+    assert static._static is not None and static._static.buckets == [1, 2, 3]
+    assert [c.token_ids for c in static.generate(prompts, params)] == want
+
+
+def test_static_decode_step_refuses_models_it_cannot_cover():
+    """Off by default on CPU; asked for on a model the fast decoder does not cover: one error."""
+    plain = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
+    assert Engine(plain.model, max_batch=2)._static is None
+    post = build("llama-micro", norm_position="post")
+    with pytest.raises(ConfigError, match="cuda_graphs needs a static decode step"):
+        Engine(post, max_batch=2, cuda_graphs=True)
