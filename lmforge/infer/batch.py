@@ -35,19 +35,24 @@ class SlotCache:
         self.slots, self.max_len = slots, max_len
         self.n = 0  # running rows
         self.length = 0  # next write column, shared by all rows
+        self.key_mask: torch.Tensor | None = None  # set by begin_decode
 
     # ---- the KVCache interface Transformer.forward uses (decode steps) ------------------------
-    @property
-    def key_mask(self) -> torch.Tensor | None:
-        """None while every row starts at column 0: the model then skips masking entirely."""
-        return self.mask[: self.n] if any(self.starts[: self.n]) else None
+    def begin_decode(self) -> None:
+        """Before a decode step: free a column if needed, mark it real for every running row,
+        and set `key_mask`, None while every row starts at column 0 (the model then skips
+        masking). A plain attribute, not a property: a compiled step reads it without tracing
+        (and guarding on) the host-side row bookkeeping."""
+        self.make_column()
+        self.mask[: self.n, self.length] = True
+        self.key_mask = self.mask[: self.n] if any(self.starts[: self.n]) else None
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         end = self.length + k_new.shape[2]
-        k, v = self.k[layer], self.v[layer]
-        k[: self.n, :, self.length : end] = k_new
-        v[: self.n, :, self.length : end] = v_new
-        return k[: self.n, :, :end], v[: self.n, :, :end]
+        n, k, v = k_new.shape[0], self.k[layer], self.v[layer]  # n: the running rows
+        k[:n, :, self.length : end] = k_new
+        v[:n, :, self.length : end] = v_new
+        return k[:n, :, :end], v[:n, :, :end]
 
     def advance(self, n: int) -> None:
         self.length += n

@@ -136,7 +136,7 @@ class Engine:
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._decode = compile_decode_step(self.forward, self.device) if compile else self.forward
+        self._decode = compile_decode_step(self.forward, self.cache) if compile else self.forward
         self._static = self._static_step(cuda_graphs)
 
     def _static_step(self, cuda_graphs: bool | None) -> StaticDecodeStep | None:
@@ -313,8 +313,7 @@ class Engine:
 
     def _decode_step(self) -> list[StepOutput]:
         cache, n = self.cache, len(self.rows)
-        cache.make_column()
-        cache.mask[:n, cache.length] = True
+        cache.begin_decode()
         if self._static is not None:
             logits = self._static(n)
             cache.advance(1)
@@ -425,15 +424,27 @@ def _inference_forward(model, dtype, quantize):
     return model, model if FastDecoder.unsupported(model) else FastDecoder(model)
 
 
-def compile_decode_step(forward, device: torch.device):
-    """`torch.compile` for the decode step: dynamic shapes, and guards only on the inputs.
+def compile_decode_step(forward, cache: SlotCache):
+    """`torch.compile` for the decode step: what varies is dynamic, the rest fixed and unguarded.
 
-    The decoder's weights and structure are fixed for the engine's life, so the guards dynamo
-    would re-check on every call (on each weight tensor and closure: ~0.1 ms a token) are
-    skipped; the inputs (ids, positions, the cache's tensors) keep theirs, so a new batch size
-    or a longer cache still recompiles or takes the dynamic path as it should."""
-    options: dict = {"cpp_wrapper": device.type == "cpu"}  # Python wrapper costs ~0.2 ms/step
+    Dynamic: the number of running rows (marked on each call; batch size 1 gets its own graph)
+    and the cache length (an int that changes every step: dynamo makes it symbolic after the
+    first change). Everything else is static: with `dynamic=True` every weight and buffer size
+    became a symbolic argument the compiled step converts on each call (26 cost ~80 us a
+    step). The decoder's weights and structure are fixed for the engine's life, so the guards
+    dynamo would re-check on every call (on each weight and closure: ~0.1 ms a token) are
+    skipped."""
+    options: dict = {"cpp_wrapper": cache.mask.device.type == "cpu"}  # Python wrapper: ~0.2 ms
     if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):  # torch >= 2.8
         fixed = ("L['fn']", "L['self']")  # the decoder object / the model module
         options["guard_filter_fn"] = lambda entries: [not e.name.startswith(fixed) for e in entries]
-    return torch.compile(forward, dynamic=True, options=options)
+    compiled = torch.compile(forward, options=options)
+
+    def step(ids, positions, cache, last_only):
+        if ids.shape[0] > 1:
+            for t in (ids, positions, cache.key_mask):
+                if t is not None:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+        return compiled(ids, positions=positions, cache=cache, last_only=last_only)
+
+    return step
