@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the decode step (slower than eager on CPU; see infer/engine.py)",
+        help="torch.compile the decode step (~1.3x faster on CPU after ~30 s of compiling; "
+        "on GPUs the step replays as a CUDA graph either way)",
     )
     p.set_defaults(func=run)
 
