@@ -43,6 +43,7 @@ from lmforge.infer.compiled_step import compile_decode_step
 from lmforge.infer.cuda_graphs import StaticDecodeStep
 from lmforge.infer.decoder import FastDecoder
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
+from lmforge.infer.exported_step import ExportedDecodeStep, exportable
 from lmforge.infer.params import GenerationParams
 from lmforge.infer.quantize import to_inference_precision
 from lmforge.infer.sampler import BatchSampler, TokenLogprobs
@@ -134,6 +135,8 @@ class Engine:
         self._ids = itertools.count()
         self._decode = compile_decode_step(self.forward, self.cache) if compile else self.forward
         self._static = self._static_step(cuda_graphs)
+        if compile and self._static is None and exportable(self.forward, self.device):
+            self._decode = ExportedDecodeStep(self.forward, self.cache)  # no dynamo per call
 
     def _static_step(self, cuda_graphs: bool | None) -> StaticDecodeStep | None:
         """The CUDA-graph decode step (cuda_graphs.py): by default on whenever the engine runs

@@ -133,13 +133,20 @@ def test_decode_attention_equals_sdpa(masked):
 
 
 @pytest.mark.slow
-def test_compiled_engine_decodes_the_same_tokens():
+@pytest.mark.parametrize("exported", [True, False], ids=["aot-inductor", "torch-compile"])
+def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
     """compile=True (inductor, in-place cache writes) keeps greedy tokens equal to the eager
     engine's through a batch-1 run and continuous batching (rows of different starts joining
-    and leaving: the masked path, batch sizes 1..4), and compiles a handful of graphs, not one
-    per batch size or row layout."""
+    and leaving: the masked path, batch sizes 1..4, the cache's last column), and compiles a
+    handful of steps, not one per batch size or row layout. Both compiled forms: the CPU's
+    AOTInductor step and torch.compile (what a GPU or an uncovered model gets)."""
     from torch._dynamo.utils import counters
 
+    from lmforge.infer import engine as engine_module
+    from lmforge.infer.exported_step import ExportedDecodeStep
+
+    if not exported:
+        monkeypatch.setattr(engine_module, "exportable", lambda forward, device: False)
     lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=64))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(61, (int(n),), generator=g).tolist() for n in [5, 2, 9, 1, 3, 7, 4]]
@@ -158,10 +165,15 @@ def test_compiled_engine_decodes_the_same_tokens():
         while engine.has_work():
             for out in engine.step():
                 tokens[out.request_id] += out.token_ids
-        single = engine.generate([prompts[0]], GenerationParams(max_new_tokens=6, temperature=0))
+        # Batch 1 up to the cache's last column.
+        single = engine.generate([prompts[0]], GenerationParams(max_new_tokens=64, temperature=0))
         outputs.append((list(tokens.values()), single[0].token_ids))
     assert outputs[1] == outputs[0]
-    assert counters["stats"]["unique_graphs"] <= 6
+    if exported:
+        assert isinstance(compiled._decode, ExportedDecodeStep)
+        assert len(compiled._decode.compiled) <= 2  # batch 1, then 2..4 rows
+    else:
+        assert counters["stats"]["unique_graphs"] <= 6
 
 
 def test_static_decode_step_decodes_the_same_tokens():
