@@ -135,8 +135,9 @@ class Engine:
         self._ids = itertools.count()
         self._decode = compile_decode_step(self.forward, self.cache) if compile else self.forward
         self._static = self._static_step(cuda_graphs)
+        self._exported = None  # CPU + compile: the AOTInductor step (no dynamo per call)
         if compile and self._static is None and exportable(self.forward, self.device):
-            self._decode = ExportedDecodeStep(self.forward, self.cache)  # no dynamo per call
+            self._exported = ExportedDecodeStep(self.forward, self.cache)
 
     def _static_step(self, cuda_graphs: bool | None) -> StaticDecodeStep | None:
         """The CUDA-graph decode step (cuda_graphs.py): by default on whenever the engine runs
@@ -308,11 +309,13 @@ class Engine:
         self.rows.extend(ordered)
         cache.n = len(self.rows)
         row_logits = logits[torch.as_tensor(source, device=self.device) - lo]
-        return self._emit(row_logits, lo)
+        return self._emit(row_logits, lo=lo)
 
     def _decode_step(self) -> list[StepOutput]:
         cache, n = self.cache, len(self.rows)
         cache.begin_decode()
+        if self._exported is not None:  # also advances the positions, and argmaxes
+            return self._emit(*self._exported(self.next_tokens[:n, None]), lo=0)
         if self._static is not None:
             logits = self._static(n)
             cache.advance(1)
@@ -322,11 +325,12 @@ class Engine:
                 last_only=True,
             )[:, -1]  # fmt: skip
         cache.positions[:n] += 1
-        return self._emit(logits, 0)
+        return self._emit(logits, lo=0)
 
-    def _emit(self, logits: torch.Tensor, lo: int) -> list[StepOutput]:
-        """Sample rows lo.., record tokens, build outputs, retire finished rows."""
-        tokens_t, tokens, logprobs = self.sampler.sample(logits, lo)
+    def _emit(self, logits: torch.Tensor, greedy: torch.Tensor | None = None, lo: int = 0):
+        """Sample rows lo.. (greedy: their argmax, if already known), record tokens, build
+        outputs, retire finished rows."""
+        tokens_t, tokens, logprobs = self.sampler.sample(logits, lo, greedy)
         self.next_tokens[lo : lo + len(tokens)] = tokens_t
         outputs, done = [], []
         for i, token in enumerate(tokens):

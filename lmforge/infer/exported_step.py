@@ -56,7 +56,10 @@ class _CacheView:
 
 
 class _Step(nn.Module):
-    """The function exported: one decode step, float32 logits of the last (only) position."""
+    """The function exported: one decode step -> float32 logits [n, V] and their argmax; the
+    positions move on by one in place. The host's work after a step runs cold (streaming the
+    weights evicted its caches: each first torch op costs ~20 us), so what can be done in the
+    compiled code is done there."""
 
     def __init__(self, decoder: FastDecoder):
         super().__init__()
@@ -64,28 +67,34 @@ class _Step(nn.Module):
 
     def forward(self, ids, positions, key_mask, k: list[torch.Tensor], v: list[torch.Tensor]):
         cache = _CacheView(k, v, key_mask)
-        return self.decoder(ids, positions=positions, cache=cache, last_only=True).float()
+        logits = self.decoder(ids, positions=positions, cache=cache, last_only=True)[:, -1]
+        positions.add_(1)
+        logits = logits.float()
+        return logits, logits.max(dim=-1).indices
 
 
 class ExportedDecodeStep:
-    """Callable like the decoder for decode steps: (ids [n, 1], positions [n, 1], cache) ->
-    logits [n, 1, V]; compiles a step per range of running rows on first need."""
+    """The engine's decode step: (ids [n, 1], cache) -> (logits [n, V], greedy tokens [n]),
+    advancing the cache and its rows' positions. Compiles a step per range of running rows on
+    first need."""
 
     def __init__(self, decoder: FastDecoder, cache: SlotCache):
         self.step, self.cache = _Step(decoder), cache
         self.compiled: list[tuple[range, range, object]] = []  # (rows, widths, model)
         self._dir = tempfile.TemporaryDirectory(prefix="lmforge-aoti-")
 
-    def __call__(self, ids, positions=None, cache=None, last_only=True) -> torch.Tensor:
-        cache = cache or self.cache
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = self.cache
         n, width = ids.shape[0], cache.length + 1
+        positions = cache.positions[:n, None]
         key_mask = cache.mask[:n, :width].contiguous()  # the compiled code assumes dense inputs
         run = self._compiled_for(n, width, ids, positions, key_mask)
         if run is None:  # outside every exported range (the cache's last column): run eagerly
-            return self.step.decoder(ids, positions=positions, cache=cache, last_only=True)
-        logits = run([ids, positions, key_mask, *cache.k, *cache.v])[0]
+            logits, tokens = self.step(ids, positions, key_mask, cache.k, cache.v)
+        else:
+            logits, tokens = run([ids, positions, key_mask, *cache.k, *cache.v])
         cache.advance(1)
-        return logits
+        return logits, tokens
 
     def _compiled_for(self, n, width, *example):
         for rows, widths, run in self.compiled:

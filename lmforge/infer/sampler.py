@@ -98,8 +98,9 @@ class BatchSampler:
             self.penalties.move_row(src, dst)
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, lo: int = 0):
-        """Next tokens for rows lo..lo+n-1 from their last-position logits [n, V].
+    def sample(self, logits: torch.Tensor, lo: int = 0, greedy: torch.Tensor | None = None):
+        """Next tokens for rows lo..lo+n-1 from their last-position logits [n, V] (`greedy`:
+        their argmax, when the caller computed it; not used for penalised rows).
 
         Returns (tokens tensor [n], the same as a list, per-row TokenLogprobs or None); the
         `.tolist()` is the step's one host sync.
@@ -110,7 +111,9 @@ class BatchSampler:
         if self.penalties is not None and any(self.penalized[rows]):
             # Extreme penalties can overflow; keep logits finite so softmax stays a distribution.
             logits = self.penalties.apply(logits, rows).clamp(-1e30, 1e30)
-        tokens = logits.max(dim=-1).indices  # argmax's first-maximum rule; ~2x faster on CPU
+            greedy = None
+        # max().indices: argmax's first-maximum rule, ~2x faster on CPU
+        tokens = logits.max(dim=-1).indices if greedy is None else greedy
         sampled = [i for i in range(n) if not self.greedy[lo + i]]
         if sampled:
             scaled = (logits / self.temperature[rows, None].clamp(min=1e-5)).clamp(-1e30, 1e30)

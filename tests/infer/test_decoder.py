@@ -135,8 +135,8 @@ def test_decode_attention_equals_sdpa(masked):
 @pytest.mark.slow
 @pytest.mark.parametrize("exported", [True, False], ids=["aot-inductor", "torch-compile"])
 def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
-    """compile=True (inductor, in-place cache writes) keeps greedy tokens equal to the eager
-    engine's through a batch-1 run and continuous batching (rows of different starts joining
+    """compile=True (inductor, in-place cache writes) keeps tokens (greedy, penalised, seeded
+    samples) equal to the eager engine's through a batch-1 run and continuous batching (rows of different starts joining
     and leaving: the masked path, batch sizes 1..4, the cache's last column), and compiles a
     handful of steps, not one per batch size or row layout. Both compiled forms: the CPU's
     AOTInductor step and torch.compile (what a GPU or an uncovered model gets)."""
@@ -157,8 +157,11 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
     outputs = []
     for engine in (eager, compiled):
         tokens = {}
-        for p, n in zip(prompts, budgets):  # one joins every other step
-            tokens[engine.add_request(p, GenerationParams(max_new_tokens=n, temperature=0.0))] = []
+        for i, (p, n) in enumerate(zip(prompts, budgets)):  # one joins every other step
+            # greedy; greedy with a penalty (the compiled argmax must not be used); seeded sampling
+            kind = [{"temperature": 0.0}, {"temperature": 0.0, "repetition_penalty": 1.5},
+                    {"temperature": 0.9, "seed": i}][i % 3]  # fmt: skip
+            tokens[engine.add_request(p, GenerationParams(max_new_tokens=n, **kind))] = []
             for _ in range(2):
                 for out in engine.step():
                     tokens[out.request_id] += out.token_ids
@@ -170,8 +173,8 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
         outputs.append((list(tokens.values()), single[0].token_ids))
     assert outputs[1] == outputs[0]
     if exported:
-        assert isinstance(compiled._decode, ExportedDecodeStep)
-        assert len(compiled._decode.compiled) <= 2  # batch 1, then 2..4 rows
+        assert isinstance(compiled._exported, ExportedDecodeStep)
+        assert len(compiled._exported.compiled) <= 2  # batch 1, then 2..4 rows
     else:
         assert counters["stats"]["unique_graphs"] <= 6
 

@@ -45,3 +45,19 @@ def test_state_tracks_prompt_and_generated_tokens():
     assert state.counts[1].tolist() == [0, 0, 0, 0, 2]  # prompt tokens are not "generated"
     out = state.apply(torch.full((1, 5), 2.0), slice(1, 2))
     assert out.tolist() == [[1.0, 2.0, 2.0, 1.0, 0.0]]
+
+
+def test_sampler_ignores_a_precomputed_argmax_on_penalised_rows():
+    """The compiled decode step hands the sampler its argmax: greedy rows take it as given,
+    but once a row is penalised the tokens come from the penalised logits."""
+    from lmforge.infer.params import GenerationParams
+    from lmforge.infer.sampler import BatchSampler
+
+    sampler = BatchSampler(2, 4)
+    sampler.start_row(0, GenerationParams(temperature=0.0), [3], None)
+    sampler.start_row(1, GenerationParams(temperature=0.0), [3], None)
+    logits = torch.tensor([[0.0, 0.0, 1.0, 2.0], [0.0, 0.0, 1.0, 2.0]])
+    given = torch.tensor([3, 1])  # row 1's differs from its logits: shows it is taken as given
+    assert sampler.sample(logits, greedy=given)[1] == [3, 1]
+    sampler.start_row(0, GenerationParams(temperature=0.0, repetition_penalty=4.0), [3], None)
+    assert sampler.sample(logits, greedy=given)[1] == [2, 3]  # token 3 (in the prompt): 2 / 4
