@@ -136,10 +136,11 @@ def test_decode_attention_equals_sdpa(masked):
 @pytest.mark.parametrize("exported", [True, False], ids=["aot-inductor", "torch-compile"])
 def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
     """compile=True (inductor, in-place cache writes) keeps tokens (greedy, penalised, seeded
-    samples) equal to the eager engine's through a batch-1 run and continuous batching (rows of different starts joining
-    and leaving: the masked path, batch sizes 1..4, the cache's last column), and compiles a
-    handful of steps, not one per batch size or row layout. Both compiled forms: the CPU's
-    AOTInductor step and torch.compile (what a GPU or an uncovered model gets)."""
+    samples) equal to the eager engine's through a batch-1 run and continuous batching (rows of
+    different starts joining and leaving: the masked path, batch sizes 1..4, the cache's last
+    column), and compiles a handful of steps, not one per batch size or row layout. Both
+    compiled forms: the CPU's AOTInductor step and torch.compile (what a GPU or an uncovered
+    model gets)."""
     from torch._dynamo.utils import counters
 
     from lmforge.infer import engine as engine_module
