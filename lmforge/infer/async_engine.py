@@ -20,6 +20,8 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
 
+import torch
+
 from lmforge.infer.engine import Engine, GenerationParams, StepOutput
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class AsyncEngine:
             self._thread.join(timeout=30)
             self._thread = None
 
+    @torch.inference_mode()  # once for the thread, not per step
     def _run(self) -> None:
         engine = self.engine
         while self._running:

@@ -9,7 +9,10 @@ per layer: slices of one shared buffer were functionalised into whole-buffer cop
 running rows and the cache length are dynamic; dynamo's guards are checked on the inputs only.
 It compiles for ~30 s on first use (3 graphs for a run where rows join and leave), so it is
 opt-in. Measured on the 32M bench model, int8, one thread: 4.5x transformers at batch 1 and
-65-74% of the memory-bandwidth bound, against 2.7x and 41% eagerly (bench_generate.py).
+65-74% of the memory-bandwidth bound, against 2.7x and 41% eagerly (bench_generate.py). On CPU
+the engine now runs decoder.FastDecoder's step ahead-of-time compiled instead (exported_step.py:
+no dynamo on each call, ~20% faster again); this path serves GPUs (inside the CUDA graph) and
+the models FastDecoder does not cover.
 """
 
 from __future__ import annotations

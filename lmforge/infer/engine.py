@@ -19,8 +19,9 @@ Precision: `dtype="bfloat16"` and/or `quantize="int8"` (weight-only, per-channel
 converted copy of the model (quantize.py); the caller's model is untouched. On CPU, int8 reads
 4x fewer weight bytes per token than fp32 and prefill / large batches use bf16 GEMMs.
 
-`compile=True` compiles the decode step with torch.compile (compiled_step.py): ~1.3x faster
-decoding on CPU after ~30 s of compiling.
+`compile=True` compiles the decode step: on CPU ahead of time with AOTInductor (exported_step.py,
+~1.6x faster decoding after ~20 s of compiling per range of batch sizes), elsewhere with
+torch.compile (compiled_step.py).
 
 On a GPU the decode step replays as a CUDA graph (cuda_graphs.py; on by default there): one
 launch per token instead of ~100. On an H100, bf16, the bench model decodes ~11x faster than
@@ -240,9 +241,11 @@ class Engine:
         self.cache.n = 0
 
     # ---- the step ----------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         """Admit waiting requests, then advance every running sequence by one token."""
+        if not torch.is_inference_mode_enabled():  # loops over steps enter it once (~20 us)
+            with torch.inference_mode():
+                return self.step()
         outputs = self._drop_aborted()
         admitted = self._take_waiting()
         if admitted:
@@ -386,16 +389,17 @@ class Engine:
         texts = {k: [] for k in tokens}
         lps = {k: [] for k in tokens}
         reasons = {}
-        while self.has_work():
-            for out in self.step():
-                key = (out.request_id, out.index)
-                if key not in tokens:
-                    continue
-                tokens[key] += out.token_ids
-                texts[key].append(out.text)
-                lps[key] += out.logprobs or []
-                if out.finished:
-                    reasons[key] = out.finish_reason
+        with torch.inference_mode():
+            while self.has_work():
+                for out in self.step():
+                    key = (out.request_id, out.index)
+                    if key not in tokens:
+                        continue
+                    tokens[key] += out.token_ids
+                    texts[key].append(out.text)
+                    lps[key] += out.logprobs or []
+                    if out.finished:
+                        reasons[key] = out.finish_reason
         want_lp = (params or GenerationParams()).logprobs is not None
         return [
             Completion(self.encode(prompts[j]), tokens[k], "".join(texts[k]), reasons[k],

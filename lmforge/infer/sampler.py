@@ -97,7 +97,6 @@ class BatchSampler:
         if self.penalties is not None:
             self.penalties.move_row(src, dst)
 
-    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, lo: int = 0, greedy: torch.Tensor | None = None):
         """Next tokens for rows lo..lo+n-1 from their last-position logits [n, V] (`greedy`:
         their argmax, when the caller computed it; not used for penalised rows).

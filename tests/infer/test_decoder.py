@@ -175,9 +175,28 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
     assert outputs[1] == outputs[0]
     if exported:
         assert isinstance(compiled._exported, ExportedDecodeStep)
-        assert len(compiled._exported.compiled) <= 2  # batch 1, then 2..4 rows
+        steps = compiled._exported.compiled
+        assert 1 <= len(steps) <= 2 and all(run is not None for *_, run in steps)  # 1, 2..4 rows
     else:
         assert counters["stats"]["unique_graphs"] <= 6
+
+
+def test_engine_decodes_eagerly_when_the_step_cannot_be_compiled(monkeypatch):
+    """No C++ compiler (or an export that fails): one warning, then the same tokens eagerly."""
+    from lmforge.infer.exported_step import ExportedDecodeStep
+
+    def fail(self, *example):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(ExportedDecodeStep, "_compile", fail)
+    lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
+    params = GenerationParams(max_new_tokens=6, temperature=0.0, stop_token_ids=[])
+    prompts = [[1, 2, 3], [4, 5]]
+    want = [c.token_ids for c in Engine(lm.model, max_batch=2).generate(prompts, params)]
+    engine = Engine(lm.model, max_batch=2, compile=True)
+    with pytest.warns(UserWarning, match="no compiler here"):
+        got = [c.token_ids for c in engine.generate(prompts, params)]
+    assert got == want
 
 
 def test_static_decode_step_decodes_the_same_tokens():
