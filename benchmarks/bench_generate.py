@@ -14,20 +14,21 @@ row); bandwidth is measured here by copying a 1 GiB tensor, next to each batch-1
 times the weight matmuls alone (one GEMV per Linear). On a quiet machine the int8 kernel
 (aten._weight_int8pack_mm) runs at 88-97% of the bound, so what separates batch 1 from the bound
 is the per-token work outside the matmuls (norms, RoPE, attention, sampling, Python). Eagerly
-that is ~2 of 4.4 ms per token; `--compile` (torch.compile of the decode step, see
-lmforge/infer/engine.py) fuses it into a few C++ loops and leaves ~0.6 ms. fp32 GEMVs run near
-the bandwidth too (--dtype float32 --quantize none) but read 4x the bytes. The last line says
-which targets this mode met. `--device cuda` runs both sides on a GPU in --dtype (lmforge replays
-its decode step as a CUDA graph); there the small model is launch-bound, not bandwidth-bound.
+that is ~2 of 4.4 ms per token; `--compile` (on CPU: the decode step exported and compiled ahead
+of time by AOTInductor, lmforge/infer/exported_step.py) leaves ~0.25 ms at one thread. fp32 GEMVs
+run near the bandwidth too (--dtype float32 --quantize none) but read 4x the bytes. The last
+line says which targets this mode met. `--device cuda` runs both sides on a GPU in --dtype
+(lmforge replays its decode step as a CUDA graph); there the small model is launch-bound.
 
-Measured 2026-11-22 (third session), quiet 2-core machine, int8 weights + bf16 activations,
-ratios batch 1 / batch 16 / long prompt, then batch 1 as a share of the bandwidth bound:
-  --threads 1 --compile   4.49x / 2.43x / 2.98x, 65-74% over three runs (matmuls alone 97-102%)
-  --threads 1             2.74x / 2.31x / 2.65x, 41%
-  --compile (2 threads)   4.41x / 2.63x / 3.89x, 53% (matmuls alone 88%)
+Measured 2026-11-22 (fourth session), 2-core machine, int8 weights + bf16 activations, three
+runs of the script each: ratios batch 1 / batch 16 / long prompt, then batch 1 as a share of the
+bandwidth bound (bandwidth measured at the same thread count):
+  --threads 1 --compile   5.25-5.45x / 2.49-2.55x / 2.87-3.09x, 79-85% (matmuls alone 96-101%)
+  --compile (2 threads)   5.25-5.97x / 2.73-2.93x / 2.98-3.71x, 62-72%, median 72% (matmuls 88-92%)
+  --threads 1 (eager)     2.7x / 2.3x / 2.7x, 41% (third session)
   one H100, bf16, --device cuda --quantize none: 10.9x / 10.6x / 13.6x (transformers in bf16)
-So the 70% target holds with one thread and --compile (in two runs of three), not with two
-threads, where the kernels' own ceiling is lower and the same non-matmul work is a larger share.
+With two threads the same ~0.2 ms of attention and host work is a larger share of a shorter
+step, and this shared host's noise moves single runs by 10% or more.
 
     python benchmarks/bench_generate.py                                  # int8 weights, bf16
     python benchmarks/bench_generate.py --dtype float32 --quantize none  # same precision as HF

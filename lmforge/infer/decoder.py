@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.infer.quantize import Int8Linear
+from lmforge.infer.quantize import Int8Linear, to_inference_precision
 from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.blocks import PreNormResidual
 from lmforge.model.mlp import MLP, GatedMLP
@@ -181,3 +181,11 @@ class FastDecoder:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=self.gqa)  # fmt: skip
         return layer.o(y.transpose(1, 2).reshape(b * t, nh * hd))
+
+
+def inference_forward(model, dtype, quantize):
+    """(model, forward): the model in the asked precision (a converted copy when that differs
+    from the caller's) and the function that runs it (decoder.FastDecoder when it covers the
+    model, else the model's own forward)."""
+    model = to_inference_precision(model, dtype, quantize)
+    return model, model if FastDecoder.unsupported(model) else FastDecoder(model)

@@ -42,42 +42,14 @@ from lmforge.errors import ConfigError
 from lmforge.infer.batch import SlotCache
 from lmforge.infer.compiled_step import compile_decode_step
 from lmforge.infer.cuda_graphs import StaticDecodeStep
-from lmforge.infer.decoder import FastDecoder
+from lmforge.infer.decoder import FastDecoder, inference_forward
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
 from lmforge.infer.exported_step import ExportedDecodeStep, exportable
-from lmforge.infer.params import GenerationParams
-from lmforge.infer.quantize import to_inference_precision
-from lmforge.infer.sampler import BatchSampler, TokenLogprobs
+from lmforge.infer.params import Completion, GenerationParams, StepOutput
+from lmforge.infer.sampler import BatchSampler
 from lmforge.model.positions import rope_scaling_type
 
 __all__ = ["Engine", "GenerationParams", "StepOutput", "Completion"]
-
-
-@dataclass
-class StepOutput:
-    """What one sequence produced in one step: new token ids and the text they completed."""
-
-    request_id: str
-    index: int  # which of the request's n samples
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprobs] | None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class Completion:
-    """A finished sequence (Engine.generate)."""
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass
@@ -117,7 +89,7 @@ class Engine:
             raise ConfigError("Engine needs full softmax attention (no sliding window/pattern)")
         self.tokenizer, self.config = tokenizer, config
         self.quantize = quantize
-        self.model, self.forward = _inference_forward(model.eval(), dtype, quantize)
+        self.model, self.forward = inference_forward(model.eval(), dtype, quantize)
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
         if eos_ids is None:
@@ -421,11 +393,3 @@ class Engine:
                             return
         finally:
             self.abort(rid)
-
-
-def _inference_forward(model, dtype, quantize):
-    """(model, forward): the model in the asked precision (a converted copy when that differs
-    from the caller's) and the function that runs it (decoder.FastDecoder when it covers the
-    model, else the model's own forward)."""
-    model = to_inference_precision(model, dtype, quantize)
-    return model, model if FastDecoder.unsupported(model) else FastDecoder(model)

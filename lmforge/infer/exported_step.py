@@ -1,18 +1,21 @@
 """The CPU decode step compiled ahead of time with AOTInductor (Engine(compile=True) on CPU).
 
 torch.compile runs a compiled step through dynamo on every call: guard checks, fetching the ~120
-weights from the decoder's objects, converting them for the C++ wrapper. On the bench model that
-is ~0.3 ms of a ~2.9 ms token at one thread, a tenth of the step. Here the step is exported once
-(`torch.export`) and compiled by AOTInductor into a shared library whose weights are constants:
-a call passes only the token ids, positions, key mask and the KV buffers, and runs in C++.
-Measured on the 32M bench model, int8 weights, one thread: ~2.3 ms a token for the step itself.
+weights from the decoder's objects, converting them for the C++ wrapper: ~0.3 ms of a ~2.9 ms
+token on the bench model at one thread. Here the step is exported once (`torch.export`) and
+compiled by AOTInductor into a shared library holding the weights as constants: a call passes
+the token ids, positions, key mask and KV buffers to C++ and nothing else. The step also takes
+the argmax and advances the positions, because the host's work after a step runs cold (streaming
+the weights evicted its caches; the first torch ops after a step cost ~20 us each).
 
-The KV buffers are written in place (the export records the column write as a mutation of its
-inputs). Dynamic: the running rows and the cache length. A step is exported for each range of
-rows it covers (the export narrows it, e.g. Int8Linear switches kernels at 8 rows): batch 1,
-2-7 and 8+ each compile once (~20 s) on first use. Covers decoder.FastDecoder on CPU without
-dynamic RoPE scaling; the engine uses torch.compile (compiled_step.py) elsewhere. The weights
-are copied into each compiled step, as of construction: build a new engine after changing them.
+The KV buffers and positions are updated in place (the export records them as mutated inputs).
+Dynamic: the running rows and the cache length. Each export holds for a range of rows (narrowed
+by the model's own branches: Int8Linear switches kernels at 8 rows), so batch 1, 2-7 and 8+
+each compile once (~20 s) on first use; a shape outside every range (the very last cache
+column, for some models) runs eagerly, as does everything if compiling fails (no C++ compiler).
+Covers decoder.FastDecoder on CPU without dynamic RoPE scaling; the engine uses torch.compile
+(compiled_step.py) elsewhere. The weights are copied into each compiled step when it compiles:
+build a new engine after changing them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""GenerationParams: everything one request asks of the engine, validated once on arrival."""
+"""What one request asks of the engine (GenerationParams, validated once on arrival) and what
+it gets back (StepOutput as it goes, Completion at the end)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from lmforge.errors import ConfigError
+from lmforge.infer.sampler import TokenLogprobs
 
 MAX_TOP_LOGPROBS = 20
 
@@ -61,3 +63,30 @@ class GenerationParams:
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class StepOutput:
+    """What one sequence produced in one step: new token ids and the text they completed."""
+
+    request_id: str
+    index: int  # which of the request's n samples
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Completion:
+    """A finished sequence (Engine.generate)."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[TokenLogprobs] | None = None
