@@ -118,13 +118,15 @@ class ExportedDecodeStep:
         """Export and AOT-compile the step for inputs shaped like these; returns the ranges of
         rows and widths the export holds for (narrowed by the model's own branches)."""
         n = ids.shape[0]
-        dyn = torch.export.Dim.DYNAMIC
+        dyn = torch.export.Dim.AUTO  # dynamic unless the code fixes it (e.g. all slots full)
         rows = {0: dyn} if n > 1 else None  # batch 1 is its own specialisation
         k, v = self.cache.k, self.cache.v
         shapes = (rows, rows, {0: dyn, 1: dyn} if n > 1 else {1: dyn}, [None] * len(k),
                   [None] * len(v))  # fmt: skip
-        ep = torch.export.export(self.step, (ids, positions, key_mask, k, v),
-                                 dynamic_shapes=shapes, strict=False)  # fmt: skip
+        with warnings.catch_warnings():  # Int8Linear's lazily made GEMM weight: an in-graph cast
+            warnings.filterwarnings("ignore", message=".*were assigned during export")
+            ep = torch.export.export(self.step, (ids, positions, key_mask, k, v),
+                                     dynamic_shapes=shapes, strict=False)  # fmt: skip
         path = os.path.join(self._dir.name, f"decode_{len(self.compiled)}.pt2")
         path = torch._inductor.aoti_compile_and_package(ep, package_path=path)
         with warnings.catch_warnings():  # torch-internal deprecation noise on loading
@@ -140,8 +142,9 @@ class ExportedDecodeStep:
 
 def _range(ep, size) -> range:
     """The values an exported input size may take (a static size: just itself)."""
-    if isinstance(size, int):
-        return range(size, size + 1)
-    bounds = ep.range_constraints[size.node.expr]
+    expr = size.node.expr if isinstance(size, torch.SymInt) else size
+    if expr not in ep.range_constraints:  # static, or fixed by the code (e.g. all slots full)
+        return range(int(expr), int(expr) + 1)
+    bounds = ep.range_constraints[expr]
     upper = int(bounds.upper) if bounds.upper.is_finite else 2**62
     return range(int(bounds.lower), upper + 1)

@@ -221,3 +221,31 @@ def test_static_decode_step_refuses_models_it_cannot_cover():
     post = build("llama-micro", norm_position="post")
     with pytest.raises(ConfigError, match="cuda_graphs needs a static decode step"):
         Engine(post, max_batch=2, cuda_graphs=True)
+
+
+@pytest.mark.slow
+def test_compiled_int8_engine_with_every_slot_full():
+    """int8 weights, rows joining one at a time until all 8 slots run (Int8Linear switches to
+    its GEMM path at 8 rows, and the full batch fixes the row count): each shape compiles, with
+    no fallback, and the tokens equal the eager engine's."""
+    import warnings
+
+    lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=64))
+    params = GenerationParams(max_new_tokens=12, temperature=0.0)
+    runs = []
+    for compile in (False, True):
+        engine = Engine(lm.model, max_batch=8, eos_ids=[], compile=compile, dtype="bfloat16",
+                        quantize="int8")  # fmt: skip
+        tokens = {}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="compiling the decode step failed")
+            for i in range(8):
+                tokens[engine.add_request([i + 1], params)] = []
+                for out in engine.step():
+                    tokens[out.request_id] += out.token_ids
+            while engine.has_work():
+                for out in engine.step():
+                    tokens[out.request_id] += out.token_ids
+        runs.append(list(tokens.values()))
+    assert runs[1] == runs[0]
+    assert [(r.start, r.stop) for r, _, _ in engine._exported.compiled][-1] == (8, 9)
