@@ -24,6 +24,7 @@ from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.blocks import PreNormResidual
 from lmforge.model.mlp import MLP, GatedMLP
 from lmforge.model.norms import LayerNorm, RMSNorm
+from lmforge.model.positions import rope_scaling_type
 from lmforge.model.transformer import Transformer
 
 
@@ -189,3 +190,13 @@ def inference_forward(model, dtype, quantize):
     model, else the model's own forward)."""
     model = to_inference_precision(model, dtype, quantize)
     return model, model if FastDecoder.unsupported(model) else FastDecoder(model)
+
+
+def fixed_step_unsupported(forward) -> str | None:
+    """Why a decode step compiled into fixed code (a CUDA graph, an ahead-of-time export) cannot
+    run this forward; None when it can."""
+    if not isinstance(forward, FastDecoder):
+        return "the fast decoder does not cover this model"
+    if rope_scaling_type(getattr(forward.config, "rope_scaling", None)) == "dynamic":
+        return "dynamic RoPE scaling reads the positions on the host every step"
+    return None

@@ -42,12 +42,11 @@ from lmforge.errors import ConfigError
 from lmforge.infer.batch import SlotCache
 from lmforge.infer.compiled_step import compile_decode_step
 from lmforge.infer.cuda_graphs import StaticDecodeStep
-from lmforge.infer.decoder import FastDecoder, inference_forward
+from lmforge.infer.decoder import fixed_step_unsupported, inference_forward
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
 from lmforge.infer.exported_step import ExportedDecodeStep, exportable
 from lmforge.infer.params import Completion, GenerationParams, StepOutput
 from lmforge.infer.sampler import BatchSampler
-from lmforge.model.positions import rope_scaling_type
 
 __all__ = ["Engine", "GenerationParams", "StepOutput", "Completion"]
 
@@ -106,21 +105,21 @@ class Engine:
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._decode = compile_decode_step(self.forward, self.cache) if compile else self.forward
-        self._static = self._static_step(cuda_graphs)
-        self._exported = None  # CPU + compile: the AOTInductor step (no dynamo per call)
-        if compile and self._static is None and exportable(self.forward, self.device):
+        self._decode = self.forward
+        # CPU + compile: the AOTInductor step (no dynamo per call); else torch.compile, which
+        # the CUDA-graph step (on by default on GPUs) captures.
+        self._exported = None
+        if compile and not cuda_graphs and exportable(self.forward, self.device):
             self._exported = ExportedDecodeStep(self.forward, self.cache)
+        elif compile:
+            self._decode = compile_decode_step(self.forward, self.cache)
+        self._static = self._static_step(cuda_graphs)
 
     def _static_step(self, cuda_graphs: bool | None) -> StaticDecodeStep | None:
         """The CUDA-graph decode step (cuda_graphs.py): by default on whenever the engine runs
         on a GPU with the fast decoder. cuda_graphs=True on a CPU runs the same static step
         without graphs (what the tests compare against the dynamic step)."""
-        why_not = None
-        if not isinstance(self.forward, FastDecoder):
-            why_not = "the fast decoder does not cover this model"
-        elif rope_scaling_type(getattr(self.config, "rope_scaling", None)) == "dynamic":
-            why_not = "dynamic RoPE scaling reads the positions on the host every step"
+        why_not = fixed_step_unsupported(self.forward)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and why_not is None
         if not cuda_graphs:

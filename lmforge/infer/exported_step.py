@@ -28,16 +28,12 @@ import torch
 from torch import nn
 
 from lmforge.infer.batch import SlotCache
-from lmforge.infer.decoder import FastDecoder
-from lmforge.model.positions import rope_scaling_type
+from lmforge.infer.decoder import FastDecoder, fixed_step_unsupported
 
 
 def exportable(forward, device: torch.device) -> bool:
     """Whether ExportedDecodeStep covers this forward on this device."""
-    if not isinstance(forward, FastDecoder) or device.type != "cpu":
-        return False
-    scaling = getattr(forward.config, "rope_scaling", None)
-    return rope_scaling_type(scaling) != "dynamic"  # reads positions on the host
+    return device.type == "cpu" and fixed_step_unsupported(forward) is None
 
 
 class _CacheView:
