@@ -26,8 +26,28 @@ def test_rmsnorm_spec_vector():
 
 
 def test_rmsnorm_eps_inside_root():
-    x = torch.zeros(1, 4)
-    assert torch.isfinite(RMSNorm(4, eps=1e-6)(x)).all()
+    """SPEC §4: x / sqrt(mean(x^2) + eps). With a tiny-variance input and a large eps the two
+    placements differ ~3x: mean(x^2) = 7.5e-4, so 1/sqrt(7.5e-4 + 1e-2) = 9.645 (inside) but
+    1/(sqrt(7.5e-4) + 1e-2) = 26.75 (outside)."""
+    x = torch.tensor([[0.01, -0.02, 0.03, 0.04]])
+    out = RMSNorm(4, eps=1e-2)(x)
+    inside = torch.tensor([[0.0964, -0.1929, 0.2893, 0.3858]])
+    outside = torch.tensor([[0.2675, -0.5350, 0.8024, 1.0699]])
+    assert torch.allclose(out, inside, atol=1e-4)
+    assert not torch.allclose(out, outside, atol=1e-2)
+    assert torch.equal(RMSNorm(4, eps=1e-6)(torch.zeros(1, 4)), torch.zeros(1, 4))
+
+
+def test_rmsnorm_matches_torch():
+    """torch.nn.RMSNorm (eps inside the root, as in Llama) is the oracle, with learned gammas and
+    inputs whose mean square is comparable to eps, so where eps goes shows in the output."""
+    x = torch.randn(4, 7, 16) * torch.logspace(-3, 0, 7)[None, :, None]
+    ours = RMSNorm(16, eps=1e-3)
+    ref = torch.nn.RMSNorm(16, eps=1e-3)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ref.weight.copy_(ours.weight)
+    torch.testing.assert_close(ours(x), ref(x), atol=1e-6, rtol=1e-5)
 
 
 def test_norms_compute_in_fp32_under_bf16():
