@@ -1,12 +1,13 @@
 """Continual learning: trainable splits, regularisers, forgetting report."""
 
 import json
-import math
 
 import pytest
 import torch
 
+from lmforge.align import data as D
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
+from lmforge.align.losses import sft_loss
 from lmforge.errors import ConfigError
 
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
@@ -45,13 +46,41 @@ def test_penalties_start_at_zero_and_grow(tmp_path):
         assert t.regularizer.penalty().item() > 0
 
 
+def sft_eval_loss(model, examples, pad_id):
+    """Response-token mean loss of `model` over all examples in one batch: an independent
+    measurement of what the forgetting report should hold."""
+    b = D.collate_sft(examples, pad_id)
+    with torch.no_grad():
+        return sft_loss(model(b["input_ids"]), b["labels"]).item()
+
+
 @pytest.mark.parametrize("trainable", ["full", "lora", "mlp"])
 def test_forgetting_report(tmp_path, trainable):
-    r = ContinualTrainer(cfg(tmp_path, trainable=trainable, regularizer="replay"),
-                         log=lambda *a: None).run()  # fmt: skip
+    """forgetting.json holds the old/new-task held-out losses of the model before and after
+    training (measured here independently), forgetting = old loss after - old loss before; the
+    frozen part of the split stays bit-identical and the trainable part moves."""
+    t = ContinualTrainer(cfg(tmp_path, trainable=trainable, regularizer="replay"),
+                         log=lambda *a: None)  # fmt: skip
+    model = t.lm.model
+    losses = lambda: {"old_loss": sft_eval_loss(model, t.old_eval, t.pad_id),  # noqa: E731
+                      "new_loss": sft_eval_loss(model, t.eval_examples, t.pad_id)}  # fmt: skip
+    before = losses()
+    frozen = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    trained = {n: p.clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and (trainable == "full") == (not frozen)
+    r = t.run()
+    after = losses()
     report = json.loads((tmp_path / "forgetting.json").read_text())
-    assert report["forgetting"] == pytest.approx(r["forgetting"])
-    assert math.isfinite(report["after"]["old_loss"])
+    for when, want in (("before", before), ("after", after)):
+        for key, value in want.items():
+            assert report[when][key] == pytest.approx(value, rel=1e-5), (when, key)
+    assert after["old_loss"] != pytest.approx(before["old_loss"], rel=1e-6)  # training moved it
+    assert report["forgetting"] == pytest.approx(after["old_loss"] - before["old_loss"], rel=1e-4)
+    assert r["forgetting"] == pytest.approx(report["forgetting"])
+    assert report["steps"] == 3 and report["trainable"] == trainable
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[n], p) for n, p in frozen.items())
+    assert any(not torch.equal(params[n], p) for n, p in trained.items())
     assert (tmp_path / "continual.png").is_file()
 
 

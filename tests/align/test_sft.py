@@ -26,9 +26,30 @@ def quiet(*a):
 
 
 def test_exact_match_counts_verified_completions():
+    """exact_match = the share of records whose greedy completion `verify` accepts, over every
+    chunk of the batch: a stub generate answers 3 of 5 prompts right (one with a trailing line
+    and EOS, which the verifier ignores) and the others wrong."""
     lm = load_lm("scratch", TINY, 24, 0, "cpu")
-    records = tasks.problems("add", 4, seed=0)
-    assert exact_match(lm, records, max_new_tokens=4) == 0.0  # a random model is never right
+    tok = lm.tokenizer
+    records = tasks.problems("add", 5, seed=0)
+    replies = {
+        0: f"{records[0]['answer']}\nmore",
+        1: str(int(records[1]["answer"]) + 1),
+        2: records[2]["answer"],
+        3: f" {records[3]['answer']}",
+        4: "",
+    }
+    by_prompt = {tuple(tok.encode(r["prompt"])): i for i, r in enumerate(records)}
+    calls = []
+
+    def generate(prompts, max_new_tokens, temperature, **kw):
+        calls.append((len(prompts), max_new_tokens, temperature))
+        return [tok.encode(replies[by_prompt[tuple(p)]]) + [tok.eos_id] for p in prompts]
+
+    lm.generate = generate
+    assert exact_match(lm, records, max_new_tokens=4, batch=2) == pytest.approx(3 / 5)
+    assert calls == [(2, 4, 0.0), (2, 4, 0.0), (1, 4, 0.0)]  # greedy, every record once
+    assert exact_match(lm, [], max_new_tokens=4) == 0.0
 
 
 @pytest.mark.parametrize("peft", ["lora", "qlora"])
