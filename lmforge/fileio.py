@@ -6,7 +6,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,12 +21,98 @@ from safetensors.torch import load_file, save_file
 
 from lmforge.errors import CheckpointError, ConfigError, DataError
 
+# ---- temporary files and their clean-up ------------------------------------------------------
+# A temp file is `.NAME.lmf-HOST-PID.RANDOM.tmp`: hidden, beside its target, and naming the host and
+# process that writes it, so a later run can tell an orphan (its writer was killed, e.g. SIGKILL
+# mid-save, and no `except` ever ran) from a file another live process is still writing.
+TEMP_SUFFIX = ".tmp"
+_TEMP_TAG = re.compile(r"\.lmf-(?P<host>[A-Za-z0-9-]*)-(?P<pid>\d+)\.[^.]+\.tmp$")
+# An owner-tagged temp of this host whose writer is dead is removed once it is this old: the grace
+# covers a writer in another PID namespace that shares this host name and folder (a container),
+# whose PID we cannot see; a live writer's file is fresh because atomic writes never pause.
+DEAD_WRITER_GRACE_S = 60.0
+# Any `.*.tmp` untouched this long is removed whoever wrote it (another host's writer whose PID
+# cannot be checked, an untagged temp, a reused PID): every writer here streams its temp and
+# renames it within one save, so a day without a write means nobody is writing it.
+UNOWNED_TEMP_AGE_S = 24 * 3600.0
+
+
+def _host_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
+
+
+def temp_file_beside(path: str | Path) -> tuple[int, str]:
+    """mkstemp for an atomic write of `path`: (fd, name) of a new hidden temp file in path's
+    folder whose name records this host and PID, so `remove_stale_temps` can remove it if this
+    process dies before renaming it. Every atomic writer should create its temp file here."""
+    path = Path(path)
+    prefix = f".{path.name}.lmf-{_host_tag()}-{os.getpid()}."
+    return tempfile.mkstemp(prefix=prefix, suffix=TEMP_SUFFIX, dir=path.parent)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host and is not a zombie (a killed child that its
+    parent has not reaped yet writes nothing). Unknown answers count as alive."""
+    if pid == os.getpid():
+        return True
+    if pid <= 0 or not hasattr(os, "kill"):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by another user
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def remove_stale_temps(folder: str | Path, now: float | None = None) -> list[Path]:
+    """Delete the temp files that killed writers left in `folder` (not recursive) and return
+    them. Only our naming pattern `.*.tmp` is considered, and only files nobody is writing:
+    an owner-tagged temp of this host whose process is gone (and at least DEAD_WRITER_GRACE_S
+    old), or any such temp unmodified for UNOWNED_TEMP_AGE_S. Call it when a run opens the folder
+    it writes to, so SIGKILLed saves do not pile up full-size orphans. Errors are ignored: a
+    file that vanished or cannot be removed is another process's business."""
+    folder = Path(folder)
+    now = time.time() if now is None else now
+    host = _host_tag()
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        tag = _TEMP_TAG.search(name)
+        stale = age > UNOWNED_TEMP_AGE_S
+        if not stale and tag and tag["host"] == host:
+            stale = age > DEAD_WRITER_GRACE_S and not _pid_alive(int(tag["pid"]))
+        if stale:
+            try:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+            except OSError:
+                pass
+    return removed
+
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     """Call write(tmp_path) on a temp file beside `path`, fsync it, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)
     os.close(fd)
     try:
         write(tmp)

@@ -2,7 +2,8 @@
 
 The file holds the model weights, the optimizer moments and the RNG states as tensors, and every
 non-tensor value (iteration, optimizer hyper-parameters, data position, config) as JSON in the
-safetensors metadata. It is written to a temp file and renamed into place.
+safetensors metadata. It is written to a temp file and renamed into place; saving and resuming
+first remove the temp files that killed saves left in the folder (fileio.remove_stale_temps).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from lmforge.errors import CheckpointError
-from lmforge.fileio import load_tensors, save_tensors
+from lmforge.fileio import load_tensors, remove_stale_temps, save_tensors
 
 STATE_FILE = "training_state.safetensors"
 
@@ -35,6 +36,8 @@ def _split(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
 def _join(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, dict):
         if set(obj) == {"__tensor__"}:
+            if obj["__tensor__"] not in tensors:
+                raise KeyError(f"unknown tensor {obj['__tensor__']!r}")
             return tensors[obj["__tensor__"]]
         return {k: _join(v, tensors) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -44,23 +47,32 @@ def _join(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def save_training_state(path: str | Path, state: dict[str, Any]) -> None:
     """Save a nested dict of tensors and JSON-able values atomically."""
+    remove_stale_temps(Path(path).parent)  # full-size orphans of earlier saves that were killed
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _split(state, "s", tensors)
     save_tensors(path, tensors, metadata={"lmforge_state": json.dumps(skeleton)})
 
 
 def load_training_state(path: str | Path) -> dict[str, Any]:
+    """The state saved by save_training_state, for --resume (which reopens path's folder for
+    writing, so the orphaned temp files of killed saves are removed from it first)."""
     path = Path(path)
+    remove_stale_temps(path.parent)
     tensors = load_tensors(path)
     with safe_open(str(path), framework="pt") as fh:
         meta = fh.metadata() or {}
     if "lmforge_state" not in meta:
         raise CheckpointError(f"{path}: not an lmforge training state (no metadata)")
-    state = _join(json.loads(meta["lmforge_state"]), tensors)
-    # JSON turns int dict keys (optimizer state indices) into strings; restore them.
-    optim = state.get("optimizer")
-    if isinstance(optim, dict) and "state" in optim:
-        optim["state"] = {int(k): v for k, v in optim["state"].items()}
+    try:
+        state = _join(json.loads(meta["lmforge_state"]), tensors)
+        if not isinstance(state, dict):
+            raise TypeError("expected a JSON object")
+        # JSON turns int dict keys (optimizer state indices) into strings; restore them.
+        optim = state.get("optimizer")
+        if isinstance(optim, dict) and "state" in optim:
+            optim["state"] = {int(k): v for k, v in optim["state"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # incl. JSONDecodeError
+        raise CheckpointError(f"{path}: malformed lmforge_state metadata ({err})") from err
     return state
 
 
