@@ -3,8 +3,7 @@
 A trainer asks `setup_parallel(cfg, device)` for a `Parallel` and calls the same few methods
 whether it runs alone or under torchrun: `wrap` the model, `no_sync` while accumulating,
 `mean` a loss across ranks, `rank_zero_first` for work that writes shared files. Without torchrun
-(no RANK/WORLD_SIZE in the environment) the base class is a no-op, so a single-process run is
-exactly what it was.
+(no RANK/WORLD_SIZE in the environment) the base class is a no-op: one process, a world of one.
 
 Batch convention (nanoGPT's): `batch_size` is the micro-batch of one forward pass on one rank and
 `grad_accum` the number of micro-batches in ONE optimizer step across ALL ranks, so the global
@@ -14,10 +13,13 @@ global batch = batch_size * (grad_accum / world_size) * world_size. A world size
 divide grad_accum is a ConfigError before any step.
 
 Data: the global batch is drawn as `grad_accum` independent random streams ("lanes"), lane j
-seeded from (seed, j); rank r draws lanes [r*k, (r+1)*k) with k = grad_accum / world_size. Each
-rank's stream is distinct and deterministic, and the global batch at step s does not depend on
-the world size: 2 ranks train on the same data as 1 (same loss curve), and a checkpoint resumes
-exactly on a different number of processes (lane states are saved per rank, read by any rank).
+seeded from (seed, j); rank r draws lanes [r*k, (r+1)*k) with k = grad_accum / world_size, and a
+plain single-process run draws all of them itself (it is rank 0 of a world of one). The global
+batch at step s therefore does not depend on how the run was launched: `lmforge pretrain` and
+`torchrun --nproc_per_node N` train on the same data, and a checkpoint resumes exactly on a
+different number of processes (lane states are saved per rank, read by any rank). Randomness
+inside the model (dropout) is seeded per (seed, step, lane) for the same reason
+(`micro_batch_seed`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -64,13 +67,24 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def lane_seed(seed: int, lane: int) -> int:
-    """Seed of data lane `lane`; lane 0 uses `seed` itself, like the single-process sampler."""
+    """Seed of data lane `lane`; lane 0 uses `seed` itself (a plain BatchSampler's stream)."""
     return seed + 1_000_003 * lane
+
+
+def micro_batch_seed(seed: int, step: int, lane: int) -> int:
+    """Seed of the model's own randomness (dropout) for lane `lane` of optimizer step `step`.
+
+    Seeding the global RNG with it before each micro-batch gives that micro-batch the same
+    dropout masks on whichever rank, and after however many others, it runs: one process and N
+    ranks apply the same masks, and a resume on another world size continues them exactly.
+    """
+    mixed = np.random.SeedSequence([seed, step, lane]).generate_state(2, np.uint32)
+    return (int(mixed[0]) << 31) ^ int(mixed[1])  # < 2**63, what torch.manual_seed accepts
 
 
 class LaneSampler:
     """This rank's share of the global batch: lanes [first, first + count), one BatchSampler each,
-    drawn round-robin so call i of a step reads lane first + i."""
+    drawn round-robin so call i of a step reads lane `lanes[i]` (all lanes on a single process)."""
 
     def __init__(self, shard: TokenShard, batch_size: int, block_size: int, seed: int,
                  lanes: range, device: str | torch.device = "cpu"):  # fmt: skip
@@ -92,6 +106,16 @@ class LaneSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take this rank's lanes from a merged {"lanes": ...} of every saving rank."""
+        if "lanes" not in state and "generator_state" in state:
+            # a single-process checkpoint of an earlier lmforge: one BatchSampler stream, which is
+            # lane 0's (lane_seed(seed, 0) == seed); it continues exactly only as the sole lane
+            if len(self.lanes) != 1 or self.lanes[0] != 0:
+                raise DataError(
+                    "the checkpoint holds one data stream (a single-process run of an earlier "
+                    "lmforge), which continues exactly only with grad_accum 1, not "
+                    f"{len(self.lanes)}: start a new out_dir"
+                )
+            state = {"lanes": {"0": state}}
         saved = state.get("lanes", {})
         for j, sampler in self.samplers.items():
             if str(j) not in saved:
@@ -117,7 +141,8 @@ class NullMetrics:
 
 
 class Parallel:
-    """One process, no process group: every method is the identity (the single-process path)."""
+    """One process, no process group: rank 0 of a world of one. Communication is the identity;
+    the data lanes and the batch split are the general rule with world_size 1."""
 
     name = "single"
     shards_parameters = False  # True: each rank holds a slice of every parameter (FSDP)
@@ -180,8 +205,12 @@ class Parallel:
         yield
 
     def sampler(self, shard: TokenShard, batch_size: int, block_size: int, grad_accum: int,
-                seed: int):  # fmt: skip
-        return BatchSampler(shard, batch_size, block_size, seed=seed, device=self.device)
+                seed: int) -> LaneSampler:  # fmt: skip
+        """This rank's data lanes [rank*k, (rank+1)*k), k = grad_accum / world_size: all
+        grad_accum of them on a single process, so every launch draws the same global batch."""
+        k = self.accumulation_steps(grad_accum)
+        lanes = range(self.rank * k, (self.rank + 1) * k)
+        return LaneSampler(shard, batch_size, block_size, seed, lanes, self.device)
 
     def full_model(self, model: nn.Module) -> nn.Module | None:
         """The unsharded model on rank 0 (to save in HF layout or sample from); None elsewhere.
@@ -270,11 +299,6 @@ class DDPParallel(Parallel):
         yield
         if self.is_main:
             dist.barrier()
-
-    def sampler(self, shard, batch_size, block_size, grad_accum, seed) -> LaneSampler:
-        k = self.accumulation_steps(grad_accum)
-        lanes = range(self.rank * k, (self.rank + 1) * k)
-        return LaneSampler(shard, batch_size, block_size, seed, lanes, self.device)
 
     def save_state(self, out_dir: Path, model, optimizer, sampler, meta: dict[str, Any]) -> None:
         """Collective: a sharded DCP checkpoint of model + optimizer, meta and per-rank JSON."""

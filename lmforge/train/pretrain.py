@@ -31,7 +31,7 @@ from lmforge.train.checkpoint import (
     set_rng_state,
 )
 from lmforge.train.config import TrainConfig
-from lmforge.train.distributed import NullMetrics, setup_parallel
+from lmforge.train.distributed import NullMetrics, micro_batch_seed, setup_parallel
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import LossScaler, build_adamw, cosine_lr
 
@@ -125,7 +125,6 @@ class Pretrainer:
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(cfg.seed)
 
         with self.dist.rank_zero_first():  # the other ranks then reuse rank 0's files
             self.tokenizer = build_tokenizer(cfg, self.out_dir)
@@ -137,6 +136,10 @@ class Pretrainer:
         self.train_shard = TokenShard.open(self.out_dir / "data" / "train.bin")
         self.val_shard = TokenShard.open(self.out_dir / "data" / "val.bin")
         self.model_config = cfg.model_config(self.tokenizer.vocab_size)
+        # seeded right before init, so every rank (and a plain run) builds the same weights
+        # whatever the tokenizer/corpus step did with the RNG on it (FSDP2 shards each rank's
+        # own copy; it does not broadcast rank 0's)
+        torch.manual_seed(cfg.seed)
         self.model = Transformer(self.model_config).to(self.device)
         self.wrapped = self.dist.wrap(self.model)  # DDP / FSDP2 (sharded in place) / itself
         self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
@@ -205,7 +208,10 @@ class Pretrainer:
                 )
             self.model.load_state_dict(state["model"], strict=False)
             self.optimizer.load_state_dict(state["optimizer"])
-            self.sampler.load_state_dict(state["sampler"])
+            try:
+                self.sampler.load_state_dict(state["sampler"])
+            except LMForgeError as err:
+                raise CheckpointError(f"{path}: {err}") from err
             set_rng_state(state["rng"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -215,14 +221,19 @@ class Pretrainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def train_step(self) -> float:
+        """One optimizer step on the global batch (grad_accum lanes of batch_size blocks, this
+        rank running its share); returns the global batch's mean loss, the same on every rank
+        and under any launch (one process or torchrun with any world size)."""
         cfg = self.cfg
         lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total = 0.0
+        total = torch.zeros((), device=self.device)
         accum = self.dist.accumulation_steps(cfg.grad_accum)  # this rank's share of the batch
         for i in range(accum):
             x, y = self.sampler.next_batch()
+            # this lane's dropout masks, whichever rank runs it after however many others
+            torch.manual_seed(micro_batch_seed(cfg.seed, self.step, self.sampler.lanes[i]))
             with self.dist.no_sync(last=i == accum - 1):  # reduce gradients once per step
                 with self.autocast():
                     loss = lm_loss(self.forward(x), y, cfg.label_smoothing)
@@ -232,8 +243,11 @@ class Pretrainer:
                     (loss * self.scaler.scale).backward()
                 else:
                     loss.backward()
-            total += loss.item()
-        total = self.dist.mean(total)  # the global batch's loss, the same on every rank
+            total += loss.detach().float()  # one host sync per step, not per micro-batch
+        # every micro-batch holds batch_size x block_size targets, so the mean of the ranks'
+        # means of their micro-batch means is the mean over the global batch
+        total = self.dist.mean(total.item())
+        # checked BEFORE the update: a NaN step must not reach the weights or AdamW's moments
         if not math.isfinite(total):
             raise NonFiniteLoss(
                 f"loss became {total} at step {self.step}; stopped. The last good checkpoint "

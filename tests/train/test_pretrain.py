@@ -45,17 +45,21 @@ def test_run_writes_checkpoint_metrics_and_plot(tmp_path):
 
 
 def test_resume_continues_exactly(tmp_path):
-    full = Pretrainer(config(tmp_path / "a"), log=lambda *_: None)
+    # two data lanes and dropout: both lane streams and the masks must continue exactly
+    lanes = dict(grad_accum=2, model=dict(n_layer=1, n_head=2, d_model=16, max_seq_len=16,
+                                          dropout=0.1))  # fmt: skip
+    full = Pretrainer(config(tmp_path / "a", **lanes), log=lambda *_: None)
     reference = [full.train_step() for _ in range(12)]
 
-    first = config(tmp_path / "b", max_iters=12)
+    first = config(tmp_path / "b", max_iters=12, **lanes)
     first.max_time = None
     trainer = Pretrainer(first, log=lambda *_: None)
     while trainer.step < 5:  # stop part-way, as an interrupted run would
         trainer.train_step()
         trainer.metrics.log(trainer.step, "train", loss=0.0)
     trainer.save_checkpoint()
-    resumed = Pretrainer(config(tmp_path / "b"), resume=True, log=lambda *_: None)
+    torch.rand(100)  # a fresh process's RNG is not where the saving one left it
+    resumed = Pretrainer(config(tmp_path / "b", **lanes), resume=True, log=lambda *_: None)
     assert resumed.step == 5
     losses = [resumed.train_step() for _ in range(7)]
     assert losses == reference[5:]  # bit-for-bit on CPU
@@ -74,9 +78,19 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path):
     saved = (tmp_path / "run" / "model.safetensors").read_bytes()
     with torch.no_grad():
         trainer.model.embed.weight.fill_(float("nan"))
+    # every weight but the (tied) embedding, which is NaN by now
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if v.isfinite().all()}
+    assert any(k.startswith("blocks.") for k in before)
+    adam_steps = [s["step"].item() for s in trainer.optimizer.state.values()]
     with pytest.raises(NonFiniteLoss, match="last good checkpoint"):
         trainer.run()
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == saved
+    # the check comes before opt.step(): NaN gradients (clipped to NaN everywhere) never reached
+    # the other weights or AdamW's moments, and the step counter did not move
+    assert trainer.step == 1
+    assert [s["step"].item() for s in trainer.optimizer.state.values()] == adam_steps
+    for name, value in before.items():
+        assert torch.equal(trainer.model.state_dict()[name], value), name
 
 
 def test_cosine_schedule():
