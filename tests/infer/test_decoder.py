@@ -223,29 +223,52 @@ def test_static_decode_step_refuses_models_it_cannot_cover():
         Engine(post, max_batch=2, cuda_graphs=True)
 
 
+BF16_LOGPROB_TOL = 0.03  # a couple of bf16 steps at these logits (see the test below)
+
+
 @pytest.mark.slow
 def test_compiled_int8_engine_with_every_slot_full():
     """int8 weights, rows joining one at a time until all 8 slots run (Int8Linear switches to
     its GEMM path at 8 rows, and the full batch fixes the row count): each shape compiles, with
-    no fallback, and the tokens equal the eager engine's."""
+    no fallback, and decodes what the eager engine decodes.
+
+    With bf16 activations the compiled step (fused kernels, fp32 inside a fusion) and the eager
+    one (a bf16 rounding after every op) legitimately differ by a few bf16 steps: bf16 keeps 8
+    significant bits, so a logit near 4 moves in steps of 2**-6 = 0.016. Measured on an AMD EPYC
+    (AVX2, bf16 emulated): logprobs within 0.005, and one row whose two best tokens were one
+    bf16 step apart in eager (0.0078) and rounded to a tie in the compiled step. So tokens must
+    be identical except where the eager run itself had a near-tie, and every logprob before
+    that point must agree within BF16_LOGPROB_TOL (exact equality is checked in fp32 by
+    test_compiled_engine_decodes_the_same_tokens)."""
     import warnings
 
     lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=64))
-    params = GenerationParams(max_new_tokens=12, temperature=0.0)
+    params = GenerationParams(max_new_tokens=12, temperature=0.0, logprobs=3)
     runs = []
     for compile in (False, True):
         engine = Engine(lm.model, max_batch=8, eos_ids=[], compile=compile, dtype="bfloat16",
                         quantize="int8")  # fmt: skip
-        tokens = {}
+        rows: dict[str, list] = {}
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message="compiling the decode step failed")
             for i in range(8):
-                tokens[engine.add_request([i + 1], params)] = []
+                rows[engine.add_request([i + 1], params)] = []
                 for out in engine.step():
-                    tokens[out.request_id] += out.token_ids
+                    rows[out.request_id] += out.logprobs
             while engine.has_work():
                 for out in engine.step():
-                    tokens[out.request_id] += out.token_ids
-        runs.append(list(tokens.values()))
-    assert runs[1] == runs[0]
+                    rows[out.request_id] += out.logprobs
+        runs.append(list(rows.values()))
+    near_ties = 0
+    for eager_row, compiled_row in zip(*runs):
+        assert len(eager_row) == len(compiled_row) == 12
+        for eager, compiled in zip(eager_row, compiled_row):
+            assert abs(eager.logprob - compiled.logprob) <= BF16_LOGPROB_TOL
+            if eager.token != compiled.token:  # must be a near-tie in the eager run itself
+                eager_top = dict(eager.top)
+                assert compiled.token in eager_top
+                assert eager.logprob - eager_top[compiled.token] <= BF16_LOGPROB_TOL
+                near_ties += 1
+                break  # the rows' contexts differ from here on
+    assert near_ties <= 2  # a systematic difference would split most of the 8 rows
     assert [(r.start, r.stop) for r, _, _ in engine._exported.compiled][-1] == (8, 9)
