@@ -1,5 +1,7 @@
-"""`lmforge checkpoint`: tools for the sharded (torch.distributed.checkpoint) training state that
-runs under torchrun write; `consolidate` turns it into one model.safetensors."""
+"""`lmforge checkpoint`: tools for the sharded training state that runs under torchrun write
+(per-rank safetensors + JSON, lmforge/train/sharded_checkpoint.py); `consolidate` turns it into one
+model.safetensors. Reading a checkpoint runs no code from it: the old torch.distributed.checkpoint
+format, whose metadata is a pickle, is refused with one line."""
 
 from __future__ import annotations
 

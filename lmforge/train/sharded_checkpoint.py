@@ -353,6 +353,7 @@ def check_checkpoint(step_dir: Path) -> dict[str, Any]:
     for rank in range(meta["world_size"]):
         if not (step_dir / f"rank{rank}.json").is_file():
             raise CheckpointError(f"missing per-rank state {step_dir / f'rank{rank}.json'}")
+    read_rank_states(step_dir, meta["world_size"])  # readable too: a complete checkpoint
     return meta
 
 
