@@ -2,24 +2,73 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+
+from lmforge.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+KEY_ENV = "LMFORGE_API_KEY"
+
+DESCRIPTION = f"""\
+Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+/v1/models) with a chat page at /.
+
+Security: the server binds 127.0.0.1 by default. With an API key (from ${KEY_ENV}, or
+--api-key-file), every route but /health and the chat page needs 'Authorization: Bearer KEY',
+/docs, /redoc and /openapi.json included. Without a key on loopback, requests whose Host header
+is not localhost, 127.0.0.1 or [::1] get 421 (DNS-rebinding protection).
+Limits: bodies over --max-body-bytes get 413 (before they are read), bodies slower than
+--read-timeout get 408, and past --max-queue samples waiting for a batch slot requests get 429
+with Retry-After; prompts longer than the context are refused before tokenizing."""
 
 
 def register(sub) -> None:
-    from lmforge.cli.generate import add_engine_args
+    import argparse
 
-    p = sub.add_parser("serve", help="OpenAI-compatible API server with a web chat page")
+    from lmforge.cli.generate import add_engine_args
+    from lmforge.serve import guards
+
+    p = sub.add_parser(
+        "serve", help="OpenAI-compatible API server with a web chat page",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (with tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument(
+        "--api-key-file", default=None, metavar="PATH",
+        help=f"require 'Authorization: Bearer KEY', KEY read from this file (first line); "
+        f"or set ${KEY_ENV}",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", default=None,
+        help="the key on the command line (discouraged: any local user sees it in `ps`)",
+    )  # fmt: skip
     p.add_argument(
         "--max-tokens-limit", type=int, default=None,
         help="largest max_tokens a request may ask for (default: the context)",
     )  # fmt: skip
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
+    p.add_argument(
+        "--max-queue", type=_non_negative(int), default=guards.DEFAULT_MAX_QUEUE,
+        help="samples that may wait for a batch slot beyond --max-batch; more get 429 "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-body-bytes", type=_positive(int), default=guards.DEFAULT_MAX_BODY_BYTES,
+        help="largest request body; larger ones get 413 (default: %(default)s = 2 MiB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--read-timeout", type=_positive(float), default=guards.DEFAULT_READ_TIMEOUT,
+        help="seconds a client has to send a request's headers, and then its body; slower "
+        "ones are dropped (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--keep-alive-timeout", type=_positive(float), default=guards.DEFAULT_KEEP_ALIVE_TIMEOUT,
+        help="seconds an idle keep-alive connection stays open (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
     add_engine_args(p)
     p.add_argument(
@@ -31,13 +80,64 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"  # argparse names it in "invalid ... value"
+    return parse
+
+
+def _non_negative(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = f"non-negative {kind.__name__}"
+    return parse
+
+
+def api_key(args) -> str | None:
+    """The API key from --api-key-file, --api-key or $LMFORGE_API_KEY (in that order), or None.
+    A file that is missing, unreadable or empty is a ConfigError: a server that was meant to be
+    protected must not start open."""
+    if args.api_key_file is not None and args.api_key is not None:
+        raise ConfigError("--api-key-file and --api-key: give only one")
+    if args.api_key_file is not None:
+        path = Path(args.api_key_file)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            cause = getattr(err, "strerror", None) or type(err).__name__
+            raise ConfigError(f"--api-key-file {path}: cannot read it ({cause})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ConfigError(f"--api-key-file {path}: the file is empty")
+        return key
+    if args.api_key is not None:
+        print("warning: --api-key is visible to every local user in `ps`; use --api-key-file "
+              f"or ${KEY_ENV}", file=sys.stderr)  # fmt: skip
+        if not args.api_key.strip():
+            raise ConfigError("--api-key is empty")
+        return args.api_key
+    key = os.environ.get(KEY_ENV, "").strip()
+    return key or None
+
+
 def run(args) -> int:
     import uvicorn
 
     from lmforge.infer.engine import Engine
     from lmforge.lm import LM
     from lmforge.serve.app import create_app
+    from lmforge.serve.guards import uvicorn_config
 
+    key = api_key(args)  # before loading: a bad key file fails at once
     lm = LM.load(args.checkpoint, device=args.device)
     engine = Engine.from_lm(
         lm,
@@ -47,15 +147,19 @@ def run(args) -> int:
         quantize=args.quantize,
     )
     name = args.model_name or lm_name(args.checkpoint)
-    app = create_app(engine, name, args.api_key, args.max_tokens_limit)
-    if args.host not in LOOPBACK and not args.api_key:
-        print(f"warning: serving on {args.host} without --api-key", file=sys.stderr)
+    loopback = args.host in LOOPBACK
+    app = create_app(
+        engine, name, key, args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+        max_queue=args.max_queue, read_timeout=args.read_timeout,
+        check_host=key is None and loopback,
+    )  # fmt: skip
+    if not loopback and key is None:
+        print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
     print(f"serving {name!r} on http://{args.host}:{args.port}/ (chat page at /)")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    config = uvicorn_config(app, args.host, args.port, args.read_timeout, args.keep_alive_timeout)
+    uvicorn.Server(config).run()
     return 0
 
 
 def lm_name(path: str) -> str:
-    from pathlib import Path
-
     return Path(path).resolve().name

@@ -1,57 +1,54 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one shared AsyncEngine.
 
     app = create_app(Engine.from_lm(lm, max_batch=16), model_name="tiny", api_key="secret")
-    uvicorn.run(app, host="127.0.0.1", port=8000)
+    uvicorn.Server(uvicorn_config(app, "127.0.0.1", 8000)).run()
 
 Every request joins the engine's running batch (see infer/async_engine.py), so concurrent clients
 are served together, not one at a time. Streaming uses server-sent events exactly as OpenAI does
 (`data: {chunk}` lines, then `data: [DONE]`); a client that disconnects cancels its handler, which
 aborts the request and frees its batch slot. Every failure is an OpenAI-style error body
-{"error": {"message", "type", "param", "code"}} with a 4xx status for bad input.
+{"error": {"message", "type", "param", "code"}} with a 4xx status for bad input. Host, API key,
+body size, read deadlines and the queue limit are checked in guards.py, before any route runs;
+a route tokenizes in a worker thread, after checking the prompt's length in characters, so a
+long prompt never holds up the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from lmforge.errors import LMForgeError
 from lmforge.infer.async_engine import AsyncEngine
 from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.serve.guards import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_READ_TIMEOUT,
+    Admission,
+    APIError,
+    RequestGuard,
+    error_response,
+)
 from lmforge.serve.responses import ChatFormat, CompletionFormat, collect, sse_stream
 from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest
 
+__all__ = ["APIError", "create_app", "error_response"]
+
 STATIC = Path(__file__).parent / "static"
-
-
-class APIError(Exception):
-    """An error the client caused (or should know about), rendered OpenAI-style."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = (
-            status, message, param, code, type,
-        )  # fmt: skip
-
-
-def error_response(status: int, message: str, type: str, param=None, code=None) -> JSONResponse:
-    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request, err: APIError):
-        return error_response(err.status, err.message, err.type, err.param, err.code)
+        return error_response(err.status, err.message, err.type, err.param, err.code, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, err: RequestValidationError):
@@ -60,7 +57,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, "malformed JSON body", "invalid_request_error")
         msg = first.get("msg", "invalid request")
-        param = ".".join(loc) or None
+        param = ".".join(loc) or first.get("ctx", {}).get("param")
         message = f"{param}: {msg}" if param else msg
         return error_response(400, message, "invalid_request_error", param, first.get("type"))
 
@@ -78,21 +75,41 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(500, f"internal error: {type(err).__name__}", "server_error")
 
 
+def max_token_chars(tokenizer) -> int:
+    """The longest token's text in the vocabulary (specials included): a text of more than
+    `context * this` characters cannot fit the context, so it is refused without tokenizing."""
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    return max((len(t) for t in vocab), default=1)
+
+
 def create_app(
     engine: Engine,
     model_name: str = "lmforge",
     api_key: str | None = None,
     max_tokens_limit: int | None = None,
     stream_interval: float = 0.02,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
+    check_host: bool | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (which must have a tokenizer). A stream sends at most
     one chunk per `stream_interval` seconds (with all the tokens made meanwhile); 0 sends one
-    chunk per token."""
+    chunk per token.
+
+    Guards (guards.py): request bodies over `max_body_bytes` get 413, bodies that take longer
+    than `read_timeout` seconds to arrive 408, and past `max_queue` samples waiting for a batch
+    slot requests get 429. `check_host` (default: when there is no `api_key`) refuses Host
+    headers other than localhost/127.0.0.1/[::1]; pass False when serving a non-loopback
+    address without a key."""
     if engine.tokenizer is None:
         raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
     runner = AsyncEngine(engine)
     limit = min(max_tokens_limit or engine.max_len, engine.max_len)
     tok = engine.tokenizer
+    max_chars = engine.max_len * max_token_chars(tok)
+    admission = Admission(engine.max_batch, max_queue)
     end_id = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
     chat_stop_ids = sorted(engine.eos_ids | ({end_id} if end_id is not None else set()))
 
@@ -104,15 +121,21 @@ def create_app(
 
     app = FastAPI(title="lmforge", version="1", lifespan=lifespan)
     _install_error_handlers(app)
-    app.state.engine = runner
+    app.state.engine, app.state.admission = runner, admission
+    if check_host is None:  # with a key, a rebinding page cannot call anything anyway
+        check_host = api_key is None
+    app.add_middleware(RequestGuard, api_key=api_key, check_host=check_host,
+                       max_body_bytes=max_body_bytes, read_timeout=read_timeout,
+                       admission=admission)  # fmt: skip
 
-    async def authorize(request: Request) -> None:  # async: a sync one costs a thread hop
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+    def encode(text: str, field: str) -> list[int]:
+        """Token ids of a prompt (run in a worker thread); a text too long to possibly fit the
+        context is refused on its length alone, without the cost of tokenizing it."""
+        if len(text) > max_chars:
+            message = (f"the prompt has {len(text)} characters, more than a {engine.max_len}-"
+                       "token context can hold")  # fmt: skip
+            raise APIError(400, message, field, "context_length_exceeded")
+        return tok.encode(text)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
@@ -138,6 +161,7 @@ def create_app(
         )  # fmt: skip
 
     async def respond(request: Request, req, ids, params, fmt):
+        admission.admit(request.scope, req.n)  # given back by RequestGuard when this ends
         outputs = runner.generate(ids, params, req.n)
         usage = req.stream_options.include_usage if req.stream_options else False
         if req.stream:
@@ -157,27 +181,32 @@ def create_app(
     async def health():
         return {"status": "ok"}
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lmforge"}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
         text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-        ids = tok.encode(text)
+        ids = await asyncio.to_thread(encode, text, "prompt")
         params = params_for(req, ids, req.max_tokens, 16, req.logprobs, None, "prompt")
         fmt = CompletionFormat(tok, model_name, len(ids), req.logprobs)
         return await respond(request, req, ids, params, fmt)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         from lmforge.align.data import render_messages
 
         check_model(req.model)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        ids = tok.encode(render_messages(tok, messages, add_generation_prompt=True))
+
+        def render_and_encode() -> list[int]:
+            text = render_messages(tok, messages, add_generation_prompt=True)
+            return encode(text, "messages")
+
+        ids = await asyncio.to_thread(render_and_encode)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = params_for(req, ids, max_tokens, limit, top, chat_stop_ids, "messages")

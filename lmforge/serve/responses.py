@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from lmforge.infer.async_engine import EngineFailure
@@ -147,13 +147,15 @@ def merge(outs: list[StepOutput]) -> list[StepOutput]:
 
 
 async def sse_stream(
-    outputs: AsyncIterator[list], fmt: _Format, n: int, include_usage: bool, interval: float = 0
-):
+    outputs: AsyncIterator[list], fmt: _Format, n: int, include_usage: bool, interval: float = 0,
+    pause: Callable[[float], Awaitable] = asyncio.sleep,
+):  # fmt: skip
     """Server-sent events: one chunk per sample for each batch of outputs that has text (or
     logprobs, or a finish). After a write the stream waits `interval` seconds and then sends
     everything produced meanwhile as the next batch (the first token goes out at once): each
     write costs a socket send, HTTP framing and a client wake-up, which at one write per token
-    per client costs more CPU than the model's whole decode step (benchmarks/load_test.py)."""
+    per client costs more CPU than the model's whole decode step (benchmarks/load_test.py).
+    `pause(interval)` does the waiting (tests pass one that produces tokens instead)."""
     started: set[int] = set()
     tokens = finished = 0
     try:
@@ -169,7 +171,7 @@ async def sse_stream(
             if events:
                 yield "".join(events)
                 if interval and finished < n:
-                    await asyncio.sleep(interval)
+                    await pause(interval)
         if include_usage:
             yield sse({**fmt.head(fmt.chunk_object), "choices": [], "usage": fmt.usage(tokens)})
     except EngineFailure as err:

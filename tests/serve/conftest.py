@@ -1,4 +1,5 @@
-"""A live server on 127.0.0.1 (uvicorn in a thread) around a tiny random model, per module."""
+"""Fixtures: a tiny random model's engine, live servers on 127.0.0.1 (uvicorn in a thread, with
+the protocol and timeouts `lmforge serve` uses), and the API key the key-protected one wants."""
 
 import socket
 import threading
@@ -11,13 +12,14 @@ from lmforge.infer.engine import Engine
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.serve.app import create_app
+from lmforge.serve.guards import uvicorn_config
 from lmforge.tokenizer import Tokenizer
 
 API_KEY = "test-key"
 TEXT = "hello there, how are you today? I am fine. The quick brown fox jumps over the lazy dog. "
 
 
-def tiny_lm() -> LM:
+def _tiny_lm() -> LM:
     torch.manual_seed(0)
     tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
     config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=96)
@@ -27,14 +29,13 @@ def tiny_lm() -> LM:
 class LiveServer:
     """uvicorn serving `app` on a free loopback port until stop()."""
 
-    def __init__(self, app):
+    def __init__(self, app, **options):
         import uvicorn
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", self.port, **options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
@@ -49,13 +50,44 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
+@pytest.fixture(scope="session")
+def api_key() -> str:
+    """The key the `server` fixture (and others that ask for it) requires."""
+    return API_KEY
+
+
+@pytest.fixture(scope="session")
+def make_engine():
+    """make_engine(**Engine kwargs): a fresh Engine over the same tiny random model (same
+    seed, same weights, its own tokenizer trained on TEXT, a 96-token context)."""
+
+    def make(**kwargs) -> Engine:
+        return Engine.from_lm(_tiny_lm(), **{"max_batch": 8, **kwargs})
+
+    return make
+
+
 @pytest.fixture(scope="module")
-def server():
-    engine = Engine.from_lm(tiny_lm(), max_batch=8)
+def live_server():
+    """live_server(app, **uvicorn_config options) -> LiveServer; all stopped after the module."""
+    started: list[LiveServer] = []
+
+    def start(app, **options) -> LiveServer:
+        started.append(LiveServer(app, **options))
+        return started[-1]
+
+    yield start
+    for live in started:
+        live.stop()
+
+
+@pytest.fixture(scope="module")
+def server(make_engine, live_server, api_key):
+    """A key-protected server; `.engine` is its Engine."""
+    engine = make_engine()
     # One chunk per token (no stream_interval): the page test watches the reply grow, and a
     # tiny model would otherwise finish within one or two 20 ms chunks (test_responses.py).
-    app = create_app(engine, "tiny", api_key=API_KEY, max_tokens_limit=64, stream_interval=0)
-    live = LiveServer(app)
+    app = create_app(engine, "tiny", api_key=api_key, max_tokens_limit=64, stream_interval=0)
+    live = live_server(app)
     live.engine = engine
-    yield live
-    live.stop()
+    return live

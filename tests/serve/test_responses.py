@@ -29,42 +29,53 @@ def test_merge_folds_each_sample_in_order():
     ]
 
 
-async def _paced(outputs, delay: float):
-    """Like AsyncEngine.generate: one output per `delay`, handed over in what piled up."""
-    pending: list = []
+class _Producer:
+    """Stands in for AsyncEngine.generate: each ask gets everything that piled up since the
+    last one, or waits for the next token. Tokens pile up only when `produce` is called (by the
+    stream's pause hook below), so what one chunk carries is set by the test, not by timing."""
 
-    async def produce():
-        for out in outputs:
-            await asyncio.sleep(delay)
-            pending.append(out)
+    def __init__(self, outputs: list):
+        self.todo, self.pending = list(outputs), []
 
-    task = asyncio.ensure_future(produce())
-    while not (task.done() and not pending):
-        await asyncio.sleep(0.001)
-        if pending:
-            batch, pending[:] = list(pending), []
+    def produce(self, k: int) -> None:
+        self.pending += self.todo[:k]
+        del self.todo[:k]
+
+    async def outputs(self):
+        while self.todo or self.pending:
+            if not self.pending:  # the consumer waits for the next token
+                self.produce(1)
+            batch, self.pending = self.pending, []
             yield batch
 
 
-def _run(interval: float) -> list[dict]:
+def _run(interval: float, per_pause: int = 4) -> tuple[list[dict], list[float]]:
+    producer, pauses = _Producer(_outputs(20)), []
+
+    async def pause(seconds: float) -> None:  # the engine makes `per_pause` tokens meanwhile
+        pauses.append(seconds)
+        producer.produce(per_pause)
+
     async def main():
         fmt = CompletionFormat(_Tok(), "m", 2, None)
-        stream = sse_stream(_paced(_outputs(20), 0.005), fmt, 1, True, interval)
+        stream = sse_stream(producer.outputs(), fmt, 1, True, interval, pause)
         return [chunk async for chunk in stream]
 
     events = "".join(asyncio.run(main())).split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""]
-    return [json.loads(e[len("data: ") :]) for e in events[:-2]]
+    return [json.loads(e[len("data: ") :]) for e in events[:-2]], pauses
 
 
 def test_interval_coalesces_chunks_without_changing_the_stream():
     for interval in (0.0, 0.04):
-        chunks = _run(interval)
+        chunks, pauses = _run(interval)
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
         assert text == "abcdefghijklmnopqrst"
         assert chunks[-1]["usage"]["completion_tokens"] == 20
         assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] == "length"
-        if interval == 0:
-            assert len(chunks) > 15
-        else:
-            assert len(chunks) < 10  # ~100 ms of tokens in chunks 40 ms apart
+        sizes = [len(c["choices"][0]["text"]) for c in chunks[:-1]]
+        if interval == 0:  # no pauses: every token is its own chunk
+            assert pauses == [] and sizes == [1] * 20
+        else:  # the first token at once, then what piled up during each pause
+            assert sizes == [1, 4, 4, 4, 4, 3]
+            assert pauses == [0.04] * 5  # none after the finish

@@ -4,9 +4,7 @@ import shutil
 import time
 
 import pytest
-from conftest import API_KEY, LiveServer, tiny_lm
 
-from lmforge.infer.engine import Engine
 from lmforge.serve.app import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -15,16 +13,14 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 
 @pytest.fixture(scope="module")
-def paced_server():
+def paced_server(make_engine, live_server, api_key):
     """The test server, its decode steps paced 10 ms apart: the page must show the reply grow
     token by token, which a tiny model on a quiet machine could otherwise finish in one chunk."""
-    engine = Engine.from_lm(tiny_lm(), max_batch=8)
+    engine = make_engine()
     step = engine.step
     engine.step = lambda: (time.sleep(0.01), step())[1]
-    app = create_app(engine, "tiny", api_key=API_KEY, max_tokens_limit=64, stream_interval=0)
-    live = LiveServer(app)
-    yield live
-    live.stop()
+    app = create_app(engine, "tiny", api_key=api_key, max_tokens_limit=64, stream_interval=0)
+    return live_server(app)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +36,8 @@ def page(paced_server):
         browser.close()
 
 
-def test_typed_message_gets_a_streamed_reply(page):
-    page.fill("#api-key", API_KEY)
+def test_typed_message_gets_a_streamed_reply(page, api_key):
+    page.fill("#api-key", api_key)
     page.dispatch_event("#api-key", "change")
     page.fill("#max-tokens", "24")
     page.fill("#temperature", "0.8")
