@@ -1,0 +1,199 @@
+"""Batched, KV-cached scoring of token continuations (the fast path of `lmforge eval core`).
+
+An example is a few token sequences (one per answer option) that usually share a long prefix:
+the few-shot examples and the question. Each option is scored over its continuation tokens
+[start, end): the mean cross-entropy of those tokens and whether greedy decoding reproduces every
+one of them. Done naively (nanochat's core_eval), every option runs a full forward, so a
+4-choice 10-shot question pays for its 10-shot context four times.
+
+Here each batch runs two forwards:
+
+1. the examples' shared prefixes, left-padded into one batch, which fills a KV cache;
+2. the cache rows are repeated once per option and every option's remaining tokens (the
+   continuation plus the last shared token, whose logit predicts the first continuation token)
+   run as one right-padded batch on top of it.
+
+Only the hidden states at the scored positions go through the final norm and the LM head, so
+logits are never materialised for the context. Left padding is hidden by the cache's key mask
+and positions count from each row's first real token, so every real token sees exactly the keys
+and positions it would see alone: the numbers equal a plain per-option forward up to float
+rounding (tests/eval/test_core.py checks the decisions agree exactly).
+
+Models whose attention is not plain softmax over every key (sliding window, latent, recurrent)
+skip the cache: their options run as full right-padded sequences, still batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lmforge.model.cache import KVCache, _is_plain
+
+HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
+
+
+@dataclass
+class OptionSet:
+    """One example: token sequences of its options and, per option, the scored span [start, end)
+    (start >= 1: the token before it is the one whose logits predict tokens[start])."""
+
+    seqs: list[list[int]]
+    starts: list[int]
+    ends: list[int]
+
+    def prefix_len(self) -> int:
+        """Tokens every option shares and that no option scores: computed once, in phase 1."""
+        common = common_prefix_len(self.seqs)
+        return max(0, min(common, min(self.starts) - 1))
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix all sequences share."""
+    shortest = min(len(s) for s in seqs)
+    first = seqs[0]
+    for i in range(shortest):
+        token = first[i]
+        if any(s[i] != token for s in seqs):
+            return i
+    return shortest
+
+
+def common_suffix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest suffix all sequences share."""
+    return common_prefix_len([s[::-1] for s in seqs])
+
+
+def lm_head(model, h: torch.Tensor) -> torch.Tensor:
+    """The model's logits for hidden states h: the same final norm, logit scale and head as
+    Transformer.forward applies (so the scored positions alone go through the head)."""
+    return model.lm_head(model.norm(h) * model.output_scale)
+
+
+def _batches(sets: list[OptionSet], order: list[int], max_len: int, max_tokens: int):
+    """Greedy packing in `order` (longest prefix first): a batch's widest prefix plus its
+    longest remainder must fit the model's context, and rows x width the token budget."""
+    batch: list[int] = []
+    width = rest = rows = 0
+    for i in order:
+        s = sets[i]
+        p = s.prefix_len()
+        r = max(e - p for e in s.ends)
+        w2, r2, n2 = max(width, p), max(rest, r), rows + len(s.seqs)
+        if batch and (w2 + r2 > max_len or n2 * (w2 + r2) > max_tokens):
+            yield batch
+            batch, w2, r2, n2 = [], p, r, len(s.seqs)
+        batch.append(i)
+        width, rest, rows = w2, r2, n2
+    if batch:
+        yield batch
+
+
+@torch.inference_mode()
+def score_option_sets(
+    model, sets: list[OptionSet], max_tokens: int = 16384
+) -> list[list[tuple[float, bool]]]:
+    """For every example and option: (mean cross-entropy over its continuation tokens, True when
+    the argmax at every scored position is the next token). Order of `sets` is kept.
+
+    max_tokens bounds rows x padded width of one batch (KV cache and activations)."""
+    was_training = model.training
+    model.eval()
+    try:
+        config = model.config
+        use_cache = _is_plain(config)
+        order = sorted(range(len(sets)), key=lambda i: -sets[i].prefix_len())
+        out: list[list[tuple[float, bool]] | None] = [None] * len(sets)
+        for batch in _batches(sets, order, config.max_seq_len, max_tokens):
+            scored = _score_batch(model, [sets[i] for i in batch], use_cache)
+            for i, result in zip(batch, scored):
+                out[i] = result
+        return out  # type: ignore[return-value]
+    finally:
+        model.train(was_training)
+
+
+def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tuple[float, bool]]]:
+    device = model.embed.weight.device
+    prefixes = [s.prefix_len() if use_cache else 0 for s in sets]
+    width = max(prefixes)
+    cache = None
+    if width > 0:
+        cache = _prefill(model, sets, prefixes, width, device)
+    # Phase 2: one row per option with the tokens after its example's prefix, right-padded
+    # (padding comes after every real token, so causal attention never lets a real token see it).
+    row_of, tails = [], []
+    for i, (s, p) in enumerate(zip(sets, prefixes)):
+        for seq, end in zip(s.seqs, s.ends):
+            row_of.append(i)
+            tails.append(seq[p:end])
+    rest = max(len(t) for t in tails)
+    ids = torch.zeros(len(tails), rest, dtype=torch.long)
+    for r, t in enumerate(tails):
+        ids[r, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+    if cache is not None:
+        cache.reorder(torch.as_tensor(row_of, device=device))  # copy each prefix per option
+    h = model.hidden_states(ids.to(device), cache=cache)
+    # Scored positions: the logit at column c predicts the token at column c + 1.
+    rows, cols, targets, lengths = [], [], [], []
+    r = 0
+    for s, p in zip(sets, prefixes):
+        for seq, start, end in zip(s.seqs, s.starts, s.ends):
+            n = end - start
+            rows += [r] * n
+            cols += range(start - 1 - p, end - 1 - p)
+            targets += seq[start:end]
+            lengths.append(n)
+            r += 1
+    losses, hits = _score_positions(model, h, rows, cols, targets, device)
+    results, k, o = [], 0, 0
+    for s in sets:
+        per_option = []
+        for _ in s.seqs:
+            n = lengths[o]
+            per_option.append((losses[k : k + n].mean().item(), bool(hits[k : k + n].all().item())))
+            k += n
+            o += 1
+        results.append(per_option)
+    return results
+
+
+def _prefill(model, sets, prefixes, width, device) -> KVCache:
+    """Phase 1: the shared prefixes, left-padded to `width`, written into a fresh cache sized
+    for the longest option that follows."""
+    config = model.config
+    rest = max(e - p for s, p in zip(sets, prefixes) for e in s.ends)
+    dtype = model.embed.weight.dtype
+    if not dtype.is_floating_point:  # e.g. an int8-quantized embedding: cache in the compute dtype
+        dtype = torch.float32
+    cache = KVCache.for_model(config, len(sets), width + rest, dtype, device)
+    ids = torch.zeros(len(sets), width, dtype=torch.long)
+    real = torch.zeros(len(sets), width, dtype=torch.bool)
+    for i, (s, p) in enumerate(zip(sets, prefixes)):
+        if p:
+            ids[i, width - p :] = torch.as_tensor(s.seqs[0][:p], dtype=torch.long)
+            real[i, width - p :] = True
+    if not bool(real.all()):  # equal prefixes keep the unmasked fast path
+        cache.set_padding(real.to(device))
+    model.hidden_states(ids.to(device), cache=cache)
+    return cache
+
+
+def _score_positions(model, h, rows, cols, targets, device):
+    """Cross-entropy (float32) and greedy hit per scored position, through the head in chunks."""
+    if not rows:
+        empty = torch.zeros(0)
+        return empty, empty.bool()
+    rows_t = torch.as_tensor(rows, device=device)
+    cols_t = torch.as_tensor(cols, device=device)
+    targets_t = torch.as_tensor(targets, device=device)
+    losses, hits = [], []
+    for lo in range(0, len(rows), HEAD_CHUNK):
+        sl = slice(lo, lo + HEAD_CHUNK)
+        logits = lm_head(model, h[rows_t[sl], cols_t[sl]]).float()
+        losses.append(F.cross_entropy(logits, targets_t[sl], reduction="none").cpu())
+        hits.append((logits.argmax(-1) == targets_t[sl]).cpu())
+    return torch.cat(losses), torch.cat(hits)
