@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lmforge.cli.main import main as cli
 from lmforge.data import BatchSampler, TokenShard
-from lmforge.errors import CheckpointError, ConfigError
+from lmforge.errors import CheckpointError, ConfigError, DataError
 from lmforge.train.config import TrainConfig
 from lmforge.train.distributed import LaneSampler, cleanup, setup_parallel
 from lmforge.train.pretrain import Pretrainer, lm_loss
@@ -168,6 +168,19 @@ def test_lanes_give_the_same_global_batch_on_any_world_size():
         assert not torch.equal(global_batch[0], global_batch[1])  # lanes are distinct streams
     lane0 = LaneSampler(shard, 2, 8, seed=5, lanes=range(1))
     torch.testing.assert_close(lane0.next_batch(), BatchSampler(shard, 2, 8, seed=5).next_batch())
+
+
+def test_single_stream_state_of_an_earlier_plain_run():
+    """A plain run used to draw every micro-batch from one BatchSampler: that stream is lane 0's,
+    so it continues exactly with grad_accum 1 and is refused (naming why) otherwise."""
+    shard = TokenShard(np.arange(500, dtype=np.uint16))
+    old = BatchSampler(shard, 2, 8, seed=5)
+    old.next_batch()
+    lanes = LaneSampler(shard, 2, 8, seed=5, lanes=range(1))
+    lanes.load_state_dict(old.state_dict())
+    torch.testing.assert_close(lanes.next_batch(), old.next_batch())
+    with pytest.raises(DataError, match="one data stream.*grad_accum 1, not 2"):
+        LaneSampler(shard, 2, 8, seed=5, lanes=range(2)).load_state_dict(old.state_dict())
 
 
 def test_plain_run_is_a_torchrun_world_of_one(tmp_path):
