@@ -44,7 +44,7 @@ def register(sub) -> None:
     )  # fmt: skip
     p.add_argument(
         "--api-key", default=None,
-        help="the key on the command line (discouraged: any local user sees it in `ps`)",
+        help="the key on the command line (discouraged: visible to every local user in `ps`)",
     )  # fmt: skip
     p.add_argument(
         "--max-tokens-limit", type=int, default=None,

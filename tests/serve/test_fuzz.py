@@ -40,6 +40,7 @@ def test_fuzz_never_5xx(live, api_key):
     assert requests.get(f"{live.url}/openapi.json").status_code == 401  # the key guards it
     schema = schemathesis.openapi.from_dict(requests.get(f"{live.url}/openapi.json",
                                                          headers=auth).json())  # fmt: skip
+    schema.config.update(base_url=live.url)
     failures: list = []
     for operation in schema.get_all_operations():
         fuzz(operation.ok(), failures, api_key)
