@@ -1,6 +1,8 @@
 """Reward model: pooling, left/right padding equality, losses, save/load, trainer."""
 
+import json
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -108,22 +110,53 @@ def test_bad_pooling_or_loss():
         RewardConfig(loss="nope")
 
 
+def letter_pairs(n: int, seed: int) -> list[dict]:
+    """Preference pairs with a rule a tiny model learns in a few steps: the chosen response is
+    drawn from a-m, the rejected one (same length) from n-z. Different seeds give new strings."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = rng.randint(3, 5)
+        chosen = "".join(rng.choice("abcdefghijklm") for _ in range(k))
+        rejected = "".join(rng.choice("nopqrstuvwxyz") for _ in range(k))
+        out.append({"prompt": "say:", "chosen": chosen, "rejected": rejected})
+    return out
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
 @pytest.mark.parametrize("loss", ["bt", "hinge", "mse", "listwise"])
-def test_reward_trainer_runs(tmp_path, loss):
+def test_reward_trainer_learns_to_rank_held_out_pairs(tmp_path, loss):
+    """20 steps on 64 pairs: the saved reward model ranks held-out chosen responses (strings
+    never seen in training) above rejected ones, scored here independently of the trainer."""
     pooling = "match" if loss == "hinge" else "last"
-    cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=32, n_eval=16,
-                       batch_size=8, max_iters=3, eval_interval=3, progress=False, threads=1,
-                       loss=loss, warmup_iters=1, pooling=pooling)  # fmt: skip
+    held_out = letter_pairs(32, seed=1)
+    cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=64, n_eval=32,
+                       data=write_jsonl(tmp_path / "train.jsonl", letter_pairs(64, seed=0)),
+                       eval_data=write_jsonl(tmp_path / "eval.jsonl", held_out),
+                       batch_size=8, max_iters=20, eval_interval=20, progress=False, threads=1,
+                       loss=loss, warmup_iters=1, pooling=pooling, lr=3e-3)  # fmt: skip
     t = RewardTrainer(cfg, log=lambda *a: None)
     if loss == "bt":  # SPEC: equal rewards give ln 2
         b = t.batch([0, 1])
         with torch.no_grad():
+            weight = t.rm.head.weight.clone()
             t.rm.head.weight.zero_()
             assert t.loss(b)[0].item() == pytest.approx(math.log(2), abs=1e-6)
+            t.rm.head.weight.copy_(weight)
+    with torch.no_grad():
+        before = t.evaluate()["accuracy"]
     r = t.run()
-    assert math.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1
+    rm, tok = RewardModel.load(tmp_path)
+    chosen = rm.score([p["prompt"] + p["chosen"] for p in held_out], tok)
+    rejected = rm.score([p["prompt"] + p["rejected"] for p in held_out], tok)
+    accuracy = (chosen > rejected).float().mean().item()
+    assert before < 0.75 and accuracy >= 0.9  # chance is 0.5; untrained it is at most 0.75
+    assert r["accuracy"] == pytest.approx(accuracy)
     assert (tmp_path / "reward.png").is_file() and (tmp_path / "reward_config.json").is_file()
-    RewardModel.load(tmp_path)
 
 
 def test_preference_batch_rewards_split(lm):
@@ -185,6 +218,11 @@ def test_reward_trainer_on_policy_pairs(lm, tmp_path, monkeypatch):
                        pair_policy=str(tmp_path / "policy"), pooling="match")  # fmt: skip
     t = RewardTrainer(cfg, log=lambda *a: None)
     assert t.train_examples and t.eval_examples
+    for e in t.train_examples + t.eval_examples:  # labelled by the (patched) verifier
+        n = e.chosen.prompt_len
+        right, wrong = (lm.tokenizer.decode(x.input_ids[n:], skip_special_tokens=True)
+                        for x in (e.chosen, e.rejected))  # fmt: skip
+        assert odd_first({}, right) == 1.0 and odd_first({}, wrong) == 0.0
     r = t.run()
     assert math.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1
     with pytest.raises(ConfigError, match="pairs_from"):
