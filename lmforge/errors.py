@@ -1,4 +1,15 @@
-"""Exceptions for bad input, so the CLI can print one readable line instead of a traceback."""
+"""Exceptions for bad input, so the CLI can print one readable line instead of a traceback,
+and the small checks that raise them."""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class LMForgeError(Exception):
@@ -24,3 +35,107 @@ def require_positive_ints(obj: object, *names: str) -> None:
         value = getattr(obj, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_field_types(cls: type, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check `data` (keyword arguments for the dataclass `cls`) against its field annotations
+    before `cls(**data)` runs, so `--grad_clip '[1]'` or `lr: .nan` fails naming the field
+    instead of deep inside training. Float fields must be finite; int fields take integral
+    floats (YAML reads `1e4` as one); str fields take numbers, returned as text (YAML reads
+    `--out_dir 2024` as an int). Returns the data with those conversions applied."""
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for key, value in data.items():
+        hint = hints.get(key)
+        if hint is None:
+            continue
+        ok = _accepts(hint, value)
+        if ok is False and _accepts(hint, "") and isinstance(value, (int, float)):
+            if not isinstance(value, bool):
+                out[key] = str(value)
+                continue
+        if ok is False:
+            raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
+    return out
+
+
+def _accepts(hint: Any, value: Any) -> bool | None:
+    """Whether `value` fits the annotation `hint`; None where the annotation is not one of the
+    simple kinds config dataclasses use (then the dataclass's own checks decide)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        answers = [_accepts(arg, value) for arg in typing.get_args(hint)]
+        return True if True in answers else None if None in answers else False
+    if hint is type(None):
+        return value is None
+    base = typing.get_origin(hint) or hint
+    if base is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # bool is an int subclass: `True` is not a number here
+        return False
+    if base is int:
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if base is float:
+        return isinstance(value, (int, float))
+    if base in (str, dict, list, tuple):
+        return isinstance(value, base)
+    return None
+
+
+def _describe(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             dict: "a mapping", list: "a list", tuple: "a list", type(None): "null"}  # fmt: skip
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    return names.get(typing.get_origin(hint) or hint, str(hint))
+
+
+def require_text(text: str, what: str) -> str:
+    """Return `text` if it can be encoded as UTF-8, else raise ConfigError naming `what` (e.g.
+    `--prompt`). Python strings can hold lone surrogates (`"\\ud800"`, or undecodable bytes of a
+    command line read with surrogateescape) that no tokenizer accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        if 0xDC80 <= code <= 0xDCFF:  # how Python keeps a byte it could not decode
+            bad = f"byte 0x{code - 0xDC00:02X}, which is not UTF-8,"
+        else:
+            bad = f"lone surrogate U+{code:04X}"
+        raise ConfigError(
+            f"{what}: not valid Unicode text ({bad} at character {err.start}); pass UTF-8 text"
+        ) from None
+    return text
+
+
+def require_device(name: str, what: str = "device") -> torch.device:
+    """Parse a device name (`auto`, `cpu`, `cuda`, `cuda:1`, `mps`, ...) and check that this
+    machine has it: `auto` picks CUDA when available. Raises ConfigError naming `what` for an
+    unknown name or a device that is not there, before anything loads or is written."""
+    import torch
+
+    if not isinstance(name, str):
+        raise ConfigError(f"{what} must be a device name such as cpu or cuda, got {name!r}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"{what}: unknown device {name!r} (expected auto, cpu, cuda, cuda:N or mps)"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"{what}: {name!r} requested but no CUDA GPU is available to this torch "
+                "(use --device cpu or auto)"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"{what}: {name!r} requested but only {torch.cuda.device_count()} CUDA "
+                "device(s) are visible"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{what}: 'mps' requested but MPS is not available on this machine")
+    return device

@@ -69,6 +69,7 @@ def run(args) -> int:
             flags["out_dir"] = "out/lora"
         overrides = {**flags, **overrides}
     cfg = build_config(getattr(module, cfg_name), args.config, overrides)
+    args.out_dir = cfg.out_dir  # named if a write there fails without a file name
     return train_and_report(getattr(module, trainer_name), cfg, args.resume)
 
 

@@ -26,11 +26,18 @@ def register(sub) -> None:
 
 def run(args, stdin=None, stdout=None) -> int:
     from lmforge.align.data import render_messages
-    from lmforge.errors import ConfigError
+    from lmforge.cli.main import Terminated
+    from lmforge.errors import ConfigError, require_text
     from lmforge.infer.engine import Engine, GenerationParams
     from lmforge.lm import LM
 
+    if stdin is None and hasattr(sys.stdin, "reconfigure"):
+        # undecodable input becomes lone surrogates that require_text reports for that line,
+        # instead of a UnicodeDecodeError that would end the session
+        sys.stdin.reconfigure(errors="surrogateescape")
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    if args.system is not None:
+        require_text(args.system, "--system")
     lm = LM.load(args.checkpoint, device=args.device)
     tok = lm.tokenizer
     if tok is None:
@@ -54,6 +61,11 @@ def run(args, stdin=None, stdout=None) -> int:
             continue
         if not text:
             continue
+        try:
+            require_text(text, "input")
+        except ConfigError as err:
+            print(f"error: {err}", file=stdout)
+            continue
         history.append({"role": "user", "content": text})
         ids = tok.encode(render_messages(tok, history, add_generation_prompt=True))
         while len(ids) >= engine.max_len - 1 and len(history) > len(start) + 1:
@@ -69,6 +81,8 @@ def run(args, stdin=None, stdout=None) -> int:
                 reply.append(out.text)
                 stdout.write(out.text)
                 stdout.flush()
+        except Terminated:  # SIGTERM ends the session (main maps it to KeyboardInterrupt)
+            raise
         except KeyboardInterrupt:  # Ctrl-C stops this reply, not the session
             pass
         except ConfigError as err:

@@ -52,8 +52,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from lmforge.errors import require_text
     from lmforge.lm import LM
 
+    for text in args.prompt:
+        require_text(text, "--prompt")
+    for text in args.stop or ():
+        require_text(text, "--stop")
     lm = LM.load(args.checkpoint, device=args.device)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

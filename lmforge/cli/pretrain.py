@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lmforge.train.config import TrainConfig, build_config, parse_overrides
+
+if TYPE_CHECKING:
+    from lmforge.train.encoder import EncoderTrainConfig
 
 
 def register(sub) -> None:
@@ -30,6 +35,8 @@ def run(args) -> int:
     from lmforge.train.pretrain import Pretrainer
 
     cfg = build_config(TrainConfig, args.config, parse_overrides(args.overrides))
+    args.out_dir = cfg.out_dir  # named if a write there fails without a file name
+    validate(cfg)
     trainer = Pretrainer(cfg, resume=args.resume)
     result = trainer.run()
     print(
@@ -49,9 +56,32 @@ def run_encoder(args) -> int:
 
     overrides = parse_overrides(args.overrides) | {"objective": args.objective}
     cfg = build_config(EncoderTrainConfig, args.config, overrides)
+    args.out_dir = cfg.out_dir
+    validate(cfg)
     result = EncoderPretrainer(cfg, resume=args.resume).run()
     parts = "  ".join(f"val {k} {v:.4f}" for k, v in result.items() if k[:3] in ("mlm", "nsp"))
     print(f"\nfinal: step {result['step']}  {parts}  {result['elapsed_s']:.1f} s training")
     print(f"\nBERT checkpoint (Hugging Face layout): {cfg.out_dir}   plot: {result['plot']}")
     print(f"try: lmforge classify train --checkpoint {cfg.out_dir}")
     return 0
+
+
+def validate(cfg: TrainConfig | EncoderTrainConfig) -> None:
+    """Check what the trainer would otherwise find only after writing the tokenizer and token
+    shards into out_dir: the device, and the model config built from the run's settings (a
+    preset name, `model:` fields and their types). The vocabulary size is a stand-in here (the
+    tokenizer is not built yet); no model rule depends on its value."""
+    from lmforge.errors import check_field_types
+    from lmforge.train.pretrain import resolve_device
+
+    resolve_device(cfg.device)
+    if isinstance(cfg, TrainConfig):
+        from lmforge.model.config import ModelConfig
+
+        check_field_types(ModelConfig, cfg.model, "model")
+        cfg.model_config(cfg.vocab_size)
+    else:
+        from lmforge.model.bert import BertConfig
+
+        check_field_types(BertConfig, cfg.model, "model")
+        cfg.bert_config(cfg.vocab_size)

@@ -48,4 +48,5 @@ def run(args) -> int:
     from lmforge.cli.align import train_and_report
 
     cfg = build_config(getattr(module, cfg_name), args.config, parse_overrides(args.overrides))
+    args.out_dir = cfg.out_dir  # named if a write there fails without a file name
     return train_and_report(getattr(module, trainer_name), cfg, args.resume)

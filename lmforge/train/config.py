@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from lmforge.errors import ConfigError, require_positive_ints
+from lmforge.errors import ConfigError, check_field_types, require_positive_ints
 from lmforge.fileio import coerce_numbers, load_yaml
 from lmforge.model.config import ModelConfig
 
@@ -130,7 +130,7 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
         )
     if not isinstance(data.get("model", {}), dict):
         raise ConfigError(f"{source}: 'model' must be a mapping of ModelConfig fields")
-    data = coerce_numbers(cls, data, source)
+    data = check_field_types(cls, coerce_numbers(cls, data, source), source)
     try:
         return cls(**data)
     except TypeError as err:

@@ -45,6 +45,19 @@ from lmforge.errors import CheckpointError, ConfigError, DataError
 from lmforge.train import sharded_checkpoint as dcp_ckpt
 from lmforge.train.checkpoint import STATE_FILE
 
+# A stop (SIGTERM, Ctrl-C) asked for in a torchrun worker. Each rank gets the signal at its own
+# point in a step, so none stops at once: the request rides on the next `sum` all-reduce (which
+# every rank runs at the same place in every step), and all ranks raise KeyboardInterrupt
+# after that same collective, then run the trainer's interrupt path (a checkpoint) together.
+_stop_requested: bool | None = False  # None: a stop was acted on; later requests are ignored
+
+
+def request_stop() -> None:
+    """Ask every rank to stop at the next all-reduce (the CLI's signal handler calls this)."""
+    global _stop_requested
+    if _stop_requested is not None:
+        _stop_requested = True
+
 
 def launched_by_torchrun() -> bool:
     """True when torchrun (or any launcher using its env protocol) started this process."""
@@ -268,9 +281,15 @@ class DDPParallel(Parallel):
         return self.sum([value])[0] / self.world_size
 
     def sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        global _stop_requested
+        stop = float(bool(_stop_requested))
+        t = torch.tensor([*values, stop], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)  # SUM: gloo has no AVG
-        return t.tolist()
+        *sums, stops = t.tolist()
+        if stops:  # some rank was asked to stop: every rank stops here, at the same step
+            _stop_requested = None  # a late signal must not interrupt the checkpoint save
+            raise KeyboardInterrupt
+        return sums
 
     def all_reduce_grads(self, params: list[nn.Parameter]) -> None:
         grads = [p.grad for p in params if p.grad is not None]

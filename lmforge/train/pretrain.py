@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
-from lmforge.errors import CheckpointError, LMForgeError
+from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_device
 from lmforge.fileio import write_json
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
@@ -44,8 +44,11 @@ class NonFiniteLoss(LMForgeError):
 
 def resolve_dtype(name: str, device: torch.device) -> str:
     """`auto` picks the fastest safe autocast dtype: bf16 where the hardware does bf16 matmuls
-    natively (CUDA with bf16, CPUs with AMX), fp16 on older GPUs, fp32 otherwise."""
+    natively (CUDA with bf16, CPUs with AMX), fp16 on older GPUs, fp32 otherwise. Any other
+    name must be one of DTYPES (ConfigError naming `dtype` if not)."""
     if name != "auto":
+        if name not in DTYPES:
+            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
         return name
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
@@ -55,9 +58,9 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    """The torch device for a run's `device` setting (`auto` = CUDA when available, else CPU).
+    An unknown name, or a GPU this machine lacks, is a ConfigError naming the setting."""
+    return require_device(name, "device")
 
 
 def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:
