@@ -24,10 +24,19 @@ def save_model(model: Transformer, directory: str | Path) -> None:
     write_json(directory / "config.json", {"model_type": MODEL_TYPE, **model.config.to_dict()})
 
 
+def read_config_json(path: Path) -> dict:
+    """A checkpoint's config.json, which must hold a JSON object (CheckpointError if not)."""
+    data = read_json(path, "model config")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object of config fields, got a "
+                              f"{type(data).__name__}")  # fmt: skip
+    return data
+
+
 def load_config(directory: str | Path) -> ModelConfig:
     """The ModelConfig of a checkpoint: ours, or a Hugging Face one (lmforge.interop converts)."""
     path = Path(directory) / "config.json"
-    data = read_json(path, "model config")
+    data = read_config_json(path)
     model_type = data.pop("model_type", MODEL_TYPE)
     if model_type != MODEL_TYPE:
         from lmforge.interop.hf import hf_config_to_ours  # lazy: interop imports this package
@@ -41,7 +50,7 @@ def load_model(
 ) -> Transformer:
     """Build the model from config.json and load weights strictly (every tensor, right shapes)."""
     directory = Path(directory)
-    model_type = read_json(directory / "config.json", "model config").get("model_type")
+    model_type = read_config_json(directory / "config.json").get("model_type")
     if model_type not in (None, MODEL_TYPE):  # a Hugging Face checkpoint
         from lmforge.interop.hf import load_hf_model
 
