@@ -115,3 +115,27 @@ def hf_checkpoint(tmp_path):
         return model, tmp_path / name
 
     return make
+
+
+@pytest.fixture(params=sorted(HF_CASES))
+def hf_case(request) -> str:
+    """Each HF_CASES name in turn (a test taking this runs once per model family/variant)."""
+    return request.param
+
+
+@pytest.fixture
+def hf_model():
+    """hf_model(name): the random transformers model for HF_CASES[name], not saved."""
+    return build_hf
+
+
+@pytest.fixture
+def random_ids():
+    """random_ids(seed=1, batch=3, seq=SEQ): a (batch, seq) tensor of ids below VOCAB, the
+    same for the same seed; SEQ is longer than every sliding window and original context."""
+
+    def make(seed: int = 1, batch: int = 3, seq: int = SEQ) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randint(0, VOCAB, (batch, seq), generator=generator)
+
+    return make

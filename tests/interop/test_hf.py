@@ -2,7 +2,6 @@ import json
 
 import pytest
 import torch
-from conftest import HF_CASES, SEQ, VOCAB, build_hf
 from safetensors.torch import load_file, save_file
 
 from lmforge.errors import CheckpointError, ConfigError
@@ -13,15 +12,10 @@ from lmforge.tokenizer import Tokenizer
 transformers = pytest.importorskip("transformers")
 
 
-def _batch(seed=1, batch=3, seq=SEQ):
-    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.mark.parametrize("name", sorted(HF_CASES))
-def test_load_matches_transformers_logits(hf_checkpoint, name):
-    hf, path = hf_checkpoint(name)
+def test_load_matches_transformers_logits(hf_checkpoint, random_ids, hf_case):
+    hf, path = hf_checkpoint(hf_case)
     lm = LM.load(path)
-    x = _batch()
+    x = random_ids()
     with torch.no_grad():
         ref, ours = hf(x).logits, lm.model(x)
     assert ref.abs().max() > 1.0  # a real signal, not near-zero logits
@@ -32,10 +26,10 @@ def test_load_matches_transformers_logits(hf_checkpoint, name):
     "name", ["llama_gqa_bias_headdim_tied", "llama_rope_dynamic", "mistral_window", "qwen2_window",
              "qwen3_window", "phi3_window", "mixtral", "gpt2"],
 )  # fmt: skip
-def test_greedy_generation_matches_transformers(hf_checkpoint, name):
+def test_greedy_generation_matches_transformers(hf_checkpoint, random_ids, name):
     hf, path = hf_checkpoint(name)
     lm = LM.load(path)
-    prompts = [_batch(2, 1, 12)[0].tolist(), _batch(3, 1, 7)[0].tolist()]  # left padding
+    prompts = [random_ids(2, 1, 12)[0].tolist(), random_ids(3, 1, 7)[0].tolist()]  # left pad
     ours = lm.generate(prompts, max_new_tokens=26, temperature=0.0, eos_ids=[])
     ids = torch.zeros(2, 12, dtype=torch.long)
     mask = torch.zeros(2, 12, dtype=torch.long)
@@ -48,35 +42,35 @@ def test_greedy_generation_matches_transformers(hf_checkpoint, name):
     assert out[:, 12:].tolist() == ours
 
 
-@pytest.mark.parametrize("name", sorted(HF_CASES))
-def test_export_roundtrip_from_pretrained(hf_checkpoint, tmp_path, name):
+def test_export_roundtrip_from_pretrained(hf_checkpoint, random_ids, tmp_path, hf_case):
+    name = hf_case
     _, path = hf_checkpoint(name)
     lm = LM.load(path)
     lm.export_hf(tmp_path / "out")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    x = _batch()
+    x = random_ids()
     with torch.no_grad():
         assert (back(x).logits - lm.model(x)).abs().max().item() <= 1e-4
     written = json.loads((tmp_path / "out/config.json").read_text())
     assert written["model_type"] == name.split("_")[0]
 
 
-def test_sharded_checkpoint_loads(hf_checkpoint):
+def test_sharded_checkpoint_loads(hf_checkpoint, random_ids):
     hf, path = hf_checkpoint("mixtral", max_shard_size="40KB")
     assert (path / "model.safetensors.index.json").is_file()
     assert len(list(path.glob("model-*.safetensors"))) > 2
-    x = _batch()
+    x = random_ids()
     with torch.no_grad():
         assert (hf(x).logits - LM.load(path).model(x)).abs().max().item() <= 1e-4
 
 
-def test_sharded_export_loads_in_transformers(hf_checkpoint, tmp_path):
+def test_sharded_export_loads_in_transformers(hf_checkpoint, random_ids, tmp_path):
     _, path = hf_checkpoint("llama")
     lm = LM.load(path)
     lm.export_hf(tmp_path / "out", max_shard_bytes=20_000)
     assert len(list((tmp_path / "out").glob("model-*.safetensors"))) > 2
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    x = _batch()
+    x = random_ids()
     with torch.no_grad():
         assert (back(x).logits - lm.model(x)).abs().max().item() <= 1e-4
 
@@ -192,8 +186,8 @@ def test_missing_and_unexpected_tensors(hf_checkpoint):
         LM.load(path)
 
 
-def test_pickle_only_checkpoint_is_refused(tmp_path):
-    build_hf("gpt2").config.to_json_file(tmp_path / "config.json")
+def test_pickle_only_checkpoint_is_refused(tmp_path, hf_model):
+    hf_model("gpt2").config.to_json_file(tmp_path / "config.json")
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(CheckpointError, match="only safetensors"):
         LM.load(tmp_path)
