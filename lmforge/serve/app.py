@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one shared AsyncEngine.
 
     app = create_app(Engine.from_lm(lm, max_batch=16), model_name="tiny", api_key="secret")
-    uvicorn.Server(uvicorn_config(app, "127.0.0.1", 8000)).run()
+    uvicorn.Server(guards.uvicorn_config(app, "127.0.0.1", 8000)).run()  # as `lmforge serve`
 
 Every request joins the engine's running batch (see infer/async_engine.py), so concurrent clients
 are served together, not one at a time. Streaming uses server-sent events exactly as OpenAI does
