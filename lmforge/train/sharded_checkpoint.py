@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -157,6 +156,9 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _split({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(target))
     tied = _tied_names(model, set(tensors))
+    for name, tensor in tensors.items():  # a dtype the reader would refuse: fail now, not later
+        if str(tensor.dtype).removeprefix("torch.") not in DTYPES:
+            raise CheckpointError(f"{target}: {name} has dtype {tensor.dtype}, not storable")
 
     local: dict[str, torch.Tensor] = {}
     offsets: dict[str, list[int]] = {}
@@ -453,9 +455,7 @@ def consolidate(path: str | Path, out_dir: str | Path | None = None) -> Path:
     run_dir = step_dir.parent.parent
     model = Transformer(ModelConfig.from_dict(meta["model_config"], source=str(step_dir)))
     state = model.state_dict()  # shares storage with the parameters: filled in place
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _fill(step_dir, meta, {f"model.{k}": v for k, v in state.items()})
+    _fill(step_dir, meta, {f"model.{k}": v for k, v in state.items()})
     tokenizer = Tokenizer.load(run_dir) if (run_dir / "tokenizer.json").is_file() else None
     out = Path(out_dir) if out_dir is not None else run_dir
     LM(model, tokenizer).save(out)

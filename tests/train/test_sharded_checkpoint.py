@@ -151,7 +151,7 @@ CASES = {
     "meta.json is a pickle (beside pickled .metadata/.distcp)": (
         lambda d, evil: [
             (d / n).write_bytes(evil) for n in ("meta.json", ".metadata", "__0_0.distcp")
-        ],  # fmt: skip
+        ],
         r"meta.json: invalid JSON",
     ),
     "latest.json is a pickle": (
@@ -180,7 +180,7 @@ CASES = {
             )
         ),
         r"rank0.safetensors: corrupt or truncated shard",
-    ),  # fmt: skip
+    ),
     "header length of 2**63": (
         lambda d, evil: (d / "rank0.safetensors").write_bytes(
             crafted_safetensors({}, evil, length=2**63)
