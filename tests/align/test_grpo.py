@@ -15,11 +15,12 @@ TINY = {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}
 
 
 def trainer(tmp_path, reward=None, **kw):
-    cfg = GRPOConfig(
+    base = dict(
         out_dir=str(tmp_path / "grpo"), init="scratch", model=TINY, data="task:add:1",
         n_train=40, n_eval=8, batch_size=2, group_size=4, max_new_tokens=4, max_iters=2,
-        eval_interval=2, progress=False, threads=1, **kw,
+        eval_interval=2, progress=False, threads=1,
     )  # fmt: skip
+    cfg = GRPOConfig(**{**base, **kw})
     return GRPOTrainer(cfg, log=lambda *a: None, reward=reward)
 
 
@@ -66,19 +67,37 @@ def test_bad_config():
         GRPOConfig(scale="rank")
 
 
-@pytest.mark.slow
-def test_end_to_end(tmp_path):
-    t = trainer(tmp_path, beta=0.04, num_iterations=2, minibatch_size=4)
-    result = t.run()
+def lower_first(record, completion):
+    """A dense stand-in verifier: right when the completion starts with a lowercase letter (about
+    30% of a random char-level policy's samples, so almost every group has signal)."""
+    return float(completion[:1].islower())
+
+
+def test_end_to_end_raises_the_reward(tmp_path):
+    """8 steps with the KL term, μ = 2 and minibatches: the policy's mean reward on held-out
+    prompts (16 samples each, same sampling seed before and after) rises by well over chance
+    noise, and the run writes a checkpoint, metrics and a plot."""
+    t = trainer(tmp_path, reward=lower_first, beta=0.04, num_iterations=2, minibatch_size=16,
+                batch_size=4, group_size=8, max_iters=8, eval_interval=8, lr=2e-2)  # fmt: skip
+
+    def held_out_reward() -> float:
+        rollout = t.engine.sample(t.eval_prompts, t.eval_records, n=16, seed=5,
+                                  keep_logprobs=False)  # fmt: skip
+        return t.reward(rollout).mean().item()
+
+    before = held_out_reward()
+    t.run()
+    after = held_out_reward()
+    assert after > before + 0.2, (before, after)  # measured 0.30 -> 0.66
     out = tmp_path / "grpo"
     for name in ("model.safetensors", "config.json", "metrics.csv", "grpo.png"):
         assert (out / name).is_file(), name
-    assert 0.0 <= result["exact_match"] <= 1.0
     rows = (out / "metrics.csv").read_text().splitlines()
     losses = [float(r.split(",")[-1]) for r in rows if ",train,loss," in r]
-    assert len(losses) == 2 and all(abs(x) < 1e3 for x in losses)
-    assert any(",train,kl," in r for r in rows)
-    LM.load(out).generate([[5, 6]], max_new_tokens=2, temperature=0.0)
+    assert len(losses) == 8 and any(",train,kl," in r for r in rows)
+    saved = LM.load(out)
+    x = torch.tensor([t.prompts[0]])
+    torch.testing.assert_close(saved.model(x), t.lm.model.eval()(x))  # the trained policy
 
 
 def test_positive_only_gradient_is_the_sft_gradient(tmp_path):
