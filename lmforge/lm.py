@@ -58,14 +58,22 @@ class LM:
         quantize: str | None = None,
     ) -> LM:
         """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json): ours or
-        a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop).
+        a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop), or
+        a llama.cpp `.gguf` file (weights dequantised, tokenizer rebuilt from its metadata).
         quantize="int8": weight-only int8 Linear layers for inference (lmforge.infer.quantize)."""
         from lmforge.infer.quantize import resolve_dtype, to_inference_precision
 
         path = Path(path)
+        dtype = resolve_dtype(dtype)
+        if path.is_file():  # a single-file checkpoint: llama.cpp's GGUF
+            from lmforge.interop.gguf import load_gguf
+
+            model, tokenizer, generation = load_gguf(path, device=device, dtype=dtype)
+            if quantize is not None:
+                model = to_inference_precision(model, dtype, quantize, copy_model=False)
+            return cls(model, tokenizer, generation)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
-        dtype = resolve_dtype(dtype)
         model = load_model(path, device=device, dtype=dtype)
         if quantize is not None:
             model = to_inference_precision(model, dtype, quantize, copy_model=False)

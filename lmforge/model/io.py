@@ -34,7 +34,12 @@ def read_config_json(path: Path) -> dict:
 
 
 def load_config(directory: str | Path) -> ModelConfig:
-    """The ModelConfig of a checkpoint: ours, or a Hugging Face one (lmforge.interop converts)."""
+    """The ModelConfig of a checkpoint: ours, a Hugging Face one (lmforge.interop converts), or
+    a llama.cpp .gguf file."""
+    if Path(directory).is_file():  # a .gguf file
+        from lmforge.interop.gguf import gguf_config
+
+        return gguf_config(directory)
     path = Path(directory) / "config.json"
     data = read_config_json(path)
     model_type = data.pop("model_type", MODEL_TYPE)
@@ -48,8 +53,13 @@ def load_config(directory: str | Path) -> ModelConfig:
 def load_model(
     directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Transformer:
-    """Build the model from config.json and load weights strictly (every tensor, right shapes)."""
+    """Build the model from config.json and load weights strictly (every tensor, right shapes).
+    `directory` may also be a llama.cpp .gguf file (dequantised on load)."""
     directory = Path(directory)
+    if directory.is_file():
+        from lmforge.interop.gguf_read import load_gguf_model
+
+        return load_gguf_model(directory, device, dtype)
     model_type = read_config_json(directory / "config.json").get("model_type")
     if model_type not in (None, MODEL_TYPE):  # a Hugging Face checkpoint
         from lmforge.interop.hf import load_hf_model

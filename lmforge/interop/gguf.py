@@ -1,0 +1,86 @@
+"""GGUF (llama.cpp / Ollama) checkpoints in and out.
+
+    model, tokenizer, generation = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+    export_gguf(lm, "model.gguf", dtype="q8_0")
+
+Reading (lmforge.interop.gguf_read) maps the llama (Llama 2/3, Mistral, SmolLM2), qwen2, qwen3, phi3
+and gpt2 architectures onto the Hugging Face families lmforge already imports, dequantising every
+tensor type `gguf.quants` knows; the tokenizer is rebuilt from the metadata
+(lmforge.interop.gguf_tokenizer). Writing (lmforge.interop.gguf_write) produces llama.cpp's "llama"
+architecture. `LM.load`, `lmforge.model.io.load_model` (every command's --checkpoint) and
+`lmforge convert --from-gguf/--to-gguf` go through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.errors import CheckpointError
+from lmforge.interop.gguf_read import (
+    ARCHITECTURES,
+    SUPPORTED_TYPES,
+    GGUFFile,
+    build_model,
+    hf_config_from_gguf,
+    is_gguf,
+    read_gguf_state,
+)
+from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
+from lmforge.interop.gguf_write import EXPORT_DTYPES, export_gguf
+from lmforge.interop.hf import hf_config_to_ours
+from lmforge.model.config import ModelConfig
+from lmforge.model.transformer import Transformer
+
+__all__ = [
+    "ARCHITECTURES", "EXPORT_DTYPES", "SUPPORTED_TYPES", "export_gguf", "gguf_config", "is_gguf",
+    "load_gguf",
+]  # fmt: skip
+
+
+def gguf_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig a GGUF file's metadata describes (no tensor is read)."""
+    f = GGUFFile(path)
+    return hf_config_to_ours(hf_config_from_gguf(f), str(f.path))
+
+
+def generation_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """HF-style generation settings from the metadata: stop on EOS and on llama.cpp's
+    end-of-turn / end-of-message tokens (Llama 3's <|eot_id|>, <|eom_id|>)."""
+    out: dict[str, Any] = {}
+    stops = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and int(value) not in stops:
+            stops.append(int(value))
+    if stops:
+        out["eos_token_id"] = stops[0] if len(stops) == 1 else stops
+    for role, key in (("bos", "bos_token_id"), ("pad", "padding_token_id")):
+        if meta.get(f"tokenizer.ggml.{key}") is not None:
+            out[f"{role}_token_id"] = int(meta[f"tokenizer.ggml.{key}"])
+    return out
+
+
+def load_gguf(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, Any, dict[str, Any]]:
+    """(Transformer, Tokenizer or None, generation config dict) for a GGUF file.
+
+    Weights are dequantised to `dtype` (fp32 by default); Q8_0 is not mapped onto our int8
+    inference path, whose per-channel scales cannot represent its 32-element blocks exactly.
+    """
+    f = GGUFFile(path)
+    hf_config_from_gguf(f)  # architecture and metadata errors before tokenizer errors
+    tokenizer = None
+    if f.meta.get("tokenizer.ggml.tokens"):
+        tokenizer, _add_bos = tokenizer_from_gguf(f.meta, str(f.path))
+    config, state = read_gguf_state(f)
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"{f.path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
+            f"{config.vocab_size} embedding rows"
+        )
+    model: Transformer = build_model(config, state, device, dtype)
+    return model, tokenizer, generation_config(f.meta)

@@ -1,0 +1,382 @@
+"""Read a llama.cpp GGUF file into our Transformer: GGUF -> HF-style config + tensors -> ours.
+
+The metadata becomes a Hugging Face config dict, which the existing family table
+(lmforge.interop.families) turns into a ModelConfig; the family's key map names every tensor our
+model needs in HF terms, and gguf's own TensorNameMap gives each one's GGUF name. So this module
+knows only what GGUF does differently from an HF checkpoint:
+
+- names (`blk.N.attn_q.weight`) and the metadata keys (`llama.rope.freq_base`, ...);
+- llama.cpp permutes the q/k rows of the llama architecture (Llama, Mistral, SmolLM2) so that its
+  interleaved-pair RoPE computes HF's rotate-half RoPE; we undo it (transformers' reverse_permute);
+- quantised tensors: every type is dequantised with `gguf.quants.dequantize` (Q8_0 too: its
+  scales are per 32-block, our Int8Linear's per output channel, so mapping it there would not be
+  exact; `LM.load(..., quantize="int8")` requantises the dequantised weights instead);
+- GPT-2's projections are stored [out, in] (already our layout, no Conv1D transpose);
+- Llama 3.x stores its RoPE scaling as a `rope_freqs` tensor of per-frequency divisors, which is
+  matched back to HF's "llama3" rope_scaling (and rejected if it is not of that form).
+
+Everything (architecture, tensor types, file length, every tensor's name and shape) is checked
+before any tensor is dequantised, so bad input costs one CheckpointError and no half-built model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.interop.families import FAMILIES, Family
+from lmforge.interop.hf import hf_config_to_ours
+from lmforge.model.config import ModelConfig
+from lmforge.model.positions import rope_inv_freq
+from lmforge.model.transformer import Transformer
+
+# GGUF general.architecture -> our HF family. llama.cpp writes Mistral models as "llama".
+ARCHITECTURES = {a: a for a in ("llama", "qwen2", "qwen3", "phi3", "gpt2")}
+# Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute).
+PERMUTED_QK = ("llama",)
+# Tensor types gguf.quants dequantises (plus the plain float types).
+SUPPORTED_TYPES = (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL",
+    "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4",
+)  # fmt: skip
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether `path` is a file starting with the GGUF magic bytes."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+class GGUFFile:
+    """A parsed GGUF: metadata as Python values and the tensor table, tensors left in the file."""
+
+    def __init__(self, path: str | Path):
+        import gguf
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"GGUF file not found: {self.path}")
+        if not is_gguf(self.path):
+            raise CheckpointError(f"{self.path}: not a GGUF file (no GGUF magic bytes)")
+        try:
+            reader = gguf.GGUFReader(str(self.path))
+            self.meta: dict[str, Any] = {k: f.contents() for k, f in reader.fields.items()}
+        except Exception as err:  # the reader fails with whatever numpy/struct raise on short data
+            raise CheckpointError(
+                f"{self.path}: truncated or corrupt GGUF file ({type(err).__name__}: {err})"
+            ) from err
+        self.reader = reader
+        size = os.path.getsize(self.path)
+        self.tensors = {}
+        for t in reader.tensors:
+            if t.data_offset + int(t.n_bytes) > size:
+                raise CheckpointError(
+                    f"{self.path}: truncated GGUF file (tensor {t.name} ends at byte "
+                    f"{t.data_offset + int(t.n_bytes)}, the file has {size})"
+                )
+            self.tensors[t.name] = t
+        self.architecture = self.meta.get("general.architecture")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape in torch order (GGUF lists dimensions fastest-moving first)."""
+        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor dequantised to float32, in torch order."""
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        # np.array copies: F32/F16 "dequantise" to views of the read-only memory map.
+        values = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        return torch.from_numpy(values).reshape(self.shape(name))
+
+    def key(self, name: str) -> Any:
+        """The architecture-scoped metadata value `{arch}.{name}`; a clear error if absent."""
+        full = f"{self.architecture}.{name}"
+        if full not in self.meta:
+            raise CheckpointError(f"{self.path}: metadata key {full!r} is missing")
+        return self.meta[full]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.meta.get(f"{self.architecture}.{name}", default)
+
+
+# ---- metadata -> HF config ---------------------------------------------------------------------
+def _uniform(f: GGUFFile, name: str, value: Any) -> Any:
+    """Per-layer arrays (head_count_kv of some files) must hold one value for our model."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise CheckpointError(
+                f"{f.path}: {f.architecture}.{name} differs between layers ({sorted(set(value))}); "
+                "only uniform layers are supported"
+            )
+        return value[0]
+    return value
+
+
+def _rope_scaling(f: GGUFFile, head_dim: int, theta: float, max_len: int) -> dict | None:
+    """HF rope_scaling from `{arch}.rope.scaling.*` (or a Llama 3 `rope_freqs` tensor)."""
+    kind = f.get("rope.scaling.type")
+    factor = f.get("rope.scaling.factor") or f.get("rope.scale_linear")
+    original = f.get("rope.scaling.original_context_length")
+    if "rope_freqs.weight" in f.tensors:
+        if kind not in (None, "none"):
+            raise CheckpointError(f"{f.path}: both rope_freqs and rope.scaling.type={kind!r}")
+        return _llama3_from_freq_factors(f, head_dim, theta)
+    if kind in (None, "none") and factor in (None, 1.0):
+        return None
+    if kind in (None, "linear"):
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        scaling = {"rope_type": "yarn", "factor": float(factor),
+                   "original_max_position_embeddings": int(original or max_len)}  # fmt: skip
+        for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+            if f.get(f"rope.scaling.{theirs}") is not None:
+                scaling[ours] = float(f.get(f"rope.scaling.{theirs}"))
+        return scaling
+    raise CheckpointError(
+        f"{f.path}: {f.architecture}.rope.scaling.type {kind!r} is not supported; "
+        "supported: none, linear, yarn (and Llama 3 rope_freqs)"
+    )
+
+
+def _llama3_from_freq_factors(f: GGUFFile, head_dim: int, theta: float) -> dict | None:
+    """Llama 3.1's rope_scaling recovered from the per-frequency divisors llama.cpp stores.
+
+    In the smooth band the divisor d satisfies 1/d = 1/s + t (1 - 1/s) with
+    t = (L / wavelength - low) / (high - low): linear in 1/wavelength, so two band points fix
+    L/(high-low) and low/(high-low); only those ratios change the frequencies, so low = 1 is
+    chosen. The result is verified against every divisor in the file.
+    """
+    name = "rope_freqs.weight"
+    if f.shape(name) != (head_dim // 2,):
+        raise CheckpointError(
+            f"{f.path}: tensor {name} has shape {f.shape(name)}, the GGUF metadata implies "
+            f"{(head_dim // 2,)}"
+        )
+    divisors = f.read(name).double()
+    base_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    s = float(divisors.max())
+    if s <= 1.0 + 1e-6:
+        return None
+    band = (divisors > 1 + 1e-4) & (divisors < s * (1 - 1e-4))
+    x = base_freq / (2 * math.pi)  # 1 / wavelength
+    if int(band.sum()) >= 2:
+        t = (1 / divisors[band] - 1 / s) / (1 - 1 / s)
+        a, b = np.polyfit(x[band].numpy(), t.numpy(), 1)
+        low, high = 1.0, 1.0 - 1.0 / b
+        original = a * (high - low)
+    else:  # no band to fit: Meta's published values, kept only if they reproduce the file
+        low, high, original = 1.0, 4.0, 8192.0
+    scaling = {
+        "rope_type": "llama3",
+        "factor": s,
+        "low_freq_factor": low,
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": float(original),
+    }
+    try:
+        ours = rope_inv_freq(head_dim, theta, scaling)[0].double()
+    except ConfigError as err:
+        raise CheckpointError(f"{f.path}: rope_freqs is not Llama 3 scaling ({err})") from err
+    if not torch.allclose(base_freq / ours, divisors, rtol=1e-4):
+        raise CheckpointError(
+            f"{f.path}: tensor rope_freqs does not follow Llama 3 rope scaling; other "
+            "per-frequency RoPE factors are not supported"
+        )
+    return scaling
+
+
+def hf_config_from_gguf(f: GGUFFile) -> dict[str, Any]:
+    """A Hugging Face config dict equivalent to the GGUF metadata (shapes from metadata only)."""
+    arch = f.architecture
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{f.path}: GGUF architecture {arch!r} is not supported; supported: "
+            f"{', '.join(ARCHITECTURES)} (Mistral files are 'llama')"
+        )
+    tokens = f.meta.get("tokenizer.ggml.tokens")
+    vocab = f.get("vocab_size") or (len(tokens) if tokens else None)
+    if vocab is None and "token_embd.weight" in f.tensors:
+        vocab = f.shape("token_embd.weight")[0]
+    if vocab is None:
+        raise CheckpointError(f"{f.path}: no vocabulary size ({arch}.vocab_size or tokens)")
+    n_head = _uniform(f, "attention.head_count", f.key("attention.head_count"))
+    tied = "output.weight" not in f.tensors
+    common = {"vocab_size": int(vocab), "tie_word_embeddings": tied}
+    roles = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id"))
+    for role, key in roles:
+        if f.meta.get(f"tokenizer.ggml.{key}") is not None:
+            common[f"{role}_token_id"] = int(f.meta[f"tokenizer.ggml.{key}"])
+    if arch == "gpt2":
+        return {
+            **common, "model_type": "gpt2", "n_embd": f.key("embedding_length"),
+            "n_layer": f.key("block_count"), "n_head": n_head,
+            "n_inner": f.key("feed_forward_length"), "n_positions": f.key("context_length"),
+            "layer_norm_epsilon": f.get("attention.layer_norm_epsilon", 1e-5),
+            "activation_function": "gelu_new",  # llama.cpp's GELU is the tanh approximation
+        }  # fmt: skip
+    hidden = f.key("embedding_length")
+    n_kv = _uniform(f, "attention.head_count_kv", f.get("attention.head_count_kv", n_head))
+    head_dim = f.get("attention.key_length") or hidden // n_head
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if f.get(key) not in (None, head_dim):
+            raise CheckpointError(
+                f"{f.path}: {arch}.{key}={f.get(key)} differs from the head size {head_dim} "
+                "(partial RoPE / different value heads are not supported)"
+            )
+    if "rope_factors_long.weight" in f.tensors or "rope_factors_short.weight" in f.tensors:
+        raise CheckpointError(f"{f.path}: LongRoPE (rope_factors_long/short) is not supported")
+    theta = float(f.get("rope.freq_base", 10000.0))
+    max_len = int(f.key("context_length"))
+    hf = {
+        **common,
+        "model_type": ARCHITECTURES[arch],
+        "hidden_size": hidden,
+        "num_hidden_layers": f.key("block_count"),
+        "intermediate_size": f.key("feed_forward_length"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "rms_norm_eps": f.key("attention.layer_norm_rms_epsilon"),
+        "rope_theta": theta,
+        "max_position_embeddings": max_len,
+        "hidden_act": "silu",
+        "rope_scaling": _rope_scaling(f, head_dim, theta, max_len),
+    }
+    if arch in ("llama", "qwen3"):
+        hf["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    if arch == "llama":
+        hf["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
+    if arch == "phi3":
+        hf["sliding_window"] = f.get("attention.sliding_window")
+    if arch in ("qwen2", "qwen3") and f.get("attention.sliding_window"):
+        hf.update(use_sliding_window=True, sliding_window=f.get("attention.sliding_window"))
+        hf["max_window_layers"] = 0
+    return hf
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+def _name_map(f: GGUFFile, family: Family, config: ModelConfig) -> dict[str, str]:
+    """GGUF tensor name -> HF tensor name, for every HF tensor the family's key map uses."""
+    import gguf
+
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == f.architecture)
+    names = gguf.get_tensor_name_map(arch, config.n_layer)
+    out = {}
+    for rule in family.key_map(config).values():
+        for hf in rule.hf_keys:
+            base, suffix = hf.rsplit(".", 1)
+            gguf_name = names.get_name(base)
+            if gguf_name is None:  # a converter bug, not a user error
+                raise LMForgeError(f"no GGUF name for {hf} ({f.architecture})")
+            out[f"{gguf_name}.{suffix}"] = hf
+    return out
+
+
+def _expected_shapes(family: Family, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> the shape it must have in the GGUF (torch order) for this config."""
+    with torch.device("meta"):
+        ours = Transformer(config).state_dict()
+    shapes = {}
+    for name, rule in family.key_map(config).items():
+        shape = tuple(ours[name].shape)
+        if rule.transform == "cat":
+            for key, size in zip(rule.hf_keys, rule.sizes):
+                shapes[key] = (size, *shape[1:])
+        elif rule.transform == "slice":
+            shapes[rule.hf_keys[0]] = (sum(rule.sizes), *shape[1:])
+        else:  # copy, and GPT-2's Conv1D weights, which GGUF stores [out, in] like us
+            shapes[rule.hf_keys[0]] = shape
+    return shapes
+
+
+def _reverse_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: within each head it moved the rotate-half pair
+    (i, i + d/2) next to each other, (2i, 2i+1), for its interleaved RoPE."""
+    rows = w.shape[0] // n_head // 2
+    return w.reshape(n_head, rows, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(our ModelConfig, our state dict in float32) for a GGUF file, all checks done first."""
+    hf = hf_config_from_gguf(f)
+    config = hf_config_to_ours(hf, str(f.path))
+    config.extra["gguf_architecture"] = f.architecture
+    family = FAMILIES[hf["model_type"]]
+    name_map = _name_map(f, family, config)
+    expected = _expected_shapes(family, config)
+    bad_types = sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES))
+    if bad_types:
+        raise CheckpointError(
+            f"{f.path}: tensor type(s) {', '.join(bad_types)} are not supported; supported: "
+            f"{', '.join(SUPPORTED_TYPES)}"
+        )
+    missing = sorted(g for g in name_map if g not in f.tensors)
+    if missing:
+        raise CheckpointError(f"{f.path}: missing tensor(s) {', '.join(missing[:5])}")
+    extra = {"rope_freqs.weight"} | ({"output.weight"} if config.tie_embeddings else set())
+    unexpected = sorted(n for n in f.tensors if n not in name_map and n not in extra)
+    if unexpected:
+        raise CheckpointError(
+            f"{f.path}: unexpected tensor(s) {', '.join(unexpected[:5])} for {f.architecture} "
+            "with this metadata"
+        )
+    for gguf_name, hf_name in name_map.items():
+        if f.shape(gguf_name) != expected[hf_name]:
+            raise CheckpointError(
+                f"{f.path}: tensor {gguf_name} has shape {f.shape(gguf_name)}, the GGUF metadata "
+                f"implies {expected[hf_name]}"
+            )
+    permute = f.architecture in PERMUTED_QK
+    hf_tensors = {}
+    for gguf_name, hf_name in name_map.items():
+        tensor = f.read(gguf_name)
+        if permute and ".attn_q." in gguf_name:
+            tensor = _reverse_permute(tensor, config.n_head)
+        elif permute and ".attn_k." in gguf_name:
+            tensor = _reverse_permute(tensor, config.n_kv_head)
+        hf_tensors[hf_name] = tensor
+    state = {}
+    for ours, rule in family.key_map(config).items():
+        parts = [hf_tensors[k] for k in rule.hf_keys]
+        if rule.transform == "cat":
+            state[ours] = torch.cat(parts, dim=0)
+        elif rule.transform == "slice":
+            state[ours] = parts[0].split(list(rule.sizes), dim=0)[rule.index].contiguous()
+        else:
+            state[ours] = parts[0]
+    return config, state
+
+
+def load_gguf_model(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> Transformer:
+    """A Transformer holding a GGUF file's weights (dequantised; fp32 unless `dtype`)."""
+    config, state = read_gguf_state(GGUFFile(path))
+    return build_model(config, state, device, dtype)
+
+
+def build_model(config: ModelConfig, state: dict, device, dtype) -> Transformer:
+    """Materialise a Transformer from a checked state dict (tied embeddings shared)."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    model = model.to_empty(device=device)
+    model.load_state_dict(state, strict=False)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.reset_buffers()
+    return model.to(dtype or torch.float32).eval()

@@ -1,0 +1,178 @@
+"""Write a Llama-architecture LM as a llama.cpp GGUF file (runs in llama.cpp / Ollama).
+
+Our model -> HF-named tensors (lmforge.interop.hf.export_state, which also turns interleaved RoPE
+into rotate-half) -> GGUF names (gguf's TensorNameMap) with llama.cpp's q/k row permutation for its
+interleaved RoPE, the way llama.cpp's convert_hf_to_gguf.py writes a Llama. Weights are stored as
+F16, BF16 or Q8_0 (`gguf.quants.quantize`); 1-D tensors (norms, biases) stay F32 as llama.cpp
+expects. The tokenizer (byte-level BPE) and chat template go into the metadata. The model and
+tokenizer are checked before the file is opened, and the file appears only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lmforge.errors import ConfigError
+from lmforge.interop.families import FAMILIES
+from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
+from lmforge.interop.hf import export_state
+from lmforge.model.config import ModelConfig
+from lmforge.model.positions import rope_inv_freq, rope_scaling_type
+
+EXPORT_DTYPES = ("f16", "bf16", "q8_0")
+
+
+def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's LlamaModel.permute: each head's rotate-half pair (i, i + d/2) becomes the
+    adjacent pair (2i, 2i + 1) its interleaved ("normal") RoPE rotates."""
+    rows = w.shape[0] // n_head // 2
+    return w.reshape(n_head, 2, rows, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def export_problems(config: ModelConfig) -> list[str]:
+    """Why `config` cannot run as llama.cpp's "llama" architecture (empty when it can)."""
+    problems = FAMILIES["llama"].export_problems(config)
+    if config.mlp != "swiglu" and not any(p.startswith("mlp=") for p in problems):
+        problems.append(f"mlp={config.mlp!r} (llama.cpp's llama needs swiglu)")
+    if config.mlp_bias:
+        problems.append("mlp_bias")
+    # catalogue features outside a plain pre-norm Llama block (llama.cpp would run them wrongly)
+    if config.attention != "softmax" or config.attention_pattern is not None:
+        problems.append(f"attention={config.attention!r} / attention_pattern (needs full softmax)")
+    if config.norm_position != "pre" or config.parallel_block or config.logit_scaling:
+        problems.append("needs pre-norm sequential blocks without logit_scaling")
+    kind = rope_scaling_type(config.rope_scaling)
+    if kind not in ("default", "linear", "yarn", "llama3", "ntk"):
+        problems.append(f"rope_scaling {kind!r} (llama.cpp has default, linear, yarn, llama3)")
+    return problems
+
+
+def _rope_metadata(writer, config: ModelConfig) -> np.ndarray | None:
+    """Write the RoPE keys; returns Llama 3's per-frequency divisors (the rope_freqs tensor)."""
+    import gguf
+
+    scaling = config.rope_scaling or {}
+    kind = rope_scaling_type(config.rope_scaling)
+    base = config.rope_base
+    if kind == "ntk":  # static NTK is plain RoPE with a larger base
+        d = config.head_dim
+        base = base * scaling["factor"] ** (d / (d - 2))
+    writer.add_rope_freq_base(float(base))
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    elif kind == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        if scaling.get("beta_fast") is not None:
+            writer.add_rope_scaling_yarn_beta_fast(float(scaling["beta_fast"]))
+        if scaling.get("beta_slow") is not None:
+            writer.add_rope_scaling_yarn_beta_slow(float(scaling["beta_slow"]))
+    elif kind == "llama3":  # llama.cpp divides each frequency by a stored factor
+        d = config.head_dim
+        plain = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        scaled = rope_inv_freq(d, base, config.rope_scaling)[0].double()
+        return (plain / scaled).float().numpy()
+    return None
+
+
+def _store(name: str, tensor: torch.Tensor, dtype: str):
+    """(array, ggml type) for one tensor: 1-D stays F32; Q8_0 needs rows in 32-blocks."""
+    import gguf
+    from gguf.quants import quantize
+
+    Q = gguf.GGMLQuantizationType
+    data = tensor.detach().to(torch.float32).cpu().numpy()
+    if data.ndim == 1:
+        return data, Q.F32
+    if dtype == "q8_0" and data.shape[-1] % 32 == 0:
+        return quantize(data, Q.Q8_0), Q.Q8_0
+    if dtype == "bf16":
+        return quantize(data, Q.BF16), Q.BF16
+    return data.astype(np.float16), Q.F16  # f16, and Q8_0 rows not made of 32-blocks
+
+
+def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
+    """Write `lm` (a llama-architecture model and its byte-level BPE tokenizer) as GGUF."""
+    import gguf
+
+    path = Path(path)
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"GGUF dtype {dtype!r} is not supported; supported: {EXPORT_DTYPES}")
+    model, tok = lm.model, lm.tokenizer
+    config = model.config
+    problems = export_problems(config)
+    if problems:
+        raise ConfigError(
+            f"this model cannot be written as a llama.cpp 'llama' GGUF: {'; '.join(problems)}"
+        )
+    if tok is None:
+        raise ConfigError("GGUF export needs the model's tokenizer (llama.cpp reads it from there)")
+    vocab_meta = tokenizer_to_gguf(tok, config.vocab_size)
+
+    hf_state = export_state(FAMILIES["llama"], model)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.n_layer)
+    tensors = []
+    for hf_name, tensor in hf_state.items():
+        base, suffix = hf_name.rsplit(".", 1)
+        name = f"{names.get_name(base)}.{suffix}"
+        if ".attn_q." in name:
+            tensor = _permute(tensor, config.n_head)
+        elif ".attn_k." in name:
+            tensor = _permute(tensor, config.n_kv_head)
+        tensors.append((name, tensor))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch="llama")
+        writer.add_name(str(config.extra.get("name") or path.stem))
+        writer.add_context_length(config.max_seq_len)
+        writer.add_embedding_length(config.d_model)
+        writer.add_block_count(config.n_layer)
+        writer.add_feed_forward_length(config.d_ff)
+        writer.add_head_count(config.n_head)
+        writer.add_head_count_kv(config.n_kv_head)
+        writer.add_rope_dimension_count(config.head_dim)
+        if config.head_dim * config.n_head != config.d_model:
+            writer.add_key_length(config.head_dim)
+            writer.add_value_length(config.head_dim)
+        writer.add_layer_norm_rms_eps(float(config.norm_eps))
+        writer.add_vocab_size(config.vocab_size)
+        file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]  # fmt: skip
+        writer.add_file_type(file_type)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        rope_freqs = _rope_metadata(writer, config)
+        writer.add_tokenizer_model(vocab_meta["model"])
+        writer.add_tokenizer_pre(vocab_meta["pre"])
+        writer.add_token_list(vocab_meta["tokens"])
+        writer.add_token_types(vocab_meta["token_type"])
+        writer.add_token_merges(vocab_meta["merges"])
+        for role in ("bos", "eos", "unk", "pad"):
+            if f"{role}_id" in vocab_meta:
+                getattr(writer, f"add_{role}_token_id")(vocab_meta[f"{role}_id"])
+        writer.add_add_bos_token(False)  # lmforge models are trained without an implicit BOS
+        if "chat_template" in vocab_meta:
+            writer.add_chat_template(vocab_meta["chat_template"])
+        if rope_freqs is not None:
+            writer.add_tensor("rope_freqs.weight", rope_freqs)
+        for name, tensor in tensors:
+            data, qtype = _store(name, tensor, dtype)
+            writer.add_tensor(name, data, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
