@@ -5,6 +5,8 @@
     lmforge eval choice       --checkpoint DIR --data mc.jsonl
     lmforge eval sycophancy   --checkpoint DIR [--method loglik|generate]
     lmforge eval hallucination --checkpoint DIR --data qa.jsonl [--index DIR]
+    lmforge eval core         --checkpoint DIR [--data DIR --tasks a,b --max-per-task N --json OUT]
+    lmforge eval chat         --checkpoint DIR [--tasks ARC-Easy,GSM8K --max-per-task N --json OUT]
 
 Every task but perplexity accepts --out DIR to write report.md, report.json and report.png.
 """
@@ -62,6 +64,33 @@ def register(sub) -> None:
     hal.add_argument("--samples", type=int, default=3, help="answers per question when sampling")
     hal.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
     hal.set_defaults(func=run_hallucination)
+
+    core = esub.add_parser("core", help="CORE metric (DCLM's 22 ICL tasks, nanochat's protocol)")
+    core.add_argument("--checkpoint", required=True)
+    core.add_argument(
+        "--data", default=None,
+        help="folder of the task files (default: a cache folder, downloaded when missing)",
+    )  # fmt: skip
+    core.add_argument("--tasks", default=None, help="comma-separated task labels (default: all)")
+    core.add_argument("--max-per-task", type=int, default=None, help="examples per task")
+    core.add_argument("--json", default=None, help="write results, centered and core as JSON")
+    core.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
+    core.add_argument("--device", default="cpu")
+    core.add_argument("--max-tokens", type=int, default=16384, help="tokens per scoring batch")
+    core.set_defaults(func=run_core)
+
+    chat = esub.add_parser("chat", help="ChatCORE: ARC-Easy/Challenge letters, GSM8K pass@1")
+    chat.add_argument("--checkpoint", required=True)
+    chat.add_argument("--tasks", default=None, help="ARC-Easy,ARC-Challenge,GSM8K (default all)")
+    chat.add_argument("--data", default=str(shared_data_dir() / "core"), help="ARC files' folder")
+    chat.add_argument("--gsm8k", default=str(shared_data_dir() / "gsm8k_test.jsonl"))
+    chat.add_argument("--max-per-task", type=int, default=None, help="examples per task")
+    chat.add_argument("--max-new-tokens", type=int, default=512)
+    chat.add_argument("--batch-size", type=int, default=16)
+    chat.add_argument("--json", default=None, help="write results, centered and chatcore as JSON")
+    chat.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
+    chat.add_argument("--device", default="cpu")
+    chat.set_defaults(func=run_chat)
 
 
 def _load_lm(args):
@@ -179,4 +208,57 @@ def run_hallucination(args) -> int:
             report.add("hallucination", "rate", row.rate, setting=row.setting, rag=row.rag)
 
     _save_report(args, fill)
+    return 0
+
+
+def _load_for_eval(args):
+    """The checkpoint in the asked precision, with its tokenizer."""
+    from lmforge.errors import ConfigError
+    from lmforge.lm import LM
+
+    lm = LM.load(args.checkpoint, device=args.device, dtype=args.dtype)
+    if lm.tokenizer is None:
+        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot evaluate text tasks")
+    return lm
+
+
+def run_core(args) -> int:
+    from lmforge.eval import core
+    from lmforge.fileio import write_json
+
+    # Everything the user can get wrong is checked before the model loads or a file is written.
+    core.check_max_per_task(args.max_per_task)
+    tasks = core.select_tasks(args.tasks)
+    folder, tasks, missing = core.resolve_tasks(tasks, args.data, explicit=args.tasks is not None)
+    for task in tasks:
+        core.load_task_rows(folder, task)
+    if missing:
+        print(
+            f"not in {folder}: {', '.join(t.label for t in missing)}; CORE over the other "
+            f"{len(tasks)} tasks",
+            file=sys.stderr,
+        )
+    result = core.evaluate_core(
+        _load_for_eval(args), folder, tasks, args.max_per_task, args.max_tokens, progress=True
+    )
+    print(f"CORE ({len(tasks)} tasks): {result.core:.4f}")
+    if args.json:
+        write_json(args.json, result.to_json())
+        print(f"results -> {args.json}")
+    return 0
+
+
+def run_chat(args) -> int:
+    from lmforge.eval import chat_eval
+    from lmforge.fileio import write_json
+
+    tasks = chat_eval.select_chat_tasks(args.tasks)
+    data = chat_eval.load_chat_data(tasks, args.data, args.gsm8k, args.max_per_task)
+    result = chat_eval.evaluate_chat(
+        _load_for_eval(args), data, args.max_new_tokens, args.batch_size, progress=True
+    )
+    print(f"ChatCORE ({len(tasks)} tasks): {result.chatcore:.4f}")
+    if args.json:
+        write_json(args.json, result.to_json())
+        print(f"results -> {args.json}")
     return 0
