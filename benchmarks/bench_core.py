@@ -58,11 +58,12 @@ def decisions(task, rows, scores) -> list[bool]:
     ]
 
 
-def timed(fn, device):
+def timed(device, fn, *args):
+    """(fn(*args), seconds), the GPU's queue drained on both sides."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     t = time.perf_counter()
-    result = fn()
+    result = fn(*args)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return result, time.perf_counter() - t
@@ -102,13 +103,11 @@ def main() -> None:
     totals = [0, 0.0, 0.0]
     for task in core.select_tasks(args.tasks):
         rows = core.shuffled_subset(core.load_task_rows(args.data, task), args.max_per_task)
-        sets, t_tok = timed(
-            lambda: core.build_option_sets(lm.tokenizer, task, rows, lm.config.max_seq_len, bos),
-            device,
-        )
+        build = core.build_option_sets
+        sets, t_tok = timed(device, build, lm.tokenizer, task, rows, lm.config.max_seq_len, bos)
         score_option_sets(lm.model, sets[:2])  # warm-up (allocator, kernels)
-        fast, t_fast = timed(lambda: score_option_sets(lm.model, sets), device)
-        ref, t_ref = timed(lambda: reference_scores(lm.model, sets), device)
+        fast, t_fast = timed(device, score_option_sets, lm.model, sets)
+        ref, t_ref = timed(device, reference_scores, lm.model, sets)
         agree = decisions(task, rows, fast) == decisions(task, rows, ref)
         opts = sum(len(s.seqs) for s in sets) / len(sets)
         toks = sum(len(x) for s in sets for x in s.seqs) / sum(len(s.seqs) for s in sets)
