@@ -37,6 +37,12 @@ def register(sub) -> None:
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="continue the prompt text as it is; by default a checkpoint with a chat template "
+        "(an instruct model) gets each prompt as a user message in that template",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--draft",
@@ -66,17 +72,31 @@ def run(args) -> int:
     )  # fmt: skip
     if args.draft is not None:
         kwargs.update(draft=LM.load(args.draft, device=args.device), draft_tokens=args.draft_tokens)
+    # An instruct model answers a user turn: given the bare text, its first token is usually its
+    # end of turn, and the command printed nothing. So its own template wraps each prompt.
+    chat = not args.raw and getattr(lm.tokenizer, "chat_template", None) is not None
+    prompts, echo = args.prompt, args.prompt
+    if chat:
+        from lmforge.align.data import render_messages
+
+        note = "using the checkpoint's chat template (--raw for plain continuation)"
+        print(note, file=sys.stderr)
+        prompts = [
+            render_messages(lm.tokenizer, [{"role": "user", "content": text}], True)
+            for text in args.prompt
+        ]
+        echo = [""] * len(prompts)  # the reply alone, not the rendered template
     if args.stream:
-        for prompt in args.prompt:
-            sys.stdout.write(prompt)
+        for prompt, shown in zip(prompts, echo):
+            sys.stdout.write(shown)
             for piece in lm.stream(prompt, **kwargs):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             sys.stdout.write("\n")
         return 0
-    outputs = lm.complete(args.prompt, n=args.n, **kwargs)
+    outputs = lm.complete(prompts, n=args.n, **kwargs)
     for i, text in enumerate(outputs):
-        print(f"--- {i + 1} ---\n{args.prompt[i // args.n]}{text}")
+        print(f"--- {i + 1} ---\n{echo[i // args.n]}{text}")
     if lm.speculative_stats is not None:
         s = lm.speculative_stats
         print(f"speculative: {s.accepted}/{s.proposed} draft tokens accepted "

@@ -98,3 +98,37 @@ def test_tokenizer_train_cli(tmp_path, capsys):
     assert main(["tokenizer", "train", "--data", str(data), "--kind", "bpe", "--vocab-size", "300",
                  "--out", str(out)]) == 0  # fmt: skip
     assert (out / "tokenizer.json").is_file()
+
+
+def test_generate_wraps_prompts_in_the_chat_template(checkpoint, capsys, tmp_path, monkeypatch):
+    """An instruct checkpoint (one with a chat template) gets each prompt as a user turn, says so
+    on stderr and prints the reply alone; --raw continues the bare text."""
+    from lmforge.lm import LM
+
+    out, _ = checkpoint
+    lm = LM.load(out)
+    lm.tokenizer.chat_template = (
+        "{% for m in messages %}men: {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}players: {% endif %}"
+    )
+    chat_dir = tmp_path / "chat"
+    lm.save(chat_dir)
+    seen = []
+    real_complete = LM.complete
+
+    def spy(self, texts, **kwargs):
+        seen.append(list(texts))
+        return real_complete(self, texts, **kwargs)
+
+    monkeypatch.setattr(LM, "complete", spy)
+    args = ["generate", "--checkpoint", str(chat_dir), "--prompt", "all", "--max-new-tokens", "3"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert seen[-1] == ["men: all\nplayers: "]
+    assert "chat template" in captured.err
+    assert "men: all" not in captured.out  # the reply, not the rendered template
+    assert main([*args, "--raw"]) == 0
+    assert seen[-1] == ["all"] and capsys.readouterr().out.count("all") >= 1
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "all",
+                 "--max-new-tokens", "3"]) == 0  # fmt: skip
+    assert seen[-1] == ["all"] and "chat template" not in capsys.readouterr().err
