@@ -76,6 +76,11 @@ class GGUFFile:
                 f"{self.path}: truncated or corrupt GGUF file ({type(err).__name__}: {err})"
             ) from err
         self.reader = reader
+        if int(self.meta.get("split.count", 1)) > 1:
+            raise CheckpointError(
+                f"{self.path}: one shard of a {self.meta['split.count']}-file split GGUF; merge "
+                "the shards first (llama-gguf-split --merge)"
+            )
         size = os.path.getsize(self.path)
         self.tensors = {}
         for t in reader.tensors:
