@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from lmforge import fileio
 from lmforge.errors import CheckpointError, ConfigError
 
 CONFIG_NAME = "adapter_config.json"
@@ -203,9 +204,9 @@ def lora_config(model: nn.Module) -> dict:
 
 
 def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    """write(tmp) then rename into place: a hidden, host+PID-named temp (fileio.atomic_write), so
+    a killed save leaves no half-written adapter and its orphan is found by remove_stale_temps."""
+    fileio.atomic_write(path, lambda tmp: write(Path(tmp)))
 
 
 def save_adapter(
@@ -217,6 +218,7 @@ def save_adapter(
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    fileio.remove_stale_temps(directory)  # temps of an earlier save that was killed
     cfg = {**lora_config(model), **(config_dict or {})}
     tensors = {PEFT_PREFIX + k: v.cpu() for k, v in lora_state_dict(model).items()}
     _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, str(p)))

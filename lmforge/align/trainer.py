@@ -54,7 +54,7 @@ from lmforge.align.parallel import (
 )
 from lmforge.align.tasks import ALPHABET
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_positive_ints
-from lmforge.fileio import write_json
+from lmforge.fileio import remove_stale_temps, write_json
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.train.checkpoint import (
@@ -185,6 +185,7 @@ class AlignTrainer(ABC):
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.out_dir)  # temps of saves killed mid-write in an earlier run
         torch.manual_seed(cfg.seed)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)

@@ -183,7 +183,7 @@ def train(cfg: ClassifyTrainConfig, log=print) -> dict[str, float]:
     import torch
     from tqdm import tqdm
 
-    from lmforge.fileio import write_json
+    from lmforge.fileio import remove_stale_temps, write_json
     from lmforge.train.encoder import save_bert
     from lmforge.train.metrics import MetricsLog
     from lmforge.train.optim import build_adamw, cosine_lr
@@ -202,6 +202,7 @@ def train(cfg: ClassifyTrainConfig, log=print) -> dict[str, float]:
         log(f"warning: {unk:.0%} of the training tokens are unknown to {cfg.checkpoint}'s "
             "tokenizer")  # fmt: skip
     out, g = Path(cfg.out_dir), torch.Generator().manual_seed(cfg.seed)
+    remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
     metrics = MetricsLog(out)
     result = {"val_acc_before": accuracy(model, vx, vmask, vy)}
     metrics.log(0, "val", acc=result["val_acc_before"])

@@ -65,7 +65,7 @@ def train(cfg: Seq2SeqTrainConfig, log=print) -> dict[str, float]:
     import torch
     from tqdm import tqdm
 
-    from lmforge.fileio import save_tensors, write_json
+    from lmforge.fileio import remove_stale_temps, save_tensors, write_json
     from lmforge.model.seq2seq import NumberTask, Seq2Seq, Seq2SeqConfig
     from lmforge.train.metrics import MetricsLog
     from lmforge.train.optim import cosine_lr
@@ -81,6 +81,7 @@ def train(cfg: Seq2SeqTrainConfig, log=print) -> dict[str, float]:
         raise ConfigError(f"model: {err}") from err
     model = Seq2Seq(model_cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
     metrics = MetricsLog(out)
     rng = random.Random(cfg.seed)
     dev = rng.sample(task.train, min(500, len(task.train)))  # seen numbers, for the curve

@@ -15,7 +15,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from tqdm import tqdm
 
 from lmforge.data.corpus import TEXT_SUFFIXES, read_documents
 from lmforge.errors import ConfigError, DataError
+from lmforge.fileio import remove_stale_temps, temp_file_beside
 from lmforge.tokenizer import Tokenizer
 
 SHARD_FORMAT_VERSION = 1
@@ -38,7 +38,7 @@ def shard_dtype(vocab_size: int) -> str:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_file_beside(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
@@ -149,10 +149,12 @@ def build_token_shards(
     itemsize = np.dtype(dtype).itemsize
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)  # token/val temps of a build that was killed: corpus-sized orphans
     (out / "meta.json").unlink(missing_ok=True)  # an interrupted rebuild must not look finished
 
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".tokens.", suffix=".tmp")
-    fd_ends, ends_tmp = tempfile.mkstemp(dir=out, prefix=".ends.", suffix=".tmp")
+    # Named temps (host + PID) so a later build can tell a killed build's leftovers from ours.
+    fd, tmp = temp_file_beside(out / "train.bin")
+    fd_ends, ends_tmp = temp_file_beside(out / "ends.bin")
     val_tmp = None
     try:
         total, n_docs = 0, 0
@@ -174,7 +176,7 @@ def build_token_shards(
         n_train = _split_point(total, doc_ends, val_fraction, split_by)
         del doc_ends
 
-        fd_val, val_tmp = tempfile.mkstemp(dir=out, prefix=".val.", suffix=".tmp")
+        fd_val, val_tmp = temp_file_beside(out / "val.bin")
         with open(tmp, "r+b") as src, os.fdopen(fd_val, "wb") as dst:
             src.seek(n_train * itemsize)
             shutil.copyfileobj(src, dst, length=1 << 22)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.fileio import load_tensors, read_json
 
 # Hugging Face spells the tanh approximation of GELU several ways; all compute the same function.
 _HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"} | dict.fromkeys(
@@ -370,15 +370,27 @@ def hf_name(name: str) -> str:
 
 
 def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """All tensors of a HF checkpoint folder: (sharded) safetensors, else pytorch_model.bin."""
+    """All tensors of a HF checkpoint folder's (sharded) safetensors weights.
+
+    A pickled pytorch_model.bin is never read (unpickling can run code from the file, and
+    torch's restricted loader is still an unpickler): it is refused with a line saying how to
+    convert it."""
     if (path := directory / "model.safetensors").is_file():
-        return load_file(path), path
+        return load_tensors(path), path
     if (path := directory / "model.safetensors.index.json").is_file():
-        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
-        return {k: v for s in shards for k, v in load_file(directory / s).items()}, path
-    if (path := directory / "pytorch_model.bin").is_file():
-        return torch.load(path, weights_only=True, map_location="cpu"), path
-    raise CheckpointError(f"{directory}: no model.safetensors(.index.json) or pytorch_model.bin")
+        weight_map = read_json(path, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{path}: no 'weight_map'")
+        shards = sorted(set(weight_map.values()))
+        return {k: v for s in shards for k, v in load_tensors(directory / s).items()}, path
+    found = sorted(p.name for p in directory.glob("*.bin"))
+    if found:
+        raise CheckpointError(
+            f"{directory}: only pickled weights ({', '.join(found)}); lmforge reads safetensors "
+            "only: convert them, e.g. transformers AutoModel.from_pretrained(DIR).save_pretrained("
+            "DIR) (transformers < 5: save_pretrained(DIR, safe_serialization=True))"
+        )
+    raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
 def _hf_key(key: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trai
 from tokenizers import Tokenizer as Backend
 
 from lmforge.errors import ConfigError, DataError, LMForgeError
+from lmforge.fileio import remove_stale_temps, temp_file_beside
 
 DEFAULT_SPECIAL_TOKENS: dict[str, str] = {
     "bos": "<|bos|>",
@@ -53,7 +53,7 @@ _HF_ROLES = ("bos", "eos", "pad", "unk")
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` via a temp file + os.replace, so a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_file_beside(path)  # named for its process: remove_stale_temps finds orphans
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -202,6 +202,7 @@ class Tokenizer:
         """Write tokenizer.json and a Hugging Face-style tokenizer_config.json into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(directory)  # temps of a save that was killed before its rename
         roles = set(_HF_ROLES)
         config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -342,6 +343,53 @@ class Tokenizer:
         """Decode many id sequences at once."""
         seqs = [s.tolist() if hasattr(s, "tolist") else list(s) for s in sequences]
         return self.backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
+
+    def token_byte_lengths(self) -> list[int]:
+        """How many UTF-8 bytes of text each id stands for (list index = id), for bits per byte.
+
+        Special tokens (and ids with no token) count 0, as in nanochat: they are not text. A
+        byte-level BPE token (ours, GPT-2's) is exactly one byte per character of its vocabulary
+        string, so partial UTF-8 characters count right and the lengths of a sequence add up to
+        the bytes of its decoded text. A byte-fallback token `<0xNN>` is one byte. Any other
+        token counts the bytes it adds when decoded after a plain one-token anchor, so decoders
+        that strip the first token's leading space (SentencePiece's Metaspace) still count it.
+        Computed once per vocabulary size and cached."""
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        size = max(self.vocab_size, max(vocab.values(), default=-1) + 1)
+        cached = getattr(self, "_token_bytes", None)
+        if cached is not None and len(cached) == size:
+            return cached
+        added = self.backend.get_added_tokens_decoder()
+        specials = {i for i, tok in added.items() if tok.special}
+        specials |= {vocab[t] for t in self.special_tokens.values() if t in vocab}
+        decoder = json.loads(self.backend.to_str()).get("decoder") or {}
+        byte_level = isinstance(self.backend.decoder, decoders.ByteLevel)
+        byte_fallback = "ByteFallback" in json.dumps(decoder)
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        lengths = [0] * size
+        other: list[int] = []
+        for token, i in vocab.items():
+            if i in specials:
+                continue
+            if byte_level and i not in added:
+                lengths[i] = sum(1 if c in alphabet else len(c.encode("utf-8")) for c in token)
+            elif byte_fallback and len(token) == 6 and token.startswith("<0x") and token[-1] == ">":
+                lengths[i] = 1
+            else:
+                other.append(i)
+        if other:
+            # the anchor: a plain word piece ("lo", not "▁lo" or "##lo"), decoded unchanged
+            anchor = next(
+                ([i] for t, i in sorted(vocab.items(), key=lambda kv: kv[1])
+                 if i not in specials and t.isascii() and t.isalnum()),
+                [],
+            )  # fmt: skip
+            base = len(self.backend.decode(anchor).encode("utf-8"))
+            texts = self.backend.decode_batch([anchor + [i] for i in other])
+            for i, text in zip(other, texts, strict=True):
+                lengths[i] = max(0, len(text.encode("utf-8")) - base)
+        self._token_bytes = lengths
+        return lengths
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

@@ -30,7 +30,7 @@ from lmforge.errors import (
     LMForgeError,
     require_positive_ints,
 )
-from lmforge.fileio import read_json, save_tensors, write_json
+from lmforge.fileio import read_json, remove_stale_temps, save_tensors, write_json
 from lmforge.model.bert import (
     BertConfig,
     BertForMaskedLM,
@@ -294,6 +294,7 @@ class EncoderPretrainer:
         state_path = self.out_dir / STATE_FILE
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
+        remove_stale_temps(self.out_dir)  # temps of saves killed mid-write in an earlier run
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
         self.objective = OBJECTIVES[cfg.objective]()

@@ -99,11 +99,38 @@ def test_pretraining_and_classifier_heads_match_hf(tmp_path):
     assert cfg.num_labels == 3 and (logits - ref.logits).abs().max() <= 1e-5
 
 
-def test_loads_pytorch_bin_with_weights_only(tmp_path):
-    hf = _save_hf(transformers.BertModel(_hf_config()), tmp_path)
-    torch.save(load_file(tmp_path / "model.safetensors"), tmp_path / "pytorch_model.bin")
-    (tmp_path / "model.safetensors").unlink()
-    ours, _ = load_bert(tmp_path)
+class _Payload:
+    """Unpickling this runs os.mkdir(marker): the refusal test sees whether anything unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_pytorch_bin_is_refused_not_unpickled(tmp_path):
+    # An older Hugging Face checkpoint: the same state dict pickled as pytorch_model.bin.
+    hf = _save_hf(transformers.BertModel(_hf_config()), tmp_path / "bin")
+    weights = load_file(tmp_path / "bin" / "model.safetensors")
+    torch.save(weights, tmp_path / "bin" / "pytorch_model.bin")
+    (tmp_path / "bin" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin.*save_pretrained"):
+        load_bert(tmp_path / "bin")
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "config.json").write_text((tmp_path / "bin" / "config.json").read_text())
+    marker = tmp_path / "unpickled"
+    torch.save({"w": _Payload(marker)}, evil / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="safetensors"):
+        load_bert(evil)
+    assert not marker.exists()
+
+    # The conversion the message names, by transformers itself, gives a folder we load exactly.
+    converted = transformers.BertModel.from_pretrained(tmp_path / "bin")
+    converted.save_pretrained(tmp_path / "bin")  # safetensors: transformers' only format now
+    ours, _ = load_bert(tmp_path / "bin")
     ids, mask, types = _batch()
     with torch.no_grad():
         diff = (
@@ -134,7 +161,7 @@ def test_bad_checkpoints_raise_readable_errors(tmp_path):
         load_bert(tmp_path, BertForSequenceClassification)
 
     (tmp_path / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_bert(tmp_path)
     with pytest.raises(ConfigError, match="model_type='gpt2'"):
         BertConfig.from_hf_dict(config | {"model_type": "gpt2"})
