@@ -137,7 +137,7 @@ def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
     """Train, evaluate, save the checkpoint + metrics.csv + loss.png in out_dir; return scores."""
     from tqdm import tqdm
 
-    from lmforge.fileio import write_json
+    from lmforge.fileio import remove_stale_temps, write_json
     from lmforge.train.metrics import MetricsLog
     from lmforge.train.optim import build_adamw, cosine_lr
 
@@ -148,6 +148,7 @@ def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
     vlm = build_model(cfg, data)
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = build_adamw(vlm, cfg.lr, cfg.weight_decay, (0.9, 0.99))
+    remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
     metrics = MetricsLog(out)
     result: dict[str, float] = {}
     start, train_time, train_cpu, step = time.perf_counter(), 0.0, 0.0, 0
