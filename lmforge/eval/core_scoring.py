@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lmforge.model.cache import KVCache, _is_plain
+from lmforge.model.cache import KVCache
 
 HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
 
@@ -65,6 +65,16 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
 def common_suffix_len(seqs: Sequence[Sequence[int]]) -> int:
     """Length of the longest suffix all sequences share."""
     return common_prefix_len([s[::-1] for s in seqs])
+
+
+def full_attention(config) -> bool:
+    """True when every query sees every earlier key through softmax attention: the case where a
+    plain KV cache with a key mask reproduces the uncached forward exactly."""
+    return (
+        getattr(config, "attention", "softmax") == "softmax"
+        and getattr(config, "attention_pattern", None) is None
+        and getattr(config, "sliding_window", None) is None
+    )
 
 
 def lm_head(model, h: torch.Tensor) -> torch.Tensor:
@@ -104,7 +114,7 @@ def score_option_sets(
     model.eval()
     try:
         config = model.config
-        use_cache = _is_plain(config)
+        use_cache = full_attention(config)
         order = sorted(range(len(sets)), key=lambda i: -sets[i].prefix_len())
         out: list[list[tuple[float, bool]] | None] = [None] * len(sets)
         for batch in _batches(sets, order, config.max_seq_len, max_tokens):
@@ -169,7 +179,8 @@ def _prefill(model, sets, prefixes, width, device) -> KVCache:
     dtype = model.embed.weight.dtype
     if not dtype.is_floating_point:  # e.g. an int8-quantized embedding: cache in the compute dtype
         dtype = torch.float32
-    cache = KVCache.for_model(config, len(sets), width + rest, dtype, device)
+    cache = KVCache(config.n_layer, len(sets), config.n_kv_head, width + rest, config.head_dim,
+                    dtype, device)  # fmt: skip
     ids = torch.zeros(len(sets), width, dtype=torch.long)
     real = torch.zeros(len(sets), width, dtype=torch.bool)
     for i, (s, p) in enumerate(zip(sets, prefixes)):
