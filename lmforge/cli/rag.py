@@ -1,10 +1,13 @@
-"""`lmforge rag index` / `lmforge rag ask`: build a retrieval index, then answer with sources.
+"""`lmforge rag index|ask|eval`: build a retrieval index, answer from it with sources, score it.
 
     lmforge rag index --out runs/pydoc-index                  # the Python reference docs
-    lmforge rag ask --index runs/pydoc-index --question "How do I leave a loop early?"
-    lmforge rag ask --index runs/pydoc-index --question "..." --checkpoint out/run1
+    lmforge rag ask --index runs/pydoc-index --question "How do I leave a loop early?" \
+        --model SmolLM2-135M-Instruct.Q4_1.gguf               # or an lmforge / HF folder
+    lmforge rag eval --index runs/pydoc-index --split test --model ...   # EM/F1, recall@k
 
-Without --checkpoint the answer is extractive (retrieved sentences with their sources).
+With --model a chat model generates a short answer citing its passages [n]. Without it nothing is
+generated: the output is extractive (the retrieved sentences closest to the question) and is
+labelled so.
 """
 
 from __future__ import annotations
@@ -36,13 +39,36 @@ def register(sub) -> None:
     ask = rsub.add_parser("ask", help="answer a question from an index, citing its sources")
     ask.add_argument("--index", required=True, help="folder written by `lmforge rag index`")
     ask.add_argument("--question", required=True)
-    ask.add_argument("--checkpoint", default=None, help="LM to generate with (default: extract)")
-    ask.add_argument("--k", type=int, default=5, help="chunks to retrieve")
-    ask.add_argument("--mode", default="hybrid", choices=["bm25", "dense", "hybrid"])
-    ask.add_argument("--max-new-tokens", type=int, default=128)
-    ask.add_argument("--temperature", type=float, default=0.0)
-    ask.add_argument("--device", default="cpu")
+    _add_answer_args(ask)
     ask.set_defaults(func=run_ask)
+
+    ev = rsub.add_parser(
+        "eval", help="score retrieval (recall@k, MRR) and answers (exact match, F1) on questions"
+    )
+    ev.add_argument("--index", required=True, help="folder written by `lmforge rag index`")
+    ev.add_argument(
+        "--questions", default=None, help="question set .jsonl (default: the shipped pydoc set)"
+    )
+    ev.add_argument("--split", default="test", choices=["validation", "test", "all"])
+    ev.add_argument("--out", default=None, help="write per-question results to this .json file")
+    _add_answer_args(ev)
+    ev.set_defaults(func=run_eval)
+
+
+def _add_answer_args(p) -> None:
+    p.add_argument(
+        "--model",
+        "--checkpoint",
+        dest="model",
+        default=None,
+        help="chat model that writes the answer: an lmforge/HF folder or a .gguf file "
+        "(default: none, extractive output)",
+    )
+    p.add_argument("--k", type=int, default=5, help="chunks to retrieve")
+    p.add_argument("--mode", default="hybrid", choices=["bm25", "dense", "hybrid"])
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--device", default="cpu")
 
 
 def run_index(args) -> int:
@@ -68,22 +94,55 @@ def run_index(args) -> int:
     return 0
 
 
-def run_ask(args) -> int:
-    from lmforge.retrieval import RAG, Retriever
+def _rag(args, retriever):
+    from lmforge.retrieval import RAG
 
-    retriever = Retriever.load(args.index)
     lm = None
-    if args.checkpoint:
+    if args.model:
         from lmforge.lm import LM
 
-        lm = LM.load(args.checkpoint, device=args.device)
-    rag = RAG(
-        retriever,
-        lm,
-        k=args.k,
-        mode=args.mode,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-    )
+        lm = LM.load(args.model, device=args.device)
+    return RAG(retriever, lm, k=args.k, mode=args.mode, max_new_tokens=args.max_new_tokens,
+               temperature=args.temperature)  # fmt: skip
+
+
+def run_ask(args) -> int:
+    from lmforge.retrieval import Retriever
+
+    rag = _rag(args, Retriever.load(args.index))
     print(rag.ask(args.question).format())
+    return 0
+
+
+def run_eval(args) -> int:
+    from lmforge.fileio import write_json
+    from lmforge.retrieval import Retriever
+    from lmforge.retrieval.evaluate import (
+        PYDOC_QUESTIONS,
+        answer_scores,
+        check_gold_topics,
+        load_questions,
+        retrieval_scores,
+    )
+
+    path = args.questions or PYDOC_QUESTIONS
+    questions = load_questions(path, None if args.split == "all" else args.split)
+    retriever = Retriever.load(args.index)
+    check_gold_topics(questions, retriever, str(path))  # before loading any model
+    rag = _rag(args, retriever)
+    print(f"{len(questions)} questions ({args.split}) from {path}; index {args.index}")
+    print(f"{'mode':8} {'recall@1':>9} {'recall@3':>9} {'recall@5':>9} {'MRR@10':>7}")
+    for mode in retriever.modes:
+        s = retrieval_scores(retriever, questions, mode, (1, 3, 5))
+        print(f"{mode:8} {s['recall@1']:9.3f} {s['recall@3']:9.3f} {s['recall@5']:9.3f} "
+              f"{s['mrr@10']:7.3f}")  # fmt: skip
+    summary, rows = answer_scores(rag, questions)
+    label = "generated by " + args.model if args.model else "EXTRACTIVE baseline (no --model)"
+    print(
+        f"answers ({label}; {rag.mode}, k={rag.k}): exact match {summary['exact_match']:.3f}  "
+        f"F1 {summary['f1']:.3f}  gold topic in passages {summary['gold_in_passages']:.3f}  "
+        f"cited {summary['cites_gold']:.3f}"
+    )
+    if args.out:
+        write_json(args.out, {"summary": summary, "answers": rows})
     return 0

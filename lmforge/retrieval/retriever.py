@@ -55,12 +55,15 @@ class DenseSearch:
 
 
 class HybridSearch:
-    """RRF over the top `depth` of each ranking: RRF(d) = sum 1 / (rrf_k + rank)."""
+    """Weighted RRF over the top `depth` of each ranking: RRF(d) = sum w / (rrf_k + rank), with
+    w = `fusion_weights` (BM25, dense); equal weights are plain RRF."""
 
     def rank(self, r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
         depth = max(n, r.fusion_depth)
         runs = [BM25Search().rank(r, query, depth), DenseSearch().rank(r, query, depth)]
-        fused = reciprocal_rank_fusion([[i for i, _ in run] for run in runs], k=r.rrf_k)
+        fused = reciprocal_rank_fusion(
+            [[i for i, _ in run] for run in runs], k=r.rrf_k, weights=list(r.fusion_weights)
+        )
         return fused[:n]
 
 
@@ -80,11 +83,17 @@ class Retriever:
         settings: dict | None = None,
         rrf_k: float = 60.0,
         fusion_depth: int = 50,
+        fusion_weights: tuple[float, float] = (1.0, 1.0),
     ):
         self.chunks, self.bm25, self.embeddings = chunks, bm25, embeddings
         self._encoder, self.encoder_name = encoder, encoder_name
         self.settings = dict(settings or {})
         self.rrf_k, self.fusion_depth = rrf_k, fusion_depth
+        self.fusion_weights = tuple(float(w) for w in fusion_weights)
+        if len(self.fusion_weights) != 2 or min(self.fusion_weights) < 0:
+            raise ConfigError(
+                f"fusion_weights={fusion_weights!r}: expected two weights >= 0 (BM25, dense)"
+            )
 
     @classmethod
     def build(
@@ -176,6 +185,11 @@ class Retriever:
                 "encoder": self.encoder_name if self.embeddings is not None else None,
                 "dim": int(self.embeddings.shape[1]) if self.embeddings is not None else None,
                 "settings": self.settings,
+                "fusion": {
+                    "rrf_k": self.rrf_k,
+                    "depth": self.fusion_depth,
+                    "weights": list(self.fusion_weights),
+                },
             },
         )
 
@@ -226,7 +240,13 @@ class Retriever:
                     f"{path / 'embeddings.safetensors'}: embeddings of shape {shape}, "
                     f"index.json says ({n}, {meta['dim']})"
                 )
-        r = cls(chunks, bm25, embeddings, None, meta.get("encoder"), meta.get("settings"))
+        fusion = meta.get("fusion") or {}  # absent in indexes written before fusion was saved
+        try:
+            r = cls(chunks, bm25, embeddings, None, meta.get("encoder"), meta.get("settings"),
+                    float(fusion.get("rrf_k", 60.0)), int(fusion.get("depth", 50)),
+                    tuple(fusion.get("weights", (1.0, 1.0))))  # fmt: skip
+        except (TypeError, ValueError, ConfigError) as e:
+            raise CheckpointError(f"{path / 'index.json'}: bad 'fusion' settings ({e})") from None
         if encoder is not None:
             r._check_dim(encoder, path)
             r._encoder = encoder

@@ -1,4 +1,5 @@
-"""A tiny random-init LM with a BPE tokenizer trained on a small text: fast, offline."""
+"""A tiny random-init LM with a BPE tokenizer trained on a small text: fast, offline. Its
+320-token window holds the RAG chat prompt (instruction, question) plus a passage or two."""
 
 import pytest
 
@@ -15,5 +16,5 @@ TEXT = (
 @pytest.fixture(scope="session")
 def tiny_lm() -> LM:
     tok = Tokenizer.train_bpe([TEXT] * 20, vocab_size=320)
-    config = ModelConfig(vocab_size=320, n_layer=2, n_head=2, d_model=32, max_seq_len=128)
+    config = ModelConfig(vocab_size=320, n_layer=2, n_head=2, d_model=32, max_seq_len=320)
     return LM.from_config(config, tok, seed=0)

@@ -66,6 +66,21 @@ def test_dense_scores_are_cosines_and_hybrid_is_rrf(hybrid):
     assert got[0].chunk.source == "loops"
 
 
+def test_fusion_weights_scale_each_ranking(hybrid):
+    q = "loop early function"
+    bm25 = [h.chunk.id for h in hybrid.search(q, k=4, mode="bm25")]
+    dense = [h.chunk.id for h in hybrid.search(q, k=4, mode="dense")]
+    hybrid.fusion_weights = (1.0, 3.0)
+    fused = reciprocal_rank_fusion([bm25, dense], k=60, weights=[1.0, 3.0])
+    got = hybrid.search(q, k=4, mode="hybrid")
+    assert [h.chunk.id for h in got] == [doc for doc, _ in fused[:4]]
+    assert [h.score for h in got] == pytest.approx([score for _, score in fused[:4]])
+    hybrid.fusion_weights = (1.0, 0.0)  # dense weight 0: BM25's hits first, in BM25's order
+    assert [h.chunk.id for h in hybrid.search(q, k=4, mode="hybrid")][: len(bm25)] == bm25
+    with pytest.raises(ConfigError, match="fusion_weights"):
+        Retriever(hybrid.chunks, hybrid.bm25, fusion_weights=(1.0, -1.0))
+
+
 def test_bad_queries(hybrid):
     with pytest.raises(ConfigError, match="search mode"):
         hybrid.search("x", mode="fuzzy")
@@ -79,7 +94,10 @@ def test_save_load_round_trip(tmp_path, hybrid):
     hybrid.save(tmp_path / "idx")
     meta = json.loads((tmp_path / "idx" / "index.json").read_text())
     assert meta["encoder"] == "hash-64" and meta["dim"] == 64 and meta["n_chunks"] == len(hybrid)
+    hybrid.rrf_k, hybrid.fusion_weights = 10.0, (1.0, 2.0)
+    hybrid.save(tmp_path / "idx")
     loaded = Retriever.load(tmp_path / "idx", encoder=HashEncoder())
+    assert (loaded.rrf_k, loaded.fusion_weights) == (10.0, (1.0, 2.0))
     assert torch.equal(loaded.embeddings, hybrid.embeddings)
     assert loaded.chunks == hybrid.chunks
     for mode in ("bm25", "dense", "hybrid"):
