@@ -8,13 +8,19 @@ lmforge vlm caption --checkpoint out/vlm-shapes --image out/shapes-png/novel_0.p
 
 from __future__ import annotations
 
+IMAGE_RULE = (  # = lmforge.vlm.data.IMAGE_RULE (a test checks); no torch import to build the parser
+    "converted to RGB (transparency composited onto black), padded with black to a centred "
+    "square, resized (bicubic) to the model's image size"
+)
+
 
 def register(sub) -> None:
     p = sub.add_parser("vlm", help="vision-language model: train on synthetic shapes, caption")
     s = p.add_subparsers(dest="vlm_command", metavar="ACTION", required=True)
     t = s.add_parser(
         "train",
-        help="train on synthetic shape captions; report held-out exact match",
+        help="train on synthetic shape captions; keep the validation-best step, report held-out "
+        "exact match",
         description="Any VLMTrainConfig field can be given as --key value (language-model fields "
         "as --model.KEY value), e.g. --steps 3000 --projector mlp2 --model.n_layer 3.",
     )
@@ -24,7 +30,7 @@ def register(sub) -> None:
     c = s.add_parser(
         "caption",
         help="caption images with a trained checkpoint",
-        description="Images are converted to RGB and resized to the checkpoint's image size.",
+        description="Each image is " + IMAGE_RULE + " (16-bit/float images are refused).",
     )
     c.add_argument("--checkpoint", required=True, help="directory written by `vlm train`")
     c.add_argument("--image", action="append", required=True, help="PNG/JPEG file (repeatable)")
@@ -41,7 +47,7 @@ def register(sub) -> None:
     m = s.add_parser("samples", help="write synthetic shape images (PNG) and their captions")
     m.add_argument("--out_dir", required=True)
     m.add_argument("--n", type=int, default=8, help="images per split")
-    m.add_argument("--split", action="append", choices=["train", "test", "novel"])
+    m.add_argument("--split", action="append", choices=["train", "validation", "test", "novel"])
     m.add_argument("--image_size", type=int, default=32)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--colours", type=int, default=8, help="first N colours (as in training)")
@@ -56,10 +62,15 @@ def run_train(args) -> int:
     cfg = build_config(VLMTrainConfig, args.config, parse_overrides(args.overrides))
     result = train(cfg)
     print(
-        f"\nexact match: held-out images {result['test_exact']:.1%}, held-out colour x shape "
-        f"pairs {result['novel_exact']:.1%}  ({result['steps']} steps; training "
-        f"{result['train_cpu_s']:.0f} s CPU, {result['train_s']:.0f} s wall)"
+        f"\nvalidation exact match {result['validation_exact']:.1%} at the kept step "
+        f"{result['best_step']} of {result['steps']}; training {result['train_cpu_s']:.0f} s "
+        f"CPU, {result['train_s']:.0f} s wall"
     )
+    if cfg.report:
+        print(
+            f"exact match: held-out images {result['test_exact']:.1%}, held-out colour x shape "
+            f"pairs {result['novel_exact']:.1%}"
+        )
     print(f"checkpoint: {cfg.out_dir}   plot: {result['plot']}")
     return 0
 

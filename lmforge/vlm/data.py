@@ -2,26 +2,35 @@
 PNG/JPEG loading with Pillow.
 
 The synthetic set ("shapes") is drawn by code, so it needs no download and is identical for a
-given seed. Each image holds two groups of coloured shapes on opposite halves of the canvas, and
-its caption names both groups and their relation:
+given seed. Each image holds two groups of coloured shapes, and its caption names both groups and
+their relation:
 
     "two red circles left of a blue square"      (groups side by side: the left group first)
     "a green triangle above three yellow squares" (groups stacked: the top group first)
 
-Naming the left/top group first makes the caption a function of the image, so exact match is a
-fair score. Some colour x shape pairs never occur in the "train" and "test" splits; the "novel"
-split always contains at least one of them, which measures whether the model composes colour and
-shape or memorises pairs. The held-out pairs form a Latin square (colour i loses shape i mod S;
-HELD_OUT_PAIRS for the full 8 x 5 palette): with 4 colours x 3 shapes and 3 pairs held out, a
-model saw each colour with only two shapes and learnt pairs (about 6% exact match on novel
-pairs); with 8 x 5 and 8 held out, every colour is seen with 4 shapes and every shape with 6 or 7
-colours, and the model composes (figures in configs/vlm-shapes.yaml). Sample i of a split is
-drawn from a generator seeded by (seed, split, i), so every sample is reproducible on its own.
+Shapes have random sizes (min_size..max_size pixels) at random pixel positions: nothing lines up
+with a patch grid, so shapes straddle patch borders and many patches hold parts of two shapes,
+often of two colours (`patch_mixing` measures it). Every shape of the first group lies strictly
+left of (above) every shape of the second, the two groups' extents overlap in the other
+direction (so "left of" never also reads as "above"), and shapes never touch (a one-pixel gap),
+so the caption is a function of the image and exact match is a fair score.
 
-Real images: `load_image` opens a file with Pillow, converts it to RGB and resizes it to the
-configured square size (any size, square or not, divisible by the patch size or not: the encoder
-sees a fixed grid of patches, so resizing is the one rule). Unreadable files and pixel formats
-that do not map to RGB (16-bit or float images) raise DataError naming the file.
+Splits (SPLITS): "train" (what the model learns from), "validation" (for every choice: stem,
+layers, learning rate, steps), "test" (held-out images of the pairs seen in training) and
+"novel" (each image holds at least one held-out colour x shape pair). test and novel are only
+read to report. Some colour x shape pairs never occur in train, validation or test: the held-out
+pairs form a Latin square (colour i loses shape i mod S; HELD_OUT_PAIRS for the full 8 x 5
+palette), so every colour is still seen with 4 shapes and every shape with 6 or 7 colours, and
+"novel" measures whether the model composes colour and shape or memorises pairs. Sample i of a
+split is drawn from a generator seeded by (seed, split, i), so every sample is reproducible on
+its own.
+
+Real images: `load_image` opens a file with Pillow and applies one stated rule (IMAGE_RULE):
+transparency is composited onto black (the synthetic background is near-black), greyscale and
+palette images become RGB, a non-square image is padded with black to a centred square (shapes
+keep their aspect ratio) and the square is resized (bicubic) to the model's image size.
+Unreadable files and pixel formats that do not map to 8-bit RGB (16-bit or float images, for
+which no scaling is implied) raise DataError naming the file.
 """
 
 from __future__ import annotations
@@ -65,8 +74,13 @@ def latin_square_pairs(
 
 
 HELD_OUT_PAIRS = latin_square_pairs(tuple(COLOURS), SHAPES)
-SPLITS = {"train": 0, "test": 1, "novel": 2}
-# Modes Pillow converts to RGB without losing meaning; others (I;16, I, F) are refused.
+SPLITS = {"train": 0, "test": 1, "novel": 2, "validation": 3}
+IMAGE_RULE = (
+    "converted to RGB (transparency composited onto black), padded with black to a centred "
+    "square, resized (bicubic) to the model's image size"
+)
+# Modes Pillow converts to 8-bit RGB without losing meaning; others (I;16, I, F: no implied
+# scaling to 0..255) are refused.
 RGB_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
 
 
@@ -95,6 +109,17 @@ class Scene:
         return f"{self.first.phrase()} {RELATIONS[self.layout]} {self.second.phrase()}"
 
 
+@dataclass(frozen=True)
+class Placed:
+    """One drawn shape: its group index (0 = first), top-left corner, size and RGB colour."""
+
+    group: int
+    x: int
+    y: int
+    size: int
+    rgb: tuple[int, int, int]
+
+
 class ShapesDataset:
     """Deterministic synthetic image-caption pairs: `sample(split, i)` -> (uint8 HxWx3, caption)."""
 
@@ -103,18 +128,24 @@ class ShapesDataset:
         image_size: int = 32,
         seed: int = 0,
         max_count: int = 3,
-        cell_size: int = 8,
+        min_size: int = 6,
+        max_size: int = 10,
         colours: int = len(COLOURS),
         shapes: int = len(SHAPES),
         held_out: Sequence[Sequence[str]] | None = None,
     ):
-        if image_size % (2 * cell_size) or image_size < 2 * cell_size or cell_size < 4:
+        if not (isinstance(min_size, int) and isinstance(max_size, int) and 5 <= min_size):
+            raise DataError(f"shapes: min_size must be an integer >= 5, got {min_size!r}")
+        if max_size < min_size:
+            raise DataError(f"shapes: max_size={max_size} is smaller than min_size={min_size}")
+        # Room for a shape of max_size on each side of the divider, and for max_count shapes
+        # of min_size (with gaps) in one column; rejection sampling draws smaller sizes if needed.
+        need = max(2 * max_size + 4, max_count * (min_size + 1))
+        if image_size < need:
             raise DataError(
-                f"shapes: image_size={image_size} must be a multiple of 2 x cell_size={cell_size} "
-                "(cell_size >= 4), so each half holds whole cells"
+                f"shapes: image_size={image_size} is too small for {max_count} shapes of "
+                f"{min_size}..{max_size} pixels per group (need >= {need})"
             )
-        if max_count > image_size // cell_size * (image_size // cell_size // 2):
-            raise DataError(f"shapes: max_count={max_count} shapes do not fit in half the cells")
         if max_count not in COUNT_WORDS:
             raise DataError(f"shapes: max_count must be in {sorted(COUNT_WORDS)}, got {max_count}")
         if not (2 <= colours <= len(COLOURS) and 2 <= shapes <= len(SHAPES)):
@@ -130,7 +161,7 @@ class ShapesDataset:
         if unknown:
             raise DataError(f"shapes: held-out pairs {unknown} are not colour x shape pairs")
         self.image_size, self.seed, self.max_count = image_size, seed, max_count
-        self.cell_size = cell_size
+        self.min_size, self.max_size = min_size, max_size
         self.held_out = {tuple(p) for p in held_out}
         self.seen_pairs = [p for p in pairs if p not in self.held_out]
         self.novel_pairs = [p for p in pairs if p in self.held_out]
@@ -142,9 +173,17 @@ class ShapesDataset:
 
     def sample(self, split: str, index: int) -> tuple[np.ndarray, str]:
         """Image (uint8 [H, W, 3]) and caption of sample `index` of `split`."""
+        image, _, scene = self.sample_with_labels(split, index)
+        return image, scene.caption()
+
+    def sample_with_labels(self, split: str, index: int) -> tuple[np.ndarray, np.ndarray, Scene]:
+        """Image, label map (int [H, W]: 0 = background, k = pixel of the k-th drawn shape) and
+        scene of sample `index`: the ground truth behind the caption, for tests and analysis."""
         rng = self._rng(split, index)
         scene = self._draw_scene(rng, split)
-        return self._render(scene, rng), scene.caption()
+        placed = self._place(scene, rng)
+        image, labels = self._render(scene, placed, rng)
+        return image, labels, scene
 
     def batch(self, split: str, indices) -> tuple[torch.Tensor, list[str]]:
         """Pixel tensor [B, 3, H, W] (see `to_pixels`) and the captions."""
@@ -178,48 +217,110 @@ class ShapesDataset:
         layout = "horizontal" if rng.random() < 0.5 else "vertical"
         return Scene(Group(*first, int(counts[0])), Group(*second, int(counts[1])), layout)
 
-    # ---------------------------------------------------------------- rendering
+    # ---------------------------------------------------------------- placement and rendering
 
-    def _render(self, scene: Scene, rng: np.random.Generator) -> np.ndarray:
+    def _place(self, scene: Scene, rng: np.random.Generator) -> list[Placed]:
+        """Random sizes and pixel positions. Drawn as if side by side ("along" = x); stacked
+        scenes swap x and y at the end. A divider column d is drawn anywhere between the two
+        groups' minimum widths; first-group shapes end left of d and second-group shapes start
+        right of it, so the relation holds whatever the sizes. Rejection sampling: shapes keep
+        a one-pixel gap, and the groups' extents across must overlap."""
+        n, lo, hi = self.image_size, self.min_size, self.max_size
+        groups = (scene.first, scene.second)
+        for _ in range(1000):
+            divider = int(rng.integers(hi + 1, n - hi - 1))  # [0, d) and [d + 1, n)
+            boxes: list[tuple[int, int, int, int]] = []  # (group, along, across, size)
+            for g, group in enumerate(groups):
+                # Each group keeps to a band next to the divider, so the two groups sit close
+                # together and patches near the divider often hold both colours.
+                band = hi + 1
+                start, stop = (max(0, divider - band), divider) if g == 0 else (
+                    divider + 1, min(n, divider + 1 + band))  # fmt: skip
+                for _ in range(group.count):
+                    box = self._free_box(rng, g, start, stop, boxes, lo, hi)
+                    if box is None:
+                        break
+                    boxes.append(box)
+            if len(boxes) < scene.first.count + scene.second.count:
+                continue
+            spans = [[(b[2], b[2] + b[3]) for b in boxes if b[0] == g] for g in (0, 1)]
+            first_lo, first_hi = min(a for a, _ in spans[0]), max(b for _, b in spans[0])
+            second_lo, second_hi = min(a for a, _ in spans[1]), max(b for _, b in spans[1])
+            if first_lo < second_hi and second_lo < first_hi:
+                break
+        else:  # pragma: no cover - the constructor checks that the shapes fit
+            raise DataError(f"shapes: could not place {scene.caption()!r} in {n}x{n} pixels")
+        flip = scene.layout == "vertical"
+        placed = []
+        for g, along, across, size in boxes:
+            jitter = rng.integers(-25, 26, size=3)
+            name = groups[g].colour
+            rgb = tuple(int(v) for v in np.clip(np.add(COLOURS[name], jitter), 0, 255))
+            x, y = (across, along) if flip else (along, across)
+            placed.append(Placed(g, x, y, size, rgb))
+        return placed
+
+    def _free_box(self, rng, group, start, stop, boxes, lo, hi):
+        """A (group, along, across, size) box inside [start, stop) along, at least one pixel
+        from every box in `boxes`; None after 50 misses."""
+        n = self.image_size
+        for _ in range(50):
+            size = int(rng.integers(lo, min(hi, stop - start) + 1))
+            along = int(rng.integers(start, stop - size + 1))
+            across = int(rng.integers(0, n - size + 1))
+            if all(
+                along + size < a or a + s < along or across + size < c or c + s < across
+                for _, a, c, s in boxes
+            ):
+                return group, along, across, size
+        return None
+
+    def _render(
+        self, scene: Scene, placed: list[Placed], rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
         from PIL import Image, ImageDraw
 
-        n, cell = self.image_size, self.cell_size
+        n = self.image_size
         shade = int(rng.integers(0, 40))  # dark background of varying brightness
         image = Image.new("RGB", (n, n), (shade, shade, shade))
-        draw = ImageDraw.Draw(image)
-        for (col, row), group in self._layout(scene, rng):
-            # Size cell-2 or cell-1 and a free last pixel column/row: neighbours never touch.
-            size = int(rng.integers(cell - 2, cell))
-            x = col * cell + int(rng.integers(0, cell - size))
-            y = row * cell + int(rng.integers(0, cell - size))
-            jitter = rng.integers(-25, 26, size=3)
-            colour = tuple(int(v) for v in np.clip(np.add(COLOURS[group.colour], jitter), 0, 255))
-            _draw_shape(draw, group.shape, x, y, size, colour)
-        return np.asarray(image, dtype=np.uint8).copy()
-
-    def _layout(
-        self, scene: Scene, rng: np.random.Generator
-    ) -> list[tuple[tuple[int, int], Group]]:
-        """Grid cells (column, row) of every shape. The first group takes cells in the left half
-        (or top half when stacked), the second the other half; the groups' row ranges (column
-        ranges when stacked) overlap, so "left of" never also reads as "above" (or vice versa)
-        and the caption is a function of the image."""
-        grid = self.image_size // self.cell_size
+        labels = Image.new("L", (n, n), 0)
+        draw, label_draw = ImageDraw.Draw(image), ImageDraw.Draw(labels)
         groups = (scene.first, scene.second)
-        while True:
-            cells = []  # per group: (along, across) = (column, row) side by side
-            for g, group in enumerate(groups):
-                free = [
-                    (a, b) for a in range(g * grid // 2, (g + 1) * grid // 2) for b in range(grid)
-                ]
-                cells.append([free[k] for k in rng.choice(len(free), group.count, replace=False)])
-            across = [[b for _, b in c] for c in cells]
-            if min(across[0]) <= max(across[1]) and min(across[1]) <= max(across[0]):
-                break
-        flip = scene.layout == "vertical"  # stacked: "along" is the row
-        return [
-            ((b, a) if flip else (a, b), group) for c, group in zip(cells, groups) for a, b in c
-        ]
+        for k, shape in enumerate(placed, start=1):
+            kind = groups[shape.group].shape
+            _draw_shape(draw, kind, shape.x, shape.y, shape.size, shape.rgb)
+            _draw_shape(label_draw, kind, shape.x, shape.y, shape.size, k)
+        return np.asarray(image, dtype=np.uint8).copy(), np.asarray(labels, dtype=np.int64)
+
+
+def patch_mixing(
+    data: ShapesDataset, patch_size: int, split: str = "train", n: int = 200
+) -> dict[str, float]:
+    """How often the first n images of `split` put more than one thing in a patch of a
+    patch_size grid (the vision encoder's):
+    straddling:  share of shapes whose pixels fall in two or more patches;
+    two_shapes:  share of occupied patches (any shape pixel) holding pixels of two or more shapes;
+    two_colours: share of occupied patches holding shapes of two different colour names.
+    The previous generator (one shape per 8-pixel cell) gave 0% two_colours on its 8-pixel grid."""
+    straddling = shapes = two_shapes = two_colours = occupied = 0
+    grid = data.image_size // patch_size
+    for i in range(n):
+        _, labels, scene = data.sample_with_labels(split, i)
+        colour = (scene.first.colour, scene.second.colour)
+        count = scene.first.count  # labels 1..count are the first group's shapes
+        tiles = labels[: grid * patch_size, : grid * patch_size].reshape(
+            grid, patch_size, grid, patch_size
+        )
+        owners = [set(np.unique(tiles[r, :, c, :])) - {0} for r in range(grid) for c in range(grid)]
+        for k in range(1, int(labels.max()) + 1):
+            shapes += 1
+            straddling += sum(k in o for o in owners) > 1
+        for o in filter(None, owners):
+            occupied += 1
+            two_shapes += len(o) > 1
+            two_colours += len({colour[int(k > count)] for k in o}) > 1
+    return {"straddling": straddling / shapes, "two_shapes": two_shapes / occupied,
+            "two_colours": two_colours / occupied}  # fmt: skip
 
 
 def _draw_shape(draw, shape: str, x: int, y: int, size: int, colour) -> None:
@@ -247,11 +348,15 @@ def to_pixels(images: np.ndarray) -> torch.Tensor:
 
 
 def load_image(path: str | Path, image_size: int) -> np.ndarray:
-    """A PNG/JPEG (any Pillow format) as uint8 [image_size, image_size, 3].
+    """A PNG/JPEG (any Pillow format) as uint8 [image_size, image_size, 3], by IMAGE_RULE:
 
-    The image is converted to RGB (alpha dropped, palettes expanded, greyscale repeated) and
-    resized with bicubic resampling to image_size x image_size, whatever its size or aspect ratio:
-    the vision encoder expects exactly that grid of patches.
+    1. mode: palette images are expanded, transparency (RGBA, LA, PA, or a palette/greyscale
+       image with a transparent colour) is composited onto black, greyscale is repeated into
+       R = G = B, CMYK/YCbCr/LAB/HSV are converted; 16-bit and float modes raise DataError;
+    2. shape: a non-square image is padded with black to a centred square, so shapes keep their
+       aspect ratio (stretching would turn circles into ellipses);
+    3. size: the square is resized with bicubic resampling to image_size x image_size (the
+       vision encoder expects exactly that grid of patches).
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -264,14 +369,27 @@ def load_image(path: str | Path, image_size: int) -> np.ndarray:
             mode = img.mode
             if mode not in RGB_MODES:
                 raise DataError(
-                    f"{path}: pixel mode {mode!r} cannot be converted to RGB "
+                    f"{path}: pixel mode {mode!r} cannot be converted to 8-bit RGB "
                     "(save it as 8-bit RGB, RGBA, greyscale or palette)"
                 )
-            rgb = img.convert("RGB")
+            if mode in ("P", "PA", "L", "1") and "transparency" in img.info:
+                img = img.convert("RGBA")  # a transparent palette/grey colour becomes alpha
+            if img.mode in ("RGBA", "LA", "PA"):
+                rgba = img.convert("RGBA")
+                black = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+                rgb = Image.alpha_composite(black, rgba).convert("RGB")
+            else:
+                rgb = img.convert("RGB")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         if isinstance(err, DataError):
             raise
         raise DataError(f"{path}: not a readable image ({err})") from err
+    width, height = rgb.size
+    if width != height:
+        side = max(width, height)
+        square = Image.new("RGB", (side, side), (0, 0, 0))
+        square.paste(rgb, ((side - width) // 2, (side - height) // 2))
+        rgb = square
     if rgb.size != (image_size, image_size):
         rgb = rgb.resize((image_size, image_size), Image.Resampling.BICUBIC)
     return np.asarray(rgb, dtype=np.uint8).copy()

@@ -95,9 +95,10 @@ def _rename(state: dict[str, torch.Tensor], config: VisionConfig) -> dict[str, t
         src, dst = f"encoder.layers.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):
             qkv = [get(f"{src}self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")]
-            out[f"{dst}attn.qkv.{kind}"] = torch.cat(qkv)
-            pairs = {"attn.out": "self_attn.out_proj", "norm1": "layer_norm1",
-                     "norm2": "layer_norm2", "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2"}  # fmt: skip
+            out[f"{dst}attn.qkv_proj.{kind}"] = torch.cat(qkv)
+            pairs = {"attn.o_proj": "self_attn.out_proj", "attn_norm": "layer_norm1",
+                     "mlp_norm": "layer_norm2", "mlp.up_proj": "mlp.fc1",
+                     "mlp.down_proj": "mlp.fc2"}  # fmt: skip
             for ours, theirs in pairs.items():
                 out[f"{dst}{ours}.{kind}"] = get(f"{src}{theirs}.{kind}")
     return out

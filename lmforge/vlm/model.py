@@ -29,7 +29,7 @@ from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import DEFAULT_SPECIAL_TOKENS, Tokenizer
 from lmforge.train.checkpoint import model_state
 from lmforge.vlm.projector import build_projector
-from lmforge.vlm.vision import VisionConfig, VisionEncoder
+from lmforge.vlm.vision import VisionConfig, VisionEncoder, upgrade_legacy_names
 
 MODEL_TYPE = "lmforge-vlm"
 IMAGE = "<|image|>"  # one placeholder per image feature vector; also the slot mark in prompts
@@ -302,7 +302,7 @@ class VisionLanguageModel(nn.Module):
         text = ModelConfig.from_dict(meta["text_config"], source=source)
         vision = VisionConfig.from_dict(meta["vision_config"], source=source)
         model = cls.build(text, vision, Tokenizer.load(path), meta.get("projector", "linear"))
-        state = load_tensors(path / "model.safetensors")
+        state = upgrade_legacy_names(load_tensors(path / "model.safetensors"))
         expected = model_state(model)
         missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
         if missing or unexpected:

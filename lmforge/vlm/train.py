@@ -1,12 +1,18 @@
 """Training a VisionLanguageModel on the built-in synthetic shapes captions, and scoring it.
 
 Every step draws fresh images (sample indices step*B .. step*B+B-1 of the "train" split), so the
-model never sees an image twice; evaluation is greedy captioning with the KV cache, scored by
-exact match on held-out images ("test") and on held-out colour x shape pairs ("novel").
+model never sees an image twice. Every eval_interval steps the model captions the "validation"
+images (greedy, KV cache; exact match of the whole caption, ties broken by validation loss) and
+the best step so far is kept and saved: the number of steps is a validation choice too. At the
+end the best step's weights are restored and, unless `report` is off, scored once on held-out
+images of seen pairs ("test") and on held-out colour x shape pairs ("novel"). test and novel are
+never used to choose anything; benchmarks/bench_vlm_shapes.py chooses stem, layers and lr on
+validation the same way.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,12 +45,16 @@ class VLMTrainConfig:
     max_count: int = 3  # shapes per group: 1..max_count
     colours: int = 8  # the first n colours of data.COLOURS
     shapes: int = 5  # the first n shapes of data.SHAPES; held out: data.latin_square_pairs
-    patch_size: int = 8  # also the synthetic images' cell size: one shape per patch cell
+    min_shape: int = 6  # shape sizes in pixels, drawn per shape at random pixel positions
+    max_shape: int = 10
+    patch_size: int = 8  # vision patches; the shapes ignore this grid and straddle it
     vision_dim: int = 96
-    vision_layers: int = 2
+    vision_layers: int = 2  # ViT blocks (lmforge's Block, bidirectional)
     vision_heads: int = 4
     use_cls: bool = False
-    patch_embed: str = "linear"  # linear | factorised (see vision.FactorisedPatchEmbedding)
+    # linear (ViT) | conv (convolutional stem) | factorised / late_colour (only for flat-coloured
+    # synthetic shapes; see vision.py)
+    patch_embed: str = "linear"
     freeze_vision: bool = False
     # HF directory of a CLIP/SigLIP vision model to use as the tower instead of a fresh ViT (its
     # image and patch size must equal image_size and patch_size); vision_* fields are then unused.
@@ -63,8 +73,9 @@ class VLMTrainConfig:
     weight_decay: float = 0.01
     text_dropout: float = 0.0  # caption input tokens replaced by UNK (targets kept): word dropout
     grad_clip: float = 1.0
-    eval_interval: int = 250
-    eval_size: int = 500  # images per held-out split
+    eval_interval: int = 250  # validation every N steps; the best step is kept
+    eval_size: int = 500  # images per split (validation at each evaluation; test, novel at the end)
+    report: bool = True  # score test and novel once at the end (a selection sweep turns it off)
     log_interval: int = 10
     threads: int | None = None  # torch threads (None: leave torch's default)
     progress: bool = True
@@ -92,8 +103,8 @@ class VLMTrainConfig:
 
 
 def build_data(cfg: VLMTrainConfig) -> ShapesDataset:
-    return ShapesDataset(cfg.image_size, cfg.seed, cfg.max_count, cfg.patch_size, cfg.colours,
-                         cfg.shapes)  # fmt: skip
+    return ShapesDataset(cfg.image_size, cfg.seed, cfg.max_count, cfg.min_shape, cfg.max_shape,
+                         cfg.colours, cfg.shapes)  # fmt: skip
 
 
 def build_model(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
@@ -133,8 +144,36 @@ def exact_match(
     return correct / n
 
 
-def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
-    """Train, evaluate, save the checkpoint + metrics.csv + loss.png in out_dir; return scores."""
+@torch.no_grad()
+def caption_loss(
+    vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int, batch: int = 100
+) -> float:
+    """Mean next-token cross entropy of the reference captions of the first n images of `split`
+    (teacher forcing; eval mode), weighted by caption tokens."""
+    was_training = vlm.training
+    vlm.eval()
+    total = tokens = 0.0
+    try:
+        for lo in range(0, n, batch):
+            pixels, captions = data.batch(split, range(lo, min(n, lo + batch)))
+            ids, labels = vlm.collate([vlm.encode_example(c) for c in captions])
+            count = int((labels[:, 1:] != IGNORE).sum())
+            total += vlm.loss(ids, labels, pixels).item() * count
+            tokens += count
+    finally:
+        vlm.train(was_training)
+    return total / tokens
+
+
+def evaluate(vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int) -> dict[str, float]:
+    """{split}_exact and {split}_loss on the first n images of `split`."""
+    return {f"{split}_exact": exact_match(vlm, data, split, n),
+            f"{split}_loss": caption_loss(vlm, data, split, n)}  # fmt: skip
+
+
+def train(cfg: VLMTrainConfig, log=print) -> dict[str, Any]:
+    """Train, keep the step with the best validation score, save its checkpoint + metrics.csv +
+    loss.png in out_dir; return the validation scores (and test / novel when cfg.report)."""
     from tqdm import tqdm
 
     from lmforge.fileio import remove_stale_temps, write_json
@@ -150,7 +189,7 @@ def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
     opt = build_adamw(vlm, cfg.lr, cfg.weight_decay, (0.9, 0.99))
     remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
     metrics = MetricsLog(out)
-    result: dict[str, float] = {}
+    best: dict[str, Any] = {}
     start, train_time, train_cpu, step = time.perf_counter(), 0.0, 0.0, 0
     cpu_start = time.process_time()  # CPU seconds too: wall time on a shared machine is noisy
     bar = tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, unit="step")
@@ -180,28 +219,32 @@ def train(cfg: VLMTrainConfig, log=print) -> dict[str, float]:
             bar.set_postfix(loss=f"{loss.item():.4f}")
         out_of_time = cfg.max_time is not None and train_cpu >= cfg.max_time
         if step % cfg.eval_interval == 0 or step == cfg.steps or out_of_time:
-            result = evaluate(vlm, data, cfg.eval_size)
-            metrics.log(step, "eval", **result)
+            scores = evaluate(vlm, data, "validation", cfg.eval_size)
+            metrics.log(step, "eval", **scores)
+            key = (scores["validation_exact"], -scores["validation_loss"])
+            if not best or key > best["key"]:  # higher exact match, then lower loss
+                best = {"key": key, "step": step, "scores": scores,
+                        "state": copy.deepcopy(vlm.state_dict())}  # fmt: skip
+                vlm.save(out)
             log(
-                f"step {step}: loss {loss.item():.4f}  exact match: held-out images "
-                f"{result['test_exact']:.1%}, held-out pairs {result['novel_exact']:.1%}"
+                f"step {step}: loss {loss.item():.4f}  validation exact match "
+                f"{scores['validation_exact']:.1%} (loss {scores['validation_loss']:.4f}); "
+                f"best step {best['step']}"
             )
-            vlm.save(out)
         if out_of_time:
             break
     bar.close()
+    vlm.load_state_dict(best["state"])  # the validation-best step is the model
+    result: dict[str, Any] = {**best["scores"], "best_step": best["step"]}
+    if cfg.report:  # read once, to report: nothing is chosen on these
+        for split in ("test", "novel"):
+            result[f"{split}_exact"] = exact_match(vlm, data, split, cfg.eval_size)
     result.update(steps=step, train_s=train_time, train_cpu_s=train_cpu,
                   total_s=time.perf_counter() - start,
                   cpu_s=time.process_time() - cpu_start)  # fmt: skip
     write_json(out / "train_config.json", asdict(cfg))
     write_json(out / "final_metrics.json", result)
-    curves = [("train", "loss"), ("eval", "test_exact"), ("eval", "novel_exact")]
+    curves = [("train", "loss"), ("eval", "validation_loss"), ("eval", "validation_exact")]
     result["plot"] = str(metrics.plot(curves, out / "loss.png", title="vlm shapes"))
     metrics.close()
     return result
-
-
-def evaluate(vlm: VisionLanguageModel, data: ShapesDataset, n: int) -> dict[str, float]:
-    """Exact match on held-out images of seen pairs ("test") and of held-out pairs ("novel")."""
-    return {"test_exact": exact_match(vlm, data, "test", n),
-            "novel_exact": exact_match(vlm, data, "novel", n)}  # fmt: skip

@@ -2,16 +2,22 @@
 
 ViT (Dosovitskiy et al. 2021) cuts the image into P x P patches, embeds each with one linear map
 (a Conv2d with kernel = stride = P is exactly that map applied to every patch), adds a learned
-position embedding per patch and runs bidirectional pre-norm transformer blocks. The features
-v_1..v_L go to the projector (projector.py) and become the image tokens of the language model.
-The encoder can be trained with the LM or frozen (`freeze()`), as LLaVA does with CLIP.
+position embedding per patch and runs bidirectional pre-norm transformer blocks. The blocks are
+lmforge's own decoder `Block` (lmforge/model: LayerNorm, fused-QKV softmax attention, GELU MLP)
+called with `is_causal=False`, so every patch sees every patch. The features v_1..v_L go to the
+projector (projector.py) and become the image tokens of the language model. The encoder can be
+trained with the LM or frozen (`freeze()`), as LLaVA does with CLIP.
 
-The patch embedding is chosen by name (PATCH_EMBEDDINGS). Besides ViT's linear map there are
-factorised ones that code a patch's outline and its colour separately. They exist for
-compositional generalisation: on the synthetic shapes, captions of colour x shape pairs never seen
-together in training were 52% exact with a factorised stem and 2 blocks, 86% when the blocks see
-outlines only (late_colour), 96.5% with no blocks at all (vision_layers 0), after 3 CPU minutes
-each: per-patch MLPs learn "purple triangle" as one feature and snap a blue triangle onto it.
+The patch embedding ("stem") is chosen by name (PATCH_EMBEDDINGS):
+  linear       ViT's linear map of each flattened patch (the default; what CLIP/SigLIP use);
+  conv         a convolutional stem (Xiao et al. 2021, "Early convolutions help transformers
+               see better"): 3x3 stride-2 convolutions down to the patch grid, then a 1x1
+               projection. Its receptive fields overlap, so an object cut by a patch border is
+               still seen whole by the tokens on both sides;
+  factorised,  hand-made codes (per-patch brightness outline + per-channel max/min colour) that
+  late_colour  only suit flat-coloured shapes on a dark background, one object per patch: they
+               were tuned on an earlier version of the synthetic shapes in which every shape sat
+               alone in its own patch cell. Kept for comparison, never the default.
 The same switches (activation, norms, patch bias) let hf_vision.py load CLIP and SigLIP towers.
 """
 
@@ -24,7 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, DataError
+from lmforge.model.config import ModelConfig
+from lmforge.model.norms import LayerNorm
+from lmforge.model.transformer import Block
 
 
 @dataclass
@@ -39,7 +48,9 @@ class VisionConfig:
     n_head: int = 4
     d_ff: int | None = None  # None = 4 * d_model
     use_cls: bool = False  # prepend a learned CLS token (its feature becomes an image token too)
-    patch_embed: str = "linear"  # linear (ViT) | factorised | late_colour (see their classes)
+    # linear (ViT) | conv (convolutional stem) | factorised | late_colour (flat-coloured
+    # synthetic shapes only; see the module docstring)
+    patch_embed: str = "linear"
     act: str = "gelu"  # MLP activation: gelu | gelu_tanh (SigLIP) | quick_gelu (CLIP)
     patch_bias: bool = True  # CLIP's patch embedding has no bias
     pre_norm: bool = False  # LayerNorm before the blocks (CLIP's pre_layrnorm)
@@ -67,7 +78,13 @@ class VisionConfig:
                 f"got {self.patch_embed!r}"
             )
         if self.act not in ACTIVATIONS:
-            raise ConfigError(f"vision.act must be one of {sorted(ACTIVATIONS)}, got {self.act!r}")
+            raise ConfigError(f"vision.act must be one of {list(ACTIVATIONS)}, got {self.act!r}")
+        p = self.patch_size
+        if self.patch_embed == "conv" and (p < 2 or p & (p - 1)):
+            raise ConfigError(
+                f"vision.patch_embed='conv' halves the image per 3x3 stride-2 convolution: "
+                f"vision.patch_size must be a power of 2 >= 2, got {p}"
+            )
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
 
@@ -93,25 +110,20 @@ class VisionConfig:
         return cls(**data)
 
 
-class QuickGELU(nn.Module):
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(1.702 * x)
+    return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "gelu": nn.GELU,
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "quick_gelu": QuickGELU,
-}
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # MLP activations of the encoder blocks
 
 
-def check_pixels(pixels: torch.Tensor, image_size: int) -> None:
-    if pixels.dim() != 4 or tuple(pixels.shape[-2:]) != (image_size,) * 2:
-        raise ConfigError(
-            f"expected pixels [B, C, {image_size}, {image_size}], "
-            f"got {tuple(pixels.shape)} (resize images with lmforge.vlm.data.load_image)"
+def check_pixels(pixels: torch.Tensor, image_size: int, channels: int = 3) -> None:
+    """Refuse a pixel tensor that is not [B, channels, image_size, image_size]."""
+    if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (channels, image_size, image_size):
+        raise DataError(
+            f"expected pixels [B, {channels}, {image_size}, {image_size}], "
+            f"got {tuple(pixels.shape)} (load images with lmforge.vlm.data.load_image)"
         )
 
 
@@ -122,15 +134,45 @@ class PatchEmbedding(nn.Module):
 
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.image_size = config.image_size
+        self.image_size, self.channels = config.image_size, config.channels
         p = config.patch_size
         self.proj = nn.Conv2d(
             config.channels, config.d_model, kernel_size=p, stride=p, bias=config.patch_bias
         )
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        check_pixels(pixels, self.image_size)
+        check_pixels(pixels, self.image_size, self.channels)
         return self.proj(pixels).flatten(2).transpose(1, 2)  # row-major patch order
+
+
+class ConvPatchEmbedding(nn.Module):
+    """[B, C, H, W] -> [B, (H/P)(W/P), d]: a convolutional stem.
+
+    log2(P) stages of Conv3x3 (stride 2, padding 1) + GELU bring the image down to the patch
+    grid, widening the channels towards d; a 1x1 convolution then projects to d. Each token's
+    receptive field reaches past its own patch (by 2^k - 1 pixels after k stages), so a shape
+    that straddles a patch border, or a patch that holds parts of two shapes, is not cut into
+    pieces that no single token sees whole.
+    """
+
+    late_colour = False
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.image_size, self.channels = config.image_size, config.channels
+        stages = config.patch_size.bit_length() - 1  # patch_size = 2**stages (checked)
+        widths = [config.channels] + [
+            max(config.d_model >> (stages - 1 - i), 8) for i in range(stages)
+        ]
+        layers: list[nn.Module] = []
+        for c_in, c_out in zip(widths, widths[1:]):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.GELU()]
+        self.stem = nn.Sequential(*layers)
+        self.proj = nn.Conv2d(widths[-1], config.d_model, 1, bias=config.patch_bias)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        check_pixels(pixels, self.image_size, self.channels)
+        return self.proj(self.stem(pixels)).flatten(2).transpose(1, 2)  # row-major patches
 
 
 class FactorisedPatchEmbedding(nn.Module):
@@ -144,13 +186,18 @@ class FactorisedPatchEmbedding(nn.Module):
               the outline in [0, 1] whatever its colour (a uniform patch gives zeros);
       colour: per-channel max and min over the patch: the brightest colour and the background,
               whatever the outline.
-    The token is W_s shape + W_c colour + b; the encoder blocks then work on both. This is local
-    contrast normalisation plus colour statistics, and works on any RGB image.
+    The token is W_s shape + W_c colour + b; the encoder blocks then work on both.
+
+    Specific to flat-coloured shapes on a dark background with at most one object per patch:
+    the colour code is the patch's brightest and darkest value per channel, so a patch holding
+    two objects gets a colour that belongs to neither, and natural images (shading, texture)
+    have no such "colour". Off by default; use `linear` or `conv` for anything else.
     """
 
     def __init__(self, config: VisionConfig):
         super().__init__()
         self.image_size, self.p = config.image_size, config.patch_size
+        self.channels = config.channels
         self.shape = nn.Linear(self.p * self.p, config.d_model)
         self.colour = nn.Linear(2 * config.channels, config.d_model, bias=False)
 
@@ -162,7 +209,7 @@ class FactorisedPatchEmbedding(nn.Module):
 
     def codes(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_s outline + b, W_c colour), each [B, L, d]."""
-        check_pixels(pixels, self.image_size)
+        check_pixels(pixels, self.image_size, self.channels)
         b, c = pixels.shape[:2]
         patches = F.unfold(pixels, self.p, stride=self.p).view(b, c, self.p * self.p, -1)
         patches = patches.permute(0, 3, 1, 2)  # [B, L, C, P*P], row-major patch order
@@ -185,43 +232,25 @@ class LateColourPatchEmbedding(FactorisedPatchEmbedding):
         return self.codes(pixels)[0]
 
 
-class VisionAttention(nn.Module):
-    """Bidirectional multi-head self-attention (every patch sees every patch) via SDPA."""
-
-    def __init__(self, config: VisionConfig):
-        super().__init__()
-        self.n_head = config.n_head
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
-        self.out = nn.Linear(config.d_model, config.d_model)
-        self.dropout = config.dropout
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, d // self.n_head).unbind(2)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=False)
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
+def block_config(config: VisionConfig) -> ModelConfig:
+    """The ModelConfig of the encoder's blocks: lmforge's pre-norm Block with LayerNorm, biased
+    fused-QKV softmax attention (no positions inside the blocks: the encoder adds its learned
+    patch positions once) and a 2-layer GELU MLP. vocab_size is unused (no embedding here)."""
+    return ModelConfig(
+        vocab_size=1, n_layer=max(config.n_layer, 1), n_head=config.n_head,
+        d_model=config.d_model, d_ff=config.d_ff, max_seq_len=config.num_tokens,
+        norm="layernorm", norm_eps=config.norm_eps, pos="none",
+        mlp="gelu_tanh" if config.act == "gelu_tanh" else "gelu", bias=True,
+        dropout=config.dropout, attn_impl="sdpa",
+    )  # fmt: skip
 
 
-class VisionBlock(nn.Module):
-    """Pre-norm ViT block: x + Attn(LN(x)), then x + MLP(LN(x))."""
-
-    def __init__(self, config: VisionConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
-        self.attn = VisionAttention(config)
-        self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
-        self.mlp = nn.Sequential(
-            nn.Linear(config.d_model, config.d_ff),
-            ACTIVATIONS[config.act](),
-            nn.Linear(config.d_ff, config.d_model),
-            nn.Dropout(config.dropout),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+def vision_block(config: VisionConfig, layer_idx: int) -> Block:
+    """One bidirectional encoder block (call it with is_causal=False)."""
+    block = Block(block_config(config), layer_idx)
+    if config.act == "quick_gelu":  # CLIP's activation is not one of the LM's MLP kinds
+        block.mlp.act = quick_gelu
+    return block
 
 
 class VisionEncoder(nn.Module):
@@ -234,9 +263,9 @@ class VisionEncoder(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, config.d_model)) if config.use_cls else None
         self.pos = nn.Parameter(torch.randn(1, config.num_tokens, config.d_model) * 0.02)
         d, eps = config.d_model, config.norm_eps
-        self.pre_norm = nn.LayerNorm(d, eps=eps) if config.pre_norm else nn.Identity()
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.n_layer))
-        self.norm = nn.LayerNorm(d, eps=eps) if config.final_norm else nn.Identity()
+        self.pre_norm = LayerNorm(d, eps=eps) if config.pre_norm else nn.Identity()
+        self.blocks = nn.ModuleList(vision_block(config, i) for i in range(config.n_layer))
+        self.norm = LayerNorm(d, eps=eps) if config.final_norm else nn.Identity()
         self.frozen = False
 
     @property
@@ -257,7 +286,7 @@ class VisionEncoder(nn.Module):
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.pre_norm(x + self.pos)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, is_causal=False)  # no mask: every patch attends to every patch
         x = self.norm(x)
         if late is not None:
             x = x + F.pad(late, (0, 0, int(self.cls is not None), 0))  # none on CLS
@@ -275,7 +304,27 @@ class VisionEncoder(nn.Module):
 
 PATCH_EMBEDDINGS: dict[str, type[nn.Module]] = {
     "linear": PatchEmbedding,
+    "conv": ConvPatchEmbedding,
     "factorised": FactorisedPatchEmbedding,
     "late_colour": LateColourPatchEmbedding,
 }
 VISION_ENCODERS = {"vit": VisionEncoder}
+
+
+# Tensor names of the encoder blocks before they became lmforge's shared Block.
+LEGACY_BLOCK_NAMES = {
+    ".norm1.": ".attn_norm.", ".norm2.": ".mlp_norm.", ".attn.qkv.": ".attn.qkv_proj.",
+    ".attn.out.": ".attn.o_proj.", ".mlp.0.": ".mlp.up_proj.", ".mlp.2.": ".mlp.down_proj.",
+}  # fmt: skip
+
+
+def upgrade_legacy_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename block tensors of checkpoints written before the shared Block (same maths: the
+    old private block was the same pre-norm LayerNorm / fused-QKV attention / GELU MLP)."""
+    out = {}
+    for name, tensor in state.items():
+        if name.startswith("vision_tower.blocks."):  # a VisionLanguageModel checkpoint
+            for old, new in LEGACY_BLOCK_NAMES.items():
+                name = name.replace(old, new)
+        out[name] = tensor
+    return out

@@ -96,7 +96,7 @@ def test_image_is_visible_only_after_its_position():
 
 @pytest.mark.parametrize(
     "pos,use_cls,patch_embed",
-    [("rope", False, "linear"), ("learned", True, "linear"), ("rope", False, "factorised")],
+    [("rope", False, "linear"), ("learned", True, "conv"), ("rope", False, "factorised")],
 )
 def test_cached_equals_uncached_generation_with_image_prefix(pos, use_cls, patch_embed):
     torch.manual_seed(1)
@@ -131,7 +131,9 @@ def test_two_images_in_one_prompt_cached_equals_uncached():
     assert vlm.generate(pixels, [ids], 8) == vlm.generate(pixels, [ids], 8, use_cache=False)
 
 
-@pytest.mark.parametrize("projector,patch_embed", [("linear", "factorised"), ("mlp2", "linear")])
+@pytest.mark.parametrize(
+    "projector,patch_embed", [("linear", "factorised"), ("mlp2", "linear"), ("linear", "conv")]
+)
 def test_save_load_round_trip(tmp_path, projector, patch_embed):
     vlm = tiny(projector=projector, patch_embed=patch_embed)
     vlm.save(tmp_path)

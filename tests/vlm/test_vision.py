@@ -2,12 +2,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, DataError
+from lmforge.model.attention import CausalSelfAttention
+from lmforge.model.transformer import Block
 from lmforge.vlm.vision import (
+    ConvPatchEmbedding,
     FactorisedPatchEmbedding,
     PatchEmbedding,
     VisionConfig,
     VisionEncoder,
+    upgrade_legacy_names,
 )
 
 
@@ -53,7 +57,7 @@ def test_factorised_patch_embedding_separates_shape_from_colour():
         VisionConfig(image_size=16, patch_size=8, d_model=8, n_head=2, patch_embed="factorised")
     )
     assert enc(red_a).shape == (1, 4, 8)
-    with pytest.raises(ConfigError, match="expected pixels"):
+    with pytest.raises(DataError, match="expected pixels"):
         enc(torch.randn(1, 3, 20, 20))
 
 
@@ -116,7 +120,72 @@ def test_bad_config_and_bad_pixels():
     with pytest.raises(ConfigError, match="n_head"):
         VisionConfig(d_model=30, n_head=4)
     with pytest.raises(ConfigError, match="patch_embed must be one of"):
-        VisionConfig(patch_embed="conv")
+        VisionConfig(patch_embed="pixelshuffle")
+    with pytest.raises(ConfigError, match="patch_size must be a power of 2"):
+        VisionConfig(image_size=24, patch_size=6, patch_embed="conv")
+    for stem in ("linear", "conv"):
+        cfg = VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2, patch_embed=stem)
+        enc = VisionEncoder(cfg)
+        with pytest.raises(
+            DataError, match=r"expected pixels \[B, 3, 16, 16\], got \(1, 3, 20, 20"
+        ):
+            enc(torch.randn(1, 3, 20, 20))
+        with pytest.raises(DataError, match=r"got \(1, 4, 16, 16\)"):  # RGBA tensor
+            enc(torch.randn(1, 4, 16, 16))
+        with pytest.raises(DataError, match="expected pixels"):  # greyscale, no channel dim
+            enc(torch.randn(1, 16, 16))
+
+
+def test_blocks_are_the_shared_lmforge_block():
+    """The encoder runs lmforge/model's Block (fused-QKV softmax attention, LayerNorm, MLP), not
+    a private attention class; the HF CLIP/SigLIP tests check the numbers against transformers."""
     enc = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2))
-    with pytest.raises(ConfigError, match="expected pixels"):
-        enc(torch.randn(1, 3, 20, 20))
+    assert len(enc.blocks) == 2
+    assert all(isinstance(b, Block) and isinstance(b.attn, CausalSelfAttention) for b in enc.blocks)
+    assert VisionConfig().n_layer >= 1
+
+
+def test_conv_stem_shapes_and_receptive_field_crosses_patch_borders():
+    """A pixel just left of the border between patch 0 and patch 1 changes patch 1's token with
+    the convolutional stem (overlapping receptive fields), never with the linear one."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    y = x.clone()
+    y[:, :, 2, 7] += 1.0  # patch (0, 0), last column
+    for stem, crosses in (("conv", True), ("linear", False)):
+        cfg = VisionConfig(image_size=32, patch_size=8, d_model=16, n_head=2, patch_embed=stem)
+        embed = PATCH_STEMS[stem](cfg)
+        with torch.no_grad():
+            a, b = embed(x), embed(y)
+        assert a.shape == (2, 16, 16)
+        assert not torch.allclose(a[:, 0], b[:, 0])
+        assert (not torch.allclose(a[:, 1], b[:, 1])) == crosses
+        # Patch rows 2-3 lie beyond the stem's 15-pixel receptive field: untouched either way.
+        torch.testing.assert_close(a[:, 8:], b[:, 8:], atol=1e-6, rtol=0)
+    conv = ConvPatchEmbedding(VisionConfig(image_size=32, patch_size=8, d_model=16, n_head=2,
+                                           patch_embed="conv"))  # fmt: skip
+    assert sum(isinstance(m, torch.nn.Conv2d) for m in conv.modules()) == 4  # 3 x stride 2 + 1x1
+
+
+PATCH_STEMS = {"linear": PatchEmbedding, "conv": ConvPatchEmbedding}
+
+
+def test_legacy_block_names_load_into_the_shared_block():
+    """Checkpoints written with the old private block names (norm1, attn.qkv, mlp.0, ...) are
+    renamed onto the shared Block and give the same outputs."""
+    torch.manual_seed(0)
+    enc = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2)).eval()
+    new_to_old = {"attn_norm": "norm1", "mlp_norm": "norm2", "attn.qkv_proj": "attn.qkv",
+                  "attn.o_proj": "attn.out", "mlp.up_proj": "mlp.0",
+                  "mlp.down_proj": "mlp.2"}  # fmt: skip
+    old = {}
+    for name, tensor in enc.state_dict().items():
+        for new, legacy in new_to_old.items():
+            name = name.replace(f".{new}.", f".{legacy}.")
+        old["vision_tower." + name] = tensor.clone()
+    assert "vision_tower.blocks.0.mlp.0.weight" in old
+    back = {k.removeprefix("vision_tower."): v for k, v in upgrade_legacy_names(old).items()}
+    fresh = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2)).eval()
+    fresh.load_state_dict(back, strict=True)
+    x = torch.randn(1, 3, 16, 16)
+    torch.testing.assert_close(fresh(x), enc(x))
