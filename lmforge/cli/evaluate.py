@@ -123,12 +123,12 @@ def run_perplexity(args) -> int:
     if lm.tokenizer is None:
         raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot tokenize {args.data}")
     ids: list[int] = []
-    n_bytes = 0
     eos = lm.tokenizer.eos_id
     for doc in read_documents(args.data):
         ids += lm.tokenizer.encode(doc) + ([eos] if eos is not None else [])
-        n_bytes += len(doc.encode("utf-8"))
-    print(perplexity(lm.model, ids, n_bytes, args.window, args.stride))
+    # bits/byte counts the bytes of exactly the tokens scored (EOS and other specials: 0)
+    token_bytes = lm.tokenizer.token_byte_lengths()
+    print(perplexity(lm.model, ids, token_bytes, args.window, args.stride))
     return 0
 
 

@@ -41,7 +41,7 @@ def run(args) -> int:
     result = trainer.run()
     print(
         f"\nfinal: step {result['step']}  val loss {result['val_loss']:.4f}  "
-        f"val perplexity {result['val_ppl']:.2f}  "
+        f"val perplexity {result['val_ppl']:.2f}  val bits/byte {result['val_bpb']:.4f}  "
         f"{result['tokens_per_s']:,.0f} tokens/s  {result['elapsed_s']:.1f} s training"
     )
     for i, text in enumerate(trainer.samples()):

@@ -1,8 +1,16 @@
-"""Perplexity and bits-per-byte of a model on a text: exp(mean NLL) over every predicted token."""
+"""Perplexity and bits per byte of a model on a text: exp(mean NLL) over every predicted token.
+
+Bits per byte is the one loss number comparable across tokenizers: the summed NLL of the scored
+tokens divided by ln 2 times the UTF-8 bytes those same tokens stand for. The byte count comes
+from the tokenizer's per-token byte lengths (`Tokenizer.token_byte_lengths`, special tokens 0,
+as nanochat counts them), so it covers exactly the tokens scored. Pretraining's validation, this
+module's `perplexity` and the speedrun's yardstick all use the functions here.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -11,12 +19,36 @@ import torch.nn.functional as F
 from lmforge.errors import DataError
 
 
+def token_bytes_table(tokenizer, device: str | torch.device = "cpu") -> torch.Tensor:
+    """The tokenizer's byte length of every id as an int64 tensor (index = id), for
+    `target_bytes`; build it once per run and keep it on the device the targets live on."""
+    return torch.tensor(tokenizer.token_byte_lengths(), dtype=torch.long, device=device)
+
+
+def target_bytes(targets: torch.Tensor, token_bytes: torch.Tensor) -> torch.Tensor:
+    """UTF-8 bytes of the scored target ids (a 0-d int64 tensor on the targets' device, so a
+    loop can add it up without a host sync). Ignored positions (negative, e.g. -100) count 0."""
+    table = token_bytes.to(targets.device)
+    scored = targets >= 0
+    return torch.where(scored, table[targets.clamp(min=0)], 0).sum()
+
+
+def bits_per_byte(total_nats: float, n_bytes: int) -> float:
+    """Bits per byte: summed NLL in nats over the scored tokens / (ln 2 × their UTF-8 bytes).
+    NaN when the scored tokens hold no text bytes (only special tokens)."""
+    n_bytes = int(n_bytes)
+    if n_bytes <= 0:
+        return math.nan
+    return float(total_nats) / (math.log(2) * n_bytes)
+
+
 @dataclass
 class PerplexityResult:
     nll: float  # mean negative log-likelihood per token (nats)
     perplexity: float
     bits_per_byte: float
     tokens: int
+    bytes: int  # UTF-8 bytes of the scored tokens
 
     def __str__(self) -> str:
         return (
@@ -27,9 +59,15 @@ class PerplexityResult:
 
 @torch.inference_mode()
 def perplexity(
-    model, ids: list[int], n_bytes: int, window: int | None = None, stride: int | None = None
+    model,
+    ids: Sequence[int],
+    token_bytes: torch.Tensor | Sequence[int],
+    window: int | None = None,
+    stride: int | None = None,
 ) -> PerplexityResult:
-    """Score every token of `ids` once, with windows of `window` tokens moved by `stride`.
+    """Score every token of `ids` after the first once, with windows of `window` tokens moved by
+    `stride`; bits per byte divides by the bytes of exactly those tokens (`token_bytes`: the
+    tokenizer's per-id byte lengths, `Tokenizer.token_byte_lengths()` or `token_bytes_table`).
 
     Default stride = window (no overlap). With stride < window, each window after the first
     scores only its last `stride` tokens, so each has at least window - stride of context.
@@ -50,10 +88,12 @@ def perplexity(
         total_nll += F.cross_entropy(logits.float(), y[0, pos - begin :], reduction="sum").item()
         pos = end
     tokens = len(ids) - 1
+    n_bytes = int(target_bytes(data[1:], torch.as_tensor(token_bytes, dtype=torch.long)))
     mean = total_nll / tokens
     return PerplexityResult(
         nll=mean,
         perplexity=math.exp(min(mean, 700.0)),
-        bits_per_byte=total_nll / math.log(2) / max(1, n_bytes),
+        bits_per_byte=bits_per_byte(total_nll, n_bytes),
         tokens=tokens,
+        bytes=n_bytes,
     )

@@ -1,10 +1,11 @@
 """The speedrun's common yardstick: every model the pipeline made, measured the same way.
 
 Each stage's trainer reports its own metric (val loss, pair accuracy, ...), but those are not
-comparable across stages. Here every checkpoint gets the same four numbers, so the report can show
+comparable across stages. Here every checkpoint gets the same five numbers, so the report can show
 what each stage added:
 
   perplexity   on the pretraining corpus' held-out tokens (did fine-tuning cost language?)
+  bpb          bits per byte on those same tokens (comparable across tokenizers)
   accuracy     greedy exact match on held-out task problems (tasks.verify)
   reward       the trained reward model's mean score of the greedy answers to those problems
   kl           mean per-completion KL(π ‖ π_sft) of sampled answers (how far alignment moved)
@@ -22,15 +23,15 @@ from lmforge.align import data as D
 from lmforge.align.rollout import ModelReward, RolloutEngine
 from lmforge.align.sft import exact_match
 from lmforge.data.shards import TokenShard
-from lmforge.eval.perplexity import perplexity
+from lmforge.eval.perplexity import PerplexityResult, perplexity
 from lmforge.lm import LM
 
 
-def heldout_perplexity(lm: LM, val_bin: Path, n_tokens: int) -> float:
-    """Perplexity on the first `n_tokens` of the pretraining validation shard."""
+def heldout_perplexity(lm: LM, val_bin: Path, n_tokens: int) -> PerplexityResult:
+    """Perplexity and bits per byte on the first `n_tokens` of the pretraining validation shard
+    (bytes counted over exactly the scored tokens, by the model's tokenizer)."""
     ids = TokenShard.open(val_bin).tokens[:n_tokens].tolist()
-    n_bytes = len(lm.tokenizer.decode(ids).encode("utf-8"))
-    return perplexity(lm.model, ids, n_bytes).perplexity
+    return perplexity(lm.model, ids, lm.tokenizer.token_byte_lengths())
 
 
 def _engine(lm: LM, max_new_tokens: int, reference=None) -> RolloutEngine:
@@ -72,7 +73,7 @@ def evaluate_models(
     device: torch.device,
     log=print,
 ) -> dict[str, dict[str, float]]:
-    """{stage: {perplexity, accuracy, reward, kl}} for each checkpoint in `models`."""
+    """{stage: {perplexity, bpb, accuracy, reward, kl}} for each checkpoint in `models`."""
     from lmforge.align.reward import RewardModel
 
     rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
@@ -85,7 +86,8 @@ def evaluate_models(
         lm.model.eval()
         row: dict[str, float] = {}
         if val_bin is not None:
-            row["perplexity"] = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
+            heldout = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
+            row["perplexity"], row["bpb"] = heldout.perplexity, heldout.bits_per_byte
         row["accuracy"] = exact_match(lm, records, new_tokens)
         if rm is not None:
             row["reward"] = mean_reward(lm, records, rm, new_tokens)

@@ -41,7 +41,7 @@ def eval_table(out: Path) -> Table | None:
     if not path.is_file():
         return None
     table = read_json(path, "eval results")
-    metrics = [m for m in ("perplexity", "accuracy", "reward", "kl") if any(
+    metrics = [m for m in ("perplexity", "bpb", "accuracy", "reward", "kl") if any(
         m in row for row in table.values())]  # fmt: skip
     rows = [[stage] + [_fmt(row.get(m, "")) for m in metrics] for stage, row in table.items()]
     return ["model after", *metrics], rows

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_device
-from lmforge.fileio import write_json
+from lmforge.eval.perplexity import bits_per_byte, target_bytes, token_bytes_table
+from lmforge.fileio import remove_stale_temps, write_json
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
@@ -88,8 +89,14 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float 
 
 
 @torch.inference_mode()
-def evaluate(model, shard: TokenShard, cfg: TrainConfig, device, autocast) -> float:
-    """Mean loss over the first eval_iters x batch_size sequential blocks of a split.
+def evaluate(
+    model, shard: TokenShard, cfg: TrainConfig, device, autocast,
+    token_bytes: torch.Tensor | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """(mean loss, bits per byte) over the first eval_iters x batch_size sequential blocks of a
+    split. Bits per byte divides the summed loss by the UTF-8 bytes of exactly the target tokens
+    scored (`token_bytes`: the tokenizer's per-id byte lengths, `token_bytes_table`); without
+    it, it is NaN.
 
     The blocks are deterministic, and scored in as few forward passes as memory allows
     (logits capped at ~64M floats): the same tokens as eval_iters training-sized batches,
@@ -100,16 +107,24 @@ def evaluate(model, shard: TokenShard, cfg: TrainConfig, device, autocast) -> fl
     blocks = cfg.eval_iters * cfg.batch_size
     vocab = model.config.vocab_size
     per_pass = min(blocks, max(cfg.batch_size, 64_000_000 // (cfg.block_size * vocab)))
-    total, count = 0.0, 0
+    # sums over the passes (few: each is large) on the host, in float64
+    nats, n_bytes, n_targets, count = 0.0, 0, 0, 0
     for x, y in iterate_eval_batches(shard, per_pass, cfg.block_size):
-        x, y = x[: blocks - count], y[: blocks - count]
+        x, y = x[: blocks - count].to(device), y[: blocks - count].to(device)
         with autocast():
-            total += lm_loss(model(x.to(device)), y.to(device)).item() * len(x)
+            logits = model(x)
+        nats += F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
+        ).item()  # ignore_index=-100, as in training: those positions are not scored
+        n_targets += int((y != -100).sum())
+        if token_bytes is not None:
+            n_bytes += int(target_bytes(y, token_bytes))
         count += len(x)
         if count >= blocks:
             break
     model.train(was_training)
-    return total / max(1, count)
+    bpb = bits_per_byte(nats, n_bytes) if token_bytes is not None else math.nan
+    return nats / max(1, n_targets), bpb
 
 
 class Pretrainer:
@@ -128,6 +143,9 @@ class Pretrainer:
         if resume and not state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {state_path}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        # temps of saves killed mid-write (SIGKILL, OOM killer) in an earlier run of this folder
+        remove_stale_temps(self.out_dir)
+        remove_stale_temps(self.out_dir / "data")
 
         with self.dist.rank_zero_first():  # the other ranks then reuse rank 0's files
             self.tokenizer = build_tokenizer(cfg, self.out_dir)
@@ -139,6 +157,8 @@ class Pretrainer:
         self.train_shard = TokenShard.open(self.out_dir / "data" / "train.bin")
         self.val_shard = TokenShard.open(self.out_dir / "data" / "val.bin")
         self.model_config = cfg.model_config(self.tokenizer.vocab_size)
+        # UTF-8 bytes per token id, for validation bits per byte (comparable across tokenizers)
+        self.token_bytes = token_bytes_table(self.tokenizer, self.device)
         # seeded right before init, so every rank (and a plain run) builds the same weights
         # whatever the tokenizer/corpus step did with the RNG on it (FSDP2 shards each rank's
         # own copy; it does not broadcast rank 0's)
@@ -325,18 +345,19 @@ class Pretrainer:
     def _eval_line(self, r: dict[str, float]) -> str:
         return (
             f"step {self.step}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
-            f"val ppl {r['val_ppl']:.2f}"
+            f"val ppl {r['val_ppl']:.2f}, val bpb {r['val_bpb']:.4f}"
         )
 
     def _evaluate(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        train = evaluate(self.model, self.train_shard, self.cfg, self.device, self.autocast)
-        val = evaluate(self.model, self.val_shard, self.cfg, self.device, self.autocast)
+        args = (self.cfg, self.device, self.autocast, self.token_bytes)
+        train, _ = evaluate(self.model, self.train_shard, *args)
+        val, bpb = evaluate(self.model, self.val_shard, *args)
         self.elapsed += time.perf_counter() - t0
         ppl = math.exp(min(val, 50.0))
-        self.metrics.log(self.step, "val", loss=val, ppl=ppl)
+        self.metrics.log(self.step, "val", loss=val, ppl=ppl, bpb=bpb)
         self.metrics.log(self.step, "train_eval", loss=train)
-        return {"train_loss": train, "val_loss": val, "val_ppl": ppl}
+        return {"train_loss": train, "val_loss": val, "val_ppl": ppl, "val_bpb": bpb}
 
     def samples(self, n: int | None = None, max_new_tokens: int | None = None) -> list[str]:
         """A few text samples from the current model (temperature 0.8, top-k 200 like nanoGPT)."""

@@ -52,7 +52,7 @@ def test_rolling_loglikelihood_equals_perplexity_windows(tiny_lm):
     ids = [prefix_id(tiny_lm)] + tiny_lm.tokenizer.encode(text)
     assert len(ids) > 2 * tiny_lm.config.max_seq_len
     total = rolling_loglikelihood(tiny_lm, text)
-    ppl = perplexity(tiny_lm.model, ids, len(text))
+    ppl = perplexity(tiny_lm.model, ids, tiny_lm.tokenizer.token_byte_lengths())
     assert total == pytest.approx(-ppl.nll * ppl.tokens, rel=1e-5)
 
 

@@ -27,13 +27,13 @@ def test_speedrun_end_to_end_report_has_finite_numbers(tmp_path, capsys):
     table = json.loads((out / "eval" / "eval.json").read_text())
     assert list(table) == ["pretrain", "sft", "dpo", "grpo"]
     for stage, row in table.items():
-        assert set(row) == {"perplexity", "accuracy", "reward", "kl"}, stage
+        assert set(row) == {"perplexity", "bpb", "accuracy", "reward", "kl"}, stage
         assert all(math.isfinite(v) for v in row.values()), (stage, row)
     assert table["sft"]["kl"] == pytest.approx(0.0, abs=1e-5)  # the reference is SFT itself
     report = (out / "report.md").read_text()
     for stage in ("pretrain", "sft", "reward", "dpo", "grpo", "rag"):
         assert f"## {stage} — " in report
-    assert "| model after | perplexity | accuracy | reward | kl |" in report
+    assert "| model after | perplexity | bpb | accuracy | reward | kl |" in report
     assert "<table>" in (out / "report.html").read_text()
     assert {p.name for p in (out / "plots").iterdir()} >= {"loss.png", "accuracy.png"}
     answers = json.loads((out / "rag" / "answers.json").read_text())

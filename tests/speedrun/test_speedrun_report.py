@@ -9,9 +9,11 @@ from lmforge.train.metrics import MetricsLog
 
 def test_report_tables_plots_and_html(tmp_path):
     (tmp_path / "eval").mkdir()
-    table = {"pretrain": {"perplexity": 90.5, "accuracy": 0.0, "reward": -0.1, "kl": 40.0},
-             "sft": {"perplexity": 300.0, "accuracy": 0.5, "reward": 0.1, "kl": 0.0},
-             "grpo": {"perplexity": 310.0, "accuracy": 0.75, "reward": 0.2, "kl": 0.3}}  # fmt: skip
+    table = {"pretrain": {"perplexity": 90.5, "bpb": 2.25, "accuracy": 0.0, "reward": -0.1,
+                          "kl": 40.0},
+             "sft": {"perplexity": 300.0, "bpb": 2.75, "accuracy": 0.5, "reward": 0.1, "kl": 0.0},
+             "grpo": {"perplexity": 310.0, "bpb": 2.8125, "accuracy": 0.75, "reward": 0.2,
+                      "kl": 0.3}}  # fmt: skip
     (tmp_path / "eval" / "eval.json").write_text(json.dumps(table))
     log = MetricsLog(tmp_path / "grpo")
     for step in range(5):
@@ -28,7 +30,8 @@ def test_report_tables_plots_and_html(tmp_path):
     }
     path = write_report(tmp_path, resolve_plan("cpu-tiny"), results)
     md = path.read_text()
-    assert "| grpo | 310.0000 | 0.7500 | 0.2000 | 0.3000 |" in md
+    assert "| model after | perplexity | bpb | accuracy | reward | kl |" in md
+    assert "| grpo | 310.0000 | 2.8125 | 0.7500 | 0.2000 | 0.3000 |" in md
     assert "## grpo — GRPO" in md and "| wall time (s) | 30.0000 |" in md
     assert "| What does break do? | It ends the loop. [1] | break, for | break | yes |" in md
     assert f"lmforge chat --checkpoint {tmp_path / 'grpo'}" in md

@@ -1,4 +1,7 @@
 import csv
+import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,3 +141,37 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
         trainer.run()
     resumed = Pretrainer(config(tmp_path, max_iters=50), resume=True, log=lambda *_: None)
     assert resumed.step == 3
+
+
+def test_validation_reports_bits_per_byte_of_the_scored_tokens(tmp_path):
+    """val_bpb = summed NLL of the validation targets scored / (ln 2 x their UTF-8 bytes), the
+    bytes counted by decoding each target token: in the result, final_metrics.json, metrics.csv
+    and the eval line. Multi-byte characters make bytes != tokens != characters-as-bytes."""
+    text = "Ça a été très bien — naïve café, 東京.\n" * 60
+    cfg = config(tmp_path, eval_iters=3, max_iters=4, eval_interval=2)
+    Path(cfg.data).write_text(text)
+    trainer = Pretrainer(cfg, log=lambda *_: None)
+    result = trainer.run()
+
+    T, n_blocks = cfg.block_size, cfg.eval_iters * cfg.batch_size
+    tokens = torch.as_tensor(trainer.val_shard.tokens.astype("int64"))
+    assert (len(tokens) - 1) // T >= n_blocks  # the val split holds every block scored
+    x = tokens[: n_blocks * T].view(n_blocks, T)
+    y = tokens[1 : n_blocks * T + 1].view(n_blocks, T)
+    with torch.no_grad():
+        logp = torch.log_softmax(trainer.model.eval()(x).double(), -1)
+    nats = -logp.gather(-1, y[..., None]).sum().item()
+    tok = trainer.tokenizer
+    n_bytes = sum(len(tok.decode([int(t)]).encode("utf-8")) for t in y.flatten())
+    assert n_bytes > y.numel()  # multi-byte characters are scored
+    expected = nats / (math.log(2) * n_bytes)
+    assert result["val_bpb"] == pytest.approx(expected, rel=1e-4)
+    assert result["val_loss"] == pytest.approx(nats / y.numel(), rel=1e-4)
+
+    saved = json.loads((Path(cfg.out_dir) / "final_metrics.json").read_text())
+    assert saved["val_bpb"] == pytest.approx(expected, rel=1e-4)
+    with open(Path(cfg.out_dir) / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["split"] == "val" and r["metric"] == "bpb"]
+    assert [int(r["step"]) for r in rows] == [2, 4]
+    assert float(rows[-1]["value"]) == pytest.approx(expected, rel=1e-4)
+    assert f"val bpb {expected:.4f}" in trainer._eval_line(result)

@@ -174,3 +174,37 @@ def test_sharded_save_removes_orphans_of_killed_saves(tmp_path):
     save_sharded(root, model, optimizer, meta, {"sampler": {"lanes": {}}, "rng": rng_json()})
     assert not orphan.exists()
     assert sorted(p.name for p in root.iterdir()) == ["latest.json", "step_00000001"]
+
+
+def test_a_pretraining_run_removes_orphans_of_a_killed_run(tmp_path):
+    """A run reopening its out_dir (shards already built, so the shard builder does not run)
+    removes what killed saves left there and in data/, and keeps a live writer's temp."""
+    from lmforge.train.config import TrainConfig
+    from lmforge.train.pretrain import Pretrainer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("It was the best of times, it was the worst of times.\n" * 20)
+    out = tmp_path / "run"
+    cfg = dict(out_dir=str(out), data=str(corpus), tokenizer="char", batch_size=2, block_size=8,
+               max_iters=1, eval_iters=1, progress=False, samples=0, device="cpu",
+               model=dict(n_layer=1, n_head=1, d_model=8, max_seq_len=8))  # fmt: skip
+    Pretrainer(TrainConfig(**cfg), log=lambda *_: None)
+    built = {p.name: p.stat().st_mtime_ns for p in (out / "data").iterdir()}
+
+    dead = dead_pid()
+    orphans = [
+        killed_save(out / "model.safetensors"),  # a real atomic save, SIGKILLed
+        tagged(out, "training_state.safetensors", dead),
+        tagged(out / "data", "train.bin", dead),
+    ]
+    for orphan in orphans[1:]:
+        orphan.write_bytes(b"x" * 1000)
+        age(orphan, 2 * DEAD_WRITER_GRACE_S)
+    live = tagged(out, "metrics.csv", os.getpid())  # this process is alive: never an orphan
+    age(live, 2 * DEAD_WRITER_GRACE_S)
+
+    Pretrainer(TrainConfig(**cfg), log=lambda *_: None)
+    assert [p for p in orphans if p.exists()] == []
+    assert live.exists()
+    # the shards were reused, not rebuilt: the run itself, not the shard builder, cleaned data/
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "data").iterdir()} == built
