@@ -11,13 +11,13 @@ tokenizer are checked before the file is opened, and the file appears only when 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lmforge.errors import ConfigError
+from lmforge.fileio import temp_file_beside
 from lmforge.interop.families import FAMILIES
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
 from lmforge.interop.hf import export_state
@@ -129,7 +129,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
         tensors.append((name, tensor))
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_file_beside(path)  # named for remove_stale_temps if this process dies
     os.close(fd)
     try:
         writer = gguf.GGUFWriter(tmp, arch="llama")
