@@ -20,7 +20,12 @@ import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.losses import dpo_loss, preference_accuracy, sequence_logprobs
+from lmforge.align.losses import (
+    DPO_LOSS_TYPES,
+    dpo_loss,
+    preference_accuracy,
+    sequence_logprobs,
+)
 from lmforge.align.sft import PeftConfig, apply_peft, export_peft, split_dataset
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError
@@ -33,7 +38,9 @@ class DPOConfig(PeftConfig, AlignConfig):
     out_dir: str = "out/dpo"
     data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
     beta: float = 0.1
-    label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO)
+    label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO); robust: flip rate < 0.5
+    # sigmoid (DPO) | robust (rDPO) | hinge (SLiC) | ipo (length-normalised, as TRL): see dpo_loss
+    loss_type: str = "sigmoid"
     # RPO (Pang et al. 2024; TRL's rpo_alpha): + α · per-token NLL of the chosen responses, which
     # keeps DPO from lowering the likelihood of the right answers along with the wrong ones.
     rpo_alpha: float = 0.0
@@ -43,6 +50,12 @@ class DPOConfig(PeftConfig, AlignConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise ConfigError(
+                f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {self.loss_type!r}"
+            )
+        if self.loss_type == "robust" and not self.label_smoothing < 0.5:
+            raise ConfigError(f"robust DPO needs label_smoothing < 0.5, got {self.label_smoothing}")
         if self.beta <= 0 or not 0 <= self.label_smoothing <= 1 or self.rpo_alpha < 0:
             raise ConfigError(f"need beta > 0, 0 <= label_smoothing <= 1 and rpo_alpha >= 0, got "
                               f"{self.beta}, {self.label_smoothing}, {self.rpo_alpha}")  # fmt: skip
@@ -103,8 +116,11 @@ class DPOTrainer(AlignTrainer):
     def _loss(self, b) -> tuple[Tensor, Tensor, Tensor]:
         chosen, rejected = completion_logprobs(self.lm.model, b).chunk(2)
         ref = b["ref"]
+        # completion tokens per row (IPO divides each log-ratio by its completion's length)
+        lengths = (b["labels"][:, 1:] != D.IGNORE).sum(-1)
         loss, rc, rr = dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], self.cfg.beta,
-                                self.cfg.label_smoothing)  # fmt: skip
+                                self.cfg.label_smoothing, self.cfg.loss_type,
+                                *lengths.chunk(2))  # fmt: skip
         if self.cfg.rpo_alpha > 0:
             n_chosen = (b["labels"][: len(chosen), 1:] != D.IGNORE).sum().clamp(min=1)
             loss = loss - self.cfg.rpo_alpha * chosen.sum() / n_chosen

@@ -6,6 +6,13 @@ advantages A_i = r_i - mean_group(r) (÷ std for GRPO's `scale: std`). The loss 
 -mean(min(o·A, clip(o)·A)) over each completion's tokens, then over completions, plus
 β·KL_k3(π‖π_ref) when β > 0. No value network: the group mean is the baseline.
 
+`loss_type` picks TRL's reductions of that per-token loss (see `losses.grpo_loss`): `grpo`
+(per-completion mean, then mean), `bnpo` (token mean), `dr_grpo` (÷ B·max_new_tokens), `dapo`
+(÷ the real tokens of the whole rollout), or `rloo`: REINFORCE leave-one-out, a sequence-level
+clipped ratio with A_i = r_i - mean of the other completions of its prompt and, when β > 0, the
+KL charged to the reward (TRL's RLOOTrainer). `clip_eps_high` is DAPO's clip-higher and
+`mask_truncated` its overlong filtering (completions cut at max_new_tokens teach nothing).
+
 With `num_iterations` μ = 1 every update is on-policy (o = 1, the gradient is -A·∇log π and
 π_old log-probs are never computed); μ > 1 reuses each batch μ times, which is what the ratio
 clipping is for. A group whose rewards are all equal has zero advantage and contributes no
@@ -18,7 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from lmforge.align.losses import group_advantages, grpo_loss
+from lmforge.align.losses import (
+    GRPO_LOSS_TYPES,
+    group_advantages,
+    grpo_loss,
+    kl_per_token,
+    mask_truncated,
+    rloo_advantages,
+    rloo_loss,
+)
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.errors import ConfigError
@@ -32,7 +47,12 @@ class GRPOConfig(RLConfig):
     group_size: int = 8
     scale: str = "std"  # std (GRPO: (r - mean)/std) | none (r - mean, Dr. GRPO / RLOO-style)
     beta: float = 0.0  # KL(π‖π_ref) coefficient; 0 skips the reference model entirely
+    kl_correction: bool = False  # KL_k3 x ratio (unbiased reverse-KL gradient; TRL 1.x default)
     clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # DAPO clip-higher upper bound (None = clip_eps); 0.28
+    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | rloo (see the module docstring)
+    mask_truncated: bool = False  # overlong filtering: no loss on completions with no stop token
+    normalize_advantages: bool = False  # rloo: whiten the leave-one-out advantages over the batch
     num_iterations: int = 1  # μ: updates per batch (ratio clipping matters when > 1)
     minibatch_size: int | None = None  # rows per optimizer step; None = the whole batch
     lr: float = 1e-4
@@ -48,6 +68,12 @@ class GRPOConfig(RLConfig):
             raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}")
         if self.beta < 0 or self.clip_eps <= 0:
             raise ConfigError(f"need beta >= 0 and clip_eps > 0, got {self.beta}, {self.clip_eps}")
+        if self.loss_type not in (*GRPO_LOSS_TYPES, "rloo"):
+            raise ConfigError(
+                f"loss_type must be grpo, bnpo, dr_grpo, dapo or rloo, got {self.loss_type!r}"
+            )
+        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
+            raise ConfigError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
 
 
 class GRPOTrainer(RLTrainer):
@@ -64,12 +90,13 @@ class GRPOTrainer(RLTrainer):
 
     def __init__(self, cfg: GRPOConfig, resume: bool = False, log=print, reward=None):
         self.needs_reference = cfg.beta > 0
-        self.keep_logprobs = cfg.num_iterations > 1
+        # RLOO charges Σ(log π_old - log π_ref) to the reward, so it needs π_old at rollout time
+        self.keep_logprobs = cfg.num_iterations > 1 or (cfg.loss_type == "rloo" and cfg.beta > 0)
         super().__init__(cfg, resume=resume, log=log, reward=reward)
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: GRPOConfig = self.cfg
-        rollout.advantages = group_advantages(rollout.rewards, cfg.group_size, cfg.scale)
+        self.prepare(rollout)
         size = cfg.minibatch_size or len(rollout)
         gen = torch.Generator().manual_seed(cfg.seed + self.step)
         totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
@@ -84,13 +111,42 @@ class GRPOTrainer(RLTrainer):
         flat = (rollout.rewards.view(-1, cfg.group_size).std(-1) == 0).float().mean().item()
         return {**{k: v / n for k, v in totals.items()}, "frac_zero_std": flat}
 
+    def prepare(self, rollout: Rollout) -> None:
+        """Overlong filtering (if asked) and the advantages, in place, before the updates."""
+        cfg: GRPOConfig = self.cfg
+        if cfg.mask_truncated:
+            rollout.completion_mask = mask_truncated(
+                rollout.completion_ids, rollout.completion_mask, self.engine.stop_ids
+            )
+        # dapo: every minibatch divides by its share of the rollout's real tokens, so the
+        # minibatches of one rollout add up to its token mean (TRL's num_items_in_batch)
+        self._tokens_per_row = rollout.completion_mask.sum().item() / len(rollout)
+        if cfg.loss_type == "rloo":
+            kl = None
+            if cfg.beta > 0:
+                k1 = kl_per_token(rollout.old_logprobs, rollout.ref_logprobs, "k1")
+                kl = (k1 * rollout.completion_mask).sum(-1)
+            rollout.advantages = rloo_advantages(
+                rollout.rewards, cfg.group_size, cfg.normalize_advantages, kl, cfg.beta
+            )
+        else:
+            rollout.advantages = group_advantages(rollout.rewards, cfg.group_size, cfg.scale)
+
     def minibatch_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The GRPO loss of one minibatch of a scored rollout (and its kl / clip_frac)."""
         cfg: GRPOConfig = self.cfg
         logp = completion_logprobs(
             self.lm.model, mb.input_ids, mb.attention_mask, mb.prompt_width, cfg.temperature
         )
+        if cfg.loss_type == "rloo":
+            loss, stats = rloo_loss(
+                logp, mb.old_logprobs, mb.advantages, mb.completion_mask, cfg.clip_eps,
+                cfg.clip_eps_high,
+            )  # fmt: skip
+            return loss, {**stats, "kl": torch.zeros(())}
+        num_items = getattr(self, "_tokens_per_row", None)
         return grpo_loss(
             logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.completion_mask,
-            cfg.clip_eps, cfg.beta,
+            cfg.clip_eps, cfg.beta, cfg.loss_type, cfg.clip_eps_high, cfg.max_new_tokens,
+            None if num_items is None else num_items * len(mb), cfg.kl_correction,
         )  # fmt: skip

@@ -47,6 +47,7 @@ from lmforge.align.losses import (
     listwise_loss,
     mse_gap_loss,
     preference_accuracy,
+    reward_centering,
     sft_loss,
 )
 from lmforge.align.rollout import RolloutEngine
@@ -238,6 +239,7 @@ class RewardConfig(AlignConfig):
     margin: float = 1.0  # hinge margin
     target_gap: float = 1.0  # mse target reward gap
     lm_weight: float = 0.0  # + lm_weight * next-token loss on chosen responses (keeps the skill)
+    center_rewards: float = 0.0  # + c·mean((r⁺ + r⁻)²) (TRL's center_rewards_coefficient)
     pairs_from: str = "data"  # data (pairs in `data`) | policy (verifier-labelled init samples)
     pair_policy: str | None = None  # pairs_from policy: checkpoint that samples (None = init)
     pair_samples: int = 8  # pairs_from policy: completions sampled per prompt
@@ -256,6 +258,8 @@ class RewardConfig(AlignConfig):
             raise ConfigError(
                 f"pairs_from must be one of {', '.join(PAIR_SOURCES)}, got {self.pairs_from!r}"
             )
+        if self.center_rewards < 0:
+            raise ConfigError(f"center_rewards must be >= 0, got {self.center_rewards}")
         if self.pair_samples < 2 or self.pairs_per_prompt < 1 or self.pair_temperature <= 0:
             raise ConfigError("pair_samples must be >= 2, pairs_per_prompt >= 1, temperature > 0")
 
@@ -324,6 +328,8 @@ class RewardTrainer(AlignTrainer):
         r, logits = self.rm.rewards_and_logits(batch["input_ids"], batch["attention_mask"], with_lm)
         rc, rr = r.chunk(2)
         loss = REWARD_LOSSES[self.cfg.loss](rc, rr, self.cfg.margin, self.cfg.target_gap)
+        if self.cfg.center_rewards:
+            loss = loss + self.cfg.center_rewards * reward_centering(rc, rr)
         stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
         if with_lm:
             n = rc.shape[0]
