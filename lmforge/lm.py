@@ -18,8 +18,9 @@ import torch
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.infer.generate import generate, generate_stream
 from lmforge.infer.sampling import SamplingParams
+from lmforge.interop.checkpoint import load_model
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import load_model, save_model
+from lmforge.model.io import save_model
 from lmforge.model.transformer import Transformer
 
 

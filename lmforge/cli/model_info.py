@@ -21,9 +21,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from lmforge.fileio import load_yaml
+    from lmforge.interop.checkpoint import load_config
     from lmforge.model.config import PRESETS, ModelConfig
     from lmforge.model.info import describe, parameter_counts
-    from lmforge.model.io import load_config
     from lmforge.train.config import parse_overrides
 
     if args.list:

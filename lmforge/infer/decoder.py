@@ -21,7 +21,6 @@ from torch import nn
 
 from lmforge.infer.quantize import Int8Linear, to_inference_precision
 from lmforge.model.attention import CausalSelfAttention
-from lmforge.model.blocks import PreNormResidual
 from lmforge.model.mlp import MLP, GatedMLP
 from lmforge.model.norms import LayerNorm, RMSNorm
 from lmforge.model.positions import rope_scaling_type
@@ -114,7 +113,7 @@ class FastDecoder:
         if c.attention != "softmax" or c.attention_pattern or c.sliding_window:
             return "attention other than full softmax"
         for block in model.blocks:
-            if type(block.residual) is not PreNormResidual:
+            if block.wiring != "pre":
                 return "post-norm or parallel residual wiring"
             if type(block.attn) is not CausalSelfAttention:
                 return f"attention module {type(block.attn).__name__}"

@@ -37,8 +37,7 @@ from lmforge.errors import ConfigError
 from lmforge.infer.decoder import FastDecoder
 from lmforge.infer.generate import StopFn, check_prompts
 from lmforge.infer.sampling import SamplingParams, top_k_filter, top_p_filter
-from lmforge.model.cache import KVCache
-from lmforge.model.mla import LatentKVCache
+from lmforge.model.cache import KVCache, LatentKVCache
 
 # Caches whose update writes at `length` and reads only up to it: rewinding = lowering length.
 REWINDABLE = (KVCache, LatentKVCache)

@@ -7,7 +7,7 @@ Reading (lmforge.interop.gguf_read) maps the llama (Llama 2/3, Mistral, SmolLM2)
 and gpt2 architectures onto the Hugging Face families lmforge already imports, dequantising every
 tensor type `gguf.quants` knows; the tokenizer is rebuilt from the metadata
 (lmforge.interop.gguf_tokenizer). Writing (lmforge.interop.gguf_write) produces llama.cpp's "llama"
-architecture. `LM.load`, `lmforge.model.io.load_model` (every command's --checkpoint) and
+architecture. `LM.load`, `lmforge.interop.checkpoint.load_model` (every command's --checkpoint) and
 `lmforge convert --from-gguf/--to-gguf` go through here.
 """
 

@@ -1,14 +1,15 @@
-"""How a block wires its attention and MLP into the residual stream, and which attention it uses.
+"""The transformer block: attention and a feed-forward block on the residual stream.
 
-`Block` (transformer.py) owns the parts: attn_norm, attn, mlp_norm, mlp. A *residual* module from
-this file decides the wiring, chosen by the config:
+`Block.forward` spells out the three wirings; the config picks one:
 
-    pre       h = h + Attn(N1(h));      h = h + FFN(N2(h))          (GPT-2, Llama; default)
-    post      h = N1(h + Attn(h));      h = N2(h + FFN(h))          (original Transformer, BERT)
-    parallel  h = h + a·Attn(N(h)) + m·FFN(N(h)), one shared norm   (GPT-J, PaLM)
+    pre       x = x + Attn(N1(x));      x = x + FFN(N2(x))          (GPT-2, Llama; default)
+    post      x = N1(x + Attn(x));      x = N2(x + FFN(x))          (original Transformer, BERT)
+    parallel  x = x + a·Attn(N(x)) + m·FFN(N(x)), one shared norm   (GPT-J, PaLM)
 
-with a, m = 1, 1/√2 or learnable scalars, and DropPath (stochastic depth) on every branch.
-The attention kind (softmax, linear, mla) is a registry too, as is the cache each kind needs.
+with a, m = 1, 1/√2 or learnable scalars (BRANCH_SCALES), and DropPath (stochastic depth) on
+every branch. The attention kind (softmax, linear, mla) is chosen from ATTENTION_CLASSES, the
+feed-forward block from feedforward.MLP_KINDS. These tables are the lists of valid config values:
+ModelConfig validates against them.
 """
 
 from __future__ import annotations
@@ -19,16 +20,26 @@ import torch
 from torch import nn
 
 from lmforge.model.attention import CausalSelfAttention
-from lmforge.model.cache import KVCache, RollingKVCache
-from lmforge.model.linear_attention import LinearAttention, LinearStateCache
-from lmforge.model.masks import pattern_for
-from lmforge.model.mla import LatentKVCache, MultiHeadLatentAttention
+from lmforge.model.feedforward import build_mlp
+from lmforge.model.linear_attention import LinearAttention
+from lmforge.model.mla import MultiHeadLatentAttention
+from lmforge.model.norms import build_norm
 
+# config.attention -> the attention module (each takes (config, layer_idx) and is called with
+# (x, rope, rope_tables, mask, is_causal, cache)); cache.CACHES has the cache each one needs.
 ATTENTION_CLASSES: dict[str, type[nn.Module]] = {
     "softmax": CausalSelfAttention,
     "linear": LinearAttention,
     "mla": MultiHeadLatentAttention,
 }
+
+# config.norm_position: where the norms sit in Block.forward (config.parallel_block=True makes
+# the "pre" block parallel)
+NORM_POSITIONS = ("pre", "post")
+
+# config.parallel_scale -> the initial branch scales a, m of a parallel block; "learnable"
+# trains them from 1 (the sum of two unit-variance branches has variance 2; 1/√2 undoes it)
+BRANCH_SCALES: dict[str, float] = {"none": 1.0, "inv_sqrt2": 1 / math.sqrt(2), "learnable": 1.0}
 
 
 class DropPath(nn.Module):
@@ -46,87 +57,72 @@ class DropPath(nn.Module):
         return x * keep / (1.0 - self.p)
 
 
-class PreNormResidual(nn.Module):
-    """h = h + Attn(N1(h)); h = h + FFN(N2(h))."""
+class Block(nn.Module):
+    """One layer: attn_norm, attn, mlp_norm, mlp, wired as `wiring` says ("pre", "post" or
+    "parallel"; see the module docstring). `config` is a ModelConfig."""
 
-    shared_norm = False  # True: the block needs only attn_norm
-
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
+        self.wiring = "parallel" if config.parallel_block else config.norm_position
+        self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.attn = ATTENTION_CLASSES[config.attention](config, layer_idx)
         self.drop_attn = DropPath(config.drop_path)
         self.drop_mlp = DropPath(config.drop_path)
-
-    def forward(self, block: nn.Module, h: torch.Tensor, attn) -> torch.Tensor:
-        h = h + self.drop_attn(attn(block.attn_norm(h)))
-        return h + self.drop_mlp(block.mlp(block.mlp_norm(h)))
-
-
-class PostNormResidual(PreNormResidual):
-    """h = N1(h + Attn(h)); h = N2(h + FFN(h))."""
-
-    def forward(self, block: nn.Module, h: torch.Tensor, attn) -> torch.Tensor:
-        h = block.attn_norm(h + self.drop_attn(attn(h)))
-        return block.mlp_norm(h + self.drop_mlp(block.mlp(h)))
-
-
-class ParallelResidual(PreNormResidual):
-    """h + a·Attn(N(h)) + m·FFN(N(h)): both branches read one shared norm, so the two matmul
-    groups can run together. `parallel_scale`: "none" (a = m = 1), "inv_sqrt2" (the sum of two
-    unit-variance branches keeps unit variance), "learnable" (a, m trained, start at 1)."""
-
-    shared_norm = True
-
-    def __init__(self, config):
-        super().__init__(config)
-        kind = config.parallel_scale
-        init = torch.full((2,), 1 / math.sqrt(2) if kind == "inv_sqrt2" else 1.0)
-        if kind == "learnable":
-            self.branch_scales = nn.Parameter(init)
+        if self.wiring == "parallel":
+            self.initial_scale = BRANCH_SCALES[config.parallel_scale]
+            scales = torch.full((2,), self.initial_scale)
+            if config.parallel_scale == "learnable":
+                self.branch_scales = nn.Parameter(scales)
+            else:  # fixed: not saved in checkpoints, refilled by reset_buffers
+                self.register_buffer("branch_scales", scales, persistent=False)
+            self.mlp_norm = nn.Identity()  # both branches read attn_norm's output
         else:
-            self.register_buffer("branch_scales", init, persistent=False)
+            self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k,
+                   capacity_factor=config.capacity_factor, aux_loss_weight=config.aux_loss_weight,
+                   n_shared_experts=config.n_shared_experts)  # fmt: skip
+        self.mlp = build_mlp(
+            config.mlp, config.d_model, config.d_ff, config.mlp_bias, config.dropout,
+            **(moe if config.mlp == "moe" else {}),
+        )  # fmt: skip
 
     def init_weights(self) -> None:
-        """Called by Transformer.reset_parameters: learnable scales start at 1."""
-        if isinstance(self.branch_scales, nn.Parameter):
+        """Called by Transformer.reset_parameters: learnable branch scales start at 1."""
+        if isinstance(getattr(self, "branch_scales", None), nn.Parameter):
             nn.init.ones_(self.branch_scales)
 
-    def forward(self, block: nn.Module, h: torch.Tensor, attn) -> torch.Tensor:
-        x = block.attn_norm(h)
-        a, m = self.branch_scales.to(h.dtype)
-        return h + a * self.drop_attn(attn(x)) + m * self.drop_mlp(block.mlp(x))
+    def reset_buffers(self) -> None:
+        """Called by Transformer.reset_buffers (e.g. after building on the meta device and
+        loading a checkpoint, which does not hold them): refill fixed branch scales."""
+        if self.wiring == "parallel" and not isinstance(self.branch_scales, nn.Parameter):
+            with torch.no_grad():
+                self.branch_scales.fill_(self.initial_scale)
 
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope=None,
+        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+        cache=None,
+    ) -> torch.Tensor:
+        """x [B, T, d_model] -> [B, T, d_model]; the other arguments go to the attention."""
 
-RESIDUALS: dict[str, type[nn.Module]] = {
-    "pre": PreNormResidual,
-    "post": PostNormResidual,
-    "parallel": ParallelResidual,
-}
+        def attn(h: torch.Tensor) -> torch.Tensor:
+            return self.drop_attn(self.attn(h, rope, rope_tables, mask, is_causal, cache))
 
+        def mlp(h: torch.Tensor) -> torch.Tensor:
+            return self.drop_mlp(self.mlp(h))
 
-def build_residual(config) -> nn.Module:
-    kind = "parallel" if getattr(config, "parallel_block", False) else config.norm_position
-    return RESIDUALS[kind](config)
-
-
-def softmax_cache(config, batch_size, max_len, dtype=torch.float32, device="cpu") -> KVCache:
-    """A rolling buffer when the mask pattern bounds how far back a query looks, else full."""
-    pattern = pattern_for(config)
-    if pattern is not None and pattern.keep is not None:
-        return RollingKVCache.for_model(config, batch_size, max_len, dtype, device, pattern.keep)
-    return KVCache(
-        config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim, dtype, device
-    )
-
-
-CACHES = {
-    "softmax": softmax_cache,
-    "linear": LinearStateCache.for_model,
-    "mla": LatentKVCache.for_model,
-}
-
-
-def new_cache(config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
-    """The decoding cache `config`'s attention kind needs (KVCache.for_model calls this)."""
-    return CACHES[getattr(config, "attention", "softmax")](
-        config, batch_size, max_len, dtype, device
-    )
+        if self.wiring == "pre":
+            x = x + attn(self.attn_norm(x))
+            x = x + mlp(self.mlp_norm(x))
+        elif self.wiring == "post":
+            x = self.attn_norm(x + attn(x))
+            x = self.mlp_norm(x + mlp(x))
+        else:  # parallel
+            h = self.attn_norm(x)
+            a, m = self.branch_scales.to(x.dtype)
+            x = x + a * attn(h) + m * mlp(h)
+        return x

@@ -1,8 +1,9 @@
 """ModelConfig: the one dataclass that describes every model lmforge builds.
 
 Each field picks a small component (norm, position, MLP, attention) by name; the registries live
-next to the components. Validation happens here, when the config is built, so a bad combination
-fails before any tensor is allocated and the message names the fields involved.
+next to the components and are the only lists of valid names: validation reads them. It happens
+here, when the config is built, so a bad combination fails before any tensor is allocated and the
+message names the fields involved.
 """
 
 from __future__ import annotations
@@ -16,15 +17,13 @@ from typing import Any
 
 from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.fileio import coerce_numbers
-
-NORMS = ("layernorm", "rmsnorm")
-POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLPS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "geglu_tanh", "moe")
-ATTN_IMPLS = ("sdpa", "explicit")
-ATTENTIONS = ("softmax", "linear", "mla")
-NORM_POSITIONS = ("pre", "post")
-PARALLEL_SCALES = ("none", "inv_sqrt2", "learnable")
-FEATURE_MAPS = ("elu", "relu", "relu2", "exp", "rff")
+from lmforge.model.attention import ATTENTION_KERNELS
+from lmforge.model.blocks import ATTENTION_CLASSES, BRANCH_SCALES, NORM_POSITIONS
+from lmforge.model.feedforward import MLP_KINDS, has_glu_units, is_dense_glu
+from lmforge.model.linear_attention import FEATURE_MAP_NAMES
+from lmforge.model.masks import build_pattern
+from lmforge.model.norms import NORM_CLASSES
+from lmforge.model.positions import POSITION_KINDS
 
 
 @dataclass
@@ -97,19 +96,17 @@ class ModelConfig:
 
     @property
     def is_glu(self) -> bool:
-        return self.mlp in ("swiglu", "geglu", "geglu_tanh")
+        """A dense gated MLP (gate, up and down matrices)."""
+        return is_dense_glu(self.mlp)
 
     def validate(self) -> None:
         """Check every field and cross-field rule; raise ConfigError naming the fields."""
         require_positive_ints(
             self, "vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_seq_len"
         )
-        choices = {"norm": NORMS, "pos": POSITIONS, "mlp": MLPS, "attn_impl": ATTN_IMPLS}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
-                )
+        self._check_choices(
+            norm=NORM_CLASSES, pos=POSITION_KINDS, mlp=MLP_KINDS, attn_impl=ATTENTION_KERNELS
+        )
         if self.n_head % self.n_kv_head:
             raise ConfigError(
                 f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"
@@ -141,19 +138,20 @@ class ModelConfig:
         """Dimensions RoPE rotates per head: MLA rotates only its decoupled key/query part."""
         return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
 
-    def validate_catalogue(self) -> None:
-        """Rules for the attention kinds, masks and block wirings (SPEC §2, §4)."""
-        from lmforge.model.masks import build_pattern  # lazy: masks imports torch
-
-        choices = {
-            "attention": ATTENTIONS, "norm_position": NORM_POSITIONS,
-            "parallel_scale": PARALLEL_SCALES, "linear_feature_map": FEATURE_MAPS,
-        }  # fmt: skip
-        for name, allowed in choices.items():
+    def _check_choices(self, **registries) -> None:
+        """Each named field must be a key of its registry (or an item of its tuple)."""
+        for name, allowed in registries.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(
                     f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
                 )
+
+    def validate_catalogue(self) -> None:
+        """Rules for the attention kinds, masks and block wirings (SPEC §2, §4)."""
+        self._check_choices(
+            attention=ATTENTION_CLASSES, norm_position=NORM_POSITIONS,
+            parallel_scale=BRANCH_SCALES, linear_feature_map=FEATURE_MAP_NAMES,
+        )  # fmt: skip
         build_pattern(self.attention_pattern)  # raises ConfigError naming the field
         if self.attention_pattern is not None and self.sliding_window is not None:
             raise ConfigError("give either attention_pattern or sliding_window, not both")
@@ -217,8 +215,9 @@ class ModelConfig:
 
 
 def default_d_ff(d_model: int, mlp: str, multiple_of: int = 64) -> int:
-    """GPT-2 uses 4*d_model; GLU MLPs use 2/3 of that (Llama), rounded up to a multiple."""
-    if mlp in ("swiglu", "geglu", "geglu_tanh", "moe"):
+    """GPT-2 uses 4*d_model; GLU MLPs (and MoE's GLU experts) use 2/3 of that (Llama), rounded
+    up to a multiple."""
+    if has_glu_units(mlp):
         hidden = int(2 * 4 * d_model / 3)
         return multiple_of * math.ceil(hidden / multiple_of)
     return 4 * d_model

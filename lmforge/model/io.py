@@ -34,19 +34,16 @@ def read_config_json(path: Path) -> dict:
 
 
 def load_config(directory: str | Path) -> ModelConfig:
-    """The ModelConfig of a checkpoint: ours, a Hugging Face one (lmforge.interop converts), or
-    a llama.cpp .gguf file."""
-    if Path(directory).is_file():  # a .gguf file
-        from lmforge.interop.gguf import gguf_config
-
-        return gguf_config(directory)
+    """The ModelConfig of an lmforge checkpoint directory. Hugging Face and .gguf checkpoints are
+    read by lmforge.interop.checkpoint, which sits above this package and calls it for ours."""
     path = Path(directory) / "config.json"
     data = read_config_json(path)
     model_type = data.pop("model_type", MODEL_TYPE)
     if model_type != MODEL_TYPE:
-        from lmforge.interop.hf import hf_config_to_ours  # lazy: interop imports this package
-
-        return hf_config_to_ours({**data, "model_type": model_type}, str(path))
+        raise CheckpointError(
+            f"{path}: model_type {model_type!r} is not an lmforge checkpoint; load it with "
+            "lmforge.interop.checkpoint.load_model (as LM.load and --checkpoint do)"
+        )
     return ModelConfig.from_dict(data, source=str(path))
 
 
@@ -54,17 +51,8 @@ def load_model(
     directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Transformer:
     """Build the model from config.json and load weights strictly (every tensor, right shapes).
-    `directory` may also be a llama.cpp .gguf file (dequantised on load)."""
+    lmforge checkpoints only: lmforge.interop.checkpoint.load_model also reads HF and .gguf."""
     directory = Path(directory)
-    if directory.is_file():
-        from lmforge.interop.gguf_read import load_gguf_model
-
-        return load_gguf_model(directory, device, dtype)
-    model_type = read_config_json(directory / "config.json").get("model_type")
-    if model_type not in (None, MODEL_TYPE):  # a Hugging Face checkpoint
-        from lmforge.interop.hf import load_hf_model
-
-        return load_hf_model(directory, device, dtype)
     config = load_config(directory)
     weights_path = directory / "model.safetensors"
     state = load_tensors(weights_path, device)

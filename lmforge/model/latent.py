@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.model.mlp import build_mlp
+from lmforge.model.feedforward import build_mlp
 from lmforge.model.norms import LayerNorm
 
 

@@ -4,7 +4,7 @@
 
 Because φ(q)·φ(k) factorises, the sums over keys can be computed once (bidirectional) or as
 running prefix sums (causal), so cost is linear in the sequence length and decoding needs only the
-two sums: a recurrent state of fixed size per layer, O(1) per token (`LinearStateCache`).
+two sums: a recurrent state of fixed size per layer, O(1) per token (cache.LinearStateCache).
 
 The causal kernel works in chunks: inside a chunk the masked quadratic form (cheap, C×C), across
 chunks the carried state. Chunk size 1 is the pure recurrence; the result is the same for any C.
@@ -103,58 +103,6 @@ def causal_linear_attention(fq, fk, v, state=None, chunk: int = 64, eps: float =
         s = s + k_c.transpose(-2, -1) @ v_c
         z = z + k_c.sum(2)
     return torch.cat(outs, dim=2), (s, z)
-
-
-class LinearStateCache:
-    """Recurrent state of every layer for O(1)-per-token decoding: S [L,B,H,F,D], z [L,B,H,F].
-
-    Same bookkeeping as KVCache (`length`, `key_mask`, `set_padding`, `advance`, `reorder`), so
-    the Transformer and `generate` use it unchanged; the size does not grow with the sequence."""
-
-    def __init__(self, n_layer, batch_size, n_head, feat_dim, head_dim, max_len, device="cpu"):
-        self.s = torch.zeros(n_layer, batch_size, n_head, feat_dim, head_dim, device=device)
-        self.z = torch.zeros(n_layer, batch_size, n_head, feat_dim, device=device)
-        self.max_len = max_len
-        self.length = 0
-        self.key_mask: torch.Tensor | None = None
-
-    @classmethod
-    def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu"):
-        """States are fp32 whatever the model dtype: they are sums over the whole history."""
-        feat = config.head_dim  # every feature map here has head_dim features
-        return cls(
-            config.n_layer, batch_size, config.n_head, feat, config.head_dim, max_len, device
-        )
-
-    @property
-    def batch_size(self) -> int:
-        return self.s.shape[1]
-
-    @property
-    def visible_start(self) -> int:
-        return self.length  # no keys are kept: the state summarises them
-
-    def state(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.s[layer], self.z[layer]
-
-    def write(self, layer: int, state: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.s[layer], self.z[layer] = state
-
-    def set_padding(self, attention_mask: torch.Tensor) -> None:
-        mask = torch.ones(self.batch_size, self.max_len, dtype=torch.bool, device=self.s.device)
-        mask[:, : attention_mask.shape[1]] = attention_mask.bool()
-        self.key_mask = mask
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-    def reorder(self, index: torch.Tensor) -> None:
-        self.s, self.z = self.s[:, index], self.z[:, index]
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask[index]
-
-    def nbytes(self) -> int:
-        return (self.s.numel() + self.z.numel()) * self.s.element_size()
 
 
 class LinearAttention(nn.Module):

@@ -6,7 +6,8 @@ Each token is projected to one latent c = W_DKV x of `kv_lora_rank` dims (much s
 keys and values are re-expanded from the latent: k_i = [W_UK c, k_R], v_i = W_UV c. Because RoPE
 does not commute with W_UK, the position signal lives in the separate ("decoupled") k_R, and the
 query is split the same way: q_i = [q_nope, RoPE(q_rope)]. The cache stores only (c, k_R):
-(kv_lora_rank + qk_rope_head_dim) numbers per token per layer, shared by every head.
+(kv_lora_rank + qk_rope_head_dim) numbers per token per layer, shared by every head
+(cache.LatentKVCache).
 
 Names follow Hugging Face's DeepSeek-V2 config (kv_lora_rank, q_lora_rank, qk_rope_head_dim);
 head_dim plays qk_nope_head_dim and v_head_dim.
@@ -18,27 +19,7 @@ import torch
 from torch import nn
 
 from lmforge.model.attention import ATTENTION_KERNELS
-from lmforge.model.cache import KVCache
 from lmforge.model.norms import RMSNorm
-
-
-class LatentKVCache(KVCache):
-    """KVCache whose "keys" are the latents c [L,B,1,S,kv_lora_rank] and whose "values" are the
-    shared RoPE keys k_R [L,B,1,S,qk_rope_head_dim]; bookkeeping is inherited unchanged."""
-
-    def __init__(self, n_layer, batch_size, max_len, latent_dim, rope_dim, dtype, device):
-        super().__init__(n_layer, batch_size, 1, max_len, latent_dim, dtype, device)
-        self.v = torch.zeros(n_layer, batch_size, 1, max_len, rope_dim, dtype=dtype, device=device)
-
-    @classmethod
-    def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu"):
-        return cls(
-            config.n_layer, batch_size, max_len, config.kv_lora_rank, config.qk_rope_head_dim,
-            dtype, device,
-        )  # fmt: skip
-
-    def nbytes(self) -> int:
-        return (self.k.numel() + self.v.numel()) * self.k.element_size()
 
 
 class MultiHeadLatentAttention(nn.Module):

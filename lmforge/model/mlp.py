@@ -1,12 +1,12 @@
-"""Feed-forward blocks: the classic two-layer MLP and the gated (GLU) family."""
+"""Dense feed-forward blocks: the classic two-layer MLP and the gated (GLU) family.
+
+config.mlp picks one of these, or the mixture of experts (moe.py), through feedforward.py."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from lmforge.model.balanced_moe import BalancedMoE
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -43,24 +43,3 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)))
-
-
-# config.mlp -> (class, activation)
-MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
-    "gelu": (MLP, "gelu"),
-    "gelu_tanh": (MLP, "gelu_tanh"),
-    "relu": (MLP, "relu"),
-    "silu": (MLP, "silu"),
-    "swiglu": (GatedMLP, "silu"),
-    "geglu": (GatedMLP, "gelu"),  # exact GELU (erf)
-    "geglu_tanh": (GatedMLP, "gelu_tanh"),  # tanh-approximated GELU (GPT-2, Gemma)
-    "moe": (BalancedMoE, "silu"),  # Mixtral: SwiGLU experts (+ capacity, aux loss, shared)
-}
-
-
-def build_mlp(
-    kind: str, d_model: int, d_ff: int, bias: bool, dropout: float, **options
-) -> nn.Module:
-    """The feed-forward block named by `kind`; `options` go to kinds that take more (MoE)."""
-    cls, activation = MLP_KINDS[kind]
-    return cls(d_model, d_ff, activation, bias, dropout, **options)

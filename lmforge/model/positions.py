@@ -54,6 +54,15 @@ class SinusoidalPositions(nn.Module):
         return self.table[positions]
 
 
+# config.pos -> the absolute-position module added to the token embeddings. The other kinds:
+# "rope" rotates queries and keys inside attention (RotaryEmbedding), "none" adds nothing (NoPE).
+ABSOLUTE_POSITIONS: dict[str, type[nn.Module]] = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+}
+POSITION_KINDS = (*ABSOLUTE_POSITIONS, "rope", "none")  # every valid config.pos
+
+
 def _default_freq(head_dim: int, base: float) -> torch.Tensor:
     return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 

@@ -1,7 +1,8 @@
 """The decoder-only transformer: embeddings -> N blocks -> final norm -> LM head.
 
 Read top to bottom like nanoGPT's model.py. Every variant (norm, position, MLP, attention kernel)
-is a small component picked by the config; this file only wires them together.
+is a small component picked by the config; the block (blocks.py) wires attention and MLP into the
+residual stream, this file wires the blocks into a model.
 """
 
 from __future__ import annotations
@@ -12,37 +13,12 @@ import torch
 from torch import nn
 
 from lmforge.model.attention import causal_mask, padded_causal_mask
-from lmforge.model.blocks import ATTENTION_CLASSES, build_residual
+from lmforge.model.blocks import Block
 from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
 from lmforge.model.masks import build_mask, pattern_for
-from lmforge.model.mlp import build_mlp
 from lmforge.model.norms import build_norm
-from lmforge.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
-
-
-class Block(nn.Module):
-    """Pre-norm residual block: h = h + Attn(Norm(h)); h = h + MLP(Norm(h))."""
-
-    def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        self.attn = ATTENTION_CLASSES[config.attention](config, layer_idx)
-        self.residual = build_residual(config)  # pre / post / parallel wiring (blocks.py)
-        self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        if self.residual.shared_norm:
-            self.mlp_norm = nn.Identity()
-        moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k,
-                   capacity_factor=config.capacity_factor, aux_loss_weight=config.aux_loss_weight,
-                   n_shared_experts=config.n_shared_experts)  # fmt: skip
-        self.mlp = build_mlp(
-            config.mlp, config.d_model, config.d_ff, config.mlp_bias, config.dropout,
-            **(moe if config.mlp == "moe" else {}),
-        )  # fmt: skip
-
-    def forward(self, h, rope=None, rope_tables=None, mask=None, is_causal=True, cache=None):
-        attn = lambda x: self.attn(x, rope, rope_tables, mask, is_causal, cache)
-        return self.residual(self, h, attn)
+from lmforge.model.positions import ABSOLUTE_POSITIONS, LearnedPositions, RotaryEmbedding
 
 
 class Transformer(nn.Module):
@@ -53,10 +29,8 @@ class Transformer(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.abs_pos = None
-        if config.pos == "learned":
-            self.abs_pos = LearnedPositions(config.max_seq_len, config.d_model)
-        elif config.pos == "sinusoidal":
-            self.abs_pos = SinusoidalPositions(config.max_seq_len, config.d_model)
+        if config.pos in ABSOLUTE_POSITIONS:  # added to the embeddings; rope acts in attention
+            self.abs_pos = ABSOLUTE_POSITIONS[config.pos](config.max_seq_len, config.d_model)
         self.rope = None
         if config.pos == "rope":
             self.rope = RotaryEmbedding(

@@ -4,9 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmforge.model.blocks import DropPath, ParallelResidual
+from lmforge.errors import ConfigError
+from lmforge.model.blocks import DropPath
 from lmforge.model.config import ModelConfig
-from lmforge.model.mlp import build_mlp
+from lmforge.model.feedforward import build_mlp
+from lmforge.model.io import load_model, save_model
 from lmforge.model.norms import BatchNorm1d, BatchNorm2d
 from lmforge.model.transformer import Transformer
 
@@ -49,16 +51,36 @@ def test_parallel_block_shares_one_norm(scale, expected):
 
 def test_learnable_branch_scales_train_and_start_at_one():
     model, b, h = block_and_input(parallel_block=True, parallel_scale="learnable")
-    assert isinstance(b.residual, ParallelResidual)
-    assert torch.equal(b.residual.branch_scales.detach(), torch.ones(2))
+    assert isinstance(b.branch_scales, torch.nn.Parameter)
+    assert torch.equal(b.branch_scales.detach(), torch.ones(2))
     model(torch.randint(0, 30, (1, 4))).sum().backward()
-    assert b.residual.branch_scales.grad.abs().sum() > 0
-    assert "blocks.0.residual.branch_scales" in model.state_dict()
+    assert b.branch_scales.grad.abs().sum() > 0
+    assert "blocks.0.branch_scales" in model.state_dict()
 
 
 def test_default_block_has_no_new_state():
     model, _, _ = block_and_input()
-    assert not any("residual" in k for k in model.state_dict())
+    assert not any("branch_scales" in k for k in model.state_dict())
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(norm_position="post"), dict(parallel_block=True, parallel_scale="inv_sqrt2")]
+)
+def test_wiring_survives_save_and_load(tmp_path, kw):
+    """Fixed branch scales are not in the checkpoint: loading (built on the meta device) must
+    refill them, and every wiring must give the same logits after a round trip."""
+    model, _, _ = block_and_input(**kw)
+    save_model(model, tmp_path)
+    ids = torch.randint(0, 30, (2, 7))
+    assert torch.equal(load_model(tmp_path)(ids), model(ids))
+
+
+@pytest.mark.parametrize(
+    "field, value", [("norm_position", "sandwich"), ("parallel_scale", "half")]
+)
+def test_unknown_wiring_fails_at_config(field, value):
+    with pytest.raises(ConfigError, match=f"{field} must be one of"):
+        ModelConfig(**{field: value})
 
 
 def test_drop_path_drops_whole_samples_and_keeps_the_mean():

@@ -8,10 +8,15 @@ import torch
 from lmforge.errors import ConfigError
 from lmforge.infer.generate import generate
 from lmforge.infer.sampling import SamplingParams
-from lmforge.model.cache import KVCache, RollingKVCache
+from lmforge.model.blocks import ATTENTION_CLASSES
+from lmforge.model.cache import (
+    CACHES,
+    KVCache,
+    LatentKVCache,
+    LinearStateCache,
+    RollingKVCache,
+)
 from lmforge.model.config import ModelConfig
-from lmforge.model.linear_attention import LinearStateCache
-from lmforge.model.mla import LatentKVCache
 from lmforge.model.transformer import Transformer
 
 LLAMA = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
@@ -115,6 +120,10 @@ def test_one_training_step_lowers_the_loss(name):
 def test_each_attention_gets_the_cache_it_needs(kw, cache_type):
     cache = KVCache.for_model(ModelConfig(**kw), 2, 64)
     assert type(cache) is cache_type
+
+
+def test_every_attention_kind_has_a_cache():
+    assert CACHES.keys() == ATTENTION_CLASSES.keys()
 
 
 def test_rolling_and_state_caches_do_not_grow_with_length():

@@ -1,13 +1,19 @@
 import pytest
 
 from lmforge.errors import ConfigError
+from lmforge.model.attention import ATTENTION_KERNELS
+from lmforge.model.blocks import ATTENTION_CLASSES, BRANCH_SCALES, NORM_POSITIONS
 from lmforge.model.config import PRESETS, ModelConfig
+from lmforge.model.feedforward import MLP_KINDS
 from lmforge.model.info import (
     flops_per_token,
     kv_cache_bytes_per_token,
     kv_cache_elements,
     parameter_counts,
 )
+from lmforge.model.linear_attention import FEATURE_MAP_NAMES
+from lmforge.model.norms import NORM_CLASSES
+from lmforge.model.positions import POSITION_KINDS
 from lmforge.model.transformer import Transformer
 
 
@@ -32,6 +38,25 @@ def test_defaults_and_derived_fields():
 def test_invalid_configs_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "field, registry",
+    [("norm", NORM_CLASSES), ("pos", POSITION_KINDS), ("mlp", MLP_KINDS),
+     ("attn_impl", ATTENTION_KERNELS), ("attention", ATTENTION_CLASSES),
+     ("norm_position", NORM_POSITIONS), ("parallel_scale", BRANCH_SCALES),
+     ("linear_feature_map", FEATURE_MAP_NAMES)],
+)  # fmt: skip
+def test_choices_are_the_component_registries(field, registry):
+    """One source of truth: every registry key builds a model, and the error for anything else
+    lists exactly the registry's keys."""
+    for key in registry:
+        extra = {"attention": "linear"} if field == "linear_feature_map" else {}
+        tiny = dict(vocab_size=16, n_layer=1, d_model=16, n_head=2)
+        Transformer(ModelConfig(**tiny, **{field: key}, **extra))
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(**{field: "no-such-kind"})
+    assert str(err.value) == f"{field} must be one of {', '.join(registry)}; got 'no-such-kind'"
 
 
 def test_unknown_keys_list_valid_ones():

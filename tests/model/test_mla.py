@@ -1,8 +1,7 @@
 import torch
 
-from lmforge.model.cache import KVCache
+from lmforge.model.cache import KVCache, LatentKVCache
 from lmforge.model.config import ModelConfig
-from lmforge.model.mla import LatentKVCache
 from lmforge.model.transformer import Transformer
 
 MLA = dict(vocab_size=50, n_layer=2, d_model=64, n_head=4, attention="mla", pos="rope",
