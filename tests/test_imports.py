@@ -77,7 +77,7 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 sub = f"{base}.{alias.name}"
                 found.add(sub if sub in modules else _known_prefix(base, modules))
     found.discard(None)
-    found.discard(module)  # `from . import x` inside x's own package __init__ is not a cycle
+    found.discard(module)  # an __init__'s `from . import name` (name not a module): no edge
     return found  # type: ignore[return-value]
 
 
