@@ -102,6 +102,15 @@ def test_load_rejects_weights_that_do_not_match_config(tmp_path):
         load_model(tmp_path)
 
 
+def test_native_loader_refuses_a_hugging_face_checkpoint_and_names_the_reader(tmp_path):
+    """lmforge.model.io reads only lmforge checkpoints (the HF/GGUF readers sit above the model
+    package); the message says where the HF ones are read."""
+    save_model(tiny(), tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    with pytest.raises(CheckpointError, match=r"'llama'.*lmforge\.interop\.checkpoint"):
+        load_model(tmp_path)
+
+
 def test_cpu_bf16_autocast_trains_and_stays_close_to_fp32():
     model = tiny(**VARIANTS["llama"]).train()
     ids = torch.randint(0, 40, (2, 16))
