@@ -1,10 +1,12 @@
 """Hallucination rate E[1 - V(claim)] over a decoding grid, with and without RAG."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 import lmforge.eval.scoring as scoring
+from lmforge import LM
 from lmforge.errors import ConfigError, DataError
 from lmforge.eval.hallucination import (
     ContainsAnswer,
@@ -60,16 +62,22 @@ def test_rag_lowers_the_rate_when_the_answer_is_in_the_context(tiny_lm, monkeypa
     knows nothing (rate 1), with retrieval it answers from the right chunk (rate 0)."""
 
     def fake_generate(lm, prompts, *args, **kwargs):
-        return [p.split("\n")[3] if "[1]" in p else "I do not know" for p in prompts]
+        # the line after the first passage's "[1] title" header, else no knowledge at all
+        head = "\n[1] "
+        return [p.split(head, 1)[1].split("\n")[1] if head in p else "I do not know"
+                for p in prompts]  # fmt: skip
 
     monkeypatch.setattr(scoring, "generate_texts", fake_generate)
     docs = [
         Document("fr", "France", "Paris is the capital of France."),
         Document("sky", "Sky", "The sky is blue because of Rayleigh scattering."),
     ]
-    rag = RAG(Retriever.build(chunk_documents(docs), encoder=None), tiny_lm, k=1, mode="bm25",
+    # the RAG prompt (instruction, numbered passages, question in a chat turn) needs more than the
+    # shared fixture's 128-token window
+    lm = LM.from_config(replace(tiny_lm.config, max_seq_len=512), tiny_lm.tokenizer, seed=0)
+    rag = RAG(Retriever.build(chunk_documents(docs), encoder=None), lm, k=1, mode="bm25",
               max_new_tokens=8)  # fmt: skip
-    out = sweep(tiny_lm, ROWS, settings=decoding_grid([0.0], [1.0]), rag=rag)
+    out = sweep(lm, ROWS, settings=decoding_grid([0.0], [1.0]), rag=rag)
     assert [(r.rag, r.rate) for r in out] == [(False, 1.0), (True, 0.0)]
 
 
