@@ -23,14 +23,13 @@ from lmforge.interop.gguf_read import (
     ARCHITECTURES,
     SUPPORTED_TYPES,
     GGUFFile,
-    build_model,
     hf_config_from_gguf,
     is_gguf,
     read_gguf_state,
 )
 from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
 from lmforge.interop.gguf_write import EXPORT_DTYPES, export_gguf
-from lmforge.interop.hf import hf_config_to_ours
+from lmforge.interop.hf import build_model, hf_config_to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 

@@ -31,7 +31,7 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
-from lmforge.interop.hf import hf_config_to_ours
+from lmforge.interop.hf import build_model, hf_config_to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.positions import rope_inv_freq
 from lmforge.model.transformer import Transformer
@@ -373,15 +373,3 @@ def load_gguf_model(
     """A Transformer holding a GGUF file's weights (dequantised; fp32 unless `dtype`)."""
     config, state = read_gguf_state(GGUFFile(path))
     return build_model(config, state, device, dtype)
-
-
-def build_model(config: ModelConfig, state: dict, device, dtype) -> Transformer:
-    """Materialise a Transformer from a checked state dict (tied embeddings shared)."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    model = model.to_empty(device=device)
-    model.load_state_dict(state, strict=False)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model.reset_buffers()
-    return model.to(dtype or torch.float32).eval()

@@ -172,15 +172,20 @@ def load_hf_model(
     config = hf_config_to_ours(hf, str(directory / "config.json"))
     family = FAMILIES[config.extra["hf_model_type"]]
     state = convert_state(family, config, weight_files(directory), directory)
+    return build_model(config, state, device, dtype)
+
+
+def build_model(config: ModelConfig, state: dict, device, dtype) -> Transformer:
+    """Materialise a Transformer from a converted, checked state dict (HF folder or GGUF file):
+    built on the meta device so no random init is spent on weights about to be replaced."""
     with torch.device("meta"):
         model = Transformer(config)
     model = model.to_empty(device=device)
     model.load_state_dict(state, strict=False)
     if config.tie_embeddings:
         model.lm_head.weight = model.embed.weight
-    model.reset_buffers()
-    model = model.to(dtype or torch.float32)
-    return model.eval()
+    model.reset_buffers()  # buffers (rope tables, fixed scales) are not in the state dict
+    return model.to(dtype or torch.float32).eval()
 
 
 def read_generation_config(directory: str | Path) -> dict[str, Any] | None:
