@@ -48,8 +48,9 @@ def smollm2_gguf() -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    # Real-model evaluations against a per-example reference take many minutes on a 2-core CPU;
-    # the default suite must stay within minutes, so they run only when asked for.
+    # Checks on the real 135M model (GGUF vs transformers, CORE/chat against a per-example
+    # reference) take from a minute to many on a 2-core CPU; the default suite must stay within
+    # 8 minutes there, so they run only when asked for.
     if os.environ.get(REAL_MODEL_ENV) == "1":
         return
     skip = pytest.mark.skip(reason=f"long real-model check: set {REAL_MODEL_ENV}=1 to run it")

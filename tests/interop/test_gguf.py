@@ -513,6 +513,7 @@ def test_shapes_contradicting_metadata(tmp_path, bpe_vocab):
 
 # ---- the real SmolLM2 file ---------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_smollm2_gguf_matches_transformers(smollm2_gguf):
     path = smollm2_gguf
     lm = LM.load(path)
