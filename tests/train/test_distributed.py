@@ -6,12 +6,10 @@ process, no launcher start-up), which keeps the module well under two minutes. D
 the comparisons also cover the model's own randomness.
 """
 
-import contextlib
 import csv
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ from lmforge.cli.main import main as cli
 from lmforge.data import BatchSampler, TokenShard
 from lmforge.errors import CheckpointError, ConfigError, DataError
 from lmforge.train.config import TrainConfig
-from lmforge.train.distributed import LaneSampler, cleanup, setup_parallel
+from lmforge.train.distributed import LaneSampler, setup_parallel
 from lmforge.train.pretrain import Pretrainer, lm_loss
 from lmforge.train.sharded_checkpoint import consolidate
 
@@ -82,26 +80,6 @@ def finish(proc: subprocess.Popen) -> str:
     return out.decode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def world_of_one():
-    """This process as rank 0 of a torchrun world of size 1 (the distributed code path)."""
-    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        try:
-            yield
-        finally:
-            cleanup()
-
-
 def plain_run(cfg: TrainConfig) -> Path:
     """`lmforge pretrain` as a user types it, without torchrun (in this process)."""
     assert not {"RANK", "WORLD_SIZE"} & set(os.environ), "the plain run must not see torchrun"
@@ -109,7 +87,7 @@ def plain_run(cfg: TrainConfig) -> Path:
     return Path(cfg.out_dir)
 
 
-def run_in_process(cfg: TrainConfig, resume: bool = False) -> Path:
+def run_in_process(world_of_one, cfg: TrainConfig, resume: bool = False) -> Path:
     with world_of_one():
         Pretrainer(cfg, resume=resume, log=lambda *_: None).run()
     return Path(cfg.out_dir)
@@ -183,12 +161,12 @@ def test_single_stream_state_of_an_earlier_plain_run():
         LaneSampler(shard, 2, 8, seed=5, lanes=range(2)).load_state_dict(old.state_dict())
 
 
-def test_plain_run_is_a_torchrun_world_of_one(tmp_path):
+def test_plain_run_is_a_torchrun_world_of_one(tmp_path, world_of_one):
     """`lmforge pretrain` draws the torchrun lanes itself (grad_accum 4, dropout on): the same
     losses, evaluations and weights as the distributed code path."""
     short = dict(max_iters=4, eval_interval=2)
     plain = plain_run(config(tmp_path, "plain", **short))
-    one = run_in_process(config(tmp_path, "one", **short))
+    one = run_in_process(world_of_one, config(tmp_path, "one", **short))
     assert len(losses(plain)) == 4 and len(losses(plain, "val")) == 2
     assert_same_run(plain, one)
 
@@ -235,8 +213,8 @@ def test_activation_checkpointing_leaves_the_losses_unchanged(tmp_path):
 
 # ---- in-process world of one: sharded checkpoints and their errors --------------------------
 @pytest.fixture
-def sharded_run(tmp_path) -> Path:
-    return run_in_process(config(tmp_path, "run", max_iters=3, eval_interval=3))
+def sharded_run(tmp_path, world_of_one) -> Path:
+    return run_in_process(world_of_one, config(tmp_path, "run", max_iters=3, eval_interval=3))
 
 
 def test_consolidate_matches_the_exported_model(sharded_run, tmp_path, capsys):
@@ -247,13 +225,15 @@ def test_consolidate_matches_the_exported_model(sharded_run, tmp_path, capsys):
     assert "no sharded checkpoint" in capsys.readouterr().err
 
 
-def test_resume_with_another_model_config_fails_before_training(sharded_run, tmp_path):
+def test_resume_with_another_model_config_fails_before_training(
+    sharded_run, tmp_path, world_of_one
+):
     cfg = config(tmp_path, "run", max_iters=6, model={**ARGS["model"], "d_model": 32})
     with world_of_one(), pytest.raises(CheckpointError, match=r"different model config.*d_model"):
         Pretrainer(cfg, resume=True)
 
 
-def test_missing_shard_fails_before_training(sharded_run, tmp_path):
+def test_missing_shard_fails_before_training(sharded_run, tmp_path, world_of_one):
     step_dir = next((sharded_run / "checkpoints").glob("step_*"))
     (step_dir / "rank0.safetensors").unlink()
     with world_of_one(), pytest.raises(CheckpointError, match=r"missing shard .*rank0.safetensors"):
@@ -343,7 +323,7 @@ sys.exit(main())
 
 
 @pytest.mark.slow
-def test_killed_rank_resumes_to_the_same_weights(ddp, root):
+def test_killed_rank_resumes_to_the_same_weights(ddp, root, world_of_one):
     cfg = config(root, "killed", checkpoint_interval=1)
     script = root / "kill_rank_1.py"
     script.write_text(KILL_RANK_1.format(kill_at=KILL_AT))
@@ -359,5 +339,5 @@ def test_killed_rank_resumes_to_the_same_weights(ddp, root):
     assert_same_weights(out, ddp, atol=0)  # bit-for-bit: same world size, same reductions
 
     # the same checkpoint on ONE process: DCP reshards, lanes continue, same weights
-    run_in_process(config(root, "killed_copy"), resume=True)
+    run_in_process(world_of_one, config(root, "killed_copy"), resume=True)
     assert_same_weights(root / "killed_copy", ddp, atol=1e-5)

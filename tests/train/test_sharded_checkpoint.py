@@ -7,7 +7,6 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from lmforge.fileio import load_tensors, save_tensors
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 from lmforge.train.config import TrainConfig
-from lmforge.train.distributed import cleanup
 from lmforge.train.pretrain import Pretrainer
 from lmforge.train.sharded_checkpoint import (
     CHECKPOINT_DIR,
@@ -46,33 +44,13 @@ ARGS = dict(
 )  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def world_of_one():
-    """This process as rank 0 of a torchrun world of one: the sharded-checkpoint code path."""
-    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        try:
-            yield
-        finally:
-            cleanup()
-
-
 def train_config(run: Path) -> TrainConfig:
     (run.parent / "corpus.txt").write_text(TEXT)
     return TrainConfig(**{**ARGS, "out_dir": str(run), "data": str(run.parent / "corpus.txt")})
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory, world_of_one) -> Path:
     """A finished 2-step run under torchrun's code path, with its sharded checkpoint."""
     run = tmp_path_factory.mktemp("base") / "run"
     with world_of_one():
@@ -217,7 +195,7 @@ def test_consolidate_refuses_a_malicious_checkpoint(tampered, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # checked before anything is written
 
 
-def test_resume_refuses_a_malicious_checkpoint(tampered):
+def test_resume_refuses_a_malicious_checkpoint(tampered, world_of_one):
     run, marker, error = tampered
     with world_of_one(), pytest.raises(CheckpointError, match=error) as info:
         Pretrainer(train_config(run), resume=True, log=lambda *_: None)
