@@ -20,7 +20,6 @@ from lmforge.infer.generate import generate, generate_stream
 from lmforge.infer.sampling import SamplingParams
 from lmforge.interop.checkpoint import load_model
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import save_model
 from lmforge.model.transformer import Transformer
 
 
@@ -87,11 +86,14 @@ class LM:
 
         return cls(model, tokenizer, read_generation_config(path))
 
-    def save(self, path: str | Path) -> None:
-        """Write the Hugging Face directory layout: config.json, model.safetensors, tokenizer."""
-        save_model(self.model, path)
-        if self.tokenizer is not None:
-            self.tokenizer.save(path)
+    def save(self, path: str | Path, format: str = "auto") -> Path:
+        """Write config.json, model.safetensors and the tokenizer. format="auto": a model that came
+        from a transformers family (HF folder, GGUF) is written in that family's layout, which
+        `AutoModelForCausalLM.from_pretrained` loads as written; an lmforge-born one in lmforge's
+        format. "hf" / "lmforge" force one (lmforge.interop.hf.save_lm). LM.load reads both."""
+        from lmforge.interop.hf import save_lm
+
+        return save_lm(self, path, format)
 
     def export_hf(self, path: str | Path, max_shard_bytes: int | None = None) -> Path:
         """Write a directory transformers' AutoModelForCausalLM/AutoTokenizer load unchanged."""

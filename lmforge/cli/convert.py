@@ -74,11 +74,11 @@ def run(args) -> int:
     lm = LM.load(args.from_hf or args.to_hf or args.from_gguf)
     steps.update()
     if args.from_gguf:
-        lm.save(args.out)
+        lm.save(args.out, format="lmforge")  # LM.save alone would keep the HF family's layout
         if lm.generation_config:
             write_json(Path(args.out) / "generation_config.json", lm.generation_config)
     elif args.from_hf:
-        lm.save(args.out)
+        lm.save(args.out, format="lmforge")
     else:
         shard = None if args.max_shard_mb is None else int(args.max_shard_mb * 2**20)
         lm.export_hf(args.out, max_shard_bytes=shard)

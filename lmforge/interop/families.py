@@ -41,6 +41,9 @@ class Family:
     model_type = ""
     architecture = ""
     ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers some old files kept
+    # parts of our model that transformers does not hold as nn.Linear modules, so a LoRA on them
+    # has no Hugging Face PEFT name (e.g. Mixtral's experts are fused 3-D parameters there)
+    no_lora_modules: tuple[str, ...] = ()
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{self.model_type}: no config mapping")  # every family overrides
@@ -244,6 +247,7 @@ class Mixtral(Mistral):
     """Mistral with a sparse MoE feed-forward layer: softmax router, top-k, renormalised."""
 
     model_type, architecture = "mixtral", "MixtralForCausalLM"
+    no_lora_modules = (".experts.", ".router")
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         data = super().config_from_hf(hf)

@@ -7,6 +7,12 @@ CheckpointError/ConfigError and never leaves a half-loaded model behind. Exporti
 config.json, safetensors (sharded past `max_shard_bytes`), generation_config.json and the
 tokenizer, which `transformers.AutoModelForCausalLM/AutoTokenizer.from_pretrained` read unchanged.
 transformers itself is never imported: safetensors and our code do the work.
+
+`save_lm` is what `LM.save` (and so every trainer's output folder) goes through: a model that came
+from a transformers family (imported from an HF folder or a GGUF file, which records the family in
+`config.extra["hf_model_type"]`) is written in that family's layout, so `from_pretrained` loads the
+folder as written; a model born in lmforge keeps lmforge's own format (`lmforge convert --to-hf`
+exports it when its config maps onto a family).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.interop.families import FAMILIES, Family, Rule
 from lmforge.model.config import ModelConfig
+from lmforge.model.io import save_model
 from lmforge.model.transformer import Transformer
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -219,11 +226,20 @@ def _unpermute_interleaved(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
-    """HF-named tensors for `model`."""
+    """HF-named tensors for `model`; ConfigError if it holds tensors the family has no place for
+    (LoRA or adapter layers still wrapped in it), which would otherwise be dropped silently."""
     config = model.config
     state = model.state_dict()
+    key_map = family.key_map(config)
+    tied = {"lm_head.weight"} if config.tie_embeddings else set()
+    leftover = sorted(set(state) - set(key_map) - tied)
+    if leftover:
+        raise ConfigError(
+            f"cannot write this model as {family.model_type}: tensor(s) {', '.join(leftover[:3])} "
+            "have no Hugging Face name (merge LoRA/adapter layers before saving)"
+        )
     out, pieces = {}, {}
-    for ours, rule in family.key_map(config).items():
+    for ours, rule in key_map.items():
         if rule.transform == "slice":  # one fused HF tensor from several of ours
             pieces.setdefault(rule.hf_keys[0], {})[rule.index] = state[ours].detach()
             continue
@@ -242,6 +258,8 @@ def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_byt
     """model.safetensors, or numbered shards plus the index transformers reads."""
     if max_shard_bytes is None or sum(t.nbytes for t in state.values()) <= max_shard_bytes:
         save_tensors(directory / "model.safetensors", state, metadata={"format": "pt"})
+        # an index left by an earlier sharded save would be read instead of the new file
+        (directory / INDEX_FILE).unlink(missing_ok=True)
         return
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -289,3 +307,163 @@ def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> 
     if tok is not None:
         tok.save(directory)
     return directory
+
+
+SAVE_FORMATS = ("auto", "hf", "lmforge")
+
+
+def origin_family(config: ModelConfig) -> Family | None:
+    """The transformers family a model came from (recorded by the HF and GGUF importers in
+    `config.extra["hf_model_type"]`) when the config still fits it; None for lmforge-born models."""
+    family = FAMILIES.get(config.extra.get("hf_model_type"))
+    if family is None or family.export_problems(config):
+        return None
+    return family
+
+
+def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
+    """Write `lm` (model + tokenizer) to `directory`; what `LM.save` does.
+
+    format="auto": the Hugging Face layout of the family the model came from (see
+    `origin_family`), so transformers loads the folder as written, else lmforge's own format;
+    "hf": the HF layout whatever the origin (ConfigError if no family fits); "lmforge": ours.
+    Both layouts are read back by `LM.load`."""
+    if format not in SAVE_FORMATS:
+        raise ConfigError(f"save format must be one of {', '.join(SAVE_FORMATS)}, got {format!r}")
+    if format == "hf" or (format == "auto" and origin_family(lm.model.config) is not None):
+        return export_hf(lm, directory)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_model(lm.model, directory)
+    (directory / INDEX_FILE).unlink(missing_ok=True)  # a stale HF shard index would win on load
+    if lm.tokenizer is not None:
+        lm.tokenizer.save(directory)
+    return directory
+
+
+# ---- LoRA adapters under Hugging Face PEFT names -----------------------------------------------
+LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
+
+
+def _lora_parts(family: Family, config: ModelConfig, module: str):
+    """(rule, HF module names) for one of our Linear modules, or None when HF PEFT has no
+    nn.Linear to put a LoRA on (a slice of a fused HF tensor, Mixtral's fused experts)."""
+    if any(part in module for part in family.no_lora_modules):
+        return None
+    rule = family.key_map(config).get(f"{module}.weight")
+    if rule is None:  # a tied lm_head is stored once as the embedding, but HF still has the module
+        return (Rule(("lm_head.weight",)), ["lm_head"]) if module == "lm_head" else None
+    if rule.transform == "slice":
+        return None
+    return rule, [key.removesuffix(".weight") for key in rule.hf_keys]
+
+
+def _permute_interleaved(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The inverse of `_unpermute_interleaved`."""
+    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+    heads = rows.unflatten(0, (-1, head_dim))
+    return heads[:, torch.argsort(order)].flatten(0, 1)
+
+
+def lora_to_hf(
+    config: ModelConfig, tensors: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[str], dict[str, Any]] | None:
+    """Our LoRA tensors ("<module>.lora_A.weight" / ".lora_B.weight") under the names HF PEFT
+    gives them on the transformers model this one came from: (tensors, target_modules, config
+    fields to set), or None when the model has no HF origin (`origin_family`) or an adapted
+    module has no HF nn.Linear. A fused qkv_proj becomes q_proj/k_proj/v_proj: its B matrix is
+    split by output rows and the shared A copied to each, which gives each projection exactly
+    the update the fused layer applied to its rows."""
+    family = origin_family(config)
+    if family is None:
+        return None
+    modules = sorted({k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)})
+    out: dict[str, torch.Tensor] = {}
+    hf_modules: list[str] = []
+    for module in modules:
+        parts = _lora_parts(family, config, module)
+        if parts is None:
+            return None
+        rule, names = parts
+        a, b = tensors[module + LORA_A], tensors[module + LORA_B]
+        pieces = list(b.split(list(rule.sizes), dim=0)) if rule.transform == "cat" else [b]
+        if config.rope_interleaved and rule.transform == "cat":  # rows follow export_state's q, k
+            pieces[0] = _unpermute_interleaved(pieces[0], config.head_dim)
+            pieces[1] = _unpermute_interleaved(pieces[1], config.head_dim)
+        for name, piece in zip(names, pieces):
+            out[name + LORA_A] = a.clone()
+            out[name + LORA_B] = piece.contiguous()
+            hf_modules.append(name)
+    every = _hf_linear_modules(family, config)
+    targets = set()
+    for name in hf_modules:  # a short name when every layer's module of that name is adapted
+        short = name.rsplit(".", 1)[-1]
+        same = {m for m in every if m.rsplit(".", 1)[-1] == short}
+        targets.add(short if same <= set(hf_modules) else name)
+    extra = {"fan_in_fan_out": family.model_type == "gpt2"}  # GPT-2's Conv1D stores [in, out]
+    return out, sorted(targets), extra
+
+
+def _hf_linear_modules(family: Family, config: ModelConfig) -> dict[str, tuple[str, int]]:
+    """HF module name -> (our module, its row piece) for every Linear a LoRA can sit on."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    found = {}
+    for module, layer in model.named_modules():
+        if not isinstance(layer, torch.nn.Linear):
+            continue
+        parts = _lora_parts(family, config, module)
+        if parts is not None:
+            for index, name in enumerate(parts[1]):
+                found[name] = (module, index)
+    return found
+
+
+def lora_from_hf(
+    config: ModelConfig, tensors: dict[str, torch.Tensor], where: str
+) -> dict[str, torch.Tensor] | None:
+    """The inverse of `lora_to_hf` for an adapter saved under HF module names: our LoRA tensors,
+    or None when the names are not HF ones (an adapter in lmforge's own names). q/k/v LoRAs are
+    fused back into qkv_proj, which has ONE A matrix: they must share it (as `lora_to_hf`
+    writes them); a projection left out gets zero B rows. CheckpointError otherwise."""
+    family = origin_family(config)
+    if family is None:
+        return None
+    modules = {k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)}
+    known = _hf_linear_modules(family, config)
+    if not modules or not modules <= set(known):
+        return None
+    grouped: dict[str, dict[int, str]] = {}
+    for name in sorted(modules):
+        ours, index = known[name]
+        grouped.setdefault(ours, {})[index] = name
+    out = {}
+    for ours, by_index in grouped.items():
+        rule, names = _lora_parts(family, config, ours)
+        first = by_index[min(by_index)]
+        a = tensors[first + LORA_A]
+        for name in by_index.values():
+            if not torch.equal(tensors[name + LORA_A], a):
+                raise CheckpointError(
+                    f"{where}: {first} and {name} have different LoRA A matrices; lmforge's "
+                    f"fused {ours} shares one A (merge the adapter into the model instead)"
+                )
+        if rule.transform != "cat":
+            out[ours + LORA_A], out[ours + LORA_B] = a, tensors[first + LORA_B]
+            continue
+        pieces = []
+        for index, size in enumerate(rule.sizes):
+            if index in by_index:
+                piece = tensors[by_index[index] + LORA_B]
+            else:
+                piece = a.new_zeros(size, a.shape[0])
+            if piece.shape != (size, a.shape[0]):
+                raise CheckpointError(
+                    f"{where}: {names[index]}{LORA_B} has shape {tuple(piece.shape)}, the model "
+                    f"implies {(size, a.shape[0])}"
+                )
+            if config.rope_interleaved and index < 2:
+                piece = _permute_interleaved(piece, config.head_dim)
+            pieces.append(piece)
+        out[ours + LORA_A], out[ours + LORA_B] = a, torch.cat(pieces)
+    return out

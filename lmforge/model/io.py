@@ -1,4 +1,8 @@
-"""Native checkpoints in Hugging Face directory layout: config.json + model.safetensors."""
+"""Native checkpoints in Hugging Face directory layout: config.json + model.safetensors.
+
+`LM.save` writes this format for lmforge-born models only; a model imported from a transformers
+family is written in that family's own layout by lmforge.interop.hf.save_lm (this package must not
+import the converters), and lmforge.interop.checkpoint reads both back."""
 
 from __future__ import annotations
 
