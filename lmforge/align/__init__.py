@@ -1,5 +1,5 @@
-"""Post-training: loss functions (``losses``) and parameter-efficient fine-tuning (``peft``:
-LoRA, bottleneck adapters, QLoRA/NF4)."""
+"""Post-training: loss functions (``losses``), regularisers, and the SFT / preference / RL
+trainers (parameter-efficient fine-tuning lives in ``lmforge.peft``)."""
 
 from lmforge.align.losses import (
     AdaptiveKLController,
@@ -28,26 +28,6 @@ from lmforge.align.losses import (
     shape_rewards,
     token_logprobs,
 )
-from lmforge.align.peft import (
-    Adapter,
-    AdapterWrapper,
-    LoRALinear,
-    NF4Linear,
-    QLoRALinear,
-    apply_adapters,
-    apply_lora,
-    apply_qlora,
-    dequantize_nf4,
-    load_adapter,
-    lora_config,
-    lora_modules,
-    lora_state_dict,
-    merge_lora,
-    nf4_code,
-    quantize_nf4,
-    save_adapter,
-    unmerge_lora,
-)
 from lmforge.align.regularizers import (
     diagonal_fisher,
     distillation_loss,
@@ -56,19 +36,10 @@ from lmforge.align.regularizers import (
 )
 
 __all__ = [
-    "Adapter",
-    "AdapterWrapper",
     "AdaptiveKLController",
     "FixedKLController",
-    "LoRALinear",
-    "NF4Linear",
-    "QLoRALinear",
-    "apply_adapters",
-    "apply_lora",
-    "apply_qlora",
     "bradley_terry_loss",
     "clipped_surrogate",
-    "dequantize_nf4",
     "diagonal_fisher",
     "distillation_loss",
     "dones_from_mask",
@@ -82,25 +53,16 @@ __all__ = [
     "kl_per_token",
     "l2_to_reference",
     "listwise_loss",
-    "load_adapter",
-    "lora_config",
-    "lora_modules",
-    "lora_state_dict",
     "masked_mean",
     "masked_var",
     "masked_whiten",
-    "merge_lora",
     "mse_gap_loss",
-    "nf4_code",
     "plackett_luce_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
     "preference_accuracy",
-    "quantize_nf4",
-    "save_adapter",
     "sequence_logprobs",
     "sft_loss",
     "shape_rewards",
     "token_logprobs",
-    "unmerge_lora",
 ]

@@ -28,9 +28,11 @@ from lmforge.align.losses import (
     preference_accuracy,
     sequence_logprobs,
 )
-from lmforge.align.sft import PeftConfig, apply_peft, export_peft, split_dataset
+from lmforge.align.sft import split_dataset
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError
+from lmforge.peft.config import PeftConfig, apply_peft
+from lmforge.peft.export import export_peft
 
 
 @dataclass

@@ -1,57 +1,23 @@
 """Supervised fine-tuning: next-token loss on response tokens only, optionally packed, as full
-fine-tuning or through a parameter-efficient method (LoRA, QLoRA, bottleneck adapters).
-
-PEFT targets use lmforge's module names. Attention has ONE fused `qkv_proj` Linear (not separate
-q/k/v), so LoRA's usual "q,v" becomes `qkv_proj` (it adapts queries, keys and values together);
-the default `qkv_proj,o_proj` adds the output projection. MLP layers are `up_proj`, `down_proj`
-(and `gate_proj` for GLU MLPs). Bottleneck adapters follow each block's `mlp` by default.
-
-A LoRA / QLoRA run saves the adapter alone (PEFT layout, `out_dir/adapter/`) and a merged model in
-HF layout (`out_dir/`), so `lmforge generate --checkpoint out_dir` just works. A bottleneck adapter
-cannot be merged (it is nonlinear): the adapter is saved alone in `out_dir/adapter/` next to the
-unchanged base model, and `load_peft(lm.model, out_dir/adapter)` applies it.
+fine-tuning or through a parameter-efficient method (`lmforge.peft`: LoRA, QLoRA, bottleneck
+adapters; targets and saved files are described there).
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from lmforge.align import data as D
 from lmforge.align.losses import sft_loss
-from lmforge.align.peft import (
-    AdapterWrapper,
-    NF4Linear,
-    apply_adapters,
-    apply_lora,
-    apply_qlora,
-    merge_lora,
-    save_adapter,
-)
 from lmforge.align.tasks import verify
 from lmforge.align.trainer import AlignConfig, AlignTrainer
-from lmforge.errors import CheckpointError, ConfigError
-from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
+from lmforge.errors import ConfigError
 from lmforge.lm import LM
-
-
-@dataclass
-class PeftConfig:
-    """Which parameter-efficient method to use and its settings (`peft: none` = full FT)."""
-
-    peft: str = "none"  # none | lora | qlora | adapter
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: str = "qkv_proj,o_proj"  # comma-separated names or globs
-    qlora_block_size: int = 64
-    adapter_bottleneck: int = 32
-    adapter_targets: str = "mlp"
+from lmforge.peft.config import PeftConfig, apply_peft
+from lmforge.peft.export import export_peft
 
 
 @dataclass
@@ -63,98 +29,6 @@ class SFTConfig(PeftConfig, AlignConfig):
     label_smoothing: float = 0.0
     eval_generate: int = 100  # held-out task prompts scored by greedy exact match (0 = off)
     max_new_tokens: int = 16
-
-
-def _targets(spec: str) -> list[str]:
-    return [t.strip() for t in spec.split(",") if t.strip()]
-
-
-PEFT_METHODS: dict[str, Callable[[nn.Module, PeftConfig], list[str]]] = {
-    "none": lambda model, cfg: [],
-    "lora": lambda model, cfg: apply_lora(
-        model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, _targets(cfg.lora_targets)
-    ),
-    "qlora": lambda model, cfg: apply_qlora(
-        model,
-        cfg.lora_r,
-        cfg.lora_alpha,
-        cfg.lora_dropout,
-        _targets(cfg.lora_targets),
-        block_size=cfg.qlora_block_size,
-    ),  # fmt: skip
-    "adapter": lambda model, cfg: apply_adapters(
-        model, _targets(cfg.adapter_targets), cfg.adapter_bottleneck
-    ),
-}
-
-
-def apply_peft(model: nn.Module, cfg: PeftConfig) -> list[str]:
-    """Wrap `model` in place as cfg.peft says; returns the wrapped module names."""
-    if cfg.peft not in PEFT_METHODS:
-        raise ConfigError(f"peft must be one of {', '.join(PEFT_METHODS)}, got {cfg.peft!r}")
-    return PEFT_METHODS[cfg.peft](model, cfg)
-
-
-def dense_copy(model: nn.Module) -> nn.Module:
-    """A copy with LoRA merged and NF4 layers dequantised: a plain model for LM.save."""
-    out = copy.deepcopy(model)
-    merge_lora(out, replace=True)
-    for name, m in list(out.named_modules()):
-        if isinstance(m, NF4Linear):
-            linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
-            with torch.no_grad():
-                linear.weight.copy_(m.dequantized_weight())
-                if m.bias is not None:
-                    linear.bias.copy_(m.bias)
-            out.set_submodule(name, linear)
-    return out
-
-
-def _unwrapped_copy(model: nn.Module) -> nn.Module:
-    """A copy with bottleneck adapters removed (the base model they were added to)."""
-    out = copy.deepcopy(model)
-    for name, m in list(out.named_modules()):
-        if isinstance(m, AdapterWrapper):
-            out.set_submodule(name, m.module)
-    return out
-
-
-def export_peft(model: nn.Module, tokenizer, path: Path, cfg: PeftConfig) -> None:
-    """Save what users load: merged HF checkpoint, plus the adapter alone for PEFT runs."""
-    path = Path(path)
-    if cfg.peft in ("lora", "qlora"):
-        save_adapter(
-            model, path / "adapter", {"base_model_name_or_path": getattr(cfg, "init", None)}
-        )
-        LM(dense_copy(model), tokenizer).save(path)
-    elif cfg.peft == "adapter":
-        tensors = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        save_tensors(path / "adapter" / "adapter_model.safetensors", tensors)
-        meta = {"peft_type": "BOTTLENECK", "targets": _targets(cfg.adapter_targets),
-                "bottleneck": cfg.adapter_bottleneck}  # fmt: skip
-        write_json(path / "adapter" / "adapter_config.json", meta)
-        LM(_unwrapped_copy(model), tokenizer).save(path)
-    else:
-        LM(model, tokenizer).save(path)
-
-
-def load_peft(model: nn.Module, directory: str | Path) -> list[str]:
-    """Apply a saved adapter directory (LoRA or bottleneck) to a base model, in place."""
-    directory = Path(directory)
-    meta = read_json(directory / "adapter_config.json", "adapter config")
-    if meta.get("peft_type", "LORA") == "LORA":
-        from lmforge.align.lora import load_adapter
-
-        return load_adapter(model, directory)
-    names = apply_adapters(model, meta["targets"], meta["bottleneck"])
-    saved = load_tensors(directory / "adapter_model.safetensors")
-    params = dict(model.named_parameters())
-    if set(saved) - set(params):
-        raise CheckpointError(f"{directory}: adapter tensors do not match this model")
-    with torch.no_grad():
-        for k, v in saved.items():
-            params[k].copy_(v)
-    return names
 
 
 @torch.no_grad()

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from lmforge.align import tasks
-from lmforge.align.lora import lora_modules
-from lmforge.align.sft import SFTConfig, SFTTrainer, dense_copy, exact_match, load_peft
+from lmforge.align.sft import SFTConfig, SFTTrainer, exact_match
 from lmforge.align.trainer import load_lm
 from lmforge.lm import LM
+from lmforge.peft.export import dense_copy, load_peft
+from lmforge.peft.lora import lora_modules
 
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
 

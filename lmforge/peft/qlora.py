@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.align.lora import (
+from lmforge.errors import ConfigError, LMForgeError
+from lmforge.peft.lora import (
     LoRALinear,
     _as_tuple,
     linear_names,
@@ -22,7 +23,6 @@ from lmforge.align.lora import (
     name_matches,
     no_target_error,
 )
-from lmforge.errors import ConfigError, LMForgeError
 
 # QLoRA's offset: the outermost quantile is ½(1 - 1/32 + 1 - 1/30), avoiding ppf(1) = ∞.
 NF4_OFFSET = 0.9677083

@@ -2,9 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-import lmforge.align as align
-from lmforge.align.peft import Adapter, AdapterWrapper, apply_adapters
+import lmforge.peft as peft
 from lmforge.errors import ConfigError
+from lmforge.peft.adapter import Adapter, AdapterWrapper, apply_adapters
 
 
 def test_adapter_is_identity_at_init_and_follows_the_formula():
@@ -52,5 +52,5 @@ def test_apply_adapters_glob_tuple_outputs_and_errors(toy):
 
 
 def test_package_exports():
-    for name in align.__all__:
-        assert getattr(align, name) is not None
+    for name in peft.__all__:
+        assert getattr(peft, name) is not None

@@ -1,7 +1,4 @@
-"""Parameter-efficient fine-tuning in one import: bottleneck adapters (here), LoRA (``lora.py``)
-and QLoRA (``quant.py``).
-
-A bottleneck adapter (Houlsby et al. 2019) adds h + W_up σ(W_down h) after a chosen module, with
+"""Bottleneck adapters (Houlsby et al. 2019): h + W_up σ(W_down h) after a chosen module, with
 W_up zero-initialised so the model starts out unchanged.
 """
 
@@ -9,48 +6,8 @@ from collections.abc import Callable, Iterable
 
 from torch import Tensor, nn
 
-from lmforge.align.lora import (
-    LoRALinear,
-    apply_lora,
-    load_adapter,
-    lora_config,
-    lora_modules,
-    lora_state_dict,
-    merge_lora,
-    name_matches,
-    save_adapter,
-    unmerge_lora,
-)
-from lmforge.align.quant import (
-    NF4Linear,
-    QLoRALinear,
-    apply_qlora,
-    dequantize_nf4,
-    nf4_code,
-    quantize_nf4,
-)
 from lmforge.errors import ConfigError
-
-__all__ = [
-    "Adapter",
-    "AdapterWrapper",
-    "LoRALinear",
-    "NF4Linear",
-    "QLoRALinear",
-    "apply_adapters",
-    "apply_lora",
-    "apply_qlora",
-    "dequantize_nf4",
-    "load_adapter",
-    "lora_config",
-    "lora_modules",
-    "lora_state_dict",
-    "merge_lora",
-    "nf4_code",
-    "quantize_nf4",
-    "save_adapter",
-    "unmerge_lora",
-]
+from lmforge.peft.lora import name_matches
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,

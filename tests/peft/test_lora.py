@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from lmforge.align.lora import (
+from lmforge.errors import CheckpointError, ConfigError
+from lmforge.peft.lora import (
     LoRALinear,
     apply_lora,
     load_adapter,
@@ -16,7 +17,6 @@ from lmforge.align.lora import (
     save_adapter,
     unmerge_lora,
 )
-from lmforge.errors import CheckpointError, ConfigError
 
 
 def _randomise_b(model: nn.Module) -> None:

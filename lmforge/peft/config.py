@@ -1,0 +1,65 @@
+"""Which parameter-efficient method a run uses (`peft: none | lora | qlora | adapter`), its
+settings, and `apply_peft`, which wraps a model in place as the config says.
+
+Targets use lmforge's module names. Attention has ONE fused `qkv_proj` Linear (not separate
+q/k/v), so LoRA's usual "q,v" becomes `qkv_proj` (it adapts queries, keys and values together);
+the default `qkv_proj,o_proj` adds the output projection. MLP layers are `up_proj`, `down_proj`
+(and `gate_proj` for GLU MLPs). Bottleneck adapters follow each block's `mlp` by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from lmforge.errors import ConfigError
+from lmforge.peft.adapter import apply_adapters
+from lmforge.peft.lora import apply_lora
+from lmforge.peft.qlora import apply_qlora
+
+
+@dataclass
+class PeftConfig:
+    """Which parameter-efficient method to use and its settings (`peft: none` = full FT)."""
+
+    peft: str = "none"  # none | lora | qlora | adapter
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = "qkv_proj,o_proj"  # comma-separated names or globs
+    qlora_block_size: int = 64
+    adapter_bottleneck: int = 32
+    adapter_targets: str = "mlp"
+
+
+def targets(spec: str) -> list[str]:
+    """The module names/globs of a comma-separated target spec."""
+    return [t.strip() for t in spec.split(",") if t.strip()]
+
+
+PEFT_METHODS: dict[str, Callable[[nn.Module, PeftConfig], list[str]]] = {
+    "none": lambda model, cfg: [],
+    "lora": lambda model, cfg: apply_lora(
+        model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, targets(cfg.lora_targets)
+    ),
+    "qlora": lambda model, cfg: apply_qlora(
+        model,
+        cfg.lora_r,
+        cfg.lora_alpha,
+        cfg.lora_dropout,
+        targets(cfg.lora_targets),
+        block_size=cfg.qlora_block_size,
+    ),  # fmt: skip
+    "adapter": lambda model, cfg: apply_adapters(
+        model, targets(cfg.adapter_targets), cfg.adapter_bottleneck
+    ),
+}
+
+
+def apply_peft(model: nn.Module, cfg: PeftConfig) -> list[str]:
+    """Wrap `model` in place as cfg.peft says; returns the wrapped module names."""
+    if cfg.peft not in PEFT_METHODS:
+        raise ConfigError(f"peft must be one of {', '.join(PEFT_METHODS)}, got {cfg.peft!r}")
+    return PEFT_METHODS[cfg.peft](model, cfg)

@@ -1,0 +1,83 @@
+"""What a PEFT run saves and how a saved adapter is applied again.
+
+A LoRA / QLoRA run saves the adapter alone (PEFT layout, `out_dir/adapter/`) and a merged model in
+HF layout (`out_dir/`), so `lmforge generate --checkpoint out_dir` just works. A bottleneck adapter
+cannot be merged (it is nonlinear): the adapter is saved alone in `out_dir/adapter/` next to the
+unchanged base model, and `load_peft(lm.model, out_dir/adapter)` applies it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmforge.errors import CheckpointError
+from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
+from lmforge.lm import LM
+from lmforge.peft.adapter import AdapterWrapper, apply_adapters
+from lmforge.peft.config import PeftConfig, targets
+from lmforge.peft.lora import load_adapter, merge_lora, save_adapter
+from lmforge.peft.qlora import NF4Linear
+
+
+def dense_copy(model: nn.Module) -> nn.Module:
+    """A copy with LoRA merged and NF4 layers dequantised: a plain model for LM.save."""
+    out = copy.deepcopy(model)
+    merge_lora(out, replace=True)
+    for name, m in list(out.named_modules()):
+        if isinstance(m, NF4Linear):
+            linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+            with torch.no_grad():
+                linear.weight.copy_(m.dequantized_weight())
+                if m.bias is not None:
+                    linear.bias.copy_(m.bias)
+            out.set_submodule(name, linear)
+    return out
+
+
+def _unwrapped_copy(model: nn.Module) -> nn.Module:
+    """A copy with bottleneck adapters removed (the base model they were added to)."""
+    out = copy.deepcopy(model)
+    for name, m in list(out.named_modules()):
+        if isinstance(m, AdapterWrapper):
+            out.set_submodule(name, m.module)
+    return out
+
+
+def export_peft(model: nn.Module, tokenizer, path: Path, cfg: PeftConfig) -> None:
+    """Save what users load: merged HF checkpoint, plus the adapter alone for PEFT runs."""
+    path = Path(path)
+    if cfg.peft in ("lora", "qlora"):
+        save_adapter(
+            model, path / "adapter", {"base_model_name_or_path": getattr(cfg, "init", None)}
+        )
+        LM(dense_copy(model), tokenizer).save(path)
+    elif cfg.peft == "adapter":
+        tensors = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        save_tensors(path / "adapter" / "adapter_model.safetensors", tensors)
+        meta = {"peft_type": "BOTTLENECK", "targets": targets(cfg.adapter_targets),
+                "bottleneck": cfg.adapter_bottleneck}  # fmt: skip
+        write_json(path / "adapter" / "adapter_config.json", meta)
+        LM(_unwrapped_copy(model), tokenizer).save(path)
+    else:
+        LM(model, tokenizer).save(path)
+
+
+def load_peft(model: nn.Module, directory: str | Path) -> list[str]:
+    """Apply a saved adapter directory (LoRA or bottleneck) to a base model, in place."""
+    directory = Path(directory)
+    meta = read_json(directory / "adapter_config.json", "adapter config")
+    if meta.get("peft_type", "LORA") == "LORA":
+        return load_adapter(model, directory)
+    names = apply_adapters(model, meta["targets"], meta["bottleneck"])
+    saved = load_tensors(directory / "adapter_model.safetensors")
+    params = dict(model.named_parameters())
+    if set(saved) - set(params):
+        raise CheckpointError(f"{directory}: adapter tensors do not match this model")
+    with torch.no_grad():
+        for k, v in saved.items():
+            params[k].copy_(v)
+    return names
