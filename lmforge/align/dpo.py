@@ -28,6 +28,7 @@ from lmforge.align.losses import (
     preference_accuracy,
     sequence_logprobs,
 )
+from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.sft import split_dataset
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError
@@ -36,7 +37,7 @@ from lmforge.peft.export import export_peft
 
 
 @dataclass
-class DPOConfig(PeftConfig, AlignConfig):
+class DPOConfig(ReplayConfig, PeftConfig, AlignConfig):
     """A DPO run (`lmforge dpo`); `peft` trains LoRA/adapters against the frozen reference."""
 
     out_dir: str = "out/dpo"
@@ -133,11 +134,8 @@ class DPOTrainer(AlignTrainer):
     def loss(self, batch):
         loss, rc, rr = self._loss(batch)
         stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
-        return loss, {
-            **stats,
-            "reward_chosen": rc.mean().item(),
-            "reward_rejected": rr.mean().item(),
-        }
+        stats.update(reward_chosen=rc.mean().item(), reward_rejected=rr.mean().item())
+        return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss, implicit-reward preference accuracy and reward margin."""

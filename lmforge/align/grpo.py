@@ -34,13 +34,14 @@ from lmforge.align.losses import (
     rloo_advantages,
     rloo_loss,
 )
+from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.errors import ConfigError
 
 
 @dataclass
-class GRPOConfig(RLConfig):
+class GRPOConfig(ReplayConfig, RLConfig):
     """A GRPO run (`lmforge grpo`)."""
 
     out_dir: str = "out/grpo"
@@ -103,7 +104,10 @@ class GRPOTrainer(RLTrainer):
         n = 0
         for _ in range(cfg.num_iterations):
             for mb in rollout.minibatches(size, gen):
-                loss, stats = self.sharded_call(self.minibatch_loss, mb)
+                # PPO-ptx: + replay_coef x next-token loss on pretraining text (align/replay.py)
+                loss, stats = self.sharded_call(
+                    lambda m: with_replay(self, *self.minibatch_loss(m)), mb
+                )
                 totals["loss"] += self.optimizer_step(loss)
                 totals["kl"] += stats["kl"].item()
                 totals["clip_frac"] += stats["clip_frac"].item()
