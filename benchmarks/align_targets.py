@@ -18,11 +18,11 @@ import argparse
 import time
 from pathlib import Path
 
-from lmforge.align import tasks
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.reward import RewardConfig, RewardModel, RewardTrainer
 from lmforge.align.sft import SFTConfig, SFTTrainer
+from lmforge.tasks import synthetic
 from lmforge.train.config import build_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "align"
@@ -41,7 +41,7 @@ def near_miss_report(rm_dir: Path, n: int = 500) -> str:
     rm, tok = RewardModel.load(rm_dir)
     kinds = {"+1": 1, "-1": -1, "+2": 2, "-2": -2, "+10": 10, "-10": -10}
     texts, groups = [], []
-    for r in tasks.problems("add", n, seed=2024, split="test", digits=2):
+    for r in synthetic.problems("add", n, seed=2024, split="test", digits=2):
         value = int(r["answer"])
         for kind, d in kinds.items():
             if value + d >= 0:

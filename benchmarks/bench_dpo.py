@@ -22,8 +22,8 @@ import torch
 from trl_common import build_checkpoint, hf_twin, step_clock, steps_per_second
 
 from lmforge.align.dpo import DPOConfig, DPOTrainer
-from lmforge.align.tasks import preference_pairs
 from lmforge.model.config import ModelConfig
+from lmforge.tasks.synthetic import preference_pairs
 
 BATCH, WARMUP = 32, 5
 

@@ -26,8 +26,9 @@ import torch
 from trl_common import build_checkpoint, hf_twin, step_clock, steps_per_second
 
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
-from lmforge.align.tasks import problems, verify
 from lmforge.model.config import ModelConfig
+from lmforge.tasks.answers import verify
+from lmforge.tasks.synthetic import problems
 
 PROMPTS, G, NEW_TOKENS, WARMUP = 16, 8, 6, 3
 

@@ -27,7 +27,7 @@ import torch
 
 from lmforge.vlm.data import patch_mixing
 from lmforge.vlm.model import VisionLanguageModel
-from lmforge.vlm.train import VLMTrainConfig, build_data, exact_match, train
+from lmforge.vlm.train import VLMTrainConfig, build_data, caption_exact_match, train
 
 
 def cpu_model() -> str:
@@ -62,7 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = build_config(VLMTrainConfig, args.config, {})
     base = dataclasses.replace(
-        base, steps=args.steps, eval_interval=args.eval_interval, eval_size=args.eval_size,
+        base, max_iters=args.steps, eval_interval=args.eval_interval, eval_size=args.eval_size,
         max_time=None, report=False, progress=False, seed=args.seed, threads=args.threads,
     )  # fmt: skip
     data = build_data(base)
@@ -105,8 +105,8 @@ def main() -> None:
     name = leader()
     cfg, r = results[name][2], results[name][3]
     vlm = VisionLanguageModel.load(cfg.out_dir)  # the checkpoint of its best validation step
-    test = exact_match(vlm, data, "test", args.report_size)
-    novel = exact_match(vlm, data, "novel", args.report_size)
+    test = caption_exact_match(vlm, data, "test", args.report_size)
+    novel = caption_exact_match(vlm, data, "novel", args.report_size)
     print(
         f"\nchosen on validation: {name} (step {r['best_step']}; validation exact "
         f"{r['validation_exact']:.1%})\nreported once: held-out images {test:.1%}, held-out "

@@ -103,11 +103,11 @@ def heldout_exact_match(checkpoint: Path, n: int = 1000) -> float:
     """Greedy exact match on n held-out test-split problems (the trainers' periodic eval uses
     200, whose ±3-point sampling noise hides changes of a few points)."""
     from lmforge.align import data as D
-    from lmforge.align.sft import exact_match
+    from lmforge.align.sft import greedy_accuracy
     from lmforge.lm import LM
 
     records = D.load_prompts(COMMON["data"], n, seed=1338, split="test")
-    return exact_match(LM.load(checkpoint), records, max_new_tokens=6)
+    return greedy_accuracy(LM.load(checkpoint), records, max_new_tokens=6)
 
 
 def run_rl(

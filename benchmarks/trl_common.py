@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from lmforge.align.tasks import ALPHABET
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+from lmforge.tasks.synthetic import ALPHABET
 from lmforge.tokenizer import Tokenizer
 
 SIZE = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": 64}

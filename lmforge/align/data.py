@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from lmforge.align import tasks
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
 from lmforge.interop.chat_template import compile_template
+from lmforge.tasks import hh, synthetic
+from lmforge.tasks.gsm8k import gsm8k_answer
 
 IGNORE = -100
 PROMPT_KEYS = ("prompt", "question", "instruction", "input")
@@ -211,9 +212,9 @@ def preference_parts(record: dict) -> tuple[Any, Any, Any]:
         if key not in record:
             raise DataError(f"missing field '{key}'")
     if "prompt" not in record:
-        if isinstance(record["chosen"], str) and tasks.ASSISTANT in record["chosen"]:
-            hh = tasks.parse_hh(record["chosen"], record["rejected"])
-            return hh["prompt"], hh["chosen"], hh["rejected"]
+        if isinstance(record["chosen"], str) and hh.ASSISTANT in record["chosen"]:
+            pair = hh.parse_hh(record["chosen"], record["rejected"])
+            return pair["prompt"], pair["chosen"], pair["rejected"]
         raise DataError("missing field 'prompt' (and not an HH '\\n\\nAssistant:' dialogue)")
     return record["prompt"], record["chosen"], record["rejected"]
 
@@ -294,8 +295,8 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
         if len(rest) > 1 + chat or not (level == "" or level.isdigit()):
             raise DataError(f"{source}: expected task:NAME[:LEVEL][:chat], LEVEL an integer")
         kw = {"digits": int(level), "length": int(level)} if level else {}
-        make = {"sft": tasks.sft_records, "preference": tasks.preference_pairs,
-                "prompts": tasks.rl_prompts}[kind]  # fmt: skip
+        make = {"sft": synthetic.sft_records, "preference": synthetic.preference_pairs,
+                "prompts": synthetic.rl_prompts}[kind]  # fmt: skip
         records = make(name, n, seed, split, **kw)
         if chat:
             records = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in records]
@@ -342,7 +343,7 @@ def load_prompts(source, n: int = 1000, seed: int = 0, split: str = "train") -> 
     for where, r in records_from(source, "prompts", n=n, seed=seed, split=split):
         if "question" in r and "prompt" not in r:
             try:
-                r = {"prompt": r["question"], "answer": tasks.gsm8k_answer(str(r.get("answer")))}
+                r = {"prompt": r["question"], "answer": gsm8k_answer(str(r.get("answer")))}
             except DataError as err:
                 raise DataError(f"{where}: {err}") from err
         if not isinstance(r.get("prompt"), str | list) or not r["prompt"]:

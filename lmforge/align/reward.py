@@ -52,12 +52,12 @@ from lmforge.align.losses import (
 )
 from lmforge.align.rollout import RolloutEngine
 from lmforge.align.sft import split_dataset
-from lmforge.align.tasks import verify
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError, DataError
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
+from lmforge.tasks.answers import verify
 
 HEAD_FILE, CONFIG_FILE = "reward_head.safetensors", "reward_config.json"
 

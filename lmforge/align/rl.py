@@ -33,11 +33,11 @@ from lmforge.align.rollout import (
     build_reward,
     rollout_stats,
 )
-from lmforge.align.tasks import verify
 from lmforge.align.trainer import AlignConfig, AlignTrainer, NonFiniteLoss
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.peft.export import export_peft
+from lmforge.tasks.answers import verify
 from lmforge.train.optim import cosine_lr
 
 

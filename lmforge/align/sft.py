@@ -12,17 +12,16 @@ import torch
 
 from lmforge.align import data as D
 from lmforge.align.losses import sft_loss
-from lmforge.align.replay import ReplayConfig, with_replay
-from lmforge.align.tasks import verify
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.peft.export import export_peft
+from lmforge.tasks.answers import verify
 
 
 @dataclass
-class SFTConfig(ReplayConfig, PeftConfig, AlignConfig):
+class SFTConfig(PeftConfig, AlignConfig):
     """An SFT run (`lmforge sft`; `lmforge lora` sets peft)."""
 
     out_dir: str = "out/sft"
@@ -33,10 +32,10 @@ class SFTConfig(ReplayConfig, PeftConfig, AlignConfig):
 
 
 @torch.no_grad()
-def exact_match(
+def greedy_accuracy(
     lm: LM, records: list[dict], max_new_tokens: int = 16, add_bos: bool = False, batch: int = 128
 ) -> float:
-    """Fraction of records whose greedy completion passes `tasks.verify`."""
+    """Fraction of records whose greedy completion passes `lmforge.tasks.answers.verify`."""
     if not records:
         return 0.0
     tok = lm.tokenizer
@@ -111,7 +110,7 @@ class SFTTrainer(AlignTrainer):
         # so no attention mask is needed (and SDPA keeps its fast causal path).
         logits = self.lm.model(batch["input_ids"])
         loss = sft_loss(logits, batch["labels"], label_smoothing=self.cfg.label_smoothing)
-        return with_replay(self, loss, {})  # + replay_coef x LM loss on pretraining text
+        return loss, {}
 
     def loss_weight(self, batch) -> float:
         """Response tokens: the loss is a mean over them (see AlignTrainer.loss_weight)."""
@@ -131,7 +130,7 @@ class SFTTrainer(AlignTrainer):
     def evaluate(self) -> dict[str, float]:
         result = {"loss": self.eval_loss(self.eval_examples)}
         if self.eval_records:
-            result["exact_match"] = exact_match(
+            result["exact_match"] = greedy_accuracy(
                 self.lm, self.eval_records, self.cfg.max_new_tokens, self.cfg.add_bos
             )
         return result

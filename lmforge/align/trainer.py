@@ -52,11 +52,11 @@ from lmforge.align.parallel import (
     load_optimizer_state,
     whole_optimizer_state,
 )
-from lmforge.align.tasks import ALPHABET
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_positive_ints
 from lmforge.fileio import remove_stale_temps, write_json
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+from lmforge.tasks.synthetic import ALPHABET
 from lmforge.train.checkpoint import (
     STATE_FILE,
     load_training_state,

@@ -133,7 +133,8 @@ def run_perplexity(args) -> int:
 
 
 def run_gsm8k(args) -> int:
-    from lmforge.eval.tasks import evaluate_gsm8k, load_gsm8k
+    from lmforge.eval.tasks import evaluate_gsm8k
+    from lmforge.tasks.gsm8k import load_gsm8k
 
     if not Path(args.data).is_file():
         print(f"skipped: GSM8K data not found at {args.data} (pass --data FILE)", file=sys.stderr)

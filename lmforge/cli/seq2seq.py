@@ -101,13 +101,13 @@ def train(cfg: Seq2SeqTrainConfig, log=print) -> dict[str, float]:
         if step % 10 == 0:
             metrics.log(step, "train", loss=loss.item(), lr=lr)
         if step % cfg.eval_interval == 0 or step == cfg.steps:
-            result = {"train_exact": task.exact_match(model, dev),
-                      "test_exact": task.exact_match(model, task.test)}  # fmt: skip
+            result = {"train_exact": task.translation_accuracy(model, dev),
+                      "test_exact": task.translation_accuracy(model, task.test)}  # fmt: skip
             metrics.log(step, "eval", **result)
             log(f"step {step}: loss {loss.item():.4f}  held-out exact match "
                 f"{result['test_exact']:.2%}")  # fmt: skip
     if cfg.beam > 1:
-        result["test_exact_beam"] = task.exact_match(model, task.test, beam=cfg.beam)
+        result["test_exact_beam"] = task.translation_accuracy(model, task.test, beam=cfg.beam)
     save_tensors(out / "model.safetensors", model.state_dict())
     meta = {**model_cfg.to_dict(), "model_type": "lmforge-seq2seq"}
     meta["task"] = {"reverse": cfg.reverse, "vocab": task.vocab}

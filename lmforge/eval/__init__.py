@@ -1,6 +1,7 @@
-"""Evaluation: perplexity, exact-match tasks (GSM8K), multiple choice, hallucination and
-sycophancy rates, ICL/CoT prompt builders, and results reports. The lm-evaluation-harness
-adapter lives in lmforge.eval.lm_eval_adapter (import it to register the "lmforge" model)."""
+"""Evaluation: perplexity, exact-match tasks (GSM8K; answer extraction and the GSM8K loader
+live in lmforge.tasks), multiple choice, hallucination and sycophancy rates, ICL/CoT prompt
+builders, and results reports. The lm-evaluation-harness adapter lives in
+lmforge.eval.lm_eval_adapter (import it to register the "lmforge" model)."""
 
 from lmforge.eval.hallucination import (
     ContainsAnswer,
@@ -24,22 +25,10 @@ from lmforge.eval.prompts import (
 from lmforge.eval.report import Report, ResultRow
 from lmforge.eval.scoring import generate_texts, loglikelihood, rolling_loglikelihood
 from lmforge.eval.sycophancy import FALSE_STATEMENTS, classify_reply, evaluate_sycophancy
-from lmforge.eval.tasks import (
-    EXTRACTORS,
-    TaskResult,
-    evaluate_gsm8k,
-    exact_match,
-    extract_choice,
-    extract_gsm8k,
-    extract_last_number,
-    extract_numeric_answer,
-    load_gsm8k,
-    normalize_number,
-)
+from lmforge.eval.tasks import TaskResult, evaluate_gsm8k
 
 __all__ = [
     "COT_TRIGGER",
-    "EXTRACTORS",
     "FALSE_STATEMENTS",
     "FIXTURES",
     "PROMPT_STYLES",
@@ -59,17 +48,10 @@ __all__ = [
     "evaluate_choices",
     "evaluate_gsm8k",
     "evaluate_sycophancy",
-    "exact_match",
-    "extract_choice",
-    "extract_gsm8k",
-    "extract_last_number",
-    "extract_numeric_answer",
     "generate_texts",
     "hallucination_rate",
     "load_choices",
-    "load_gsm8k",
     "loglikelihood",
-    "normalize_number",
     "perplexity",
     "rolling_loglikelihood",
     "sweep",

@@ -26,7 +26,8 @@ import torch
 from lmforge.errors import ConfigError, DataError
 from lmforge.eval.core import TASKS_BY_LABEL, check_max_per_task, load_task_rows
 from lmforge.eval.core_scoring import lm_head
-from lmforge.eval.tasks import exact_match, extract_numeric_answer, load_gsm8k
+from lmforge.tasks.answers import exact_match, extract_numeric_answer
+from lmforge.tasks.gsm8k import load_gsm8k
 
 LETTERS = "ABCDEFGHIJ"
 BASELINES = {"ARC-Easy": 0.25, "ARC-Challenge": 0.25, "GSM8K": 0.0}

@@ -260,7 +260,7 @@ class NumberTask:
         sep = "" if not self.reverse else " "
         return sep.join(self.vocab[i] for i in ids)
 
-    def exact_match(self, model: Seq2Seq, numbers: list[int], beam: int = 1) -> float:
+    def translation_accuracy(self, model: Seq2Seq, numbers: list[int], beam: int = 1) -> float:
         """Fraction of `numbers` translated exactly (greedy, or beam search if beam > 1)."""
         model.eval()
         hits = 0

@@ -111,7 +111,8 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def exact_match(prediction: str, gold: str) -> float:
+def squad_exact_match(prediction: str, gold: str) -> float:
+    """1.0 when prediction and gold are equal after SQuAD normalisation, else 0.0."""
     return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
@@ -157,7 +158,7 @@ def answer_scores(rag: RAG, questions: list[Question]) -> tuple[dict[str, float 
                 "prediction": a.text,
                 "sources": [topic_of(h.chunk.source) for h in a.sources],
                 "cited": [topic_of(h.chunk.source) for h in a.cited],
-                "em": exact_match(text, q.answer),
+                "em": squad_exact_match(text, q.answer),
                 "f1": f1_score(text, q.answer),
                 "notes": a.notes,
             }

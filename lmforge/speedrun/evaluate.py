@@ -21,7 +21,7 @@ import torch
 
 from lmforge.align import data as D
 from lmforge.align.rollout import ModelReward, RolloutEngine
-from lmforge.align.sft import exact_match
+from lmforge.align.sft import greedy_accuracy
 from lmforge.data.shards import TokenShard
 from lmforge.eval.perplexity import PerplexityResult, perplexity
 from lmforge.lm import LM
@@ -88,7 +88,7 @@ def evaluate_models(
         if val_bin is not None:
             heldout = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
             row["perplexity"], row["bpb"] = heldout.perplexity, heldout.bits_per_byte
-        row["accuracy"] = exact_match(lm, records, new_tokens)
+        row["accuracy"] = greedy_accuracy(lm, records, new_tokens)
         if rm is not None:
             row["reward"] = mean_reward(lm, records, rm, new_tokens)
         if ref is not None:

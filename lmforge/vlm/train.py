@@ -12,8 +12,6 @@ validation the same way.
 
 from __future__ import annotations
 
-import copy
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,9 +19,12 @@ from typing import Any
 
 import torch
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
+from lmforge.train.config import OptimConfig
+from lmforge.train.distributed import Parallel
+from lmforge.train.loop import Trainer
 from lmforge.vlm.data import ShapesDataset
 from lmforge.vlm.hf_vision import load_hf_vision_tower
 from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_tokenizer
@@ -36,7 +37,7 @@ def _default_model() -> dict[str, Any]:
 
 
 @dataclass
-class VLMTrainConfig:
+class VLMTrainConfig(OptimConfig):
     """A run on ShapesDataset. `model` holds ModelConfig fields of the language model."""
 
     out_dir: str = "out/vlm-shapes"
@@ -62,33 +63,26 @@ class VLMTrainConfig:
     projector: str = "linear"  # linear | mlp2
     tokenizer: str = "whitespace"  # whitespace | word | char
     model: dict[str, Any] = field(default_factory=_default_model)
-    steps: int = 1500
+    max_iters: int = 1500
     # CPU seconds of training steps (process time, evaluation excluded); stop when reached. CPU
     # time, not wall time: on a shared machine the wall time depends on the other users.
     max_time: float | None = None
     batch_size: int = 32
     lr: float = 2e-3
     min_lr: float = 1e-4
-    warmup: int = 50
+    warmup_iters: int = 50
     weight_decay: float = 0.01
     text_dropout: float = 0.0  # caption input tokens replaced by UNK (targets kept): word dropout
-    grad_clip: float = 1.0
     eval_interval: int = 250  # validation every N steps; the best step is kept
     eval_size: int = 500  # images per split (validation at each evaluation; test, novel at the end)
     report: bool = True  # score test and novel once at the end (a selection sweep turns it off)
-    log_interval: int = 10
     threads: int | None = None  # torch threads (None: leave torch's default)
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_interval", "eval_size", "log_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        super().__post_init__()
+        require_positive_ints(self, "batch_size", "eval_size")
         if not 0 <= self.text_dropout < 1:
             raise ConfigError(f"text_dropout must be in [0, 1), got {self.text_dropout}")
-        if self.lr <= 0 or self.min_lr < 0:
-            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
 
     def vision_config(self) -> VisionConfig:
         return VisionConfig(
@@ -133,7 +127,7 @@ def pretrained_tower(cfg: VLMTrainConfig) -> VisionEncoder:
 
 
 @torch.no_grad()
-def exact_match(
+def caption_exact_match(
     vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int, batch: int = 100
 ) -> float:
     """Fraction of the first n images of `split` whose greedy caption equals the reference."""
@@ -167,84 +161,110 @@ def caption_loss(
 
 def evaluate(vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int) -> dict[str, float]:
     """{split}_exact and {split}_loss on the first n images of `split`."""
-    return {f"{split}_exact": exact_match(vlm, data, split, n),
+    return {f"{split}_exact": caption_exact_match(vlm, data, split, n),
             f"{split}_loss": caption_loss(vlm, data, split, n)}  # fmt: skip
 
 
-def train(cfg: VLMTrainConfig, log=print) -> dict[str, Any]:
-    """Train, keep the step with the best validation score, save its checkpoint + metrics.csv +
-    loss.png in out_dir; return the validation scores (and test / novel when cfg.report)."""
-    from tqdm import tqdm
+class VLMTrainer(Trainer):
+    """Trains on fresh shapes images every step and keeps the validation-best step (see the
+    module docstring); out_dir's model is that step's."""
 
-    from lmforge.fileio import remove_stale_temps, write_json
-    from lmforge.train.metrics import MetricsLog
-    from lmforge.train.optim import build_adamw, cosine_lr
+    name = "vlm shapes"
+    curves = [("train", "loss"), ("eval", "validation_loss"), ("eval", "validation_exact")]
+    plot_file = "loss.png"
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out_dir)
-    data = build_data(cfg)
-    vlm = build_model(cfg, data)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = build_adamw(vlm, cfg.lr, cfg.weight_decay, (0.9, 0.99))
-    remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
-    metrics = MetricsLog(out)
-    best: dict[str, Any] = {}
-    start, train_time, train_cpu, step = time.perf_counter(), 0.0, 0.0, 0
-    cpu_start = time.process_time()  # CPU seconds too: wall time on a shared machine is noisy
-    bar = tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, unit="step")
-    for step in bar:
-        t0, c0 = time.perf_counter(), time.process_time()
-        lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        first = (step - 1) * cfg.batch_size
-        pixels, captions = data.batch("train", range(first, first + cfg.batch_size))
+    def __init__(self, cfg: VLMTrainConfig, resume: bool = False, log=print):
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.start_time, self.start_cpu = time.perf_counter(), time.process_time()
+        self.data = build_data(cfg)
+        self.vlm = build_model(cfg, self.data)
+        self.open_run(cfg, Parallel(torch.device("cpu")), resume, log)
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # text dropout
+        self.best: dict[str, Any] = {}
+        self.start(self.vlm)
+
+    def model_spec(self) -> Any:
+        return self.vlm.language_model.config if hasattr(self.vlm, "language_model") else None
+
+    def signature(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self.cfg).items() if k not in RUN_LENGTH}
+
+    def next_batch(self):
+        cfg, vlm = self.cfg, self.vlm
+        first = self.step * cfg.batch_size  # every step draws images no step saw before
+        pixels, captions = self.data.batch("train", range(first, first + cfg.batch_size))
         ids, labels = vlm.collate([vlm.encode_example(c) for c in captions])
         if cfg.text_dropout > 0:  # the model must read more from the image than from the text
-            drop = (labels != IGNORE) & (torch.rand(ids.shape, generator=gen) < cfg.text_dropout)
+            draw = torch.rand(ids.shape, generator=self.generator)
+            drop = (labels != IGNORE) & (draw < cfg.text_dropout)
             ids = ids.masked_fill(drop, vlm.tokenizer.unk_id)
-        vlm.train()
-        loss = vlm.loss(ids, labels, pixels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vlm.parameters(), cfg.grad_clip)
-        opt.step()
-        train_time += time.perf_counter() - t0
-        train_cpu += time.process_time() - c0
-        if not math.isfinite(loss.item()):
-            raise ConfigError(f"loss became {loss.item()} at step {step}; lower lr")
-        if step % cfg.log_interval == 0:
-            metrics.log(step, "train", loss=loss.item(), lr=lr)
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-        out_of_time = cfg.max_time is not None and train_cpu >= cfg.max_time
-        if step % cfg.eval_interval == 0 or step == cfg.steps or out_of_time:
-            scores = evaluate(vlm, data, "validation", cfg.eval_size)
-            metrics.log(step, "eval", **scores)
-            key = (scores["validation_exact"], -scores["validation_loss"])
-            if not best or key > best["key"]:  # higher exact match, then lower loss
-                best = {"key": key, "step": step, "scores": scores,
-                        "state": copy.deepcopy(vlm.state_dict())}  # fmt: skip
-                vlm.save(out)
-            log(
-                f"step {step}: loss {loss.item():.4f}  validation exact match "
-                f"{scores['validation_exact']:.1%} (loss {scores['validation_loss']:.4f}); "
-                f"best step {best['step']}"
-            )
-        if out_of_time:
-            break
-    bar.close()
-    vlm.load_state_dict(best["state"])  # the validation-best step is the model
-    result: dict[str, Any] = {**best["scores"], "best_step": best["step"]}
-    if cfg.report:  # read once, to report: nothing is chosen on these
-        for split in ("test", "novel"):
-            result[f"{split}_exact"] = exact_match(vlm, data, split, cfg.eval_size)
-    result.update(steps=step, train_s=train_time, train_cpu_s=train_cpu,
-                  total_s=time.perf_counter() - start,
-                  cpu_s=time.process_time() - cpu_start)  # fmt: skip
-    write_json(out / "train_config.json", asdict(cfg))
-    write_json(out / "final_metrics.json", result)
-    curves = [("train", "loss"), ("eval", "validation_loss"), ("eval", "validation_exact")]
-    result["plot"] = str(metrics.plot(curves, out / "loss.png", title="vlm shapes"))
-    metrics.close()
-    return result
+        return ids, labels, pixels
+
+    def loss(self, batch):
+        return self.vlm.loss(*batch), {}
+
+    def out_of_time(self) -> bool:
+        return self.cfg.max_time is not None and self.cpu_elapsed >= self.cfg.max_time
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation scores; a new best step (higher exact match, then lower loss) is kept."""
+        scores = evaluate(self.vlm, self.data, "validation", self.cfg.eval_size)
+        key = [scores["validation_exact"], -scores["validation_loss"]]
+        if not self.best or key > self.best["key"]:
+            state = {k: v.detach().clone() for k, v in self.vlm.state_dict().items()}
+            self.best = {"key": key, "step": self.step, "scores": scores, "state": state}
+        return scores
+
+    def eval_line(self, r: dict[str, float]) -> str:
+        return (f"step {self.step}: validation exact match {r['validation_exact']:.1%} (loss "
+                f"{r['validation_loss']:.4f}); best step {self.best['step']}")  # fmt: skip
+
+    def export(self, path: Path) -> None:
+        """The best step's model (the current one before any evaluation)."""
+        if not self.best:
+            self.vlm.save(path)
+            return
+        current = {k: v.detach().clone() for k, v in self.vlm.state_dict().items()}
+        self.vlm.load_state_dict(self.best["state"])
+        try:
+            self.vlm.save(path)
+        finally:
+            self.vlm.load_state_dict(current)
+
+    def data_state(self) -> torch.Tensor:
+        return self.generator.get_state()  # the images follow from the step
+
+    def load_data_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.best = state.get("best") or {}
+
+    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        best = self.best
+        self.vlm.load_state_dict(best["state"])  # the validation-best step is the model
+        result = {**best["scores"], "best_step": best["step"]}
+        if self.cfg.report:  # read once, to report: nothing is chosen on these
+            for split in ("test", "novel"):
+                result[f"{split}_exact"] = caption_exact_match(
+                    self.vlm, self.data, split, self.cfg.eval_size
+                )
+        result.update(steps=self.step, train_s=self.elapsed, train_cpu_s=self.cpu_elapsed,
+                      total_s=time.perf_counter() - self.start_time,
+                      cpu_s=time.process_time() - self.start_cpu)  # fmt: skip
+        return result
+
+
+# fields a resumed run may change: how long it runs, how often it reports, where it writes
+RUN_LENGTH = ("out_dir", "max_iters", "max_time", "eval_interval", "log_interval",
+              "checkpoint_interval", "progress", "threads", "report", "lr_decay_iters")  # fmt: skip
+
+
+def train(cfg: VLMTrainConfig, log=print, resume: bool = False) -> dict[str, Any]:
+    """Train, keep the step with the best validation score, save its checkpoint + metrics.csv +
+    loss.png in out_dir; return the validation scores (and test / novel when cfg.report)."""
+    return VLMTrainer(cfg, resume=resume, log=log).run()

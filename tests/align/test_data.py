@@ -6,15 +6,16 @@ import pytest
 import torch
 
 from lmforge.align import data as D
-from lmforge.align import tasks
 from lmforge.align.losses import sft_loss
 from lmforge.errors import DataError
+from lmforge.tasks import synthetic
+from lmforge.tasks.gsm8k import load_gsm8k
 from lmforge.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return Tokenizer.train_char([tasks.ALPHABET])
+    return Tokenizer.train_char([synthetic.ALPHABET])
 
 
 def test_prompt_masked_eos_trained(tok):
@@ -116,7 +117,7 @@ def test_preference_validation(tmp_path, tok):
 
 def test_load_prompts_gsm8k(shared_data):
     rows = D.load_prompts(shared_data / "gsm8k_test.jsonl")
-    assert rows[0]["answer"] == tasks.load_gsm8k(shared_data / "gsm8k_test.jsonl", 1)[0]["answer"]
+    assert rows[0]["answer"] == load_gsm8k(shared_data / "gsm8k_test.jsonl", 1)[0]["reference"]
 
 
 def test_chat_task_sources_wrap_prompts_as_user_messages(tok):

@@ -16,9 +16,9 @@ from lmforge.align.rollout import (
     completion_logprobs,
     default_stop_ids,
 )
-from lmforge.align.tasks import ALPHABET
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+from lmforge.tasks.synthetic import ALPHABET
 from lmforge.tokenizer import Tokenizer
 
 

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from lmforge.align import tasks
-from lmforge.align.sft import SFTConfig, SFTTrainer, exact_match
+from lmforge.align.sft import SFTConfig, SFTTrainer, greedy_accuracy
 from lmforge.align.trainer import load_lm
 from lmforge.lm import LM
 from lmforge.peft.export import dense_copy, load_peft
 from lmforge.peft.lora import lora_modules
+from lmforge.tasks import synthetic
 
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
 
@@ -26,13 +26,13 @@ def quiet(*a):
     pass
 
 
-def test_exact_match_counts_verified_completions():
-    """exact_match = the share of records whose greedy completion `verify` accepts, over every
+def test_greedy_accuracy_counts_verified_completions():
+    """greedy_accuracy = the share of records whose greedy completion `verify` accepts, over every
     chunk of the batch: a stub generate answers 3 of 5 prompts right (one with a trailing line
     and EOS, which the verifier ignores) and the others wrong."""
     lm = load_lm("scratch", TINY, 24, 0, "cpu")
     tok = lm.tokenizer
-    records = tasks.problems("add", 5, seed=0)
+    records = synthetic.problems("add", 5, seed=0)
     replies = {
         0: f"{records[0]['answer']}\nmore",
         1: str(int(records[1]["answer"]) + 1),
@@ -48,9 +48,9 @@ def test_exact_match_counts_verified_completions():
         return [tok.encode(replies[by_prompt[tuple(p)]]) + [tok.eos_id] for p in prompts]
 
     lm.generate = generate
-    assert exact_match(lm, records, max_new_tokens=4, batch=2) == pytest.approx(3 / 5)
+    assert greedy_accuracy(lm, records, max_new_tokens=4, batch=2) == pytest.approx(3 / 5)
     assert calls == [(2, 4, 0.0), (2, 4, 0.0), (1, 4, 0.0)]  # greedy, every record once
-    assert exact_match(lm, [], max_new_tokens=4) == 0.0
+    assert greedy_accuracy(lm, [], max_new_tokens=4) == 0.0
 
 
 @pytest.mark.parametrize("peft", ["lora", "qlora"])

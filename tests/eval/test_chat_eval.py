@@ -64,7 +64,7 @@ def test_arc_batched_agrees_with_reference(chat_lm, shared_data):
 
 def test_gsm8k_replies_are_the_greedy_continuations(chat_lm, shared_data):
     """The Engine's batched replies equal LM.generate's plain greedy decoding, one by one."""
-    from lmforge.eval.tasks import load_gsm8k
+    from lmforge.tasks.gsm8k import load_gsm8k
 
     # seed 3: this random model's replies are not all special tokens (empty text)
     chat_lm = LM.from_config(chat_lm.config, chat_lm.tokenizer, seed=3)

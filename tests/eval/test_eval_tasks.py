@@ -6,17 +6,16 @@ import pytest
 
 from lmforge.cli.main import main
 from lmforge.errors import DataError
-from lmforge.eval.tasks import (
-    evaluate_gsm8k,
+from lmforge.eval.tasks import evaluate_gsm8k, gsm8k_prompt
+from lmforge.tasks.answers import canonical_answer as normalize_number
+from lmforge.tasks.answers import (
     exact_match,
     extract_choice,
     extract_gsm8k,
     extract_last_number,
     extract_numeric_answer,
-    gsm8k_prompt,
-    load_gsm8k,
-    normalize_number,
 )
+from lmforge.tasks.gsm8k import load_gsm8k
 
 
 @pytest.mark.parametrize(

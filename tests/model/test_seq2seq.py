@@ -95,7 +95,7 @@ def test_cli_trains_to_high_held_out_exact_match_on_small_numbers(tmp_path, monk
     match on numbers the model never trained on (every number a training batch held is recorded),
     and it is high: the model learned the composition, not a lookup table."""
     trained, scored = set(), []
-    batch, score = NumberTask.batch, NumberTask.exact_match
+    batch, score = NumberTask.batch, NumberTask.translation_accuracy
     evaluating = [False]
 
     def spy_batch(self, numbers):
@@ -113,9 +113,9 @@ def test_cli_trains_to_high_held_out_exact_match_on_small_numbers(tmp_path, monk
         return value
 
     monkeypatch.setattr(NumberTask, "batch", spy_batch)
-    monkeypatch.setattr(NumberTask, "exact_match", spy_score)
+    monkeypatch.setattr(NumberTask, "translation_accuracy", spy_score)
     args = ["seq2seq", "train", "--out_dir", str(tmp_path), "--max_number", "1000",
-            "--steps", "200", "--eval_interval", "200", "--beam", "1",
+            "--max_iters", "200", "--eval_interval", "200", "--beam", "1",
             "--progress", "false"]  # fmt: skip
     assert main(args) == 0
     result = json.loads((tmp_path / "final_metrics.json").read_text())

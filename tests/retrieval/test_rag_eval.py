@@ -15,12 +15,12 @@ from lmforge.retrieval.evaluate import (
     Question,
     answer_scores,
     check_gold_topics,
-    exact_match,
     f1_score,
     load_questions,
     names_topic,
     normalize_answer,
     retrieval_scores,
+    squad_exact_match,
 )
 from lmforge.retrieval.rag import Answer
 
@@ -144,7 +144,7 @@ def test_answer_scoring_matches_the_official_squad_script():
     for pred, gold in pairs:
         assert normalize_answer(pred) == squad.normalize_answer(pred)
         assert f1_score(pred, gold) == pytest.approx(squad.f1_abstractive([pred], [gold]))
-        assert exact_match(pred, gold) == float(
+        assert squad_exact_match(pred, gold) == float(
             squad.normalize_answer(pred) == squad.normalize_answer(gold)
         )
 

@@ -17,8 +17,8 @@ from lmforge.vlm.train import (
     VLMTrainConfig,
     build_data,
     build_model,
+    caption_exact_match,
     caption_loss,
-    exact_match,
     train,
 )
 
@@ -28,8 +28,8 @@ def test_config_errors(tmp_path):
         build_config(VLMTrainConfig, None, {"stepz": 3})
     with pytest.raises(ConfigError, match="text_dropout"):
         VLMTrainConfig(text_dropout=1.5)
-    with pytest.raises(ConfigError, match="steps must be a positive integer"):
-        VLMTrainConfig(steps=0)
+    with pytest.raises(ConfigError, match="max_iters must be a positive integer"):
+        VLMTrainConfig(max_iters=0)
     cfg = build_config(VLMTrainConfig, "configs/vlm-shapes.yaml", {"model.n_layer": 1})
     assert cfg.model["n_layer"] == 1 and cfg.model["pos"] == "rope"
 
@@ -50,8 +50,8 @@ def test_training_lowers_held_out_loss_below_a_unigram_baseline(tmp_path, monkey
     reads only "validation"; test and novel are drawn once, after it, to report."""
     steps, batch = 40, 8
     cfg = VLMTrainConfig(
-        out_dir=str(tmp_path), steps=steps, batch_size=batch, eval_interval=steps, eval_size=4,
-        vision_layers=1, vision_heads=2, patch_embed="linear", vision_dim=32, warmup=5,
+        out_dir=str(tmp_path), max_iters=steps, batch_size=batch, eval_interval=steps, eval_size=4,
+        vision_layers=1, vision_heads=2, patch_embed="linear", vision_dim=32, warmup_iters=5,
         lr=1e-2,
         model={"n_layer": 1, "n_head": 2, "d_model": 32, "pos": "rope", "norm": "rmsnorm",
                "mlp": "swiglu", "bias": False},
@@ -99,8 +99,8 @@ def test_best_validation_step_is_kept(tmp_path, monkeypatch):
     metrics.csv, and the saved checkpoint is that step's model."""
     monkeypatch.setattr(MetricsLog, "plot", lambda self, curves, path, title="": Path(path))
     cfg = VLMTrainConfig(
-        out_dir=str(tmp_path), steps=12, batch_size=4, eval_interval=3, eval_size=4,
-        vision_layers=1, vision_heads=2, vision_dim=16, lr=3e-2, warmup=0, report=False,
+        out_dir=str(tmp_path), max_iters=12, batch_size=4, eval_interval=3, eval_size=4,
+        vision_layers=1, vision_heads=2, vision_dim=16, lr=3e-2, warmup_iters=0, report=False,
         model={"n_layer": 1, "n_head": 2, "d_model": 16}, progress=False, threads=1,
         max_time=None,
     )  # fmt: skip
@@ -155,7 +155,7 @@ def test_caption_cli_converts_or_refuses_odd_images(tmp_path, capsys):
 def test_train_checkpoint_and_caption_cli(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["vlm", "train", "--config", "configs/vlm-shapes.yaml", "--out_dir", str(out),
-            "--steps", "4", "--eval_interval", "2", "--eval_size", "4", "--max_time", "null",
+            "--max_iters", "4", "--eval_interval", "2", "--eval_size", "4", "--max_time", "null",
             "--progress", "false", "--log_interval", "1", "--vision_layers", "1",
             "--model.n_layer", "1"]  # fmt: skip
     assert main(args) == 0
@@ -166,7 +166,7 @@ def test_train_checkpoint_and_caption_cli(tmp_path, capsys):
     cfg = build_config(VLMTrainConfig, "configs/vlm-shapes.yaml", {})
     saved = VisionLanguageModel.load(out)  # the reported scores are the saved model's
     for split in ("test", "novel"):
-        want = exact_match(saved, build_data(cfg), split, 4)
+        want = caption_exact_match(saved, build_data(cfg), split, 4)
         assert metrics[f"{split}_exact"] == pytest.approx(want), split
     assert metrics["steps"] == 4
 

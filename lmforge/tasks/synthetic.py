@@ -6,28 +6,22 @@ Each task draws problems from a seeded RNG: arithmetic (`add`, `sub`, `mul`, `ar
 "reverse abc:") so a tiny character-level model can learn them in CPU minutes.
 
 The train / test split is by a hash of the prompt, so a held-out problem can never appear in
-training data whatever the seed. `verify(record, completion)` is the reward: 1.0 when the
-completion's answer matches after normalisation, else 0.0. Preference pairs pair the right answer
-(chosen) with a plausible wrong one (rejected, e.g. off by one or ten, two letters swapped), and the
-verifier checks both labels.
-
-Also here: the GSM8K loader (answers end in `#### <number>`) and the HH-RLHF parser
-(`\\n\\nHuman: ... \\n\\nAssistant: ...` dialogues -> prompt / chosen / rejected).
+training data whatever the seed. `lmforge.tasks.answers.verify(record, completion)` is the reward.
+Preference pairs pair the right answer (chosen) with a plausible wrong one (rejected, e.g. off by
+one or ten, two letters swapped), and the verifier checks both labels.
 """
 
 from __future__ import annotations
 
 import random
-import re
 import string
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from lmforge.errors import ConfigError, DataError
-from lmforge.fileio import read_jsonl
+from lmforge.tasks.answers import verify
 
 Record = dict[str, Any]
 TEST_FRACTION = 0.2  # share of the problem space (by prompt hash) reserved for evaluation
@@ -243,110 +237,3 @@ def preference_pairs(
             raise DataError(f"task {r['task']}: bad pair for {r['prompt']!r} ({rejected!r})")
         pairs.append({"prompt": r["prompt"], "chosen": r["answer"], "rejected": rejected, **r})
     return pairs
-
-
-# ---------------------------------------------------------------------------- the verifier
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def extract_answer(completion: str) -> str:
-    """The answer part of a completion: after the last `####` if present, else the first line."""
-    if "####" in completion:
-        completion = completion.rsplit("####", 1)[1]
-    return completion.strip().split("\n", 1)[0].strip()
-
-
-def normalize(answer: str) -> str:
-    """Canonical form: trimmed, trailing period dropped; numbers without `,` `$` or `+`."""
-    text = answer.strip().rstrip(".").strip()
-    plain = text.replace(",", "").replace("$", "").lstrip("+")
-    if re.fullmatch(r"-?\d+(?:\.\d+)?", plain):
-        value = float(plain)
-        return str(int(value)) if value == int(value) else repr(value)
-    return text
-
-
-def verify(record: Record, completion: str) -> float:
-    """1.0 when the completion's answer equals the record's "answer" after normalisation."""
-    if "answer" not in record:
-        raise DataError(f"verify: the record has no 'answer' field ({sorted(record)})")
-    return float(normalize(extract_answer(completion)) == normalize(str(record["answer"])))
-
-
-# ---------------------------------------------------------------------------- GSM8K
-
-
-def gsm8k_answer(solution: str) -> str:
-    """The reference number of a GSM8K solution (the text after `####`, without commas)."""
-    if "####" not in solution:
-        raise DataError("GSM8K answer has no '#### <number>' line")
-    return normalize(solution.rsplit("####", 1)[1])
-
-
-def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Record]:
-    """GSM8K JSONL {"question", "answer"} -> {"task": "gsm8k", "prompt", "answer", "solution"}."""
-    out = []
-    for line_no, row in read_jsonl(path):
-        if "question" not in row or "answer" not in row:
-            raise DataError(f"{path}:{line_no}: GSM8K rows need 'question' and 'answer'")
-        try:
-            answer = gsm8k_answer(row["answer"])
-        except DataError as err:
-            raise DataError(f"{path}:{line_no}: {err}") from err
-        out.append(
-            {
-                "task": "gsm8k",
-                "prompt": row["question"],
-                "answer": answer,
-                "solution": row["answer"],
-            }
-        )
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
-# ---------------------------------------------------------------------------- HH-RLHF
-
-HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
-
-
-def parse_hh(chosen: str, rejected: str) -> Record:
-    """Split an HH pair into the shared prompt (their common prefix, cut after its last
-    `\\n\\nAssistant:`) and the two replies. A few real pairs diverge before the final turn;
-    the replies then hold the rest of each dialogue."""
-    common = 0
-    for a, b in zip(chosen, rejected):
-        if a != b:
-            break
-        common += 1
-    cut = chosen.rfind(ASSISTANT, 0, common)  # the whole marker lies inside the shared prefix
-    if cut < 0:
-        raise DataError("HH chosen and rejected dialogues share no '\\n\\nAssistant:' prompt")
-    end = cut + len(ASSISTANT)
-    return {"prompt": chosen[:end], "chosen": chosen[end:], "rejected": rejected[end:]}
-
-
-def hh_messages(dialogue: str) -> list[dict[str, str]]:
-    """An HH dialogue as role/content messages (user/assistant)."""
-    parts = re.split(r"\n\n(Human|Assistant):", dialogue)
-    messages = []
-    for role, content in zip(parts[1::2], parts[2::2]):
-        messages.append(
-            {"role": "user" if role == "Human" else "assistant", "content": content.strip()}
-        )
-    return messages
-
-
-def load_hh(path: str | Path, limit: int | None = None) -> list[Record]:
-    """HH-RLHF JSONL (.gz or plain) {"chosen", "rejected"} -> {"prompt", "chosen", "rejected"}."""
-    out = []
-    for line_no, row in read_jsonl(path):
-        try:
-            out.append(parse_hh(row["chosen"], row["rejected"]))
-        except (KeyError, DataError) as err:
-            raise DataError(f"{path}:{line_no}: {err}") from err
-        if limit is not None and len(out) >= limit:
-            break
-    return out
