@@ -1,30 +1,156 @@
-"""Inference precision: bf16 weights, and weight-only int8 quantisation for decoding.
+"""Inference precision: the activation dtype per machine, and weight-only int8 / int4 Linears.
 
 Decoding one token reads every weight once, so on a CPU a small batch runs at memory bandwidth /
-weight bytes: int8 weights read 4x fewer bytes than fp32, 2x fewer than bf16. Each output channel
-of a Linear keeps one scale (symmetric, absmax / 127) and
-`torch.ops.aten._weight_int8pack_mm` (the CPU kernel gpt-fast uses) multiplies bf16 activations by
-the int8 weights and applies the scales. That kernel is a GEMV: with many rows (prefill, large
-batches) a bf16 GEMM (AMX on recent Xeons) is several times faster, so those calls multiply by the
-same int8 values held as bf16 (exact: |q| <= 127 fits bf16's 8-bit mantissa) and apply the scales
-afterwards: the model computes the same quantised function at every batch size. That bf16 copy is
-made on the first large call, so a batch-1-only user never pays its memory.
+weight bytes: int8 weights read 4x fewer bytes than fp32, int4 8x fewer. What computes fastest
+depends on the CPU (cpu_features.py), so the choice is made per machine:
 
-    model = to_inference_precision(model, dtype=torch.bfloat16, quantize="int8")
+- Activations (`--dtype auto`, `resolve_dtype`): bf16 where the CPU multiplies bf16 natively (AMX,
+  AVX512-BF16), fp32 elsewhere: on an AVX2-only AMD EPYC a bf16 prefill measured 5x slower than
+  fp32 (issue 19). On a GPU bf16 where supported.
+- Small calls (decode: fewer than `gemm_rows` rows) go through torch's weight-only kernels:
+  `aten._weight_int8pack_mm` (one scale per output channel) and
+  `aten._weight_int4pack_mm_for_cpu` (group-wise scale and zero; `_weight_int4pack_mm` on CUDA).
+  Both are fed bf16 activations whatever the model computes in: with fp32 inputs they measured
+  ~10x slower on the AVX2 EPYC (the fp32 variants are not vectorised there), with bf16 inputs
+  the int8 one ran at about fp32 GEMV speed. With fp32 activations the input is rounded to bf16
+  for the call and the output cast back (a 2^-9 relative rounding, far below int8's/int4's own).
+- Large calls (prefill, big batches) multiply by the dequantised weights with the activation
+  dtype's GEMM, so no quantised mode prefills slower than that dtype does unquantised: with
+  bf16 activations int8 keeps one bf16 copy of its integer values (exact: |q| <= 127 fits
+  bf16's mantissa; made on the first large call) and scales the output; with fp32 activations
+  the weights are dequantised in chunks of output rows on every large call (a few MB that stay
+  in cache, one pass over the int8/int4 bytes, against the GEMM's 2*rows flops per weight)
+  rather than kept as a second fp32 copy, which would cost more memory than the fp32 model.
+
+int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group of `group_size` input
+columns, q in 0..15: torch's int4pack convention), so llama.cpp's Q4_0 (w = (q - 8) * d) and
+Q4_1 (w = q * d + m, i.e. zero = m + 8 d) blocks of 32 map onto it code for code
+(`Int4Linear.from_codes`, lmforge.interop.gguf_read.read_gguf_q4). Q8_0 cannot map onto the int8
+path that way: its scale is per block of 32, `_weight_int8pack_mm`'s per output channel, so its
+weights are dequantised and requantised per channel.
+
+    model = to_inference_precision(model, dtype="auto", quantize="int8")
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import ConfigError
+from lmforge.infer.cpu_features import CPUFeatures, cpu_features
 from lmforge.model.positions import LearnedPositions
 
+# The choices every CLI offers (chat, serve, generate share them).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
+DEFAULT_GROUP_SIZE = 32  # llama.cpp's Q4 block: GGUF Q4_0/Q4_1 map without regrouping
+DTYPE_HELP = (
+    "activation/weight precision for decoding; auto (default): bfloat16 where the CPU has native "
+    "bf16 (AMX, AVX512-BF16) or on a GPU, float32 elsewhere (emulated bf16 is ~5x slower)"
+)
+QUANTIZE_HELP = (
+    "weight-only quantisation: int8 (per-channel, 4x fewer weight bytes than fp32) or int4 "
+    "(group-wise, 8x fewer); prefill multiplies by the dequantised weights"
+)
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "f32": "float32"}
+
+
+# ---- the activation dtype per machine ----------------------------------------------------------
+def auto_dtype(device: torch.device | str = "cpu", features: CPUFeatures | None = None):
+    """(dtype, why): what `--dtype auto` picks for `device`, and one line saying why."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, f"{torch.cuda.get_device_name(device)} multiplies bf16 natively"
+        return torch.float16, f"{torch.cuda.get_device_name(device)} has no bf16: float16"
+    if device.type != "cpu":
+        return torch.float32, f"no per-device rule for {device.type}: float32"
+    f = features or cpu_features()
+    if f.native_bf16:
+        unit = "AMX" if f.amx else "AVX512-BF16"
+        return torch.bfloat16, f"{f.summary()}: bf16 matmuls run on {unit}"
+    return torch.float32, f"{f.summary()}: bf16 would be emulated (~5x slower matmuls)"
+
+
+@functools.cache
+def _say_once(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def resolve_dtype(
+    dtype: torch.dtype | str | None,
+    device: torch.device | str | None = None,
+    features: CPUFeatures | None = None,
+    announce: str | None = None,
+) -> torch.dtype | None:
+    """The one place a precision name becomes a torch dtype ('bf16', 'bfloat16', torch.float32;
+    None stays None: the checkpoint's own). 'auto' picks per machine for `device` (the CPU when
+    None; `auto_dtype`) and prints once per process what it chose and why (`announce`: a
+    quantize mode whose kernels the line names too; '' for none; None prints nothing). A bf16 or
+    fp16 asked for on a CPU `device` that would emulate it runs, with one warning naming the
+    dtype auto would pick."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        name = _ALIASES.get(dtype, dtype)
+        if name == "auto":
+            chosen, why = auto_dtype(device or "cpu", features)
+            if announce is not None:
+                kernels = describe_kernels(chosen, announce or None, device or "cpu")
+                _say_once(f"dtype auto: {str(chosen).removeprefix('torch.')} ({why}){kernels}")
+            return chosen
+        if name not in DTYPES:
+            raise ConfigError(f"dtype must be one of {list(DTYPE_CHOICES)}, got {dtype!r}")
+        dtype = DTYPES[name]
+    if device is None:
+        return dtype
+    if dtype in (torch.bfloat16, torch.float16) and torch.device(device).type == "cpu":
+        chosen, why = auto_dtype(device, features)
+        if chosen != dtype:
+            _warn_once(
+                f"{str(dtype).removeprefix('torch.')} on this CPU runs, but slowly: {why}; "
+                f"--dtype auto would use {str(chosen).removeprefix('torch.')}"
+            )
+    return dtype
+
+
+def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> str:
+    """'; int8: ...' naming the kernels a quantised model runs with these activations ('' for
+    none): what `--dtype auto` prints after its choice."""
+    if quantize is None:
+        return ""
+    if torch.device(device).type == "cuda":
+        kernel = "_weight_int4pack_mm" if quantize == "int4" else "a GEMM on bf16-cast int8"
+        return f"; {quantize}: {kernel} at every batch size"
+    kernel = "_weight_int4pack_mm_for_cpu" if quantize == "int4" else "_weight_int8pack_mm"
+    act = str(dtype).removeprefix("torch.")
+    kdtype = str(_cpu_kernel_dtype(dtype)).removeprefix("torch.")
+    cast = "" if kdtype == act else f" on {kdtype}-rounded inputs"
+    big = (
+        "bf16 GEMM on a bf16 copy of the int8 values"
+        if (quantize == "int8" and dtype != torch.float32)
+        else f"{act} GEMM on dequantised weights"
+    )
+    return (f"; {quantize}: {kernel}{cast} below {QuantizedLinear.gemm_rows} rows (decode), "
+            f"{big} from {QuantizedLinear.gemm_rows} rows (prefill)")  # fmt: skip
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=4)
+
+
+# ---- quantised Linears -------------------------------------------------------------------------
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel symmetric int8: weight [N, K] -> (q int8 [N, K], scale fp32 [N])."""
     w = weight.detach().float()
@@ -33,70 +159,272 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-class Int8Linear(nn.Module):
-    """A frozen nn.Linear with int8 weights and one scale per output channel (bf16 activations).
+def quantize_int4(
+    weight: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group-wise asymmetric int4 (min/max per group of `group_size` input columns):
+    weight [N, K] -> (q uint8 [N, K] in 0..15, scale fp32 [N, K/g], zero fp32 [N, K/g]) with
+    w ≈ (q - 8) * scale + zero (torch's int4pack convention)."""
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // group_size, group_size)
+    lo, hi = w.amin(-1), w.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    return q.view(n, k), scale, lo + 8 * scale
 
-    Calls with fewer than `gemm_rows` rows use the int8 GEMV kernel; larger ones a bf16 GEMM.
-    """
+
+def check_int4_shape(name: str, in_features: int, group_size: int) -> None:
+    """ConfigError naming the layer (and a group size that would work) when `in_features` is not
+    a multiple of the group size."""
+    if group_size not in INT4_GROUP_SIZES:
+        raise ConfigError(
+            f"int4 group size must be one of {list(INT4_GROUP_SIZES)}, got {group_size}"
+        )
+    if in_features % group_size == 0:
+        return
+    fits = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
+    hint = (
+        f"use group size {fits[-1] if group_size > fits[-1] else fits[0]}"
+        if fits
+        else "no int4 group size divides it (use --quantize int8)"
+    )
+    raise ConfigError(
+        f"int4: layer {name or '?'} has in_features={in_features}, not a multiple of the group "
+        f"size {group_size}; {hint}"
+    )
+
+
+def _cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype torch's CPU weight-only kernels are fed: bf16 unless the model runs
+    in fp16 (their fp32 variants measured ~10x slower; see the module docstring)."""
+    return torch.float16 if dtype == torch.float16 else torch.bfloat16
+
+
+class QuantizedLinear(nn.Module):
+    """A frozen Linear with quantised weights. `matmul` picks the kernel by the number of rows:
+    the weight-only GEMV below `gemm_rows`, a GEMM with dequantised weights at or above."""
 
     gemm_rows = 8  # measured crossover on a Sapphire Rapids core (int8 GEMV vs bf16 AMX GEMM)
+    chunk_weights = 1 << 20  # weights dequantised at once by the fp32 GEMM path (4 MB)
+    bits = 0
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, in_features: int, out_features: int, bias, dtype: torch.dtype):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, scale = quantize_int8(linear.weight)
-        self.register_buffer("weight_int8", q.contiguous())
-        self.register_buffer("scale", scale.to(dtype))
-        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        self.register_buffer("bias", bias)
-        self._gemm_weight: torch.Tensor | None = None  # q as bf16, made on first large call
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x.reshape(-1, x.shape[-1]))
         return y.view(*x.shape[:-1], self.out_features)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, in] -> [N, out] (the decoder calls this directly: no module overhead)."""
-        buffers = self._buffers  # plain dict lookups: nn.Module.__getattr__ is slow per token
-        scale, bias = buffers["scale"], buffers["bias"]
-        if x.dtype != scale.dtype:
-            x = x.to(scale.dtype)
-        if x.shape[0] < self.gemm_rows and x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x, buffers["weight_int8"], scale)
+        """x [M, in] -> [M, out] (the decoder calls this directly: no module overhead)."""
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        if x.shape[0] < self.gemm_rows or x.device.type == "cuda":
+            y = self.gemv(x)
         else:
-            if self._gemm_weight is None or self._gemm_weight.device != x.device:
-                self._gemm_weight = buffers["weight_int8"].to(scale.dtype)
-            y = F.linear(x, self._gemm_weight) * scale
+            y = self.gemm(x)
+        bias = self._buffers["bias"]  # a plain dict lookup: nn.Module.__getattr__ is slow
         return y if bias is None else y + bias
 
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Output rows start:stop of the weight, dequantised to the activation dtype."""
+        raise NotImplementedError
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """Many rows: the activation dtype's GEMM over the dequantised weights, a chunk of
+        output rows at a time (the chunk stays in cache; no full-size copy is kept)."""
+        n = self.out_features
+        step = max(32, self.chunk_weights // self.in_features // 32 * 32)
+        if step >= n:
+            return F.linear(x, self.dequantize())
+        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            out[:, start:stop] = F.linear(x, self.dequantize(start, stop))
+        return out
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int{self.bits}"
 
 
-def swap_linears(module: nn.Module, make) -> int:
-    """Replace every nn.Linear under `module` by make(linear); returns how many were replaced."""
+class Int8Linear(QuantizedLinear):
+    """int8 weights with one scale per output channel (symmetric, absmax / 127)."""
+
+    bits = 8
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
+        super().__init__(linear.in_features, linear.out_features, linear.bias, dtype)
+        q, scale = quantize_int8(linear.weight)
+        self.register_buffer("weight_int8", q.contiguous())
+        self.register_buffer("scale", scale.to(dtype))
+        kernel = _cpu_kernel_dtype(dtype)
+        # the GEMV kernel wants its scales in its input dtype (bf16 even for fp32 activations)
+        self.register_buffer("kernel_scale", self.scale.to(kernel), persistent=False)
+        self._gemm_weight: torch.Tensor | None = None  # q in bf16, made on the first large call
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers
+        if x.device.type != "cpu":  # no int8 GEMV kernel there: the dequantising GEMM
+            return self.gemm(x)
+        scale = buffers["kernel_scale"]
+        if x.dtype == scale.dtype:
+            return torch.ops.aten._weight_int8pack_mm(x, buffers["weight_int8"], scale)
+        y = torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), buffers["weight_int8"], scale)
+        return y.to(x.dtype)
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers
+        if x.dtype == torch.float32:
+            return super().gemm(x)
+        # bf16/fp16: q in that dtype is exact, so one copy serves every call; scale the output
+        if self._gemm_weight is None or self._gemm_weight.device != x.device:
+            self._gemm_weight = buffers["weight_int8"].to(x.dtype)
+        return F.linear(x, self._gemm_weight) * buffers["scale"]
+
+    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        q, scale = self._buffers["weight_int8"][start:stop], self._buffers["scale"][start:stop]
+        return q.to(self.dtype) * scale[:, None]
+
+
+class Int4Linear(QuantizedLinear):
+    """int4 weights, group-wise scale and zero (w = (q - 8) * scale + zero), through torch's
+    int4pack kernels. On CPU the kernel's packed layout is blocks of 32 output rows with rows
+    r and r + 16 sharing a byte (checked once per process, `_cpu_layout_known`); the GEMM path
+    unpacks from it, or, on a torch build where the check fails, from a plain copy of the codes.
+    Output rows are padded to a multiple of 32 for the kernel (zero weights, sliced off)."""
+
+    bits = 4
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        dtype: torch.dtype = torch.bfloat16,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        name: str = "",
+    ):
+        check_int4_shape(name, linear.in_features, group_size)
+        q, scale, zero = quantize_int4(linear.weight, group_size)
+        self._setup(linear.in_features, linear.out_features, linear.bias, dtype, group_size)
+        self._pack(q, scale, zero, linear.weight.device)
+
+    @classmethod
+    def from_codes(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        name: str = "",
+    ) -> Int4Linear:
+        """From codes already quantised (e.g. a GGUF Q4_0/Q4_1 tensor): codes [N, K] in 0..15,
+        scale and zero [N, K/g] with w = (q - 8) * scale + zero."""
+        n, k = codes.shape
+        group_size = k // scale.shape[1]
+        check_int4_shape(name, k, group_size)
+        self = cls.__new__(cls)
+        self._setup(k, n, bias, dtype, group_size)
+        self._pack(codes.to(torch.uint8), scale.float(), zero.float(), codes.device)
+        return self
+
+    def _setup(self, k: int, n: int, bias, dtype: torch.dtype, group_size: int) -> None:
+        QuantizedLinear.__init__(self, k, n, bias, dtype)
+        self.group_size = group_size
+
+    def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device) -> None:
+        n, k = q.shape
+        self.padded = -(-n // 32) * 32
+        if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0
+            pad = self.padded - n
+            q = torch.cat([q, torch.full((pad, k), 8, dtype=q.dtype, device=q.device)])
+            scale = torch.cat([scale, scale.new_ones(pad, scale.shape[1])])
+            zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
+        sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
+        self.register_buffer("scale_zeros", sz.to(self.dtype))
+        cuda = torch.device(device).type == "cuda"
+        kernel = self.dtype if cuda else _cpu_kernel_dtype(self.dtype)
+        self.register_buffer("kernel_scale_zeros", sz.to(kernel), persistent=False)
+        if cuda:
+            plain = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+            tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
+            packed = torch.ops.aten._convert_weight_to_int4pack(plain, tiles)
+            self.register_buffer("codes", None)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+            keep = None if _cpu_layout_known() else (q[:, ::2] | q[:, 1::2] << 4).to(torch.uint8)
+            self.register_buffer("codes", keep)  # plain nibbles, only where the layout is unknown
+        self.register_buffer("weight_int4", packed)
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers
+        packed, sz = buffers["weight_int4"], buffers["kernel_scale_zeros"]
+        xk = x if x.dtype == sz.dtype else x.to(sz.dtype)
+        if x.device.type == "cuda":
+            y = torch.ops.aten._weight_int4pack_mm(xk, packed, self.group_size, sz)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, packed, self.group_size, sz)
+        if self.padded != self.out_features:
+            y = y[:, : self.out_features]
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def unpacked_codes(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The codes (uint8 0..15) of output rows start:stop (start a multiple of 32)."""
+        stop = self.padded if stop is None else stop
+        plain = self._buffers["codes"]
+        if plain is not None:
+            rows = plain[start:stop]
+            return torch.stack([rows & 15, rows >> 4], dim=-1).view(rows.shape[0], -1)
+        end = -(-stop // 32) * 32
+        blocks = self._buffers["weight_int4"][start:end].view(-1, self.in_features, 16)
+        q = torch.cat([blocks & 15, blocks >> 4], dim=-1).transpose(1, 2)  # [blocks, 32, K]
+        return q.reshape(-1, self.in_features)[: stop - start]
+
+    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        stop = self.out_features if stop is None else stop
+        q = self.unpacked_codes(start, stop).to(self.dtype)
+        sz = self._buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
+        g = self.group_size
+        scale, zero = sz[..., 0].t()[:, :, None], sz[..., 1].t()[:, :, None]
+        w = (q.view(stop - start, -1, g) - 8) * scale + zero
+        return w.view(stop - start, self.in_features)
+
+
+@functools.cache
+def _cpu_layout_known() -> bool:
+    """Whether this torch build's CPU int4 packing is the layout `Int4Linear.unpacked_codes`
+    reads (blocks of 32 output rows, row r in the low nibble and r + 16 in the high one)."""
+    q = torch.randint(0, 16, (64, 64), generator=torch.Generator().manual_seed(0))
+    try:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    except (RuntimeError, AttributeError):
+        return False
+    blocks = q.view(2, 32, 64)
+    expect = (blocks[:, :16] | blocks[:, 16:] << 4).transpose(1, 2).reshape(64, 32)
+    return packed.shape == expect.shape and torch.equal(packed, expect.to(torch.uint8))
+
+
+# ---- conversion --------------------------------------------------------------------------------
+def swap_linears(module: nn.Module, make, prefix: str = "") -> int:
+    """Replace every nn.Linear under `module` by make(linear, name); returns how many."""
     count = 0
     for name, child in module.named_children():
+        full = f"{prefix}{name}"
         if type(child) is nn.Linear:
-            setattr(module, name, make(child))
+            setattr(module, name, make(child, full))
             count += 1
         else:
-            count += swap_linears(child, make)
+            count += swap_linears(child, make, full + ".")
     return count
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZERS = {"int8": Int8Linear}
-
-
-def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """A torch dtype from a name ('bfloat16', 'bf16', ...) or a dtype; None stays None."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    name = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(dtype, dtype)
-    if name not in DTYPES:
-        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[name]
+def linear_names(module: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """(qualified name, layer) for every nn.Linear `swap_linears` would replace."""
+    return [(n, m) for n, m in module.named_modules() if type(m) is nn.Linear]
 
 
 def to_inference_precision(
@@ -104,26 +432,47 @@ def to_inference_precision(
     dtype: torch.dtype | str | None = None,
     quantize: str | None = None,
     copy_model: bool = True,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    int4_codes: dict | None = None,
 ) -> nn.Module:
-    """The model in `dtype` with its Linear layers quantised (`quantize`: None or 'int8').
+    """The model in `dtype` with its Linear layers quantised (`quantize`: None, 'int8', 'int4').
 
-    int8 defaults to bf16 activations: the CPU kernel is ~10x slower with fp32 ones. With
-    copy_model the input is left untouched (the engine's caller may keep training it); a model
-    already in the asked precision is returned as it is.
-    """
-    dtype = resolve_dtype(dtype)
-    if quantize is not None and quantize not in QUANTIZERS:
-        raise ConfigError(f"quantize must be one of {sorted(QUANTIZERS)} or None, got {quantize!r}")
+    dtype 'auto' (or None with a quantize) picks per machine (`resolve_dtype`). int4 checks every
+    layer's shape first. `int4_codes`: {linear name: (codes, scale, zero)} already quantised
+    (GGUF Q4_0/Q4_1, lmforge.interop.gguf_read.read_gguf_q4), used instead of quantising those
+    layers. With copy_model the input is left untouched (the engine's caller may keep training
+    it); a model already in the asked precision is returned as it is."""
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ConfigError(
+            f"quantize must be one of {list(QUANTIZE_CHOICES)} or None, got {quantize!r}"
+        )
+    device = next(model.parameters()).device
+    announce = (quantize or "") if dtype == "auto" else None  # asked for: say what it chose
+    if dtype is None and quantize is not None:
+        dtype = "auto"
+    dtype = resolve_dtype(dtype, device, announce=announce)
     if quantize is None and dtype in (None, next(model.parameters()).dtype):
         return model
-    if quantize is not None:
-        dtype = dtype or torch.bfloat16
+    dtype = dtype or next(model.parameters()).dtype
+    if quantize == "int4":
+        for name, linear in linear_names(model):
+            if not int4_codes or name not in int4_codes:
+                check_int4_shape(name, linear.in_features, group_size)
     if copy_model:
         model = copy.deepcopy(model)
     model = model.to(dtype).eval().requires_grad_(False)
-    if quantize is not None:
-        cls = QUANTIZERS[quantize]
-        swap_linears(model, lambda linear: cls(linear, dtype))
+    if quantize == "int8":
+        swap_linears(model, lambda linear, name: Int8Linear(linear, dtype))
+    elif quantize == "int4":
+        codes = int4_codes or {}
+
+        def make(linear: nn.Linear, name: str) -> Int4Linear:
+            if name in codes:
+                q, scale, zero = codes[name]
+                return Int4Linear.from_codes(q, scale, zero, linear.bias, dtype, name)
+            return Int4Linear(linear, dtype, group_size, name)
+
+        swap_linears(model, make)
     return model
 
 
