@@ -3,7 +3,11 @@
 ``LoRALinear`` keeps the frozen base ``weight``/``bias`` under their original names, so a
 LoRA-wrapped model still loads base checkpoints unchanged; the adapter lives in ``lora_A.weight``
 [r, in] and ``lora_B.weight`` [out, r]. Adapter files follow PEFT: ``adapter_config.json`` and
-``adapter_model.safetensors`` with keys ``base_model.model.<module>.lora_A.weight``.
+``adapter_model.safetensors`` with keys ``base_model.model.<module>.lora_A.weight``. For a model
+that came from a transformers family the modules are named as in that transformers model (a fused
+``qkv_proj`` LoRA is written as q_proj/k_proj/v_proj, lmforge.interop.hf.lora_to_hf), so
+``peft.PeftModel.from_pretrained`` puts the adapter on the original model; an lmforge-born model
+keeps lmforge's module names. ``load_adapter`` reads both, and adapters HF PEFT trained.
 """
 
 import json
@@ -20,6 +24,8 @@ from torch import Tensor, nn
 
 from lmforge import fileio
 from lmforge.errors import CheckpointError, ConfigError
+from lmforge.interop.hf import lora_from_hf, lora_to_hf
+from lmforge.model.config import ModelConfig
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -212,15 +218,23 @@ def _atomic_write(path: Path, write) -> None:
 def save_adapter(
     model: nn.Module, directory: str | os.PathLike, config_dict: dict | None = None
 ) -> Path:
-    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` (PEFT layout) atomically.
+    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` (PEFT layout) atomically,
+    under the transformers model's module names when the model came from one (module docstring).
 
     ``config_dict`` adds or overrides fields (e.g. ``base_model_name_or_path``) of ``lora_config``.
     """
     directory = Path(directory)
+    cfg = lora_config(model)
+    state = {k: v.cpu() for k, v in lora_state_dict(model).items()}
+    config = getattr(model, "config", None)
+    hf = lora_to_hf(config, state) if isinstance(config, ModelConfig) else None
+    if hf is not None:
+        state, cfg["target_modules"], extra = hf
+        cfg.update(extra)
+    cfg.update(config_dict or {})
     directory.mkdir(parents=True, exist_ok=True)
     fileio.remove_stale_temps(directory)  # temps of an earlier save that was killed
-    cfg = {**lora_config(model), **(config_dict or {})}
-    tensors = {PEFT_PREFIX + k: v.cpu() for k, v in lora_state_dict(model).items()}
+    tensors = {PEFT_PREFIX + k: v for k, v in state.items()}
     _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, str(p)))
     _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(cfg, indent=2)))
     return directory
@@ -238,29 +252,41 @@ def read_adapter_config(directory: str | os.PathLike) -> dict:
     missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
     if missing:
         raise CheckpointError(f"{path}: missing fields {missing}")
+    # PEFT options that change what the A/B matrices mean; reading past them would load wrongly
+    unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern")
+                   if cfg.get(k)]  # fmt: skip
+    if unsupported:
+        raise CheckpointError(f"{path}: {', '.join(unsupported)} not supported (plain LoRA only)")
     return cfg
 
 
 def load_adapter(model: nn.Module, directory: str | os.PathLike) -> list[str]:
     """Apply LoRA as the saved config describes (unless the model already has LoRA layers, e.g. a
-    QLoRA model) and load the saved A/B weights. Returns the LoRA module names."""
+    QLoRA model) and load the saved A/B weights. Returns the LoRA module names.
+
+    An adapter under transformers module names (ours for a model from a transformers family, or
+    one HF PEFT trained) is mapped back onto lmforge's modules (lmforge.interop.hf.lora_from_hf)."""
     cfg = read_adapter_config(directory)
-    if not lora_modules(model):
-        apply_lora(
-            model, cfg["r"], cfg["lora_alpha"], cfg.get("lora_dropout", 0.0), cfg["target_modules"]
-        )
-    for n, m in lora_modules(model).items():
-        if (m.r, m.alpha) != (cfg["r"], cfg["lora_alpha"]):
-            raise CheckpointError(
-                f"{directory}: {n} has r={m.r}, alpha={m.alpha} but the adapter was saved with "
-                f"r={cfg['r']}, lora_alpha={cfg['lora_alpha']}"
-            )
     path = Path(directory) / WEIGHTS_NAME
     try:
         saved = load_file(str(path))
     except Exception as e:  # safetensors raises several types for missing/corrupt files
         raise CheckpointError(f"{path}: cannot read adapter weights ({e})") from e
     saved = {k.removeprefix(PEFT_PREFIX): v for k, v in saved.items()}
+    config = getattr(model, "config", None)
+    ours = lora_from_hf(config, saved, str(path)) if isinstance(config, ModelConfig) else None
+    targets = cfg["target_modules"]
+    if ours is not None:  # the module names are the file's, not target_modules' HF names
+        saved = ours
+        targets = sorted({k.removesuffix(".lora_A.weight") for k in saved if ".lora_A." in k})
+    if not lora_modules(model):
+        apply_lora(model, cfg["r"], cfg["lora_alpha"], cfg.get("lora_dropout", 0.0), targets)
+    for n, m in lora_modules(model).items():
+        if (m.r, m.alpha) != (cfg["r"], cfg["lora_alpha"]):
+            raise CheckpointError(
+                f"{directory}: {n} has r={m.r}, alpha={m.alpha} but the adapter was saved with "
+                f"r={cfg['r']}, lora_alpha={cfg['lora_alpha']}"
+            )
     expected = lora_state_dict(model)
     missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
     if missing or unexpected:
