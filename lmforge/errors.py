@@ -28,6 +28,18 @@ class CheckpointError(LMForgeError, ValueError):
     """A missing, corrupt or mismatched checkpoint."""
 
 
+class NonFiniteLoss(LMForgeError):
+    """A training loss became NaN or inf. The training loop raises it before the optimizer
+    step, so neither the weights nor the optimizer state saw it; the last good checkpoint is
+    kept."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: every `except
+    KeyboardInterrupt` (the training loop's save-and-stop path) handles it the same way, and the
+    CLI exits with 128 + SIGTERM."""
+
+
 def require_positive_ints(obj: object, *names: str) -> None:
     """Raise ConfigError naming the first of `names` that is not an integer >= 1 on `obj`
     (a config dataclass); booleans do not count as integers."""

@@ -81,7 +81,7 @@ class GRPOTrainer(RLTrainer):
     """Group-relative policy optimisation against a verifier (or any reward)."""
 
     name = "grpo"
-    fsdp_own_loop = True  # losses through sharded_call, rollouts from whole copies
+    fsdp_own_loop = True  # losses through optimizer_step, rollouts from whole copies
     curves = [
         ("train", "reward"),
         ("eval", "exact_match"),
@@ -105,12 +105,11 @@ class GRPOTrainer(RLTrainer):
         for _ in range(cfg.num_iterations):
             for mb in rollout.minibatches(size, gen):
                 # PPO-ptx: + replay_coef x next-token loss on pretraining text (align/replay.py)
-                loss, stats = self.sharded_call(
-                    lambda m: with_replay(self, *self.minibatch_loss(m)), mb
+                stats = self.optimizer_step(
+                    [mb], lambda m: with_replay(self, *self.minibatch_loss(m))
                 )
-                totals["loss"] += self.optimizer_step(loss)
-                totals["kl"] += stats["kl"].item()
-                totals["clip_frac"] += stats["clip_frac"].item()
+                for k in totals:
+                    totals[k] += stats[k]
                 n += 1
         flat = (rollout.rewards.view(-1, cfg.group_size).std(-1) == 0).float().mean().item()
         return {**{k: v / n for k, v in totals.items()}, "frac_zero_std": flat}

@@ -258,7 +258,7 @@ class PPOTrainer(RLTrainer):
     """Policy + critic against a frozen reward and reference, KL-regularised."""
 
     name = "ppo"
-    fsdp_own_loop = True  # losses through sharded_call, rollouts from whole copies (rl.py)
+    fsdp_own_loop = True  # losses through optimizer_step, rollouts from whole copies (rl.py)
     curves = [
         ("train", "reward"),
         ("eval", "reward"),
@@ -307,16 +307,15 @@ class PPOTrainer(RLTrainer):
         totals, n = dict.fromkeys(keys, 0.0), 0
         for _ in range(cfg.ppo_epochs):
             for mb in rollout.minibatches(cfg.minibatch_size, gen):
-                stats = self.sharded_call(lambda mb: self._minibatch_loss(mb, beta), mb)
-                totals["loss"] += self.optimizer_step(stats.pop("loss"))
-                for k, v in stats.items():
-                    totals[k] += v
+                stats = self.optimizer_step([mb], lambda mb: self._minibatch_loss(mb, beta))
+                for k in totals:
+                    totals[k] += stats[k]
                 n += 1
         seq_kl = kl.sum(-1).mean().item()  # KL(π_old‖π_ref) per completion, fixed at rollout
         self.kl_ctl.update(seq_kl, len(rollout))
         return {**{k: v / n for k, v in totals.items()}, "kl": seq_kl, "kl_coef": beta}
 
-    def _minibatch_loss(self, mb: Rollout, beta: float) -> dict:
+    def _minibatch_loss(self, mb: Rollout, beta: float) -> tuple[Tensor, dict[str, float]]:
         cfg: PPOConfig = self.cfg
         mask = mb.completion_mask
         logits, hidden = completion_logits(
@@ -331,8 +330,7 @@ class PPOTrainer(RLTrainer):
         loss = cfg.vf_coef * vf
         if self.step >= cfg.critic_warmup:  # during warm-up only the critic learns
             loss = loss + pg - cfg.ent_coef * entropy + penalty
-        return {
-            "loss": loss,
+        return loss, {
             "policy_loss": pg.item(),
             "value_loss": vf.item(),
             "entropy": entropy.item(),

@@ -1,12 +1,13 @@
-"""What PPO, GRPO and RSFT share: a prompt set, a reward, a rollout engine, and the AlignTrainer
-loop with one rollout per step.
+"""What PPO, GRPO and RSFT share: a prompt set, a reward, a rollout engine, and the shared loop
+(lmforge/train/loop.py) with one rollout per step.
 
-`RLTrainer` reuses `AlignTrainer` (lr schedule, tqdm bar, metrics.csv, periodic evaluation,
-HF-layout checkpoint, atomic training state for `--resume`, PNG of the curves) and replaces its
-`train_step`: sample `batch_size` prompts, draw `group_size` completions each with the KV-cache
-engine, score them, then let the subclass `update(rollout)` the policy (several optimizer steps
-if it likes). Evaluation decodes the held-out prompts greedily and reports the mean reward and,
-when the records carry answers, exact-match accuracy.
+A step's batch is a rollout (`next_batch`): sample `batch_size` prompts, draw `group_size`
+completions each with the KV-cache engine, score them. The subclass's `update(rollout)` then
+learns from it through the loop's shared `optimizer_step` (one per minibatch, as often as it
+likes): the loss runs inside the DDP/FSDP-wrapped call, so gradients are reduced there, and the
+NaN guard, clipping and the optimizer step are the loop's. Evaluation decodes the held-out
+prompts greedily and reports the mean reward and, when the records carry answers, exact-match
+accuracy.
 
 The reward is `reward: verifier` (`tasks.verify`, exact answer match) or the path of a trained
 reward-model directory; in Python any function of (record, completion) or reward model works.
@@ -15,7 +16,6 @@ reward-model directory; in Python any function of (record, completion) or reward
 from __future__ import annotations
 
 import copy
-import math
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +33,11 @@ from lmforge.align.rollout import (
     build_reward,
     rollout_stats,
 )
-from lmforge.align.trainer import AlignConfig, AlignTrainer, NonFiniteLoss
+from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.peft.export import export_peft
 from lmforge.tasks.answers import verify
-from lmforge.train.optim import cosine_lr
 
 
 @dataclass
@@ -63,6 +62,10 @@ class RLConfig(PeftConfig, AlignConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive_ints(self, "group_size")
+        if self.grad_accum != 1:
+            raise ConfigError(
+                "grad_accum must be 1 for RL trainers (minibatch_size splits a rollout)"
+            )
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
 
@@ -98,11 +101,13 @@ class RLTrainer(AlignTrainer):
     needs_reference = True  # subclasses without a KL term skip the frozen copy
     keep_logprobs = True  # π_old log-probs at rollout time (off when updates are on-policy)
     whole_copy_everywhere = True  # FSDP: every rank samples from its own whole copy
+    static_graph = False  # DDP: PPO's critic warm-up leaves the policy out of some steps
 
     def __init__(self, cfg: RLConfig, resume: bool = False, log=print, reward: Any = None):
         self._reward_override = reward  # a Python reward (function or model) instead of cfg
         self.resuming = resume
         super().__init__(cfg, resume=resume, log=log)
+        self.dist.find_unused_parameters = True
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -161,7 +166,10 @@ class RLTrainer(AlignTrainer):
         return {"indices": indices}
 
     def loss(self, batch):
-        raise ConfigError(f"{self.name} trains from rollouts; use train_step()")
+        raise ConfigError(f"{self.name} trains from rollouts; its update() names its losses")
+
+    def loss_weight(self, batch) -> float:
+        return 1.0  # every rank's minibatch has the same rows: their mean is the batch's
 
     # ---- one step ----------------------------------------------------------------------------
     def sample(self, *args, **kwargs) -> Rollout:
@@ -187,38 +195,15 @@ class RLTrainer(AlignTrainer):
 
     @abstractmethod
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """Learn from one scored rollout; return metrics to log."""
+        """Learn from one scored rollout through `optimizer_step`; return metrics to log."""
 
-    def train_step(self) -> dict[str, float]:
-        cfg = self.cfg
-        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.module.train()
-        rollout = self.rollout(self.sampler.next())
-        stats = {**rollout_stats(rollout), **self.update(rollout)}
-        self.step += 1
-        return {**stats, "lr": lr}
+    def next_batch(self) -> Rollout:
+        """The rollout phase: this rank's prompts of the step, sampled and scored."""
+        return self.rollout(self.sampler.next())
 
-    def optimizer_step(self, loss: torch.Tensor) -> float:
-        """Backward, clip, step; stop with NonFiniteLoss on NaN/inf. Returns the loss value."""
-        value = loss.item()
-        if not math.isfinite(value):
-            raise NonFiniteLoss(
-                f"{self.name} loss became {value} at step {self.step}; stopped, the last good "
-                f"checkpoint in {self.out_dir} is kept (try a lower lr)"
-            )
-        loss.backward()
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        if self.dist.shards_parameters:  # FSDP reduce-scattered them in backward
-            self._whole.version = None  # the whole copies are stale after this step
-        else:
-            self.dist.all_reduce_grads(params)  # torchrun: the mean over ranks, as DDP would
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return value
+    def learn(self, rollout: Rollout) -> dict[str, float]:
+        # the rollout's statistics are this rank's: the mean over ranks is the batch's
+        return self.mean_over_ranks({**rollout_stats(rollout), **self.update(rollout)})
 
     # ---- evaluation and export ---------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

@@ -100,6 +100,11 @@ class RSFTTrainer(RLTrainer):
     needs_reference = False
     keep_logprobs = False
 
+    def sft_loss(self, mb: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        """The SFT loss of one minibatch of kept (input ids, attention mask, labels)."""
+        ids, mask, labels = mb
+        return sft_loss(self.lm.model(ids, attention_mask=mask), labels), {}
+
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: RSFTConfig = self.cfg
         gen = torch.Generator().manual_seed(cfg.seed + self.step)
@@ -114,9 +119,8 @@ class RSFTTrainer(RLTrainer):
         total, n = 0.0, 0
         for _ in range(cfg.sft_epochs):
             for idx in torch.randperm(len(kept), generator=gen).split(cfg.minibatch_size):
-                ids, mask = kept.input_ids[idx], kept.attention_mask[idx]
-                loss = sft_loss(self.lm.model(ids, attention_mask=mask), labels[idx])
-                total += self.optimizer_step(loss)
+                mb = (kept.input_ids[idx], kept.attention_mask[idx], labels[idx])
+                total += self.optimizer_step([mb], self.sft_loss)["loss"]
                 n += 1
         return {
             "loss": total / n,

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError, require_positive_ints
+from lmforge.train.config import OptimConfig
+from lmforge.train.loop import Trainer
 
 POSITIVE = "good great excellent superb wonderful delightful brilliant charming lovely fine".split()
 NEGATIVE = "bad awful terrible dull boring poor dreadful bland mediocre clumsy".split()
@@ -85,7 +87,7 @@ def read_labelled(path: str | Path, text_field: str = "text", label_field: str =
 
 
 @dataclass
-class ClassifyTrainConfig:
+class ClassifyTrainConfig(OptimConfig):
     """A fine-tuning run: a BERT checkpoint, labelled texts (or the demo task), AdamW + cosine."""
 
     checkpoint: str | None = None  # a BERT directory (ours or Hugging Face's)
@@ -96,22 +98,23 @@ class ClassifyTrainConfig:
     text_field: str = "text"
     label_field: str = "label"
     max_len: int = 64  # tokens per text, [CLS] and [SEP] included (longer texts are truncated)
-    steps: int = 400
+    max_iters: int = 400
     batch_size: int = 32
     lr: float = 3e-4
     min_lr: float = 3e-5
-    warmup: int = 40
+    warmup_iters: int = 40
     weight_decay: float = 0.01
+    beta2: float = 0.999
     eval_interval: int = 100
     seed: int = 0
     threads: int | None = None
-    progress: bool = True
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
             raise ConfigError("checkpoint: give a BERT directory (e.g. from `lmforge pretrain "
                               "--objective mlm`)")  # fmt: skip
-        require_positive_ints(self, "steps", "batch_size", "eval_interval", "max_len")
+        super().__post_init__()
+        require_positive_ints(self, "batch_size", "max_len")
         if self.max_len < 3:
             raise ConfigError(f"max_len must be >= 3 ([CLS] text [SEP]), got {self.max_len}")
         if not 0 < self.val_fraction < 1:
@@ -178,63 +181,89 @@ def _splits(cfg: ClassifyTrainConfig):
     return fix(train), fix(val), names
 
 
-def train(cfg: ClassifyTrainConfig, log=print) -> dict[str, float]:
+class ClassifyTrainer(Trainer):
+    """Fine-tunes a BertForSequenceClassification on random batches of the training texts;
+    validation accuracy before training, every eval_interval steps, and train accuracy at the
+    end. On CPU (BERT-sized demos)."""
+
+    name = "classify"
+    curves = [("train", "loss"), ("val", "acc")]
+    plot_file = "loss.png"
+    eval_split = "val"
+    evaluate_first = True
+
+    def __init__(self, cfg: ClassifyTrainConfig, resume: bool = False, log=print):
+        import torch
+
+        from lmforge.train.distributed import Parallel
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        # data and checkpoint first: a bad input fails before out_dir is written
+        train_rows, val_rows, self.names = _splits(cfg)
+        self.model, self.tokenizer = load_classifier(cfg.checkpoint, len(self.names))
+        max_len = min(cfg.max_len, self.model.config.max_position)
+        self.x, self.mask = encode(self.tokenizer, [t for t, _ in train_rows], max_len)
+        self.y = torch.tensor([label for _, label in train_rows])
+        self.vx, self.vmask = encode(self.tokenizer, [t for t, _ in val_rows], max_len)
+        self.vy = torch.tensor([label for _, label in val_rows])
+        self.open_run(cfg, Parallel(torch.device("cpu")), resume, log)
+        tok = self.tokenizer
+        if (
+            tok.unk_id is not None
+            and (unk := (self.x == tok.unk_id).sum() / self.mask.sum()) > 0.05
+        ):
+            log(f"warning: {unk:.0%} of the training tokens are unknown to {cfg.checkpoint}'s "
+                "tokenizer")  # fmt: skip
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.start(self.model)
+        log(f"{len(train_rows)} train / {len(val_rows)} val examples, {len(self.names)} classes")
+
+    def next_batch(self):
+        import torch
+
+        idx = torch.randint(len(self.x), (self.cfg.batch_size,), generator=self.generator)
+        width = int(self.mask[idx].sum(1).max())
+        return self.x[idx, :width], self.mask[idx, :width], self.y[idx]
+
+    def loss(self, batch):
+        x, mask, y = batch
+        return self.model(x, mask, labels=y)[1], {}
+
+    def evaluate(self) -> dict[str, float]:
+        return {"val_acc": accuracy(self.model, self.vx, self.vmask, self.vy)}
+
+    def log_evaluation(self, result: dict[str, float]) -> None:
+        self.metrics.log(self.step, "val", acc=result["val_acc"])
+
+    def eval_line(self, result: dict[str, float]) -> str:
+        return f"step {self.step}: val accuracy {result['val_acc']:.1%}"
+
+    def export(self, path: Path) -> None:
+        from lmforge.train.encoder import save_bert
+
+        save_bert(self.model, self.tokenizer, path, label_names=self.names)
+
+    def data_state(self):
+        return self.generator.get_state()
+
+    def load_data_state(self, state) -> None:
+        self.generator.set_state(state)
+
+    def signature(self) -> dict:
+        return {"checkpoint": str(self.cfg.checkpoint), "labels": self.names}
+
+    def finish(self, result: dict) -> dict:
+        if "initial_val_acc" in result:
+            result["val_acc_before"] = result.pop("initial_val_acc")
+        result["train_acc"] = accuracy(self.model, self.x, self.mask, self.y)
+        return result
+
+
+def train(cfg: ClassifyTrainConfig, log=print, resume: bool = False) -> dict[str, float]:
     """Fine-tune, evaluate validation accuracy before and during training, save the HF dir."""
-    import torch
-    from tqdm import tqdm
-
-    from lmforge.fileio import remove_stale_temps, write_json
-    from lmforge.train.encoder import save_bert
-    from lmforge.train.metrics import MetricsLog
-    from lmforge.train.optim import build_adamw, cosine_lr
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    train_rows, val_rows, names = _splits(cfg)
-    model, tok = load_classifier(cfg.checkpoint, len(names))
-    max_len = min(cfg.max_len, model.config.max_position)
-    x, mask = encode(tok, [t for t, _ in train_rows], max_len)
-    y = torch.tensor([label for _, label in train_rows])
-    vx, vmask = encode(tok, [t for t, _ in val_rows], max_len)
-    vy = torch.tensor([label for _, label in val_rows])
-    if tok.unk_id is not None and (unk := (x == tok.unk_id).sum() / mask.sum()) > 0.05:
-        log(f"warning: {unk:.0%} of the training tokens are unknown to {cfg.checkpoint}'s "
-            "tokenizer")  # fmt: skip
-    out, g = Path(cfg.out_dir), torch.Generator().manual_seed(cfg.seed)
-    remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
-    metrics = MetricsLog(out)
-    result = {"val_acc_before": accuracy(model, vx, vmask, vy)}
-    metrics.log(0, "val", acc=result["val_acc_before"])
-    log(f"{len(train_rows)} train / {len(val_rows)} val examples, {len(names)} classes; "
-        f"val accuracy before fine-tuning {result['val_acc_before']:.1%}")  # fmt: skip
-    opt = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999))
-    for step in tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, unit="step"):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step - 1, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
-        idx = torch.randint(len(x), (cfg.batch_size,), generator=g)
-        width = int(mask[idx].sum(1).max())
-        model.train()
-        _, loss = model(x[idx, :width], mask[idx, :width], labels=y[idx])
-        if not math.isfinite(loss.item()):
-            raise ConfigError(f"loss became {loss.item()} at step {step}; lower lr")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 10 == 0 or step == 1:
-            metrics.log(step, "train", loss=loss.item())
-        if step % cfg.eval_interval == 0 or step == cfg.steps:
-            result["val_acc"] = accuracy(model, vx, vmask, vy)
-            metrics.log(step, "val", acc=result["val_acc"])
-            log(f"step {step}: loss {loss.item():.4f}  val accuracy {result['val_acc']:.1%}")
-    result["train_acc"] = accuracy(model, x, mask, y)
-    save_bert(model, tok, out, label_names=names)
-    write_json(out / "train_config.json", asdict(cfg))
-    write_json(out / "final_metrics.json", result)
-    plot = metrics.plot([("train", "loss"), ("val", "acc")], out / "loss.png", title="classify")
-    metrics.close()
-    return result | {"plot": str(plot)}
+    return ClassifyTrainer(cfg, resume=resume, log=log).run()
 
 
 def predict(checkpoint: str | Path, texts: list[str], max_len: int = 512):
@@ -262,9 +291,10 @@ def register(sub) -> None:
         "train",
         help="fine-tune on labelled .jsonl (or the built-in demo task); report accuracy",
         description="Any ClassifyTrainConfig field can be given as --key value, e.g. "
-        "--checkpoint out/bert --data train.jsonl --steps 500 --lr 1e-4.",
+        "--checkpoint out/bert --data train.jsonl --max_iters 500 --lr 1e-4.",
     )
     t.add_argument("--config", help="YAML file of ClassifyTrainConfig fields (optional)")
+    t.add_argument("--resume", action="store_true", help="continue from out_dir's saved state")
     t.set_defaults(func=run_train, accepts_overrides=True)
     r = s.add_parser("predict", help="label texts with a fine-tuned checkpoint")
     r.add_argument("--checkpoint", required=True, help="directory written by `classify train`")
@@ -279,8 +309,9 @@ def run_train(args) -> int:
     from lmforge.train.config import build_config, parse_overrides
 
     cfg = build_config(ClassifyTrainConfig, args.config, parse_overrides(args.overrides))
-    result = train(cfg)
-    print(f"\nval accuracy: {result['val_acc_before']:.1%} before -> {result['val_acc']:.1%} "
+    result = train(cfg, resume=args.resume)
+    before = result.get("val_acc_before", math.nan)  # absent when resumed
+    print(f"\nval accuracy: {before:.1%} before -> {result['val_acc']:.1%} "
           f"after fine-tuning (train {result['train_acc']:.1%})")  # fmt: skip
     print(f"checkpoint: {cfg.out_dir}   plot: {result['plot']}")
     print(f'try: lmforge classify predict --checkpoint {cfg.out_dir} "the plot was not dull"')

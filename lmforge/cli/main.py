@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from lmforge.errors import LMForgeError, require_device
+from lmforge.errors import LMForgeError, Terminated, require_device
 
 COMMANDS = [
     "lmforge.cli.pretrain",
@@ -67,11 +67,6 @@ OS_CAUSES = {
 
 
 REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: every `except
-    KeyboardInterrupt` (the trainers' save-and-stop paths) handles it the same way."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,43 +1,45 @@
 """`lmforge seq2seq`: train the encoder-decoder on the built-in number task, and translate.
 
-lmforge seq2seq train --out_dir out/numbers --steps 1500          # words -> digits
+lmforge seq2seq train --out_dir out/numbers --max_iters 1500          # words -> digits
 lmforge seq2seq train --reverse true --out_dir out/words          # digits -> words
 lmforge seq2seq translate --checkpoint out/numbers "three hundred twelve"
 """
 
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import ConfigError, require_positive_ints
+from lmforge.train.config import OptimConfig
+from lmforge.train.loop import Trainer
 
 
 @dataclass
-class Seq2SeqTrainConfig:
+class Seq2SeqTrainConfig(OptimConfig):
     """A run on NumberTask. `model` holds Seq2SeqConfig fields (vocab comes from the task)."""
 
     out_dir: str = "out/seq2seq"
     reverse: bool = False  # False: words -> digits; True: digits -> words
     max_number: int = 10000
     test_fraction: float = 0.1
-    steps: int = 1500
+    max_iters: int = 1500
     batch_size: int = 64
     lr: float = 2e-3
     min_lr: float = 1e-4
-    warmup: int = 50
-    eval_interval: int = 250
+    warmup_iters: int = 50
+    weight_decay: float = 0.01
+    beta2: float = 0.999
     beam: int = 4  # beam width for the final evaluation (1 = greedy only)
     seed: int = 0
     threads: int | None = 1  # torch threads; 1 avoids oversubscription on shared CPUs
-    progress: bool = True
     model: dict[str, Any] = field(default_factory=lambda: {"d_model": 64, "d_ff": 256, "n_head": 4})
 
     def __post_init__(self) -> None:
-        require_positive_ints(self, "steps", "batch_size", "max_number", "eval_interval", "beam")
+        super().__post_init__()
+        require_positive_ints(self, "batch_size", "max_number", "beam")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
 
@@ -49,9 +51,10 @@ def register(sub) -> None:
         "train",
         help="train on number words <-> digits and report held-out exact match",
         description="Any Seq2SeqTrainConfig field can be given as --key value (model fields "
-        "as --model.KEY value), e.g. --steps 2000 --model.d_model 128.",
+        "as --model.KEY value), e.g. --max_iters 2000 --model.d_model 128.",
     )
     t.add_argument("--config", help="YAML file of Seq2SeqTrainConfig fields (optional)")
+    t.add_argument("--resume", action="store_true", help="continue from out_dir's saved state")
     t.set_defaults(func=run_train, accepts_overrides=True)
     r = s.add_parser("translate", help="translate with a trained checkpoint")
     r.add_argument("--checkpoint", required=True, help="directory written by `seq2seq train`")
@@ -60,63 +63,81 @@ def register(sub) -> None:
     r.set_defaults(func=run_translate)
 
 
-def train(cfg: Seq2SeqTrainConfig, log=print) -> dict[str, float]:
+class Seq2SeqTrainer(Trainer):
+    """Trains the encoder-decoder on random batches of the task's training numbers; exact match
+    on held-out numbers every eval_interval steps, with beam search at the end."""
+
+    name = "seq2seq"
+    curves = [("train", "loss"), ("eval", "test_exact")]
+    plot_file = "loss.png"
+
+    def __init__(self, cfg: Seq2SeqTrainConfig, resume: bool = False, log=print):
+        import torch
+
+        from lmforge.model.seq2seq import NumberTask, Seq2Seq, Seq2SeqConfig
+        from lmforge.train.distributed import Parallel
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.task = NumberTask(cfg.max_number, cfg.test_fraction, cfg.seed, cfg.reverse)
+        try:
+            self.model_config = Seq2SeqConfig(**{**cfg.model, "vocab_size": len(self.task.vocab)})
+        except TypeError as err:
+            raise ConfigError(f"model: {err}") from err
+        self.open_run(cfg, Parallel(torch.device("cpu")), resume, log)
+        self.model = Seq2Seq(self.model_config)
+        self.rng = random.Random(cfg.seed)
+        self.dev = self.rng.sample(self.task.train, min(500, len(self.task.train)))  # seen ones
+        self.start(self.model)
+
+    def next_batch(self):
+        return self.task.batch(self.rng.sample(self.task.train, self.cfg.batch_size))
+
+    def micro_batches(self, batch):
+        from lmforge.train.loop import split_rows
+
+        return split_rows(tuple(batch), self.cfg.grad_accum)
+
+    def loss(self, batch):
+        return self.model.loss(*batch), {}
+
+    def evaluate(self) -> dict[str, float]:
+        score = self.task.translation_accuracy
+        return {"train_exact": score(self.model, self.dev),
+                "test_exact": score(self.model, self.task.test)}  # fmt: skip
+
+    def eval_line(self, result: dict[str, float]) -> str:
+        return f"step {self.step}: held-out exact match {result['test_exact']:.2%}"
+
+    def export(self, path: Path) -> None:
+        from lmforge.fileio import save_tensors, write_json
+
+        save_tensors(Path(path) / "model.safetensors", self.model.state_dict())
+        meta = {**self.model_config.to_dict(), "model_type": "lmforge-seq2seq"}
+        meta["task"] = {"reverse": self.cfg.reverse, "vocab": self.task.vocab}
+        write_json(Path(path) / "config.json", meta)
+
+    def data_state(self):
+        version, internal, gauss = self.rng.getstate()  # JSON: lists of ints
+        return {"version": version, "state": list(internal), "gauss": gauss}
+
+    def load_data_state(self, state) -> None:
+        self.rng.setstate((state["version"], tuple(state["state"]), state["gauss"]))
+
+    def signature(self) -> dict:
+        return {**self.model_config.to_dict(), "reverse": self.cfg.reverse}
+
+    def finish(self, result: dict) -> dict:
+        if self.cfg.beam > 1:
+            beam = self.task.translation_accuracy(self.model, self.task.test, beam=self.cfg.beam)
+            result["test_exact_beam"] = beam
+        return result
+
+
+def train(cfg: Seq2SeqTrainConfig, log=print, resume: bool = False) -> dict[str, float]:
     """Train, evaluate exact match on held-out numbers, save weights + config + metrics."""
-    import torch
-    from tqdm import tqdm
-
-    from lmforge.fileio import remove_stale_temps, save_tensors, write_json
-    from lmforge.model.seq2seq import NumberTask, Seq2Seq, Seq2SeqConfig
-    from lmforge.train.metrics import MetricsLog
-    from lmforge.train.optim import cosine_lr
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.out_dir)
-    task = NumberTask(cfg.max_number, cfg.test_fraction, cfg.seed, cfg.reverse)
-    try:
-        model_cfg = Seq2SeqConfig(**{**cfg.model, "vocab_size": len(task.vocab)})
-    except TypeError as err:
-        raise ConfigError(f"model: {err}") from err
-    model = Seq2Seq(model_cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    remove_stale_temps(out)  # temps of saves killed mid-write in an earlier run
-    metrics = MetricsLog(out)
-    rng = random.Random(cfg.seed)
-    dev = rng.sample(task.train, min(500, len(task.train)))  # seen numbers, for the curve
-    result: dict[str, float] = {}
-    for step in tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, unit="step"):
-        lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        model.train()
-        loss = model.loss(*task.batch(rng.sample(task.train, cfg.batch_size)))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if not math.isfinite(loss.item()):
-            raise ConfigError(f"loss became {loss.item()} at step {step}; lower lr")
-        if step % 10 == 0:
-            metrics.log(step, "train", loss=loss.item(), lr=lr)
-        if step % cfg.eval_interval == 0 or step == cfg.steps:
-            result = {"train_exact": task.translation_accuracy(model, dev),
-                      "test_exact": task.translation_accuracy(model, task.test)}  # fmt: skip
-            metrics.log(step, "eval", **result)
-            log(f"step {step}: loss {loss.item():.4f}  held-out exact match "
-                f"{result['test_exact']:.2%}")  # fmt: skip
-    if cfg.beam > 1:
-        result["test_exact_beam"] = task.translation_accuracy(model, task.test, beam=cfg.beam)
-    save_tensors(out / "model.safetensors", model.state_dict())
-    meta = {**model_cfg.to_dict(), "model_type": "lmforge-seq2seq"}
-    meta["task"] = {"reverse": cfg.reverse, "vocab": task.vocab}
-    write_json(out / "config.json", meta)
-    write_json(out / "train_config.json", asdict(cfg))
-    write_json(out / "final_metrics.json", result)
-    metrics.plot([("train", "loss"), ("eval", "test_exact")], out / "loss.png", title="seq2seq")
-    metrics.close()
-    return result
+    return Seq2SeqTrainer(cfg, resume=resume, log=log).run()
 
 
 def load(checkpoint: str):
@@ -137,7 +158,7 @@ def run_train(args) -> int:
     from lmforge.train.config import build_config, parse_overrides
 
     cfg = build_config(Seq2SeqTrainConfig, args.config, parse_overrides(args.overrides))
-    result = train(cfg)
+    result = train(cfg, resume=args.resume)
     print(f"\nheld-out exact match: greedy {result['test_exact']:.2%}"
           + (f", beam {cfg.beam} {result['test_exact_beam']:.2%}" if cfg.beam > 1 else "")
           + f"\ncheckpoint: {cfg.out_dir}")  # fmt: skip

@@ -1,6 +1,6 @@
 """`lmforge vlm`: train the vision-language model on the built-in shapes captions, caption images.
 
-lmforge vlm train --config configs/vlm-shapes.yaml --steps 3000     # prints held-out exact match
+lmforge vlm train --config configs/vlm-shapes.yaml --max_iters 3000 # prints held-out exact match
 lmforge vlm train --vision_tower DIR --freeze_vision true             # CLIP/SigLIP tower from HF
 lmforge vlm samples --out_dir out/shapes-png --n 8                   # synthetic PNGs + captions
 lmforge vlm caption --checkpoint out/vlm-shapes --image out/shapes-png/novel_0.png
@@ -22,9 +22,10 @@ def register(sub) -> None:
         help="train on synthetic shape captions; keep the validation-best step, report held-out "
         "exact match",
         description="Any VLMTrainConfig field can be given as --key value (language-model fields "
-        "as --model.KEY value), e.g. --steps 3000 --projector mlp2 --model.n_layer 3.",
+        "as --model.KEY value), e.g. --max_iters 3000 --projector mlp2 --model.n_layer 3.",
     )
     t.add_argument("--config", help="YAML file of VLMTrainConfig fields (optional)")
+    t.add_argument("--resume", action="store_true", help="continue from out_dir's saved state")
     t.set_defaults(func=run_train, accepts_overrides=True)
 
     c = s.add_parser(
@@ -60,7 +61,7 @@ def run_train(args) -> int:
     from lmforge.vlm.train import VLMTrainConfig, train
 
     cfg = build_config(VLMTrainConfig, args.config, parse_overrides(args.overrides))
-    result = train(cfg)
+    result = train(cfg, resume=args.resume)
     print(
         f"\nvalidation exact match {result['validation_exact']:.1%} at the kept step "
         f"{result['best_step']} of {result['steps']}; training {result['train_cpu_s']:.0f} s "

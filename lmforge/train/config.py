@@ -1,8 +1,9 @@
-"""TrainConfig: everything a pretraining run needs, from YAML plus `--key value` overrides.
+"""Run configs from YAML plus `--key value` overrides: `OptimConfig` (the optimizer, schedule and
+loop settings every run config embeds) and `TrainConfig` (a pretraining run).
 
 A YAML file holds top-level training keys and a nested `model:` mapping (or a `preset:` name);
 command-line overrides use the same names, dotted for the model (`--model.n_layer 6`).
-Unknown keys fail with the list of valid ones.
+Unknown keys fail with the list of valid ones; an old name (`steps`, `warmup`) names its new one.
 """
 
 from __future__ import annotations
@@ -17,11 +18,61 @@ import yaml
 from lmforge.errors import ConfigError, check_field_types, require_positive_ints
 from lmforge.fileio import coerce_numbers, load_yaml
 from lmforge.model.config import ModelConfig
+from lmforge.train.optim import cosine_lr
+
+# Names of earlier versions (and of other tools) for OptimConfig fields: one ConfigError line.
+RENAMED = {"steps": "max_iters", "warmup": "warmup_iters"}
 
 
 @dataclass
-class TrainConfig:
-    """A pretraining run. Defaults: a tiny GPT on the built-in Python docs, a few CPU minutes."""
+class OptimConfig:
+    """What every run config embeds (its fields are top-level keys of the run's YAML): AdamW,
+    the warmup + cosine schedule, the number of steps, clipping, accumulation, and when the loop
+    logs, evaluates and saves. A run config redeclares a field to change its default."""
+
+    max_iters: int = 1000  # optimizer steps (RL: rollouts)
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 0  # linear warmup steps (step 0 runs at lr / (warmup_iters + 1))
+    lr_decay_iters: int | None = None  # the cosine reaches min_lr here; None = max_iters
+    weight_decay: float = 0.0  # on matrices and embeddings only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    grad_accum: int = 1  # micro-batches whose gradients add up to one optimizer step
+    eval_interval: int = 250
+    log_interval: int = 10
+    checkpoint_interval: int | None = None  # None = eval_interval
+    progress: bool = True  # a tqdm bar
+
+    def __post_init__(self) -> None:
+        # None stays None (resolved where used), so dataclasses.replace(cfg, max_iters=...)
+        # moves the end of the cosine and the checkpoint cadence along
+        require_positive_ints(self, "max_iters", "grad_accum", "eval_interval", "log_interval")
+        for name in ("lr_decay_iters", "checkpoint_interval"):
+            if getattr(self, name) is not None:
+                require_positive_ints(self, name)
+        if self.lr <= 0 or self.min_lr < 0:
+            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
+        if self.warmup_iters < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ConfigError(
+                f"warmup_iters, grad_clip and weight_decay must be >= 0, got {self.warmup_iters}, "
+                f"{self.grad_clip}, {self.weight_decay}"
+            )
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (0 for the first)."""
+        decay = self.lr_decay_iters or self.max_iters
+        return cosine_lr(step, self.lr, self.min_lr, self.warmup_iters, decay)
+
+
+@dataclass
+class TrainConfig(OptimConfig):
+    """A pretraining run. Defaults: a tiny GPT on the built-in Python docs, a few CPU minutes.
+
+    `batch_size` is the micro-batch of one forward pass and `grad_accum` the micro-batches of one
+    optimizer step across all ranks (lmforge/train/distributed.py).
+    """
 
     out_dir: str = "out/pretrain"
     data: str = "builtin:pydoc"  # file, folder, .jsonl, .parquet, builtin:NAME or hf:NAME
@@ -33,30 +84,19 @@ class TrainConfig:
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (override preset)
     batch_size: int = 12
     block_size: int = 64
-    grad_accum: int = 1
     max_iters: int = 2000
     max_time: float | None = None  # seconds; stop early when reached (same-wall-time runs)
-    lr: float = 1e-3
-    min_lr: float = 1e-4
     warmup_iters: int = 100
-    lr_decay_iters: int | None = None  # None = max_iters
     weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0
     label_smoothing: float = 0.0
     dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (autocast; fp16 loss-scaled)
     compile: bool = False
-    eval_interval: int = 250
     eval_iters: int = 20
-    log_interval: int = 10
-    checkpoint_interval: int | None = None  # None = eval_interval
     seed: int = 1337
     device: str = "auto"
     samples: int = 2  # samples printed at the end
     sample_tokens: int = 200
     sample_prompt: str = "\n"
-    progress: bool = True
     tensorboard: bool = False
     # scaling out (README "Scaling out"); `parallel` matters only under torchrun
     parallel: str = "ddp"  # ddp (replicas) | fsdp (FSDP2: sharded params/grads/optimizer)
@@ -64,21 +104,14 @@ class TrainConfig:
     tokenize_workers: int = 1  # processes tokenizing the corpus into shards
 
     def __post_init__(self) -> None:
-        if self.lr_decay_iters is None:
-            self.lr_decay_iters = self.max_iters
-        if self.checkpoint_interval is None:
-            self.checkpoint_interval = self.eval_interval
-        require_positive_ints(
-            self, "batch_size", "block_size", "grad_accum", "max_iters", "eval_interval"
-        )
+        super().__post_init__()
+        require_positive_ints(self, "batch_size", "block_size")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ConfigError(
                 f"dtype must be float32, bfloat16, float16 or auto; got {self.dtype!r}"
             )
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.lr <= 0 or self.min_lr < 0:
-            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The ModelConfig for this run: preset, then `model:` overrides, vocab from tokenizer."""
@@ -124,6 +157,9 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
             data[key] = value
     valid = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - valid)
+    for key in unknown:
+        if RENAMED.get(key) in valid:
+            raise ConfigError(f"{source}: {key} is now called {RENAMED[key]}")
     if unknown:
         raise ConfigError(
             f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}"

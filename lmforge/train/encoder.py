@@ -12,9 +12,7 @@ The result is a Hugging Face BERT directory (config.json, model.safetensors, tok
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import (
-    CheckpointError,
     ConfigError,
     DataError,
     LMForgeError,
     require_positive_ints,
 )
-from lmforge.fileio import read_json, remove_stale_temps, save_tensors, write_json
+from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.model.bert import (
     BertConfig,
     BertForMaskedLM,
@@ -40,17 +37,11 @@ from lmforge.model.bert import (
     mask_tokens,
 )
 from lmforge.tokenizer import Tokenizer
-from lmforge.train.checkpoint import (
-    STATE_FILE,
-    load_training_state,
-    model_state,
-    rng_state,
-    save_training_state,
-    set_rng_state,
-)
-from lmforge.train.metrics import MetricsLog
-from lmforge.train.optim import build_adamw, cosine_lr
-from lmforge.train.pretrain import NonFiniteLoss, resolve_device
+from lmforge.train.checkpoint import model_state
+from lmforge.train.config import OptimConfig
+from lmforge.train.distributed import Parallel
+from lmforge.train.loop import Trainer
+from lmforge.train.pretrain import resolve_device
 
 # BERT's spellings; "pad" first so that [PAD] gets id 0, BERT's padding id.
 BERT_SPECIAL_TOKENS = {
@@ -63,7 +54,7 @@ BERT_SPECIAL_TOKENS = {
 
 
 @dataclass
-class EncoderTrainConfig:
+class EncoderTrainConfig(OptimConfig):
     """A BERT pretraining run. Defaults: a 2-layer encoder on the built-in Python docs."""
 
     out_dir: str = "out/bert"
@@ -78,38 +69,29 @@ class EncoderTrainConfig:
     )  # BertConfig fields; vocab_size and max_position come from the tokenizer and block_size
     block_size: int = 64  # tokens per row, [CLS] and [SEP] included
     batch_size: int = 32
-    max_iters: int = 1000
     mask_prob: float = 0.15
     lr: float = 5e-4
     min_lr: float = 5e-5
     warmup_iters: int = 50
     weight_decay: float = 0.01
-    beta1: float = 0.9
     beta2: float = 0.999
-    grad_clip: float = 1.0
-    eval_interval: int = 250
     eval_iters: int = 10
-    log_interval: int = 10
     seed: int = 1337
     device: str = "auto"
     threads: int | None = None  # torch threads (None: torch's default)
-    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
                               f"{self.objective!r}")  # fmt: skip
-        require_positive_ints(
-            self, "batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"
-        )
+        super().__post_init__()
+        require_positive_ints(self, "batch_size", "eval_iters")
         if not isinstance(self.block_size, int) or self.block_size < 8:
             raise ConfigError(f"block_size must be an integer >= 8, got {self.block_size!r}")
         if not 0 < self.mask_prob < 1:
             raise ConfigError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.lr <= 0 or self.min_lr < 0:
-            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
 
     def bert_config(self, vocab_size: int, use_pooler: bool = True) -> BertConfig:
         """The model's BertConfig: `model:` fields plus vocabulary and positions from this run."""
@@ -282,22 +264,22 @@ def trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 # ---- the trainer -----------------------------------------------------------------------------
-class EncoderPretrainer:
+class EncoderPretrainer(Trainer):
     """One BERT pretraining run, from an EncoderTrainConfig to a HF BERT directory."""
+
+    plot_file = "loss.png"
+    eval_split = "val"
 
     def __init__(self, cfg: EncoderTrainConfig, resume: bool = False, log=print):
         from lmforge.data import read_documents
 
-        self.cfg, self.log, self.out_dir = cfg, log, Path(cfg.out_dir)
+        self.name = cfg.objective
+        self.open_run(cfg, Parallel(resolve_device(cfg.device)), resume, log)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        state_path = self.out_dir / STATE_FILE
-        if resume and not state_path.is_file():
-            raise CheckpointError(f"--resume: no training state at {state_path}")
-        remove_stale_temps(self.out_dir)  # temps of saves killed mid-write in an earlier run
         torch.manual_seed(cfg.seed)
-        self.device = resolve_device(cfg.device)
         self.objective = OBJECTIVES[cfg.objective]()
+        self.curves = [(split, m) for m in self.objective.curves for split in ("train", "val")]
         texts = list(read_documents(cfg.data, text_field=cfg.text_field))
         if (self.out_dir / "tokenizer.json").is_file():
             self.tokenizer = Tokenizer.load(self.out_dir)
@@ -319,120 +301,60 @@ class EncoderPretrainer:
         self.val_rows = {k: v[n - n_val :] for k, v in rows.items()}
         self.model_config = cfg.bert_config(self.tokenizer.vocab_size, self.objective.use_pooler)
         self.model = self.objective.model_cls(self.model_config).to(self.device)
-        self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
         self.generator = torch.Generator().manual_seed(cfg.seed)  # batches and masking
-        self.step, self.elapsed = 0, 0.0
-        if resume:
-            self._load_state(state_path)
-        self.metrics = MetricsLog(self.out_dir, resume=resume)
-        write_json(self.out_dir / "train_config.json", dataclasses.asdict(cfg))
+        self.start(self.model)
         params = sum(p.numel() for p in self.model.parameters())
         self.log(f"data: {n - n_val:,} train / {n_val:,} val rows of <= {cfg.block_size} tokens; "
                  f"model: {params:,} parameters, {cfg.objective}; {self.device}")  # fmt: skip
 
-    def _mask(self, batch: dict, generator: torch.Generator) -> tuple[dict, torch.Tensor]:
+    def _mask(self, batch: dict, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The batch trimmed and masked afresh, its MLM targets as `labels`, on the device."""
         batch = trim(batch)
         special = torch.isin(batch["input_ids"], self.special_ids)
         inputs, labels = mask_tokens(batch["input_ids"], special, self.model_config.vocab_size,
                                      self.ids["mask"], self.cfg.mask_prob, generator)  # fmt: skip
-        batch = {k: v.to(self.device) for k, v in (batch | {"input_ids": inputs}).items()}
-        return batch, labels.to(self.device)
+        batch = batch | {"input_ids": inputs, "labels": labels}
+        return {k: v.to(self.device) for k, v in batch.items()}
 
-    def train_step(self) -> dict[str, float]:
-        """One optimizer step on a freshly masked random batch; returns its metrics."""
-        cfg = self.cfg
-        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """A random batch of rows, freshly masked."""
         n = len(self.train_rows["input_ids"])
-        idx = torch.randint(n, (cfg.batch_size,), generator=self.generator)
-        batch, labels = self._mask({k: v[idx] for k, v in self.train_rows.items()}, self.generator)
-        self.model.train()
-        out = self.objective.losses(self.model, batch, labels)
-        if not math.isfinite(out["loss"].item()):
-            raise NonFiniteLoss(f"loss became {out['loss'].item()} at step {self.step}; lower lr")
-        out["loss"].backward()
-        if cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        return {k: v.item() for k, v in out.items()} | {"lr": lr}
+        idx = torch.randint(n, (self.cfg.batch_size,), generator=self.generator)
+        return self._mask({k: v[idx] for k, v in self.train_rows.items()}, self.generator)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        out = self.objective.losses(self.model, inputs, batch["labels"])
+        return out["loss"], {k: v for k, v in out.items() if k != "loss"}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean metrics over up to `eval_iters` validation batches, masked the same way each
         time (a fixed seed), so successive evaluations are comparable."""
-        self.model.eval()
+        self.model.eval()  # the loop restores training mode after an evaluation
         g, totals, count = torch.Generator().manual_seed(self.cfg.seed + 1), {}, 0
         n, bs = len(self.val_rows["input_ids"]), self.cfg.batch_size
         for start in range(0, min(n, bs * self.cfg.eval_iters), bs):
-            batch, labels = self._mask({k: v[start : start + bs] for k, v in self.val_rows.items()},
-                                       g)  # fmt: skip
-            for k, v in self.objective.losses(self.model, batch, labels).items():
+            batch = self._mask({k: v[start : start + bs] for k, v in self.val_rows.items()}, g)
+            loss, stats = self.loss(batch)
+            for k, v in {"loss": loss, **stats}.items():
                 totals[k] = totals.get(k, 0.0) + v.item()
             count += 1
         return {k: v / count for k, v in totals.items()}
 
-    def save_checkpoint(self) -> None:
-        """The HF directory for users, plus one atomic training-state file for --resume."""
-        save_bert(self.model, self.tokenizer, self.out_dir)
-        save_training_state(self.out_dir / STATE_FILE, {
-            "step": self.step, "elapsed": self.elapsed, "model": model_state(self.model),
-            "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-            "rng": rng_state(),  # dropout draws from the global generator
-            "model_config": dataclasses.asdict(self.model_config),
-            "objective": self.cfg.objective,
-        })  # fmt: skip
+    def eval_line(self, result: dict[str, float]) -> str:
+        return f"step {self.step}: " + "  ".join(
+            f"val {k} {v:.4f}" for k, v in result.items() if k != "loss"
+        )
 
-    def _load_state(self, path: Path) -> None:
-        state = load_training_state(path)
-        mine = (dataclasses.asdict(self.model_config), self.cfg.objective)
-        if (state["model_config"], state["objective"]) != mine:
-            raise CheckpointError(
-                f"{path}: saved with a different model config or objective; start a new "
-                "out_dir or restore the original settings"
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        set_rng_state(state["rng"])
-        self.step, self.elapsed = state["step"], state["elapsed"]
-        self.log(f"resumed from step {self.step}")
+    def export(self, path: Path) -> None:
+        save_bert(self.model, self.tokenizer, path)
 
-    def run(self) -> dict[str, float]:
-        """Train to max_iters, evaluating and checkpointing every eval_interval steps; plot."""
-        from tqdm import tqdm
+    def data_state(self) -> torch.Tensor:
+        return self.generator.get_state()
 
-        cfg, result = self.cfg, {}
-        bar = tqdm(total=cfg.max_iters, initial=self.step, disable=not cfg.progress, unit="it")
-        try:
-            while self.step < cfg.max_iters:
-                t0 = time.perf_counter()
-                metrics = self.train_step()
-                self.elapsed += time.perf_counter() - t0
-                bar.update(1)
-                if self.step % cfg.log_interval == 0 or self.step == 1:
-                    self.metrics.log(self.step, "train", **metrics)
-                    bar.set_postfix(loss=f"{metrics['loss']:.4f}")
-                if self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters:
-                    result = self.evaluate()
-                    self.metrics.log(self.step, "val", **result)
-                    bar.write(f"step {self.step}: " + "  ".join(
-                        f"val {k} {v:.4f}" for k, v in result.items() if k != "loss"))  # fmt: skip
-                    self.save_checkpoint()
-        except KeyboardInterrupt:
-            self.save_checkpoint()
-            self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
-            raise
-        finally:
-            bar.close()
-            self.metrics.close()
-        if not result:  # resumed at max_iters: nothing trained, still report
-            result = self.evaluate()
-        curves = [(split, m) for m in self.objective.curves for split in ("train", "val")]
-        plot = self.metrics.plot(curves, self.out_dir / "loss.png", title=f"{cfg.objective} "
-                                 f"{self.out_dir.name}")  # fmt: skip
-        result |= {"step": self.step, "elapsed_s": self.elapsed}
-        write_json(self.out_dir / "final_metrics.json", result)
-        return result | {"plot": str(plot)}
+    def load_data_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+    def signature(self) -> dict[str, Any]:
+        return {"model": dataclasses.asdict(self.model_config), "objective": self.cfg.objective}

@@ -1,14 +1,13 @@
 """Pretraining: tokenizer -> token shards -> next-token training -> checkpoint, samples, plot.
 
-The loop is nanoGPT's: sample random blocks, AdamW with warmup + cosine, clip, evaluate every
-`eval_interval` steps. What it adds is what long runs need: an exact resume (model, optimizer,
-RNG and data position in one atomic file), Ctrl-C saving, a stop on NaN that keeps the last
-good checkpoint, a metrics CSV and a PNG of the curves.
+The recipe is nanoGPT's: sample random blocks, AdamW with warmup + cosine, clip, evaluate every
+`eval_interval` steps. The loop (lmforge/train/loop.py) adds what long runs need: an exact
+resume (model, optimizer, RNG and data position in one atomic file), Ctrl-C / SIGTERM saving, a
+stop on NaN that keeps the last good checkpoint, a metrics CSV and a PNG of the curves.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from pathlib import Path
@@ -17,45 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
-from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_device
+from lmforge.errors import require_device
 from lmforge.eval.perplexity import bits_per_byte, target_bytes, token_bytes_table
-from lmforge.fileio import remove_stale_temps, write_json
+from lmforge.fileio import remove_stale_temps
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
-from lmforge.train.checkpoint import (
-    STATE_FILE,
-    load_training_state,
-    model_state,
-    rng_state,
-    save_training_state,
-    set_rng_state,
-)
 from lmforge.train.config import TrainConfig
-from lmforge.train.distributed import NullMetrics, micro_batch_seed, setup_parallel
-from lmforge.train.metrics import MetricsLog
-from lmforge.train.optim import LossScaler, build_adamw, cosine_lr
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class NonFiniteLoss(LMForgeError):
-    """The loss became NaN or inf: training stopped, the last good checkpoint is kept."""
-
-
-def resolve_dtype(name: str, device: torch.device) -> str:
-    """`auto` picks the fastest safe autocast dtype: bf16 where the hardware does bf16 matmuls
-    natively (CUDA with bf16, CPUs with AMX), fp16 on older GPUs, fp32 otherwise. Any other
-    name must be one of DTYPES (ConfigError naming `dtype` if not)."""
-    if name != "auto":
-        if name not in DTYPES:
-            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
-        return name
-    if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if device.type == "cpu" and torch.cpu._is_amx_tile_supported():
-        return "bfloat16"
-    return "float32"
+from lmforge.train.distributed import micro_batch_seed, setup_parallel
+from lmforge.train.loop import Trainer, training_dtype
 
 
 def resolve_device(name: str) -> torch.device:
@@ -127,26 +96,21 @@ def evaluate(
     return nats / max(1, n_targets), bpb
 
 
-class Pretrainer:
+class Pretrainer(Trainer):
     """One pretraining run, from a TrainConfig to a checkpoint directory."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
-        self.cfg, self.log = cfg, log
-        self.out_dir = Path(cfg.out_dir)
-        # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/distributed.py)
-        self.dist = setup_parallel(cfg, resolve_device(cfg.device))
-        if not self.dist.is_main:
-            self.log = lambda *args, **kwargs: None
-        self.device = self.dist.device
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
-        state_path = self.out_dir / self.dist.state_file
-        if resume and not state_path.is_file():
-            raise CheckpointError(f"--resume: no training state at {state_path}")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        # temps of saves killed mid-write (SIGKILL, OOM killer) in an earlier run of this folder
-        remove_stale_temps(self.out_dir)
-        remove_stale_temps(self.out_dir / "data")
+    name = "pretraining"
+    curves = [("train", "loss"), ("val", "loss"), ("train", "lr")]
+    plot_file = "loss.png"
+    evaluate_on_every_rank = True  # a sharded (FSDP) model's forward is a collective
+    wrap_loss = False  # the model itself is wrapped (DDP / FSDP2, maybe compiled)
+    dcp_state = True  # under torchrun: a sharded checkpoint, every rank writing its part
 
+    def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
+        # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/distributed.py)
+        self.open_run(cfg, setup_parallel(cfg, resolve_device(cfg.device)), resume, log)
+        self.dtype = training_dtype(cfg.dtype, self.device)
+        remove_stale_temps(self.out_dir / "data")
         with self.dist.rank_zero_first():  # the other ranks then reuse rank 0's files
             self.tokenizer = build_tokenizer(cfg, self.out_dir)
             self.tokenizer.save(self.out_dir)
@@ -165,199 +129,64 @@ class Pretrainer:
         torch.manual_seed(cfg.seed)
         self.model = Transformer(self.model_config).to(self.device)
         self.wrapped = self.dist.wrap(self.model)  # DDP / FSDP2 (sharded in place) / itself
-        self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-        self.scaler = LossScaler() if self.dtype == "float16" else None
         self.sampler = self.dist.sampler(
             self.train_shard, cfg.batch_size, cfg.block_size, cfg.grad_accum, cfg.seed
         )
-        self.step = 0
-        self.tokens_seen = 0
-        self.elapsed = 0.0  # training seconds across resumes
-        if resume:
-            self._load_state(state_path)
-        if self.dist.is_main:
-            self.metrics = MetricsLog(self.out_dir, cfg.tensorboard, resume=resume)
-            write_json(self.out_dir / "train_config.json", cfg.to_dict())
-        else:
-            self.metrics = NullMetrics()
+        self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum
+        self.start(self.model)
         self.forward = torch.compile(self.wrapped) if cfg.compile else self.wrapped
         self.log(
             f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens; "
             f"model: {self.model.num_parameters():,} parameters; {self.device}, {self.dtype}"
         )
 
-    def autocast(self):
-        if self.dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
+    # ---- what the loop asks for --------------------------------------------------------------
+    def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """This rank's share of the global batch: one (x, y, lane) per data lane it draws."""
+        lanes = self.sampler.lanes
+        return [(*self.sampler.next_batch(), lanes[i]) for i in range(len(lanes))]
 
-    # ---- state -------------------------------------------------------------------------------
-    def save_checkpoint(self) -> None:
-        """Model in HF layout for users, full state in one atomic file for --resume (under
-        torchrun: a sharded checkpoint, every rank writing its part)."""
+    def micro_batches(self, batch: list) -> list:
+        return batch  # already one micro-batch per lane
+
+    def loss_weight(self, batch) -> float:
+        return float(self.cfg.batch_size)  # every micro-batch is batch_size full blocks
+
+    def loss(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        x, y, lane = batch
+        # this lane's dropout masks, whichever rank runs it after however many others
+        torch.manual_seed(micro_batch_seed(self.cfg.seed, self.step, lane))
+        loss = lm_loss(self.forward(x), y, self.cfg.label_smoothing)
+        aux = self.model.aux_loss()  # MoE load balancing (λ·L_aux); None when dense
+        return (loss if aux is None else loss + aux), {}
+
+    def out_of_time(self) -> bool:
+        return self.cfg.max_time is not None and self.elapsed >= self.cfg.max_time
+
+    def export(self, path: Path) -> None:
+        """The model in HF layout (under torchrun a collective: FSDP gathers the shards)."""
         full = self.dist.full_model(self.model)  # None on ranks other than 0
         if full is not None:
-            LM(full, self.tokenizer).save(self.out_dir)
-        if self.dist.sharded:
-            progress = {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed": self.elapsed,
-                        "scaler": self.scaler.state_dict() if self.scaler else None,
-                        "model_config": self.model_config.to_dict()}  # fmt: skip
-            self.dist.save_state(self.out_dir, self.model, self.optimizer, self.sampler, progress)
-            return
-        state = {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "elapsed": self.elapsed,
-            "model": model_state(self.model),
-            "optimizer": self.optimizer.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "model_config": self.model_config.to_dict(),
-        }
-        save_training_state(self.out_dir / STATE_FILE, state)
+            LM(full, self.tokenizer).save(path)
 
-    def _load_state(self, path: Path) -> None:
-        if self.dist.sharded:
-            state = self.dist.load_state(
-                path, self.model, self.optimizer, self.sampler, self.model_config.to_dict()
-            )
-        else:
-            state = load_training_state(path)
-            if state["model_config"] != self.model_config.to_dict():
-                raise CheckpointError(
-                    f"{path}: saved with a different model config; start a new out_dir or "
-                    "restore the original settings"
-                )
-            self.model.load_state_dict(state["model"], strict=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-            try:
-                self.sampler.load_state_dict(state["sampler"])
-            except LMForgeError as err:
-                raise CheckpointError(f"{path}: {err}") from err
-            set_rng_state(state["rng"])
-        if self.scaler and state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
-        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.elapsed = state["elapsed"]
-        self.log(f"resumed from step {self.step}")
-
-    # ---- the loop ----------------------------------------------------------------------------
-    def train_step(self) -> float:
-        """One optimizer step on the global batch (grad_accum lanes of batch_size blocks, this
-        rank running its share); returns the global batch's mean loss, the same on every rank
-        and under any launch (one process or torchrun with any world size)."""
-        cfg = self.cfg
-        lr = cosine_lr(self.step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        total = torch.zeros((), device=self.device)
-        accum = self.dist.accumulation_steps(cfg.grad_accum)  # this rank's share of the batch
-        for i in range(accum):
-            x, y = self.sampler.next_batch()
-            # this lane's dropout masks, whichever rank runs it after however many others
-            torch.manual_seed(micro_batch_seed(cfg.seed, self.step, self.sampler.lanes[i]))
-            with self.dist.no_sync(last=i == accum - 1):  # reduce gradients once per step
-                with self.autocast():
-                    loss = lm_loss(self.forward(x), y, cfg.label_smoothing)
-                    aux = self.model.aux_loss()  # MoE load balancing (λ·L_aux); None when dense
-                    loss = (loss if aux is None else loss + aux) / accum
-                if self.scaler:
-                    (loss * self.scaler.scale).backward()
-                else:
-                    loss.backward()
-            total += loss.detach().float()  # one host sync per step, not per micro-batch
-        # every micro-batch holds batch_size x block_size targets, so the mean of the ranks'
-        # means of their micro-batch means is the mean over the global batch
-        total = self.dist.mean(total.item())
-        # checked BEFORE the update: a NaN step must not reach the weights or AdamW's moments
-        if not math.isfinite(total):
-            raise NonFiniteLoss(
-                f"loss became {total} at step {self.step}; stopped. The last good checkpoint "
-                f"in {self.out_dir} is kept (lower lr, or use bfloat16 instead of float16)."
-            )
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.scaler is None or self.scaler.unscale_and_check(params):
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens_seen += cfg.batch_size * cfg.block_size * cfg.grad_accum
-        return total
-
-    def run(self) -> dict[str, float]:
-        """Train to max_iters (or max_time), then save, sample and plot. Returns final metrics."""
-        cfg = self.cfg
-        self.model.train()
-        bar = None
-        if cfg.progress and self.dist.is_main:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
-        result: dict[str, float] = {}
-        window_tokens, window_start = 0, time.perf_counter()
-        try:
-            while self.step < cfg.max_iters:
-                t0 = time.perf_counter()
-                loss = self.train_step()
-                self.elapsed += time.perf_counter() - t0
-                window_tokens += cfg.batch_size * cfg.block_size * cfg.grad_accum
-                if bar is not None:
-                    bar.update(1)
-                if self.step % cfg.log_interval == 0 or self.step == 1:
-                    tps = window_tokens / max(1e-9, time.perf_counter() - window_start)
-                    window_tokens, window_start = 0, time.perf_counter()
-                    lr = self.optimizer.param_groups[0]["lr"]
-                    self.metrics.log(self.step, "train", loss=loss, lr=lr, tokens_per_s=tps)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}")
-                out_of_time = cfg.max_time is not None and self.elapsed >= cfg.max_time
-                last = self.step >= cfg.max_iters or out_of_time
-                if self.step % cfg.eval_interval == 0 or last:
-                    result = self._evaluate()
-                    if bar is not None:
-                        bar.write(self._eval_line(result))
-                if self.step % cfg.checkpoint_interval == 0 or last:
-                    self.save_checkpoint()
-                if out_of_time:
-                    break
-        except KeyboardInterrupt:
-            self.save_checkpoint()
-            self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-            self.metrics.close()
-        plot = self.metrics.plot(
-            [("train", "loss"), ("val", "loss"), ("train", "lr")],
-            self.out_dir / "loss.png", title=f"pretraining {self.out_dir.name}",
-        )  # fmt: skip
-        result.update(
-            step=self.step, elapsed_s=self.elapsed, tokens_per_s=self.tokens_seen / self.elapsed
-        )
-        if self.dist.is_main:
-            write_json(self.out_dir / "final_metrics.json", result)
-        result["plot"] = str(plot)
-        return result
-
-    def _eval_line(self, r: dict[str, float]) -> str:
-        return (
-            f"step {self.step}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
-            f"val ppl {r['val_ppl']:.2f}, val bpb {r['val_bpb']:.4f}"
-        )
-
-    def _evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         t0 = time.perf_counter()
         args = (self.cfg, self.device, self.autocast, self.token_bytes)
         train, _ = evaluate(self.model, self.train_shard, *args)
         val, bpb = evaluate(self.model, self.val_shard, *args)
         self.elapsed += time.perf_counter() - t0
         ppl = math.exp(min(val, 50.0))
-        self.metrics.log(self.step, "val", loss=val, ppl=ppl, bpb=bpb)
-        self.metrics.log(self.step, "train_eval", loss=train)
         return {"train_loss": train, "val_loss": val, "val_ppl": ppl, "val_bpb": bpb}
+
+    def log_evaluation(self, r: dict[str, float]) -> None:
+        self.metrics.log(self.step, "val", loss=r["val_loss"], ppl=r["val_ppl"], bpb=r["val_bpb"])
+        self.metrics.log(self.step, "train_eval", loss=r["train_loss"])
+
+    def eval_line(self, r: dict[str, float]) -> str:
+        return (
+            f"step {self.step}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
+            f"val ppl {r['val_ppl']:.2f}, val bpb {r['val_bpb']:.4f}"
+        )
 
     def samples(self, n: int | None = None, max_new_tokens: int | None = None) -> list[str]:
         """A few text samples from the current model (temperature 0.8, top-k 200 like nanoGPT)."""

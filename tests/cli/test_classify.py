@@ -58,8 +58,8 @@ def bert_dir(tmp_path_factory):
 @pytest.mark.slow  # ~10 s: 150 steps of fine-tuning
 def test_fine_tuning_reaches_high_accuracy_and_exports_for_hf(bert_dir):
     cfg = ClassifyTrainConfig(checkpoint=str(bert_dir / "bert"), out_dir=str(bert_dir / "cls"),
-                              steps=150, lr=1.5e-3, warmup=15, eval_interval=75, progress=False,
-                              threads=1)  # fmt: skip
+                              max_iters=150, lr=1.5e-3, warmup_iters=15, eval_interval=75,
+                              progress=False, threads=1)  # fmt: skip
     result = train(cfg, log=lambda *_: None)
     assert result["val_acc"] >= 0.9 and result["val_acc"] > result["val_acc_before"] + 0.3, result
     out = bert_dir / "cls"
@@ -90,7 +90,7 @@ def test_cli_train_and_predict_from_jsonl(bert_dir, tmp_path, capsys):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "cls"
     argv = ["classify", "train", "--checkpoint", str(bert_dir / "bert"), "--data", str(data),
-            "--out_dir", str(out), "--steps", "4", "--eval_interval", "2", "--progress",
+            "--out_dir", str(out), "--max_iters", "4", "--eval_interval", "2", "--progress",
             "false"]  # fmt: skip
     assert main(argv) == 0
     assert "val accuracy:" in capsys.readouterr().out

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge.errors import CheckpointError, ConfigError
+from lmforge.errors import CheckpointError, ConfigError, NonFiniteLoss
 from lmforge.train.config import TrainConfig, build_config, parse_overrides
 from lmforge.train.optim import LossScaler, cosine_lr
-from lmforge.train.pretrain import NonFiniteLoss, Pretrainer
+from lmforge.train.pretrain import Pretrainer
 
 TEXT = (
     "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
@@ -127,20 +127,36 @@ def test_config_overrides_and_unknown_keys(tmp_path):
         build_config(TrainConfig, path, {})
 
 
-def test_ctrl_c_saves_a_checkpoint(tmp_path):
+def test_ctrl_c_mid_step_finishes_the_step_then_saves(tmp_path):
+    """A real SIGINT during step 4: the loop finishes that step, saves, and raises; a second one
+    during a step stops at once without saving (the saved step-4 state is kept)."""
+    import os
+    import signal
+
     trainer = Pretrainer(config(tmp_path, max_iters=50), log=lambda *_: None)
-    real_step = trainer.train_step
+    real_step = trainer.learn
 
-    def interrupted():
+    def interrupted(batch):
         if trainer.step == 3:
-            raise KeyboardInterrupt
-        return real_step()
+            os.kill(os.getpid(), signal.SIGINT)  # the handler only asks for a stop
+        return real_step(batch)
 
-    trainer.train_step = interrupted
+    trainer.learn = interrupted
     with pytest.raises(KeyboardInterrupt):
         trainer.run()
+    assert trainer.step == 4
     resumed = Pretrainer(config(tmp_path, max_iters=50), resume=True, log=lambda *_: None)
-    assert resumed.step == 3
+    assert resumed.step == 4
+
+    def twice(batch):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # the second one raises here, mid-step
+        return real_step(batch)
+
+    resumed.learn = twice
+    with pytest.raises(KeyboardInterrupt):
+        resumed.run()
+    assert Pretrainer(config(tmp_path, max_iters=50), resume=True, log=print).step == 4
 
 
 def test_validation_reports_bits_per_byte_of_the_scored_tokens(tmp_path):
@@ -174,4 +190,4 @@ def test_validation_reports_bits_per_byte_of_the_scored_tokens(tmp_path):
         rows = [r for r in csv.DictReader(fh) if r["split"] == "val" and r["metric"] == "bpb"]
     assert [int(r["step"]) for r in rows] == [2, 4]
     assert float(rows[-1]["value"]) == pytest.approx(expected, rel=1e-4)
-    assert f"val bpb {expected:.4f}" in trainer._eval_line(result)
+    assert f"val bpb {expected:.4f}" in trainer.eval_line(result)

@@ -1,0 +1,568 @@
+"""The one training loop: pretraining, SFT/PEFT, reward models, DPO, RL (GRPO, PPO, RSFT), BERT
+masked-LM pretraining, classification, seq2seq and the VLM all run `Trainer.run`.
+
+A trainer subclasses `Trainer` and supplies only what is its own:
+
+    next_batch()       the data of one step (RL: a sampled and scored rollout)
+    loss(batch)        (loss tensor, metrics): a pure function of the batch and the weights
+    evaluate()         held-out metrics
+    export(path)       the model users load
+    data_state() / load_data_state(state)   where its data stream is (for an exact resume)
+
+The loop does the rest the same way for every trainer:
+
+- AdamW (`build_adamw`) with linear warmup + cosine decay (`cosine_lr`). The step index is the
+  number of optimizer steps already taken: the first step runs at lr / (warmup_iters + 1).
+- Gradient accumulation over micro-batches, each weighted by its share of the batch
+  (`loss_weight`: rows, or tokens for a token-mean loss), so the update is that of the whole
+  batch; under torchrun the shares are of the global batch and DDP/FSDP reduce the gradients
+  (the loss runs inside one wrapped call of `LossModule`; nothing all-reduces by hand).
+- A NaN/inf guard BEFORE the optimizer step (`NonFiniteLoss`): a bad step never reaches the
+  weights or AdamW's moments, and the last good checkpoint is kept.
+- Gradient clipping, fp16 loss scaling (`dtype`), autocast.
+- Evaluation, logging and checkpoint cadence; a metrics CSV and a PNG of the curves.
+- Ctrl-C and SIGTERM: the stop is taken between two steps (under torchrun, after the same step
+  on every rank), a checkpoint is saved and `--resume` continues exactly; a second signal before
+  the step ends stops at once without saving (the last checkpoint is kept).
+- An exact resume: weights, optimizer, data position, RNG and loss scale in one atomic
+  safetensors file (or, for pretraining under torchrun, a sharded DCP checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmforge.errors import (
+    CheckpointError,
+    ConfigError,
+    LMForgeError,
+    NonFiniteLoss,
+    Terminated,
+)
+from lmforge.fileio import remove_stale_temps, write_json
+from lmforge.train.checkpoint import (
+    STATE_FILE,
+    load_training_state,
+    rng_state,
+    save_training_state,
+    set_rng_state,
+)
+from lmforge.train.config import OptimConfig
+from lmforge.train.distributed import (
+    LossModule,
+    NullMetrics,
+    Parallel,
+    WholeCopy,
+    launched_by_torchrun,
+    load_optimizer_state,
+    request_stop,
+    reset_stop,
+    stop_pending,
+    take_stop,
+    whole_optimizer_state,
+)
+from lmforge.train.metrics import MetricsLog
+from lmforge.train.optim import LossScaler, build_adamw
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def training_dtype(name: str, device: torch.device) -> str:
+    """The autocast dtype name of a training run's `dtype` setting. `auto` picks the fastest safe
+    one: bf16 where the hardware does bf16 matmuls natively (CUDA with bf16, CPUs with AMX), fp16
+    on older GPUs, fp32 otherwise. Any other name must be one of DTYPES (ConfigError if not)."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+        return name
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device.type == "cpu" and torch.cpu._is_amx_tile_supported():
+        return "bfloat16"
+    return "float32"
+
+
+def split_rows(batch: Any, parts: int) -> list[Any]:
+    """A batch (a tensor, or a dict / tuple of tensors sharing their first dimension) cut into
+    `parts` micro-batches of consecutive rows, for gradient accumulation."""
+    if parts == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        if len(batch) < parts:
+            raise ConfigError(f"grad_accum={parts} exceeds the {len(batch)} rows of a batch")
+        return list(batch.tensor_split(parts))
+    if isinstance(batch, dict):
+        cut = {k: split_rows(v, parts) for k, v in batch.items()}
+        return [{k: v[i] for k, v in cut.items()} for i in range(parts)]
+    if isinstance(batch, tuple | list):
+        cut = [split_rows(v, parts) for v in batch]
+        return [type(batch)(v[i] for v in cut) for i in range(parts)]
+    raise ConfigError(f"grad_accum={parts}: this trainer's batches cannot be split")
+
+
+@contextlib.contextmanager
+def stop_between_steps(hard_stop: bool) -> Iterator[None]:
+    """While the loop runs, SIGINT and SIGTERM ask for a stop that the loop takes after the
+    current step (`request_stop`), so the checkpoint it saves is a step boundary. A second signal
+    before that stop is taken raises at once (`hard_stop`; not under torchrun, whose launcher
+    SIGKILLs a worker that does not end). Only the main thread can install signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def handler(signum, frame) -> None:
+        if os.getpid() != owner:  # a forked child inherited this handler: die as by default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if hard_stop and stop_pending():
+            raise Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
+        request_stop(signum)
+
+    signums = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+class Trainer:
+    """The shared loop; see the module docstring for what a subclass supplies.
+
+    A subclass's __init__ calls `open_run` (settings, device, output folder), builds its data
+    and model, then `start(module)` (sharding, optimizer, resume, metrics log).
+    """
+
+    name = "train"
+    curves: list[tuple[str, str]] = [("train", "loss")]
+    plot_file: str | None = None  # None: f"{name}.png"
+    config_file = "train_config.json"
+    eval_split = "eval"  # the metrics.csv split evaluations are logged under
+    evaluate_first = False  # evaluate before the first step (results as initial_*)
+    evaluate_on_every_rank = False  # evaluate() runs collectives (a sharded model's forward)
+    # under torchrun the loss runs inside one DDP/FSDP call of LossModule(module); False: the
+    # trainer wraps its model itself and calls the wrapper in loss() (pretraining)
+    wrap_loss = True
+    static_graph = True  # DDP: every step's loss uses the same parameters
+    dcp_state = False  # under torchrun: a sharded DCP checkpoint instead of one file
+    # FSDP: whole copy of the trained module on rank 0 only (evaluation, export), kept in CPU
+    # memory between uses; True: on every rank, on the device (samplers use it every step)
+    whole_copy_everywhere = False
+
+    # ---- setup -------------------------------------------------------------------------------
+    def open_run(self, cfg: OptimConfig, dist: Parallel, resume: bool, log=print) -> None:
+        """Settings, device and output folder; checks that --resume has a state to resume."""
+        self.cfg, self.dist, self.resume = cfg, dist, resume
+        self.log = log if dist.is_main else _silent
+        self.device = dist.device
+        self.out_dir = Path(cfg.out_dir)
+        self.state_path = self.out_dir / (dist.state_file if self.dcp_state else STATE_FILE)
+        if resume and not self.state_path.is_file():
+            raise CheckpointError(f"--resume: no training state at {self.state_path}")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.out_dir)  # temps of saves killed mid-write in an earlier run
+        self.step, self.elapsed, self.cpu_elapsed, self.tokens_seen = 0, 0.0, 0.0, 0
+        self.tokens_per_step = 0  # tokens of one step's batch, where that is a fixed number
+        self.dtype = "float32"
+        self.scaler: LossScaler | None = None
+        self.loss_module: nn.Module | None = None
+        self._whole: WholeCopy | None = None
+        self._saved_at = -1
+
+    def start(self, module: nn.Module) -> None:
+        """`module` holds the trained parameters: shard it (FSDP), build AdamW over its
+        requires_grad parameters, resume, open the metrics log."""
+        cfg = self.cfg
+        self.module = module
+        if self.dist.shards_parameters and self.wrap_loss:
+            keep = self.dist.is_main or self.whole_copy_everywhere
+            self._whole = WholeCopy(module, keep, self.device, not self.whole_copy_everywhere)
+            self.loss_module = self.dist.wrap(LossModule(module, self.model_spec()))
+        if not any(p.requires_grad for p in module.parameters()):
+            raise ConfigError(f"{self.name}: nothing to train (every parameter is frozen)")
+        self.optimizer = build_adamw(module, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        if self.dtype == "float16":
+            self.scaler = LossScaler()
+        if self.resume:
+            self.load_checkpoint(self.state_path)
+        if self.dist.is_main:
+            tensorboard = getattr(cfg, "tensorboard", False)
+            self.metrics = MetricsLog(self.out_dir, tensorboard, resume=self.resume)
+            write_json(self.out_dir / self.config_file, dataclasses.asdict(cfg))
+        else:
+            self.metrics = NullMetrics()
+
+    def model_spec(self) -> Any:
+        """The model's config object (DDP looks for MoE in it, a resume compares it)."""
+        spec = getattr(self, "model_config", None)
+        return spec if spec is not None else getattr(self.module, "config", None)
+
+    def autocast(self):
+        if self.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def next_batch(self) -> Any:
+        """The data of one step."""
+        raise NotImplementedError
+
+    def micro_batches(self, batch: Any) -> list[Any]:
+        """The step's batch as grad_accum micro-batches."""
+        return split_rows(batch, self.cfg.grad_accum)
+
+    def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """(loss to backpropagate, extra metrics) of one (micro-)batch."""
+        raise NotImplementedError
+
+    def loss_weight(self, batch: Any) -> float:
+        """How much this micro-batch counts in the step's mean loss: equal shares by default; a
+        loss averaged over rows or tokens returns its row or token count."""
+        return 1.0
+
+    def learn(self, batch: Any) -> dict[str, float]:
+        """What one step does with its batch: one optimizer step over its micro-batches (RL
+        overrides it: several optimizer steps over minibatches of a rollout)."""
+        return self.optimizer_step(self.micro_batches(batch))
+
+    def evaluate(self) -> dict[str, float]:
+        return {}
+
+    def log_evaluation(self, result: dict[str, float]) -> None:
+        self.metrics.log(self.step, self.eval_split, **result)
+
+    def eval_line(self, result: dict[str, float]) -> str:
+        return f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.items())
+
+    def should_stop(self, evaluated: dict[str, float]) -> bool:
+        """Whether to end the run early after this evaluation (e.g. a target loss reached)."""
+        return False
+
+    def out_of_time(self) -> bool:
+        """Whether a time budget is spent (checked after every step; the run then ends)."""
+        return False
+
+    def export(self, path: Path) -> None:
+        """Write the model users load."""
+        raise NotImplementedError
+
+    def data_state(self) -> Any:
+        """Where the data stream is (JSON values and tensors), saved for --resume."""
+        return self.sampler.state_dict()
+
+    def load_data_state(self, state: Any) -> None:
+        self.sampler.load_state_dict(state)
+
+    def extra_state(self) -> dict[str, Any]:
+        """Anything else a resumed run needs (e.g. the best step so far)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def signature(self) -> dict[str, Any]:
+        """Settings a resumed run must share with the saved one (the model's shape)."""
+        config = self.model_spec()
+        return config.to_dict() if hasattr(config, "to_dict") else {}
+
+    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        """After the last step, before the final metrics are written (final evaluations)."""
+        return result
+
+    # ---- one step ----------------------------------------------------------------------------
+    def set_lr(self) -> float:
+        lr = self.cfg.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def train_step(self) -> dict[str, float]:
+        """One step: learning rate, batch, update(s). Returns its metrics, the same on every
+        rank (the global batch's)."""
+        lr = self.set_lr()
+        self.module.train()
+        stats = self.learn(self.next_batch())
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return {**stats, "lr": lr}
+
+    def optimizer_step(
+        self, micro_batches: list[Any], loss_fn: Callable[[Any], tuple] | None = None
+    ) -> dict[str, float]:
+        """One optimizer update from the gradients of `micro_batches` under `loss_fn` (default:
+        self.loss); returns the weighted mean loss and metrics over the global batch. Collective
+        under torchrun (every rank calls it at the same point with its own micro-batches)."""
+        fn = loss_fn or self.loss
+        world = self.dist.world_size
+        weights = [float(self.loss_weight(mb)) for mb in micro_batches]
+        total = sum(weights)
+        if world > 1:
+            total = self.dist.sum([total])[0]
+            if self.loss_module is None and self.wrap_loss:
+                config = self.model_spec()
+                self.dist.static_graph = self.static_graph and getattr(config, "mlp", "") != "moe"
+                self.loss_module = self.dist.wrap(LossModule(self.module, config))
+        loss_sum = torch.zeros((), device=self.device)
+        sums: dict[str, float] = {}
+        last = len(micro_batches) - 1
+        for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
+            # this micro-batch's share of the global batch (0 total: nothing to learn, as is);
+            # DDP then averages over ranks, hence the factor world
+            share = weight * world / total if total else 1.0
+            with self.dist.no_sync(last=i == last):  # reduce gradients once per update
+                with self.autocast():
+                    loss, stats = fn(mb) if self.loss_module is None else self.loss_module(mb, fn)
+                    if share != 1.0:
+                        loss = loss * share
+                (loss * self.scaler.scale if self.scaler else loss).backward()
+            loss_sum += loss.detach().float()  # one host sync per update, not per micro-batch
+            for k, v in stats.items():
+                v = v.detach() if isinstance(v, torch.Tensor) else v
+                sums[k] = sums.get(k, 0.0) + share * float(v)
+        local = loss_sum.item()
+        keys = list(sums)
+        values = [local, float(not math.isfinite(local)), *(sums[k] for k in keys)]
+        if world > 1:
+            values = self.dist.sum(values)
+        value = values[0] / world
+        # checked BEFORE the update: a NaN step must not reach the weights or AdamW's moments
+        if values[1] or not math.isfinite(value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss(
+                f"{self.name}: loss became {value} at step {self.step}; stopped before the "
+                f"optimizer step. The last good checkpoint in {self.out_dir} is kept (lower lr, "
+                "or use bfloat16 instead of float16)."
+            )
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.scaler is None or self.scaler.unscale_and_check(params):
+            if self.cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._whole is not None:
+            self._whole.version = None  # the whole copies are stale after this update
+        return {"loss": value, **{k: v / world for k, v in zip(keys, values[2:])}}
+
+    def mean_over_ranks(self, stats: dict[str, float]) -> dict[str, float]:
+        """The mean over ranks of metrics each rank computed on its own share (one all-reduce)."""
+        if self.dist.world_size == 1:
+            return stats
+        keys = sorted(stats)
+        sums = self.dist.sum([float(stats[k]) for k in keys])
+        return {k: v / self.dist.world_size for k, v in zip(keys, sums)}
+
+    # ---- FSDP --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def whole_weights(self) -> Iterator[bool]:
+        """Collective under FSDP (every rank enters it at the same point): for the body, this
+        rank sees the current model whole wherever the trainer refers to it (self.module, an
+        LM, a rollout engine's policy, a critic) and the context yields True; a rank that keeps
+        no whole copy yields False. Without sharding it is free and yields True."""
+        if self._whole is None:
+            yield True
+            return
+        self._whole.refresh(self.module, self.dist.full_tensor, self.step)  # every rank joins
+        if self._whole.copy is None:
+            yield False
+            return
+        with self._whole.swapped_in(self, self.module):
+            yield True
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def _evaluate(self) -> dict[str, float]:
+        """Rank 0 evaluates (the other ranks hold the same weights, or under FSDP join the
+        gather of them, and go on to the next step, where the all-reduce waits for rank 0)."""
+        if self.evaluate_on_every_rank:
+            result = self._evaluate_here()
+        else:
+            with self.whole_weights() as whole:
+                if not (whole and self.dist.is_main):
+                    return {}
+                result = self._evaluate_here()
+        if result:
+            self.log_evaluation(result)
+        return result
+
+    def _evaluate_here(self) -> dict[str, float]:
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                return self.evaluate()
+        finally:
+            self.module.train(was_training)
+
+    # ---- state -------------------------------------------------------------------------------
+    def progress_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "cpu_elapsed": self.cpu_elapsed,
+            "tokens_seen": self.tokens_seen,
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "model_config": self.signature(),
+        }
+
+    def save_checkpoint(self) -> None:
+        """The exported model (for users) and the training state (for --resume). Collective
+        under torchrun; rank 0 writes the one-file state (under FSDP from whole weights)."""
+        self._saved_at = self.step
+        if self.dcp_state and self.dist.sharded:
+            self.export(self.out_dir)  # collective: gathers the shards
+            self.dist.save_state(
+                self.out_dir, self.module, self.optimizer, self.sampler, self.progress_state()
+            )
+            return
+        optimizer = whole_optimizer_state(self.optimizer, self.dist)  # collective under FSDP
+        with self.whole_weights() as whole:
+            if not (whole and self.dist.is_main):
+                return
+            self.export(self.out_dir)
+            trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+            state = {
+                **self.progress_state(),
+                "trainable": trainable,
+                "optimizer": optimizer,
+                "data": self.data_state(),
+                "rng": rng_state(),
+                "extra": self.extra_state(),
+            }
+            save_training_state(self.out_dir / STATE_FILE, state)
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore a state written by save_checkpoint, after checking it fits this run."""
+        if self.dcp_state and self.dist.sharded:
+            signature = json.loads(json.dumps(self.signature()))
+            state = self.dist.load_state(path, self.module, self.optimizer, self.sampler, signature)
+        else:
+            state = load_training_state(path)
+            if "trainable" not in state:
+                raise CheckpointError(f"{path}: written by an earlier lmforge; start a new out_dir")
+            if state.get("model_config") != json.loads(json.dumps(self.signature())):
+                raise CheckpointError(
+                    f"{path}: saved with a different model config; start a new out_dir or "
+                    "restore the original settings"
+                )
+            params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+            differ = sorted(set(state["trainable"]) ^ set(params))
+            if differ:
+                raise CheckpointError(f"{path}: saved for a different model (trainable "
+                                      f"parameters differ: {', '.join(differ[:3])})")  # fmt: skip
+            with torch.no_grad():
+                for n, value in state["trainable"].items():
+                    params[n].copy_(self.dist.shard_like(value, params[n]))
+            load_optimizer_state(self.optimizer, state["optimizer"], self.dist)
+            try:
+                self.load_data_state(state["data"])
+            except LMForgeError as err:
+                raise CheckpointError(f"{path}: {err}") from err
+            set_rng_state(state["rng"])
+            self.load_extra_state(state.get("extra") or {})
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.cpu_elapsed = state.get("cpu_elapsed", 0.0)
+        self.tokens_seen = state.get("tokens_seen", 0)
+        self.log(f"resumed from step {self.step}")
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train to max_iters (or until should_stop / out_of_time) with periodic evaluation and
+        checkpoints; then final evaluations, metrics and plot. Returns the final metrics."""
+        cfg = self.cfg
+        bar = None
+        if cfg.progress and self.dist.is_main:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
+        result: dict[str, Any] = {}
+        evaluated_any = False
+        every = cfg.checkpoint_interval or cfg.eval_interval
+        window_tokens, window_start = 0, time.perf_counter()
+        in_step = False
+        reset_stop()
+        try:
+            with stop_between_steps(hard_stop=not launched_by_torchrun()):
+                if self.evaluate_first and self.step == 0:
+                    result = {f"initial_{k}": v for k, v in self._evaluate().items()}
+                while self.step < cfg.max_iters:
+                    in_step = True
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    stats = self.train_step()
+                    in_step = False
+                    self.elapsed += time.perf_counter() - t0
+                    self.cpu_elapsed += time.process_time() - c0
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
+                    if self.tokens_per_step:
+                        window_tokens += self.tokens_per_step
+                    if self.step % cfg.log_interval == 0 or self.step == 1:
+                        if self.tokens_per_step:
+                            now = time.perf_counter()
+                            stats["tokens_per_s"] = window_tokens / max(1e-9, now - window_start)
+                            window_tokens, window_start = 0, now
+                        self.metrics.log(self.step, "train", **stats)
+                    stop = self.out_of_time()
+                    last = self.step >= cfg.max_iters or stop
+                    if self.step % cfg.eval_interval == 0 or last:
+                        evaluated = self._evaluate()
+                        evaluated_any = True
+                        result.update(evaluated)
+                        stop = self.dist.broadcast_flag(self.should_stop(evaluated)) or stop
+                        if bar is not None and evaluated:
+                            bar.write(self.eval_line(evaluated))
+                    if self.step % every == 0 or last or stop:
+                        self.save_checkpoint()
+                    if stop:
+                        break
+                    signum = take_stop(self.dist.world_size)
+                    if signum is not None:
+                        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        except KeyboardInterrupt:
+            if in_step:
+                self.log(f"\nstopped during step {self.step + 1}: not saved; the checkpoint of "
+                         "the last saved step is kept")  # fmt: skip
+                raise
+            if self._saved_at != self.step:
+                self.save_checkpoint()
+            self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.metrics.close()
+        if not evaluated_any:  # resumed at max_iters: nothing trained, still report
+            result.update(self._evaluate())
+        result = self.finish(result)
+        result.update(step=self.step, elapsed_s=self.elapsed)
+        if self.tokens_per_step:
+            result["tokens_per_s"] = self.tokens_seen / max(1e-9, self.elapsed)
+        if self.dist.is_main:
+            write_json(self.out_dir / "final_metrics.json", result)
+        plot = self.metrics.plot(
+            self.curves, self.out_dir / (self.plot_file or f"{self.name}.png"),
+            title=f"{self.name} {self.out_dir.name}",
+        )  # fmt: skip
+        result["plot"] = str(plot)
+        return result
