@@ -15,19 +15,10 @@ def add_sampling_args(p) -> None:
 
 def add_engine_args(p) -> None:
     """Device and decoding precision for the engine-backed commands (chat, serve)."""
+    from lmforge.cli.precision import add_precision_args
+
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16"],
-        help="weights/activations precision for decoding (default: the checkpoint's)",
-    )
-    p.add_argument(
-        "--quantize",
-        default=None,
-        choices=["int8"],
-        help="weight-only int8 decoding (about 4x fewer weight bytes than fp32)",
-    )
+    add_precision_args(p)
 
 
 def register(sub) -> None:

@@ -1,4 +1,6 @@
-"""`lmforge precision`: the number-format table (from torch.finfo/iinfo) and an FP8 check."""
+"""`lmforge precision`: the number-format table (from torch.finfo/iinfo), an FP8 check, and what
+`--dtype auto` picks on this machine; `add_precision_args` gives every engine-backed command
+(chat, serve, generate) the same --dtype/--quantize options."""
 
 from __future__ import annotations
 
@@ -7,11 +9,21 @@ def register(sub) -> None:
     p = sub.add_parser(
         "precision",
         help="number formats: bits, range, smallest normal, epsilon; FP8 round-trip error",
-        description="Print the dtype table read from torch.finfo/torch.iinfo (SPEC §5) and the "
-        "relative error of an FP8 per-tensor / per-channel round trip on random data.",
+        description="Print the dtype table read from torch.finfo/torch.iinfo (SPEC §5), the "
+        "relative error of an FP8 per-tensor / per-channel round trip on random data, and the "
+        "CPU features and kernels --dtype auto chooses from.",
     )
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=run)
+
+
+def add_precision_args(p) -> None:
+    """--dtype (default auto: chosen per machine) and --quantize, with the choices
+    lmforge.infer.quantize defines (one list for every command)."""
+    from lmforge.infer.quantize import DTYPE_CHOICES, DTYPE_HELP, QUANTIZE_CHOICES, QUANTIZE_HELP
+
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
+    p.add_argument("--quantize", default=None, choices=QUANTIZE_CHOICES, help=QUANTIZE_HELP)
 
 
 def _fmt(value) -> str:
@@ -45,4 +57,12 @@ def run(args) -> int:
             err = ((fp8_round_trip(w, fmt, dim) - w).norm(dim=1) / w.norm(dim=1)).max()
             print(f"  {fmt} {label:<12} {err:.2e}")
     print(f"FP8 matmul on this machine: {'torch._scaled_mm' if has_fp8_matmul() else 'reference'}")
+    from lmforge.infer.cpu_features import cpu_features
+    from lmforge.infer.quantize import QUANTIZE_CHOICES, auto_dtype, describe_kernels
+
+    chosen, why = auto_dtype("cpu")
+    print(f"\nCPU: {cpu_features().summary()}")
+    print(f"--dtype auto on this CPU: {str(chosen).removeprefix('torch.')} ({why})")
+    for mode in QUANTIZE_CHOICES:
+        print(f"  --quantize {describe_kernels(chosen, mode).removeprefix('; ')}")
     return 0

@@ -468,7 +468,12 @@ def to_inference_precision(
 
         def make(linear: nn.Linear, name: str) -> Int4Linear:
             if name in codes:
-                q, scale, zero = codes[name]
+                q, scale, zero = (t.to(linear.weight.device) for t in codes[name])
+                if q.shape != linear.weight.shape:
+                    raise ConfigError(
+                        f"int4 codes for {name} have shape {tuple(q.shape)}, the layer "
+                        f"{tuple(linear.weight.shape)}"
+                    )
                 return Int4Linear.from_codes(q, scale, zero, linear.bias, dtype, name)
             return Int4Linear(linear, dtype, group_size, name)
 

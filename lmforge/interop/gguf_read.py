@@ -373,3 +373,66 @@ def load_gguf_model(
     """A Transformer holding a GGUF file's weights (dequantised; fp32 unless `dtype`)."""
     config, state = read_gguf_state(GGUFFile(path))
     return build_model(config, state, device, dtype)
+
+
+# ---- Q4 blocks onto the int4 inference path ----------------------------------------------------
+Q4_TYPES = ("Q4_0", "Q4_1")
+Q4_BLOCK = 32
+
+
+def read_q4_codes(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0/Q4_1 tensor's 4-bit codes as they are in the file, not dequantised:
+    (codes uint8 [rows, K] in 0..15, scale fp32 [rows, K/32], zero fp32 [rows, K/32]) with
+    w = (q - 8) * scale + zero, torch's int4pack convention. Q4_0 (w = (q - 8) d) has zero 0;
+    Q4_1 (w = q d + m) has zero m + 8 d. A block is an fp16 d (Q4_1: then an fp16 m) and 16
+    bytes holding elements j (low nibble) and j + 16 (high nibble)."""
+    t = f.tensors[name]
+    kind = t.tensor_type.name
+    if kind not in Q4_TYPES:
+        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(Q4_TYPES)}")
+    rows, k = f.shape(name)
+    head = 2 if kind == "Q4_0" else 4
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = raw[..., head:]
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, k)
+    if kind == "Q4_0":
+        zero = np.zeros_like(d)
+    else:
+        zero = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
+    return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero)
+
+
+def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """{our Linear's name: (codes, scale, zero)} for every Linear whose GGUF tensors are all
+    Q4_0/Q4_1, mapped like `read_gguf_state` maps weights (q/k rows un-permuted, fused tensors
+    concatenated: both act on whole rows, which carry their own block scales). For
+    `to_inference_precision(..., quantize="int4", int4_codes=...)`: those layers keep the file's
+    codes instead of being dequantised and quantised again."""
+    hf = hf_config_from_gguf(f)
+    config = hf_config_to_ours(hf, str(f.path))
+    family = FAMILIES[hf["model_type"]]
+    to_gguf = {h: g for g, h in _name_map(f, family, config).items()}
+    permute = f.architecture in PERMUTED_QK
+    out = {}
+    for ours, rule in family.key_map(config).items():
+        names = [to_gguf.get(h) for h in rule.hf_keys]
+        if not ours.endswith(".weight") or rule.transform not in ("copy", "cat", "slice"):
+            continue
+        if any(n is None or n not in f.tensors or f.type_name(n) not in Q4_TYPES for n in names):
+            continue
+        parts = []
+        for name in names:
+            tensors = read_q4_codes(f, name)
+            heads = config.n_head if ".attn_q." in name else config.n_kv_head
+            if permute and (".attn_q." in name or ".attn_k." in name):
+                tensors = tuple(_reverse_permute(t, heads) for t in tensors)
+            parts.append(tensors)
+        if rule.transform == "cat":
+            joined = tuple(torch.cat([p[i] for p in parts]) for i in range(3))
+        elif rule.transform == "slice":
+            joined = tuple(t.split(list(rule.sizes))[rule.index].contiguous() for t in parts[0])
+        else:
+            joined = parts[0]
+        out[ours.removesuffix(".weight")] = joined
+    return out
