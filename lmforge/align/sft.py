@@ -12,6 +12,7 @@ import torch
 
 from lmforge.align import data as D
 from lmforge.align.losses import sft_loss
+from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
@@ -21,7 +22,7 @@ from lmforge.tasks.answers import verify
 
 
 @dataclass
-class SFTConfig(PeftConfig, AlignConfig):
+class SFTConfig(ReplayConfig, PeftConfig, AlignConfig):
     """An SFT run (`lmforge sft`; `lmforge lora` sets peft)."""
 
     out_dir: str = "out/sft"
@@ -110,7 +111,7 @@ class SFTTrainer(AlignTrainer):
         # so no attention mask is needed (and SDPA keeps its fast causal path).
         logits = self.lm.model(batch["input_ids"])
         loss = sft_loss(logits, batch["labels"], label_smoothing=self.cfg.label_smoothing)
-        return loss, {}
+        return with_replay(self, loss, {})  # + replay_coef x LM loss on pretraining text
 
     def loss_weight(self, batch) -> float:
         """Response tokens: the loss is a mean over them (see AlignTrainer.loss_weight)."""
