@@ -170,3 +170,33 @@ def test_save_formats(hf_base, tmp_path):
     with pytest.raises(ConfigError, match="merge LoRA"):
         lm.save(tmp_path / "wrapped")
     assert not (tmp_path / "wrapped").exists()
+
+
+@pytest.mark.real_model
+def test_smollm2_lora_outputs_load_in_transformers_and_peft(smollm2_gguf, shared_data, tmp_path):
+    """The real SmolLM2-135M-Instruct (from its GGUF), 2 LoRA steps on GSM8K rows in chat form:
+    the merged folder loads in transformers and the adapter in PEFT on the original weights,
+    both with our logits to 1e-5 of the largest logit (30 layers of fp32 sums in two attention
+    kernels, and the merged weights W0 + ΔW rounded once, differ by ~1e-4 at logits ~30)."""
+    base = LM.load(smollm2_gguf).save(tmp_path / "base")  # llama layout: the GGUF's family
+    rows = [json.loads(line) for line in (shared_data / "gsm8k_train.jsonl").open()][:8]
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": r["question"]},
+        {"role": "assistant", "content": r["answer"]}]}) + "\n" for r in rows))  # fmt: skip
+    cfg = SFTConfig(init=str(base), out_dir=str(tmp_path / "out"), data=str(data), peft="lora",
+                    max_len=160, n_train=8, batch_size=2, max_iters=2, eval_interval=2,
+                    eval_generate=0, progress=False, warmup_iters=1, lr=1e-3)  # fmt: skip
+    t = SFTTrainer(cfg, log=lambda *a: None)
+    t.run()
+    x = torch.tensor([t.train_examples[0].input_ids[:48]])
+    trained = ours(t.lm.model, x)
+    tol = 1e-5 * trained.abs().max().item()
+    out = tmp_path / "out"
+    assert (hf_logits(out, x) - trained).abs().max().item() <= tol
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(hf_base, out / "adapter").eval()
+    with torch.no_grad():
+        with model.disable_adapter():
+            assert (model(x).logits - trained).abs().max().item() > 1e-3  # the steps did move it
+        assert (model(x).logits - trained).abs().max().item() <= tol
