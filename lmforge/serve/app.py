@@ -11,17 +11,26 @@ aborts the request and frees its batch slot. Every failure is an OpenAI-style er
 body size, read deadlines and the queue limit are checked in guards.py, before any route runs;
 a route tokenizes in a worker thread, after checking the prompt's length in characters, so a
 long prompt never holds up the event loop.
+
+With `warm_up` (what `lmforge serve --compile` passes: the engine compiling its decode step for
+every batch size, a minute or more per range on a small CPU), the socket serves at once but
+/health answers 503 {"status": "warming up"} and the generation routes 503 with Retry-After until
+the warm-up has finished; only then does the engine start stepping. So a load balancer or a
+client polling /health never sends a request that would sit behind the compiler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
@@ -43,6 +52,7 @@ from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest
 __all__ = ["APIError", "create_app", "error_response"]
 
 STATIC = Path(__file__).parent / "static"
+WARMING_RETRY_AFTER = 10  # seconds: one compile of a range takes a minute or more
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -93,6 +103,7 @@ def create_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     read_timeout: float = DEFAULT_READ_TIMEOUT,
     check_host: bool | None = None,
+    warm_up: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (which must have a tokenizer). A stream sends at most
     one chunk per `stream_interval` seconds (with all the tokens made meanwhile); 0 sends one
@@ -102,7 +113,12 @@ def create_app(
     than `read_timeout` seconds to arrive 408, and past `max_queue` samples waiting for a batch
     slot requests get 429. `check_host` (default: when there is no `api_key`) refuses Host
     headers other than localhost/127.0.0.1/[::1]; pass False when serving a non-loopback
-    address without a key."""
+    address without a key.
+
+    `warm_up` runs in a background thread when the server starts (e.g. `engine.warm_up`);
+    until it returns, /health and the generation routes answer 503 and the engine does not
+    step. If it raises, the error is printed and the engine serves as it is (uncompiled
+    ranges then compile on first use)."""
     if engine.tokenizer is None:
         raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
     runner = AsyncEngine(engine)
@@ -113,15 +129,45 @@ def create_app(
     end_id = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
     chat_stop_ids = sorted(engine.eos_ids | ({end_id} if end_id is not None else set()))
 
+    state = {"ready": warm_up is None, "stopping": False}
+
+    def start_serving(error: BaseException | None) -> None:  # on the event loop
+        if state["stopping"]:
+            return
+        if error is not None:
+            print(f"warm-up failed ({type(error).__name__}: {error}); serving without it",
+                  file=sys.stderr)  # fmt: skip
+            engine.reset()  # a failed warm-up request may have left rows behind
+        runner.start()
+        state["ready"] = True
+        print("ready: warm-up finished", flush=True)
+
+    def warm(loop: asyncio.AbstractEventLoop) -> None:  # in a daemon thread: exit never waits
+        error = None
+        try:
+            warm_up()
+        except Exception as err:  # reported, then served without: the engine still works
+            error = err
+        try:
+            loop.call_soon_threadsafe(start_serving, error)
+        except RuntimeError:  # the server stopped (its loop closed) while this compiled
+            pass
+
     @asynccontextmanager
     async def lifespan(app):
-        runner.start()
+        if warm_up is None:
+            runner.start()
+        else:
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=warm, args=(loop,), name="lmforge-warm-up",
+                             daemon=True).start()  # fmt: skip
         yield
+        state["stopping"] = True
         runner.stop()
 
     app = FastAPI(title="lmforge", version="1", lifespan=lifespan)
     _install_error_handlers(app)
-    app.state.engine, app.state.admission = runner, admission
+    app.state.engine, app.state.admission, app.state.warm = runner, admission, state
     if check_host is None:  # with a key, a rebinding page cannot call anything anyway
         check_host = api_key is None
     app.add_middleware(RequestGuard, api_key=api_key, check_host=check_host,
@@ -160,6 +206,12 @@ def create_app(
             logprobs=logprobs,
         )  # fmt: skip
 
+    def check_ready() -> None:
+        if not state["ready"]:
+            raise APIError(503, "the server is warming up (compiling the decode step); retry "
+                           "shortly", None, "warming_up", "server_error",
+                           {"Retry-After": str(WARMING_RETRY_AFTER)})  # fmt: skip
+
     async def respond(request: Request, req, ids, params, fmt):
         admission.admit(request.scope, req.n)  # given back by RequestGuard when this ends
         outputs = runner.generate(ids, params, req.n)
@@ -179,6 +231,9 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        if not state["ready"]:
+            headers = {"Retry-After": str(WARMING_RETRY_AFTER)}
+            return JSONResponse({"status": "warming up"}, status_code=503, headers=headers)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -188,6 +243,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        check_ready()
         check_model(req.model)
         text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         ids = await asyncio.to_thread(encode, text, "prompt")
@@ -199,6 +255,7 @@ def create_app(
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         from lmforge.align.data import render_messages
 
+        check_ready()
         check_model(req.model)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
 

