@@ -21,9 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align import data as D
-from lmforge.align.losses import (
-    sft_loss,
-)
+from lmforge.align.logprobs import sft_loss
 from lmforge.align.regularizers import (
     diagonal_fisher,
     distillation_loss,

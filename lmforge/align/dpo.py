@@ -22,12 +22,8 @@ import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.losses import (
-    DPO_LOSS_TYPES,
-    dpo_loss,
-    preference_accuracy,
-    sequence_logprobs,
-)
+from lmforge.align.logprobs import sequence_logprobs
+from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.sft import split_dataset
 from lmforge.align.trainer import AlignConfig, AlignTrainer

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lmforge.align.losses import (
+from lmforge.align.replay import ReplayConfig, with_replay
+from lmforge.align.rl import RLConfig, RLTrainer
+from lmforge.align.rl_losses import (
     GRPO_LOSS_TYPES,
     group_advantages,
     grpo_loss,
@@ -34,8 +36,6 @@ from lmforge.align.losses import (
     rloo_advantages,
     rloo_loss,
 )
-from lmforge.align.replay import ReplayConfig, with_replay
-from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.errors import ConfigError
 

@@ -36,21 +36,19 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lmforge.align.losses import (
+from lmforge.align.logprobs import masked_mean, masked_whiten, token_logprobs
+from lmforge.align.rl import RLConfig, RLTrainer
+from lmforge.align.rl_losses import (
     AdaptiveKLController,
     FixedKLController,
     dones_from_mask,
     entropy_from_logits,
     gae,
     kl_per_token,
-    masked_mean,
-    masked_whiten,
     ppo_policy_loss,
     ppo_value_loss,
     shape_rewards,
-    token_logprobs,
 )
-from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_logits
 from lmforge.errors import ConfigError
 from lmforge.fileio import read_json, save_tensors, write_json

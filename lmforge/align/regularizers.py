@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.align.losses import masked_mean
+from lmforge.align.logprobs import masked_mean
 from lmforge.errors import LMForgeError
 
 Params = nn.Module | Mapping[str, Tensor]

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lmforge.align.losses import sft_loss
+from lmforge.align.logprobs import sft_loss
 from lmforge.errors import ConfigError, DataError
 
 

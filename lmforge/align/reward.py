@@ -41,14 +41,14 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align import data as D
-from lmforge.align.losses import (
+from lmforge.align.logprobs import sft_loss
+from lmforge.align.preference_losses import (
     bradley_terry_loss,
     hinge_loss,
     listwise_loss,
     mse_gap_loss,
     preference_accuracy,
     reward_centering,
-    sft_loss,
 )
 from lmforge.align.rollout import RolloutEngine
 from lmforge.align.sft import split_dataset

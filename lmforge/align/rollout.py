@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmforge.align.losses import token_logprobs
+from lmforge.align.logprobs import token_logprobs
 from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.generate import generate, left_pad
 from lmforge.infer.sampling import SamplingParams

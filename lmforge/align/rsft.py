@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lmforge.align.losses import sft_loss
+from lmforge.align.logprobs import sft_loss
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
 from lmforge.errors import ConfigError

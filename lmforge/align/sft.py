@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from lmforge.align import data as D
-from lmforge.align.losses import sft_loss
+from lmforge.align.logprobs import sft_loss
 from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.trainer import AlignConfig, AlignTrainer
 from lmforge.errors import ConfigError

@@ -7,7 +7,7 @@ import torch
 
 from lmforge.align import data as D
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
-from lmforge.align.losses import sft_loss
+from lmforge.align.logprobs import sft_loss
 from lmforge.errors import ConfigError
 
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}

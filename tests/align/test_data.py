@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmforge.align import data as D
-from lmforge.align.losses import sft_loss
+from lmforge.align.logprobs import sft_loss
 from lmforge.errors import DataError
 from lmforge.tasks import synthetic
 from lmforge.tasks.gsm8k import load_gsm8k

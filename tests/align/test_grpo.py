@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
-from lmforge.align.losses import group_advantages
+from lmforge.align.rl_losses import group_advantages
 from lmforge.align.rollout import completion_logprobs
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
@@ -105,7 +105,8 @@ def test_positive_only_gradient_is_the_sft_gradient(tmp_path):
     (per-sequence token means), so RL formatting (left padding, positions, the stop token) trains
     exactly the tokens SFT would."""
     from lmforge.align import data as D
-    from lmforge.align.losses import grpo_loss, sft_loss
+    from lmforge.align.logprobs import sft_loss
+    from lmforge.align.rl_losses import grpo_loss
 
     t = trainer(tmp_path)
     model = t.lm.model

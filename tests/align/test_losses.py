@@ -6,31 +6,35 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmforge.align.losses import (
+from lmforge.align.logprobs import (
+    masked_mean,
+    masked_whiten,
+    sequence_logprobs,
+    sft_loss,
+    token_logprobs,
+)
+from lmforge.align.preference_losses import (
+    bradley_terry_loss,
+    dpo_loss,
+    hinge_loss,
+    listwise_loss,
+    mse_gap_loss,
+    plackett_luce_loss,
+    preference_accuracy,
+)
+from lmforge.align.rl_losses import (
     AdaptiveKLController,
     FixedKLController,
-    bradley_terry_loss,
     clipped_surrogate,
     dones_from_mask,
-    dpo_loss,
     entropy_from_logits,
     gae,
     group_advantages,
     grpo_loss,
-    hinge_loss,
     kl_per_token,
-    listwise_loss,
-    masked_mean,
-    masked_whiten,
-    mse_gap_loss,
-    plackett_luce_loss,
     ppo_policy_loss,
     ppo_value_loss,
-    preference_accuracy,
-    sequence_logprobs,
-    sft_loss,
     shape_rewards,
-    token_logprobs,
 )
 from lmforge.errors import ConfigError, LMForgeError
 

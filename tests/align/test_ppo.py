@@ -137,7 +137,7 @@ def toy_trainer(tmp_path, **kw):
 
 def test_policy_loss_gradient_moves_probability_the_right_way(tmp_path):
     """Â > 0 on a sampled token raises its log-prob, Â < 0 lowers it (one SGD step)."""
-    from lmforge.align.losses import ppo_policy_loss
+    from lmforge.align.rl_losses import ppo_policy_loss
     from lmforge.align.rollout import completion_logprobs
 
     t = toy_trainer(tmp_path)

@@ -7,7 +7,7 @@ import torch
 
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
-from lmforge.align.losses import sft_loss
+from lmforge.align.logprobs import sft_loss
 from lmforge.align.replay import Replay, load_replay_tokens, with_replay
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.errors import ConfigError, DataError

@@ -78,7 +78,7 @@ def test_match_pooling_sums_to_the_logits_of_the_actual_next_tokens(lm):
 
 
 def test_lm_weight_adds_the_chosen_next_token_loss(tmp_path):
-    from lmforge.align.losses import sft_loss
+    from lmforge.align.logprobs import sft_loss
 
     cfg = RewardConfig(out_dir=str(tmp_path), model=TINY, max_len=24, n_train=16, n_eval=8,
                        batch_size=4, max_iters=1, progress=False, lm_weight=0.5)  # fmt: skip

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lmforge.align.losses import kl_per_token
+from lmforge.align.rl_losses import kl_per_token
 from lmforge.align.rollout import (
     ModelReward,
     RewardError,

@@ -4,8 +4,8 @@ Each test builds one tiny random Llama (Hugging Face transformers) and one batch
 loss AND its gradients twice on that same model: once with TRL's own trainer code (a real
 ``DPOTrainer``/``GRPOTrainer``/... built on the tiny model, calling the method TRL's training step
 calls) and once with lmforge (the trainer's loss method where one exists, else the pure functions
-in ``lmforge.align.losses`` on log-probs from ``lmforge.align`` helpers). Losses and every
-parameter gradient must agree to 1e-5.
+in ``lmforge.align.preference_losses`` / ``rl_losses`` on log-probs from ``lmforge.align``
+helpers). Losses and every parameter gradient must agree to 1e-5.
 
 lmforge's side sees the HF model through `LMForgeView`, which only exposes the interface lmforge's
 trainers call (``model(ids) -> logits``, ``hidden_states``, ``norm``, ``lm_head``), so both sides
@@ -40,17 +40,16 @@ from transformers import (
 
 from lmforge.align import dpo as lm_dpo
 from lmforge.align import grpo as lm_grpo
-from lmforge.align.losses import (
+from lmforge.align.logprobs import sequence_logprobs, sft_loss
+from lmforge.align.preference_losses import (
     bradley_terry_loss,
     cpo_loss,
     dpo_loss,
-    grpo_loss,
     kto_loss,
     orpo_loss,
-    sequence_logprobs,
-    sft_loss,
     simpo_loss,
 )
+from lmforge.align.rl_losses import grpo_loss
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.errors import ConfigError
 
