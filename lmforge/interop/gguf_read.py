@@ -10,7 +10,9 @@ knows only what GGUF does differently from an HF checkpoint:
   interleaved-pair RoPE computes HF's rotate-half RoPE; we undo it (transformers' reverse_permute);
 - quantised tensors: every type is dequantised with `gguf.quants.dequantize` (Q8_0 too: its
   scales are per 32-block, our Int8Linear's per output channel, so mapping it there would not be
-  exact; `LM.load(..., quantize="int8")` requantises the dequantised weights instead);
+  exact; `LM.load(..., quantize="int8")` requantises the dequantised weights instead); Q4_0 and
+  Q4_1 blocks are also read as codes (`read_gguf_q4`) for the int4 path, which takes them as
+  they are (`LM.load(..., quantize="int4")`);
 - GPT-2's projections are stored [out, in] (already our layout, no Conv1D transpose);
 - Llama 3.x stores its RoPE scaling as a `rope_freqs` tensor of per-frequency divisors, which is
   matched back to HF's "llama3" rope_scaling (and rejected if it is not of that form).
