@@ -245,12 +245,6 @@ class ClassifyTrainer(Trainer):
 
         save_bert(self.model, self.tokenizer, path, label_names=self.names)
 
-    def data_state(self):
-        return self.generator.get_state()
-
-    def load_data_state(self, state) -> None:
-        self.generator.set_state(state)
-
     def signature(self) -> dict:
         return {"checkpoint": str(self.cfg.checkpoint), "labels": self.names}
 

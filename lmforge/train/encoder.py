@@ -350,11 +350,5 @@ class EncoderPretrainer(Trainer):
     def export(self, path: Path) -> None:
         save_bert(self.model, self.tokenizer, path)
 
-    def data_state(self) -> torch.Tensor:
-        return self.generator.get_state()
-
-    def load_data_state(self, state: torch.Tensor) -> None:
-        self.generator.set_state(state)
-
     def signature(self) -> dict[str, Any]:
         return {"model": dataclasses.asdict(self.model_config), "objective": self.cfg.objective}

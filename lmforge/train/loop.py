@@ -267,11 +267,15 @@ class Trainer:
         raise NotImplementedError
 
     def data_state(self) -> Any:
-        """Where the data stream is (JSON values and tensors), saved for --resume."""
-        return self.sampler.state_dict()
+        """Where the data stream is, saved for --resume: a `sampler`'s state, else that of the
+        torch.Generator `generator` that draws the batches."""
+        return self.sampler.state_dict() if hasattr(self, "sampler") else self.generator.get_state()
 
     def load_data_state(self, state: Any) -> None:
-        self.sampler.load_state_dict(state)
+        if hasattr(self, "sampler"):
+            self.sampler.load_state_dict(state)
+        else:
+            self.generator.set_state(state)
 
     def extra_state(self) -> dict[str, Any]:
         """Anything else a resumed run needs (e.g. the best step so far)."""

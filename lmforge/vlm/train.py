@@ -232,12 +232,6 @@ class VLMTrainer(Trainer):
         finally:
             self.vlm.load_state_dict(current)
 
-    def data_state(self) -> torch.Tensor:
-        return self.generator.get_state()  # the images follow from the step
-
-    def load_data_state(self, state: torch.Tensor) -> None:
-        self.generator.set_state(state)
-
     def extra_state(self) -> dict[str, Any]:
         return {"best": self.best}
 

@@ -180,7 +180,7 @@ def test_logged_loss_is_one_forward_over_the_global_batch(tmp_path):
     assert x.shape == (16, 16)
     with torch.no_grad():
         expected = lm_loss(trainer.model(x), y).item()
-    assert trainer.train_step() == pytest.approx(expected, abs=1e-6)
+    assert trainer.train_step()["loss"] == pytest.approx(expected, abs=1e-6)
 
 
 def test_init_ignores_what_the_data_step_did_with_the_rng(tmp_path, monkeypatch):
@@ -208,7 +208,7 @@ def test_activation_checkpointing_leaves_the_losses_unchanged(tmp_path):
     recompute = Pretrainer(config(tmp_path, "b", activation_checkpointing=True), log=quiet)
     assert all(block.forward.func is checkpoint for block in recompute.model.blocks)
     for _ in range(3):
-        assert recompute.train_step() == pytest.approx(plain.train_step(), abs=1e-6)
+        assert recompute.train_step()["loss"] == pytest.approx(plain.train_step()["loss"], abs=1e-6)
 
 
 # ---- in-process world of one: sharded checkpoints and their errors --------------------------
