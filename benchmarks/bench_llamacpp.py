@@ -416,6 +416,7 @@ def main() -> None:
     if max(batches) > BATCH_MAX:
         sys.exit(f"--batches: at most {BATCH_MAX}")
 
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantising progress bar
     import transformers
 
     from lmforge.infer import quantize
