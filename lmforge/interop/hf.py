@@ -345,6 +345,12 @@ def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
 LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
 
 
+def _lora_family(config: ModelConfig) -> Family | None:
+    """The family whose PEFT names a LoRA of this model is written under: its origin, unless
+    its RoPE is interleaved (only lmforge-born models are), whose q/k rows HF orders otherwise."""
+    return None if config.rope_interleaved else origin_family(config)
+
+
 def _lora_parts(family: Family, config: ModelConfig, module: str):
     """(rule, HF module names) for one of our Linear modules, or None when HF PEFT has no
     nn.Linear to put a LoRA on (a slice of a fused HF tensor, Mixtral's fused experts)."""
@@ -358,13 +364,6 @@ def _lora_parts(family: Family, config: ModelConfig, module: str):
     return rule, [key.removesuffix(".weight") for key in rule.hf_keys]
 
 
-def _permute_interleaved(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """The inverse of `_unpermute_interleaved`."""
-    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
-    heads = rows.unflatten(0, (-1, head_dim))
-    return heads[:, torch.argsort(order)].flatten(0, 1)
-
-
 def lora_to_hf(
     config: ModelConfig, tensors: dict[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], list[str], dict[str, Any]] | None:
@@ -374,7 +373,7 @@ def lora_to_hf(
     module has no HF nn.Linear. A fused qkv_proj becomes q_proj/k_proj/v_proj: its B matrix is
     split by output rows and the shared A copied to each, which gives each projection exactly
     the update the fused layer applied to its rows."""
-    family = origin_family(config)
+    family = _lora_family(config)
     if family is None:
         return None
     modules = sorted({k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)})
@@ -387,9 +386,6 @@ def lora_to_hf(
         rule, names = parts
         a, b = tensors[module + LORA_A], tensors[module + LORA_B]
         pieces = list(b.split(list(rule.sizes), dim=0)) if rule.transform == "cat" else [b]
-        if config.rope_interleaved and rule.transform == "cat":  # rows follow export_state's q, k
-            pieces[0] = _unpermute_interleaved(pieces[0], config.head_dim)
-            pieces[1] = _unpermute_interleaved(pieces[1], config.head_dim)
         for name, piece in zip(names, pieces):
             out[name + LORA_A] = a.clone()
             out[name + LORA_B] = piece.contiguous()
@@ -426,7 +422,7 @@ def lora_from_hf(
     or None when the names are not HF ones (an adapter in lmforge's own names). q/k/v LoRAs are
     fused back into qkv_proj, which has ONE A matrix: they must share it (as `lora_to_hf`
     writes them); a projection left out gets zero B rows. CheckpointError otherwise."""
-    family = origin_family(config)
+    family = _lora_family(config)
     if family is None:
         return None
     modules = {k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)}
@@ -462,8 +458,6 @@ def lora_from_hf(
                     f"{where}: {names[index]}{LORA_B} has shape {tuple(piece.shape)}, the model "
                     f"implies {(size, a.shape[0])}"
                 )
-            if config.rope_interleaved and index < 2:
-                piece = _permute_interleaved(piece, config.head_dim)
             pieces.append(piece)
         out[ours + LORA_A], out[ours + LORA_B] = a, torch.cat(pieces)
     return out
