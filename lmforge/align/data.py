@@ -5,15 +5,17 @@ Accepted records (JSONL lines or dicts):
               {"messages": [{"role", "content"}, ...]}, or a message-list prompt + response.
   preference  {"prompt", "chosen", "rejected"} as strings or message lists (TRL's formats), or
               the HH form {"chosen", "rejected"} of whole `\\n\\nHuman:/\\n\\nAssistant:` dialogues.
-Message lists are rendered with the tokenizer's chat template (jinja2, as transformers does) when
-it has one, else with a built-in template of the role tokens:
-`<|user|>hi<|end|><|assistant|>yo<|end|>`.
+Message lists are rendered by `lmforge.interop.chat_template.render_chat` (the tokenizer's chat
+template as transformers renders it, else a built-in one of the role tokens:
+`<|user|>hi<|end|><|assistant|>yo<|end|>`).
 
-A record becomes segments of (text, trainable); every assistant reply is trainable and EOS is
-appended (and trained on) so the model learns to stop. Labels are HF-style and unshifted: a copy of
-input_ids with prompt positions set to -100 (see losses.sft_loss). Bad records — missing fields,
-empty responses, prompts that do not fit the context — raise DataError naming file:line, or are
-skipped and counted when `skip_invalid=True`.
+A record becomes segments of (text, trainable); every assistant reply is trainable, and the model
+learns to stop on EOS: appended (and trained on) unless the template already ended the reply with
+it, as ChatML's `<|im_end|>` does — then nothing is appended and the formatting after that final
+end token (ChatML's newline) is dropped, so a sequence never ends in two end tokens. Labels are
+HF-style and unshifted: a copy of input_ids with prompt positions set to -100 (see
+logprobs.sft_loss). Bad records — missing fields, empty responses, prompts that do not fit the
+context — raise DataError naming file:line, or are skipped and counted when `skip_invalid=True`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
-from lmforge.interop.chat_template import compile_template
+from lmforge.interop.chat_template import render_chat
 from lmforge.tasks import hh, synthetic
 from lmforge.tasks.gsm8k import gsm8k_answer
 
@@ -69,47 +71,6 @@ class Dataset:
         return len(self.examples)
 
 
-# ---------------------------------------------------------------------------- chat rendering
-
-
-BUILTIN_TEMPLATE = (
-    "{% for m in messages %}{{ roles.get(m['role'], '<|' + m['role'] + '|>') }}"
-    "{{ m['content'] }}{{ end }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ roles['assistant'] }}{% endif %}"
-)
-DEFAULT_ROLE_TOKENS = {
-    "system": "<|system|>",
-    "user": "<|user|>",
-    "assistant": "<|assistant|>",
-    "end": "<|end|>",
-}
-
-
-def render_messages(
-    tokenizer, messages: Sequence[dict], add_generation_prompt: bool = False
-) -> str:
-    """Messages as text via the tokenizer's chat_template (else the built-in role-token one).
-
-    The template is compiled once per text (interop.chat_template.compile_template): compiling
-    it for every example took ~70% of a 20,000-example SFT stage's set-up."""
-    from jinja2.exceptions import TemplateError
-
-    specials = dict(getattr(tokenizer, "special_tokens", {}))
-    template = getattr(tokenizer, "chat_template", None)
-    context: dict[str, Any] = {f"{k}_token": v for k, v in specials.items()}
-    if template is None:  # the built-in template uses the tokenizer's role tokens
-        tokens = {**DEFAULT_ROLE_TOKENS, **specials}
-        context["roles"] = {r: tokens[r] for r in ("system", "user", "assistant")}
-        context["end"] = tokens["end"]
-        template = BUILTIN_TEMPLATE
-    try:
-        return compile_template(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **context
-        )
-    except TemplateError as err:
-        raise DataError(f"chat template failed: {err}") from err
-
-
 def _check_messages(messages: Any) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise DataError("'messages' must be a non-empty list of {role, content}")
@@ -135,8 +96,8 @@ def message_segments(messages: list[dict], tokenizer) -> list[tuple[str, bool]]:
             continue
         if not m["content"].strip():
             raise DataError(f"messages[{i}]: empty assistant response")
-        prefix = render_messages(tokenizer, messages[:i], add_generation_prompt=True)
-        full = render_messages(tokenizer, messages[: i + 1])
+        prefix = render_chat(tokenizer, messages[:i], add_generation_prompt=True)
+        full = render_chat(tokenizer, messages[: i + 1])
         if not prefix.startswith(done) or not full.startswith(prefix):
             raise DataError("chat template is not prefix-consistent; cannot mask prompts")
         segments += [(prefix[len(done) :], False), (full[len(prefix) :], True)]
@@ -176,7 +137,8 @@ def sft_segments(record: dict, tokenizer) -> list[tuple[str, bool]]:
 def encode_segments(
     segments: Iterable[tuple[str, bool]], tokenizer, max_len: int, add_bos: bool = False
 ) -> SFTExample:
-    """Token ids + labels (IGNORE on non-trainable text), EOS appended and trained on.
+    """Token ids + labels (IGNORE on non-trainable text), ending in one trained EOS: appended,
+    unless the trained text already holds it (a chat template that ends replies with EOS).
 
     A prompt that leaves no room for a response token is an error; a too-long response is cut.
     """
@@ -193,9 +155,16 @@ def encode_segments(
             )
         ids += piece
         labels += piece if trainable else [IGNORE] * len(piece)
-    if tokenizer.eos_id is not None:
-        ids.append(tokenizer.eos_id)
-        labels.append(tokenizer.eos_id)
+    eos = tokenizer.eos_id
+    if eos is not None:
+        trained_eos = [i for i, label in enumerate(labels) if label == eos]
+        if not trained_eos:
+            ids.append(eos)
+            labels.append(eos)
+        elif not tokenizer.decode(ids[trained_eos[-1] + 1 :]).strip():
+            # the template ended the reply itself (ChatML's <|im_end|>\n): the model stops at that
+            # token, so the whitespace after it is never generated and is not trained on
+            ids, labels = ids[: trained_eos[-1] + 1], labels[: trained_eos[-1] + 1]
     return SFTExample(ids[:max_len], labels[:max_len])
 
 
@@ -357,7 +326,7 @@ def prompt_ids(record: dict, tokenizer, add_bos: bool = False) -> list[int]:
     rendering as in training (chat template with a generation prompt for message lists)."""
     prompt = record.get("prompt") if isinstance(record, dict) else None
     if isinstance(prompt, list):
-        prompt = render_messages(tokenizer, _check_messages(prompt), add_generation_prompt=True)
+        prompt = render_chat(tokenizer, _check_messages(prompt), add_generation_prompt=True)
     if not isinstance(prompt, str):
         raise DataError("record has no 'prompt' string or message list")
     ids = tokenizer.encode(prompt)

@@ -25,10 +25,10 @@ def register(sub) -> None:
 
 
 def run(args, stdin=None, stdout=None) -> int:
-    from lmforge.align.data import render_messages
     from lmforge.cli.main import Terminated
     from lmforge.errors import ConfigError, require_text
     from lmforge.infer.engine import Engine, GenerationParams
+    from lmforge.interop.chat_template import render_chat
     from lmforge.lm import LM
 
     if stdin is None and hasattr(sys.stdin, "reconfigure"):
@@ -67,10 +67,10 @@ def run(args, stdin=None, stdout=None) -> int:
             print(f"error: {err}", file=stdout)
             continue
         history.append({"role": "user", "content": text})
-        ids = tok.encode(render_messages(tok, history, add_generation_prompt=True))
+        ids = tok.encode(render_chat(tok, history, add_generation_prompt=True))
         while len(ids) >= engine.max_len - 1 and len(history) > len(start) + 1:
             history = start + history[len(start) + 2 :]  # drop the oldest exchange
-            ids = tok.encode(render_messages(tok, history, add_generation_prompt=True))
+            ids = tok.encode(render_chat(tok, history, add_generation_prompt=True))
         params = GenerationParams(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, seed=args.seed, stop_token_ids=stop_ids,

@@ -68,12 +68,12 @@ def run(args) -> int:
     chat = not args.raw and getattr(lm.tokenizer, "chat_template", None) is not None
     prompts, echo = args.prompt, args.prompt
     if chat:
-        from lmforge.align.data import render_messages
+        from lmforge.interop.chat_template import render_chat
 
         note = "using the checkpoint's chat template (--raw for plain continuation)"
         print(note, file=sys.stderr)
         prompts = [
-            render_messages(lm.tokenizer, [{"role": "user", "content": text}], True)
+            render_chat(lm.tokenizer, [{"role": "user", "content": text}], True)
             for text in args.prompt
         ]
         echo = [""] * len(prompts)  # the reply alone, not the rendered template

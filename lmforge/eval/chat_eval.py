@@ -75,10 +75,10 @@ def load_arc(folder: str | Path, name: str, limit: int | None = None) -> list[di
 def _chat_ids(tokenizer, text: str) -> list[int]:
     """Token ids of a one-message conversation with the assistant turn opened (the same rendering
     `lmforge chat` and the server use)."""
-    from lmforge.align.data import render_messages
+    from lmforge.interop.chat_template import render_chat
 
     messages = [{"role": "user", "content": text}]
-    return tokenizer.encode(render_messages(tokenizer, messages, add_generation_prompt=True))
+    return tokenizer.encode(render_chat(tokenizer, messages, add_generation_prompt=True))
 
 
 def letter_ids(tokenizer, n: int) -> list[int]:

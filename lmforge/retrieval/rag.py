@@ -101,10 +101,10 @@ class LMAnswerer:
 
     def render(self, question: str, context: str) -> str:
         """The chat prompt: one user turn (instruction, passages, question) + the reply header."""
-        from lmforge.align.data import render_messages
+        from lmforge.interop.chat_template import render_chat
 
         message = {"role": "user", "content": _user_message(question, context)}
-        return render_messages(self.lm.tokenizer, [message], add_generation_prompt=True)
+        return render_chat(self.lm.tokenizer, [message], add_generation_prompt=True)
 
     def build_prompt(self, question: str, hits: list[Hit]) -> tuple[str, list[Hit], list[str]]:
         """(prompt, hits placed in it, notes) with prompt tokens + max_new_tokens <= window."""

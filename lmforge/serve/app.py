@@ -253,14 +253,14 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
-        from lmforge.align.data import render_messages
+        from lmforge.interop.chat_template import render_chat
 
         check_ready()
         check_model(req.model)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
 
         def render_and_encode() -> list[int]:
-            text = render_messages(tok, messages, add_generation_prompt=True)
+            text = render_chat(tok, messages, add_generation_prompt=True)
             return encode(text, "messages")
 
         ids = await asyncio.to_thread(render_and_encode)

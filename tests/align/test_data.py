@@ -8,6 +8,7 @@ import torch
 from lmforge.align import data as D
 from lmforge.align.logprobs import sft_loss
 from lmforge.errors import DataError
+from lmforge.interop.chat_template import render_chat
 from lmforge.tasks import synthetic
 from lmforge.tasks.gsm8k import load_gsm8k
 from lmforge.tokenizer import Tokenizer
@@ -39,10 +40,37 @@ def test_prompt_masking_invariance(tok):
 
 def test_builtin_chat_template(tok):
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    assert D.render_messages(tok, msgs) == "<|user|>hi<|end|><|assistant|>yo<|end|>"
+    assert render_chat(tok, msgs) == "<|user|>hi<|end|><|assistant|>yo<|end|>"
     e = D.encode_sft({"messages": msgs}, tok, 64)
     trained = [x for x in e.labels if x != D.IGNORE]
     assert trained == tok.encode("yo<|end|>") + [tok.eos_id]
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>'"
+    " + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_chatml_reply_ends_in_exactly_one_end_token():
+    """A template that ends each reply with EOS (ChatML, EOS = <|im_end|>) gets no second EOS
+    appended, and the newline after the final one is not trained (issue 20 item 5)."""
+    specials = {"bos": "<|im_start|>", "eos": "<|im_end|>", "pad": "<|pad|>", "unk": "<|unk|>"}
+    base = Tokenizer.train_char([synthetic.ALPHABET], special_tokens=specials)
+    tok = Tokenizer(base.backend, base.kind, base.special_tokens, chat_template=CHATML)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Done."}]
+    e = D.encode_sft({"messages": msgs}, tok, 128)
+    trained = [x for x in e.labels if x != D.IGNORE]
+    assert tok.decode(trained) == "Done.<|im_end|>"
+    assert e.input_ids[-1] == e.labels[-1] == tok.eos_id and e.input_ids[-2] != tok.eos_id
+    assert (
+        tok.decode(e.input_ids)
+        == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nDone.<|im_end|>"
+    )
+    # the built-in template's <|end|> is not EOS: EOS is appended, once
+    plain = D.encode_sft({"messages": msgs}, base, 128)
+    assert base.decode([x for x in plain.labels if x != D.IGNORE]) == "Done.<|end|><|im_end|>"
 
 
 def test_multi_turn_trains_every_assistant_reply(tok):

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from lmforge.align.data import render_messages
 from lmforge.cli.main import main
 from lmforge.data.corpus import builtin_corpus
 from lmforge.errors import ConfigError
 from lmforge.eval import chat_eval
+from lmforge.interop.chat_template import render_chat
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.tokenizer import Tokenizer
@@ -46,7 +46,7 @@ def reference_arc(lm, rows) -> float:
     correct = 0
     for row in rows:
         msg = chat_eval.multiple_choice_message(row["question"], row["choices"])
-        text = render_messages(tok, [{"role": "user", "content": msg}], add_generation_prompt=True)
+        text = render_chat(tok, [{"role": "user", "content": msg}], add_generation_prompt=True)
         ids = tok.encode(text)[-lm.config.max_seq_len :]
         with torch.no_grad():
             last = model(torch.tensor([ids]))[0, -1]
@@ -74,7 +74,7 @@ def test_gsm8k_replies_are_the_greedy_continuations(chat_lm, shared_data):
     end = tok.token_to_id("<|end|>")
     for row, text in zip(rows, got):
         msg = [{"role": "user", "content": row["question"]}]
-        ids = tok.encode(render_messages(tok, msg, add_generation_prompt=True))
+        ids = tok.encode(render_chat(tok, msg, add_generation_prompt=True))
         new = chat_lm.generate([ids], 12, temperature=0.0, eos_ids=[tok.eos_id, end])[0]
         new = [t for t in new if t not in (tok.eos_id, end)]
         assert text == tok.decode(new, skip_special_tokens=True)

@@ -83,8 +83,44 @@ def test_raise_exception_and_missing_template(tok_dir):
     bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     with pytest.raises(DataError, match="roles must alternate"):
         render_chat(tok, bad)
-    tok.chat_template = None
-    with pytest.raises(ConfigError, match="no chat_template"):
-        render_chat(tok, bad)
+    with pytest.raises(DataError, match="messages\\[0\\] must be a dict with a 'role'"):
+        render_chat(tok, [{"content": "no role"}])
     with pytest.raises(ConfigError, match="chat_template line 1"):
         render_chat(tok, bad, chat_template="{% for m in messages %}")
+
+
+def test_no_template_falls_back_to_the_role_tokens(tok_dir):
+    tok = Tokenizer.load(tok_dir)
+    tok.chat_template = None
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat(tok, msgs) == "<|user|>hi<|end|><|assistant|>yo<|end|>"
+    assert (
+        render_chat(tok, msgs[:1], add_generation_prompt=True) == "<|user|>hi<|end|><|assistant|>"
+    )
+
+
+@pytest.mark.real_model
+def test_smollm2_sft_labels_end_in_one_im_end(smollm2_gguf):
+    """Issue 20 item 5: SFT on SmolLM2's own ChatML template trained `Done.<|im_end|>\\n<|im_end|>`.
+    The label sequence must end with exactly one end token, the template's."""
+    from lmforge.align.data import IGNORE, encode_sft
+    from lmforge.interop.gguf_read import GGUFFile
+    from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
+
+    tok, _ = tokenizer_from_gguf(GGUFFile(smollm2_gguf).meta, str(smollm2_gguf))
+    assert tok.chat_template and "<|im_end|>" in tok.chat_template
+    assert tok.id_to_token(tok.eos_id) == "<|im_end|>"
+    msgs = [
+        {"role": "user", "content": "Say done."},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Again."},
+        {"role": "assistant", "content": "Done."},
+    ]
+    e = encode_sft({"messages": msgs}, tok, 512)
+    trained = [x for x in e.labels if x != IGNORE]
+    assert e.labels[-1] == e.input_ids[-1] == tok.eos_id
+    assert e.input_ids[-2] != tok.eos_id
+    assert trained.count(tok.eos_id) == 2  # one per assistant turn
+    assert tok.decode(trained).endswith("Done.<|im_end|>") and "<|im_end|><|im_end|>" not in (
+        tok.decode(e.input_ids)
+    )

@@ -27,7 +27,7 @@ def retriever():
 
 
 def test_prompt_is_a_chat_turn_that_fits_the_window(tiny_lm, retriever):
-    from lmforge.align.data import render_messages
+    from lmforge.interop.chat_template import render_chat
     from lmforge.retrieval.rag import INSTRUCTION
 
     tok, window = tiny_lm.tokenizer, tiny_lm.config.max_seq_len
@@ -42,7 +42,7 @@ def test_prompt_is_a_chat_turn_that_fits_the_window(tiny_lm, retriever):
     # one user turn of the model's chat template, ending in the assistant's reply header
     context = prompt[prompt.index("[1] ") : prompt.index("Question:")]
     message = f"{INSTRUCTION}\n\n{context}Question: {question}"
-    assert prompt == render_messages(tok, [{"role": "user", "content": message}], True)
+    assert prompt == render_chat(tok, [{"role": "user", "content": message}], True)
     assert context.startswith("[1] Loops\nThe break statement")
     assert [h.chunk.source for h in placed] == ["loops"]
     assert notes[0].startswith("chunk [1] truncated to")
