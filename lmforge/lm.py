@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from lmforge.errors import CheckpointError, ConfigError
-from lmforge.infer.generate import generate, generate_stream
-from lmforge.infer.sampling import SamplingParams
+from lmforge.infer.engine import Engine, eval_mode
+from lmforge.infer.params import Completion, GenerationParams
 from lmforge.interop.checkpoint import load_model
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
@@ -30,7 +30,7 @@ class LM:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config  # HF generation_config.json, when loaded
-        self.speculative_stats = None  # counters of the latest generation with a draft model
+        self.speculative_stats = None  # SpeculativeStats of the latest generation with a draft
 
     # ---- construction and persistence --------------------------------------------------------
     @classmethod
@@ -60,7 +60,8 @@ class LM:
         """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json): ours or
         a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop), or
         a llama.cpp `.gguf` file (weights dequantised, tokenizer rebuilt from its metadata).
-        quantize="int8": weight-only int8 Linear layers for inference (lmforge.infer.quantize)."""
+        quantize="int8"/"int4": weight-only quantised Linear layers for inference
+        (lmforge.infer.quantize; a GGUF's Q4_0/Q4_1 tensors map onto int4 code for code)."""
         from lmforge.infer.quantize import resolve_dtype, to_inference_precision
 
         path = Path(path)
@@ -70,7 +71,13 @@ class LM:
 
             model, tokenizer, generation = load_gguf(path, device=device, dtype=dtype)
             if quantize is not None:
-                model = to_inference_precision(model, dtype, quantize, copy_model=False)
+                codes = None
+                if quantize == "int4":  # Q4_0/Q4_1 tensors keep the file's codes
+                    from lmforge.interop.gguf_read import GGUFFile, read_gguf_q4
+
+                    codes = read_gguf_q4(GGUFFile(path))
+                model = to_inference_precision(model, dtype, quantize, copy_model=False,
+                                               int4_codes=codes)  # fmt: skip
             return cls(model, tokenizer, generation)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
@@ -130,24 +137,19 @@ class LM:
         n: int = 1,
         seed: int | None = None,
         eos_ids: Sequence[int] | None = None,
-        use_cache: bool = True,
         draft: LM | None = None,
         draft_tokens: int = 4,
     ) -> list[list[int]]:
-        """New token ids for each prompt (n consecutive rows per prompt when n > 1).
+        """New token ids for each prompt (n consecutive rows per prompt when n > 1; the EOS
+        that ended a row included). Runs on the engine (lmforge.infer.engine).
 
         draft: a smaller LM with the same vocabulary for speculative decoding (draft_tokens
         proposals per target forward; same output distribution, greedy output unchanged)."""
-        params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
-        rows = [list(p) for p in prompts for _ in range(n)]
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            if draft is not None:
-                return self._speculative(draft, draft_tokens, rows, params, self._eos_ids(eos_ids))
-            return generate(self.model, rows, params, self._eos_ids(eos_ids), None, use_cache)
-        finally:
-            self.model.train(was_training)
+        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
+                                  stop_token_ids=self._eos_ids(eos_ids))  # fmt: skip
+        rows = [[int(t) for t in p] for p in prompts]
+        done = self._run(rows, params, n, None, draft, draft_tokens)
+        return [c.token_ids for c in done]
 
     def complete(
         self,
@@ -166,18 +168,10 @@ class LM:
         """Text continuations, cut at the first stop string (which is not included)."""
         tok = self._require_tokenizer()
         texts = [texts] if isinstance(texts, str) else list(texts)
-        params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
-        rows = [tok.encode(t, add_bos=add_bos) for t in texts for _ in range(n)]
-        stop = [s for s in (stop or []) if s]
-        stop_fn = None
-        if stop:
-            stop_fn = lambda row, toks: any(s in tok.decode(toks[-64:]) for s in stop)  # noqa: E731
-        self.model.eval()
-        if draft is not None:
-            ids = self._speculative(draft, draft_tokens, rows, params, self._eos_ids(None), stop_fn)
-        else:
-            ids = generate(self.model, rows, params, self._eos_ids(None), stop_fn)
-        return [truncate_at_stop(tok.decode(row, skip_special_tokens=True), stop) for row in ids]
+        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
+                                  stop=[s for s in (stop or []) if s])  # fmt: skip
+        rows = [tok.encode(t, add_bos=add_bos) for t in texts]
+        return [c.text for c in self._run(rows, params, n, tok, draft, draft_tokens)]
 
     def stream(
         self,
@@ -191,66 +185,38 @@ class LM:
         draft: LM | None = None,
         draft_tokens: int = 4,
     ) -> Iterator[str]:
-        """Yield pieces of text as they are generated (UTF-8-safe incremental decoding)."""
+        """Yield pieces of text as they are generated (UTF-8-safe incremental decoding; text
+        that could be the start of a stop string is held back until it is not)."""
         tok = self._require_tokenizer()
-        params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
-        stop = [s for s in (stop or []) if s]
-        tokens: list[int] = []
-        sent = ""
-        self.model.eval()
-        if draft is None:
-            steps = generate_stream(self.model, [tok.encode(text)], params, self._eos_ids(None))
-            new_tokens = (int(token[0]) for token, _active in steps)
-        else:
-            spec = self._speculative_decoder(draft, draft_tokens)
-            chunks = spec.stream(tok.encode(text), params, self._eos_ids(None))
-            new_tokens = (t for chunk in chunks for t in chunk)
-        for token in new_tokens:
-            tokens.append(token)
-            full = tok.decode(tokens, skip_special_tokens=True)
-            cut = truncate_at_stop(full, stop)
-            if cut.endswith("\ufffd") and cut == full:
-                continue  # an incomplete multi-byte character: wait for the rest
-            if len(cut) > len(sent):
-                yield cut[len(sent) :]
-                sent = cut
-            if cut != full:
-                return
+        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
+                                  stop=[s for s in (stop or []) if s])  # fmt: skip
+        ids = tok.encode(text)
+        with eval_mode(self.model, draft.model if draft is not None else None):
+            engine = self._engine([ids], params, 1, tok, draft, draft_tokens)
+            for out in engine.stream(ids, params):
+                if out.text:
+                    yield out.text
+        self.speculative_stats = engine.speculative_stats if draft is not None else None
 
-    def _speculative_decoder(self, draft: LM, draft_tokens: int):
-        from lmforge.infer.speculative import SpeculativeDecoder  # lazy: pulls in the decoder
+    def _engine(self, rows, params, n, tokenizer, draft, draft_tokens) -> Engine:
+        """An engine sized for this call: every sample in one batch, a context just long
+        enough for the longest prompt and its new tokens."""
+        if not rows:
+            raise ConfigError("no prompts given")
+        longest = max(len(r) for r in rows)
+        return Engine(self.model, tokenizer, max_batch=len(rows) * n,
+                      max_len=min(self.config.max_seq_len, longest + params.max_new_tokens),
+                      eos_ids=self._eos_ids(None), draft=None if draft is None else draft.model,
+                      draft_tokens=draft_tokens)  # fmt: skip
 
-        draft.model.eval()
-        return SpeculativeDecoder(self.model, draft.model, draft_tokens)
-
-    def _speculative(self, draft, draft_tokens, rows, params, eos_ids, stop_fn=None):
-        """Rows one at a time through speculative decoding (batch size 1, one random stream);
-        the summed counters are left in `self.speculative_stats`."""
-        from lmforge.infer.speculative import SpeculativeStats
-
-        spec = self._speculative_decoder(draft, draft_tokens)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        out, total = [], SpeculativeStats()
-        for i, row in enumerate(rows):
-            row_stop = None if stop_fn is None else (lambda _r, toks, i=i: stop_fn(i, toks))
-            out.append(spec.generate(row, params, eos_ids, row_stop, generator).tokens)
-            total.add(spec.stats)
-        self.speculative_stats = total
-        return out
+    def _run(self, rows, params, n, tokenizer, draft, draft_tokens) -> list[Completion]:
+        with eval_mode(self.model, draft.model if draft is not None else None):
+            engine = self._engine(rows, params, n, tokenizer, draft, draft_tokens)
+            done = engine.generate(rows, params, n)
+        self.speculative_stats = engine.speculative_stats if draft is not None else None
+        return done
 
     def _require_tokenizer(self):
         if self.tokenizer is None:
             raise ConfigError("this LM has no tokenizer: pass token ids to generate() instead")
         return self.tokenizer
-
-
-def truncate_at_stop(text: str, stop: Sequence[str] | None) -> str:
-    """Cut text at the earliest occurrence of any stop string."""
-    cut = len(text)
-    for s in stop or []:
-        i = text.find(s)
-        if i != -1:
-            cut = min(cut, i)
-    return text[:cut]

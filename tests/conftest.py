@@ -19,6 +19,17 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def reference_generate():
+    """tests/infer/reference_generate.py: the plain generation loop the engine is compared with
+    (a module, not a package import: tests/ is not a package)."""
+    path = Path(__file__).parent / "infer" / "reference_generate.py"
+    spec = importlib.util.spec_from_file_location("reference_generate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

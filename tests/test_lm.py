@@ -3,6 +3,7 @@ import torch
 
 from lmforge import LM, ModelConfig
 from lmforge.errors import CheckpointError, ConfigError
+from lmforge.infer.params import GenerationParams
 from lmforge.tokenizer import Tokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 20
@@ -25,13 +26,20 @@ def llama_lm() -> LM:
 
 
 @pytest.mark.parametrize("which", ["lm", "llama_lm"])
-def test_cached_greedy_equals_uncached(which, request):
+def test_greedy_equals_the_uncached_reference(which, request, reference_generate):
     model = request.getfixturevalue(which)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [4]]
     cached = model.generate(prompts, max_new_tokens=20, temperature=0.0, eos_ids=[])
-    plain = model.generate(prompts, max_new_tokens=20, temperature=0.0, eos_ids=[], use_cache=False)
-    assert cached == plain
+    params = GenerationParams(max_new_tokens=20, temperature=0.0)
+    assert cached == reference_generate.generate(model.model, prompts, params, use_cache=False)
     assert all(len(row) == 20 for row in cached)
+
+
+def test_generate_leaves_a_training_model_training(llama_lm):
+    llama_lm.model.train()
+    llama_lm.generate([[1, 2]], max_new_tokens=2)
+    assert llama_lm.model.training
+    llama_lm.model.eval()
 
 
 def test_batched_prompts_of_different_lengths_match_single(llama_lm):

@@ -1,4 +1,4 @@
-"""Rollouts for RL post-training: sample completions with the KV-cache engine, then score them.
+"""Rollouts for RL post-training: sample completions with the engine, then score them.
 
 Every RL trainer (PPO, GRPO, RSFT) needs the same thing each step: G completions per prompt from
 the current policy, their log-probs under the policy (π_old) and the frozen reference, optionally
@@ -30,12 +30,24 @@ from torch import Tensor, nn
 
 from lmforge.align.logprobs import token_logprobs
 from lmforge.errors import ConfigError, LMForgeError
-from lmforge.infer.generate import generate, left_pad
-from lmforge.infer.sampling import SamplingParams
+from lmforge.infer.engine import Engine, eval_mode
+from lmforge.infer.params import GenerationParams
 
 
 class RewardError(LMForgeError):
     """A reward function raised or returned a non-finite value; the message shows the sample."""
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """ids [B, T] and attention mask [B, T] (1 = real token) with padding on the left."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if len(prompt):
+            ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+    return ids, mask
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -198,15 +210,9 @@ class RolloutEngine:
         reward function. ``greedy`` decodes with temperature 0 and skips the scoring passes (for
         evaluation).
         """
-        rows = [list(p) for p in prompt_ids for _ in range(n)]
-        temperature = 0.0 if greedy else self.temperature
-        params = SamplingParams(self.max_new_tokens, temperature, seed=seed)
-        was_training = self.policy.training
-        self.policy.eval()
-        try:
-            new = generate(self.policy, rows, params, self.stop_ids)
-        finally:
-            self.policy.train(was_training)
+        prompts = [[int(t) for t in p] for p in prompt_ids]
+        rows = [p for p in prompts for _ in range(n)]
+        new = self.generate(prompts, n, seed, greedy)
         rollout = self._assemble(rows, new)
         if records is None:
             records = [{"prompt": self.tokenizer.decode(p)} for p in prompt_ids]
@@ -216,6 +222,20 @@ class RolloutEngine:
         if not greedy:
             self.annotate(rollout, keep_logprobs)
         return rollout
+
+    def generate(
+        self, prompts: list[list[int]], n: int, seed: int | None, greedy: bool = False
+    ) -> list[list[int]]:
+        """The completion tokens of n samples per prompt (consecutive), on the engine: one
+        batch, each group's prompt prefilled once and its keys copied to the group's rows."""
+        params = GenerationParams(self.max_new_tokens, 0.0 if greedy else self.temperature,
+                                  seed=seed, stop_token_ids=self.stop_ids)  # fmt: skip
+        longest = max(len(p) for p in prompts)
+        max_len = min(self.policy.config.max_seq_len, longest + self.max_new_tokens)
+        with eval_mode(self.policy):
+            engine = Engine(self.policy, max_batch=len(prompts) * n, max_len=max_len,
+                            eos_ids=self.stop_ids)  # fmt: skip
+            return [c.token_ids for c in engine.generate(prompts, params, n)]
 
     def _assemble(self, prompt_rows: list[list[int]], new: list[list[int]]) -> Rollout:
         ids, mask = left_pad(prompt_rows, self.pad_id)

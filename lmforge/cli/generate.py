@@ -1,4 +1,4 @@
-"""`lmforge generate`: sample text from a checkpoint with the KV cache."""
+"""`lmforge generate`: sample text from a checkpoint on the engine (lmforge.infer.engine)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def add_sampling_args(p) -> None:
 
 
 def add_engine_args(p) -> None:
-    """Device and decoding precision for the engine-backed commands (chat, serve)."""
+    """Device and decoding precision for the engine-backed commands (generate, chat, serve)."""
     from lmforge.cli.precision import add_precision_args
 
     p.add_argument("--device", default="cpu")
@@ -34,7 +34,7 @@ def register(sub) -> None:
         help="continue the prompt text as it is; by default a checkpoint with a chat template "
         "(an instruct model) gets each prompt as a user message in that template",
     )
-    p.add_argument("--device", default="cpu")
+    add_engine_args(p)
     p.add_argument(
         "--draft",
         default=None,
@@ -56,13 +56,14 @@ def run(args) -> int:
         require_text(text, "--prompt")
     for text in args.stop or ():
         require_text(text, "--stop")
-    lm = LM.load(args.checkpoint, device=args.device)
+    precision = dict(device=args.device, dtype=args.dtype, quantize=args.quantize)
+    lm = LM.load(args.checkpoint, **precision)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, stop=args.stop,
     )  # fmt: skip
     if args.draft is not None:
-        kwargs.update(draft=LM.load(args.draft, device=args.device), draft_tokens=args.draft_tokens)
+        kwargs.update(draft=LM.load(args.draft, **precision), draft_tokens=args.draft_tokens)
     # An instruct model answers a user turn: given the bare text, its first token is usually its
     # end of turn, and the command printed nothing. So its own template wraps each prompt.
     chat = not args.raw and getattr(lm.tokenizer, "chat_template", None) is not None

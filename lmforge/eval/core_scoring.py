@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lmforge.model.cache import KVCache
+from lmforge.model.cache import KVCache, full_attention
 
 HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
 
@@ -65,16 +65,6 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
 def common_suffix_len(seqs: Sequence[Sequence[int]]) -> int:
     """Length of the longest suffix all sequences share."""
     return common_prefix_len([s[::-1] for s in seqs])
-
-
-def full_attention(config) -> bool:
-    """True when every query sees every earlier key through softmax attention: the case where a
-    plain KV cache with a key mask reproduces the uncached forward exactly."""
-    return (
-        getattr(config, "attention", "softmax") == "softmax"
-        and getattr(config, "attention_pattern", None) is None
-        and getattr(config, "sliding_window", None) is None
-    )
 
 
 def lm_head(model, h: torch.Tensor) -> torch.Tensor:

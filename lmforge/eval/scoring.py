@@ -11,15 +11,15 @@ once, for perplexity-style tasks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lmforge.errors import ConfigError
-from lmforge.infer.generate import generate
-from lmforge.infer.sampling import SamplingParams
-from lmforge.lm import truncate_at_stop
+from lmforge.infer.engine import Engine, eval_mode
+from lmforge.infer.params import GenerationParams
 
 
 def _tokenizer(lm):
@@ -53,23 +53,23 @@ def generate_texts(
     progress: bool = False,
     **sampling,
 ) -> list[str]:
-    """One completion per prompt (special tokens dropped, cut at the first stop string)."""
+    """One completion per prompt (special tokens dropped, cut at the first stop string), on
+    the engine: `batch_size` sequences decode together, a finished one's slot taken by the next
+    prompt at once. `sampling`: GenerationParams fields (temperature, top_p, seed, ...)."""
     tok = _tokenizer(lm)
     room = lm.config.max_seq_len - max_new_tokens
-    stop = [s for s in stop if s]
-    stop_fn = None
-    if stop:
-        stop_fn = lambda row, toks: any(s in tok.decode(toks[-64:]) for s in stop)  # noqa: E731
-    params = SamplingParams(max_new_tokens, **sampling)
+    params = GenerationParams(max_new_tokens, stop=[s for s in stop if s], **sampling)
     eos = [tok.eos_id] if tok.eos_id is not None else []
-    lm.model.eval()
+    rows = [fit_prompt(tok.encode(p) or [prefix_id(lm)], room) for p in prompts]
+    if not rows:
+        return []
     out: list[str] = []
-    for s in tqdm(range(0, len(prompts), batch_size), desc="generating", disable=not progress):
-        batch = prompts[s : s + batch_size]
-        rows = [fit_prompt(tok.encode(p) or [prefix_id(lm)], room) for p in batch]
-        ids = generate(lm.model, rows, params, eos, stop_fn)
-        texts = [tok.decode(r, skip_special_tokens=True) for r in ids]
-        out += [truncate_at_stop(t, stop) for t in texts]
+    chunk = 8 * batch_size  # progress granularity; the engine keeps its batch full within it
+    with eval_mode(lm.model):
+        engine = Engine(lm.model, tok, max_batch=min(batch_size, len(rows)), eos_ids=eos)
+        for s in tqdm(range(0, len(rows), chunk), desc="generating", disable=not progress):
+            seeded = params if params.seed is None else replace(params, seed=params.seed + s)
+            out += [c.text for c in engine.generate(rows[s : s + chunk], seeded)]
     return out
 
 

@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.infer.quantize import Int8Linear, to_inference_precision
+from lmforge.infer.quantize import QuantizedLinear, to_inference_precision
 from lmforge.model.attention import CausalSelfAttention
+from lmforge.model.cache import full_attention
 from lmforge.model.mlp import MLP, GatedMLP
 from lmforge.model.norms import LayerNorm, RMSNorm
 from lmforge.model.positions import rope_scaling_type
@@ -28,8 +29,8 @@ from lmforge.model.transformer import Transformer
 
 
 def plain_linear(m: nn.Module):
-    """x [N, in] -> [N, out] for a Linear or Int8Linear, without nn.Module call overhead."""
-    if isinstance(m, Int8Linear):
+    """x [N, in] -> [N, out] for a Linear or a QuantizedLinear, without nn.Module call overhead."""
+    if isinstance(m, QuantizedLinear):
         return m.matmul
     if type(m) is nn.Linear:
         weight, bias = m.weight, m.bias  # Parameters: later in-place updates are seen
@@ -109,8 +110,7 @@ class FastDecoder:
         """Why this model needs its own forward (None: FastDecoder runs it)."""
         if not isinstance(model, Transformer):
             return f"{type(model).__name__} is not a Transformer"
-        c = model.config
-        if c.attention != "softmax" or c.attention_pattern or c.sliding_window:
+        if not full_attention(model.config):
             return "attention other than full softmax"
         for block in model.blocks:
             if block.wiring != "pre":
@@ -188,7 +188,13 @@ def inference_forward(model, dtype, quantize):
     from the caller's) and the function that runs it (decoder.FastDecoder when it covers the
     model, else the model's own forward)."""
     model = to_inference_precision(model, dtype, quantize)
-    return model, model if FastDecoder.unsupported(model) else FastDecoder(model)
+    return model, fast_forward(model)
+
+
+def fast_forward(model):
+    """FastDecoder (same outputs, about half the ops per token) where it covers the model,
+    else the model itself."""
+    return model if FastDecoder.unsupported(model) else FastDecoder(model)
 
 
 def fixed_step_unsupported(forward) -> str | None:

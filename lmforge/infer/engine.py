@@ -1,19 +1,33 @@
-"""The inference engine: continuous batching over a preallocated KV cache.
+"""The inference engine: every generation in lmforge runs here (LM.generate/complete/stream,
+`lmforge generate`, chat, serve, RL rollouts, evaluation, VLM captioning, speculative decoding).
 
     engine = Engine.from_lm(lm, max_batch=16)
     rid = engine.add_request("Once upon", GenerationParams(max_new_tokens=50, temperature=0.8))
     while engine.has_work():
         for out in engine.step():   # StepOutput: new token(s), text delta, finish reason
             ...
-    engine.generate(["a", "b"], params)  # or run a batch to completion
+    engine.generate(["a", "b"], params, n=4)  # or run a batch to completion
 
 Each `step()` admits waiting requests into free slots (one prefill for all of them; identical
 prompts, e.g. the n samples of one request or a GRPO group, are prefilled once and their keys
 copied), then runs one decode step for every running sequence. Finished sequences leave at once
 and their slot is reused by the next request. Per token the host work is one `.tolist()` and a
-few list operations: masks and positions are updated in place (batch.py), logits are computed
-for the last position only, and sampling is vectorized over rows (sampler.py). The forward is
-decoder.FastDecoder (same math as the model's, half the ops) whenever it covers the model.
+few list operations: masks and positions are updated in place (model/cache.py SlotCache),
+logits are computed for the last position only, and sampling is vectorized over rows
+(sampling.py). The forward is decoder.FastDecoder (same math as the model's, half the ops)
+whenever it covers the model.
+
+Three paths, one API:
+- full softmax attention (`model.cache.full_attention`): the slot cache above, continuous
+  batching;
+- other attention kinds (sliding window, sparse patterns, MLA, linear attention): the model's own
+  forward over the cache its kind needs (`new_cache`); waiting requests are admitted together
+  when the batch is empty, rows leave as they finish (a slower path, same results);
+- `draft=`: speculative decoding (speculative.py), each sequence proposing with the draft and
+  verifying with the target in rounds of 1..draft_tokens+1 tokens.
+
+A request may bring `prompt_embeds` [len(prompt), d_model]: its input embeddings, used instead of
+the token embeddings at prefill (a VLM's image features spliced into its text).
 
 Precision: `dtype="bfloat16"` and/or `quantize="int8"` (weight-only, per-channel scales) run a
 converted copy of the model (quantize.py); the caller's model is untouched. On CPU, int8 reads
@@ -34,21 +48,24 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import torch
+from torch import nn
 
 from lmforge.errors import ConfigError
-from lmforge.infer.batch import SlotCache
-from lmforge.infer.compiled_step import compile_decode_step
+from lmforge.infer.compiled_step import compile_decode_step, warm_up_by_decoding
 from lmforge.infer.cuda_graphs import StaticDecodeStep
 from lmforge.infer.decoder import fixed_step_unsupported, inference_forward
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
 from lmforge.infer.exported_step import ExportedDecodeStep, exportable
-from lmforge.infer.params import Completion, GenerationParams, StepOutput
-from lmforge.infer.sampler import BatchSampler
+from lmforge.infer.params import Completion, GenerationParams, StepOutput, TokenLogprobs
+from lmforge.infer.sampling import RowSampler, request_uniforms
+from lmforge.infer.speculative import SpeculativeDecoder, SpeculativeStats
+from lmforge.model.cache import SlotCache, full_attention, new_cache
 
-__all__ = ["Engine", "GenerationParams", "StepOutput", "Completion"]
+__all__ = ["Engine", "GenerationParams", "StepOutput", "Completion", "eval_mode"]
 
 
 @dataclass
@@ -58,10 +75,30 @@ class _Sequence:
     prompt: list[int]
     params: GenerationParams
     stop_ids: frozenset[int]
-    generator: torch.Generator | None
+    uniforms: torch.Tensor | None  # [steps] this sample's randomness (None: greedy)
     decoder: IncrementalDecoder | None
     matcher: StopMatcher
+    embeds: torch.Tensor | None = None  # [len(prompt), d_model] prompt embeddings
+    generator: torch.Generator | None = None  # speculative decoding's random stream
     output: list[int] = field(default_factory=list)
+    rounds: Iterator[list[int]] | None = None  # speculative decoding: tokens per round
+
+    @property
+    def prefix_key(self) -> tuple:
+        """Sequences with equal keys share one prefill."""
+        return (tuple(self.prompt), id(self.embeds) if self.embeds is not None else None)
+
+
+@contextmanager
+def eval_mode(*models: nn.Module | None):
+    """Models in eval mode for a generation; their training flags are restored afterwards
+    (an RL policy or a model being fine-tuned goes on training)."""
+    flags = [(m, m.training) for m in models if m is not None]
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.train(training)
 
 
 class Engine:
@@ -79,17 +116,16 @@ class Engine:
         dtype: torch.dtype | str | None = None,
         quantize: str | None = None,
         cuda_graphs: bool | None = None,
+        draft=None,
+        draft_tokens: int = 4,
     ):
         config = model.config
-        plain = getattr(config, "attention", "softmax") == "softmax" and not (
-            getattr(config, "attention_pattern", None) or getattr(config, "sliding_window", None)
-        )
-        if not plain:
-            raise ConfigError("Engine needs full softmax attention (no sliding window/pattern)")
         self.tokenizer, self.config = tokenizer, config
         self.quantize = quantize
         self.model, self.forward = inference_forward(model.eval(), dtype, quantize)
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
         if eos_ids is None:
             eos_ids = [tokenizer.eos_id] if tokenizer and tokenizer.eos_id is not None else []
@@ -97,8 +133,19 @@ class Engine:
         weight = self.model.embed.weight if hasattr(self.model, "embed") else None
         weight = weight if weight is not None else next(self.model.parameters())
         self.device, self.dtype = weight.device, weight.dtype  # activations and KV cache
-        self.cache = SlotCache(config, max_batch, self.max_len, self.dtype, self.device)
-        self.sampler = BatchSampler(max_batch, config.vocab_size, self.device)
+        self.speculative: SpeculativeDecoder | None = None
+        self.speculative_stats = SpeculativeStats()  # summed over this engine's sequences
+        if draft is not None:
+            draft_model, draft_forward = inference_forward(draft.eval(), dtype, quantize)
+            self.speculative = SpeculativeDecoder(
+                self.model, draft_model, draft_tokens, self.forward, draft_forward
+            )
+        # The slot cache needs keys that may sit in any column; other kinds take the per-kind
+        # path, speculative decoding keeps one rewindable cache per sequence.
+        self.slots = full_attention(config) and draft is None
+        self.cache = SlotCache(config, max_batch, self.max_len, self.dtype, self.device) \
+            if self.slots else None  # fmt: skip
+        self.sampler = RowSampler(max_batch, config.vocab_size, self.max_len, self.device)
         self.next_tokens = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         self.rows: list[_Sequence] = []  # running sequences, in cache-row order
         self.waiting: deque[_Sequence] = deque()
@@ -109,6 +156,8 @@ class Engine:
         # CPU + compile: the AOTInductor step (no dynamo per call); else torch.compile, which
         # the CUDA-graph step (on by default on GPUs) captures.
         self._exported = None
+        if compile and not self.slots:
+            raise ConfigError("compile needs full softmax attention and no draft model")
         if compile and not cuda_graphs and exportable(self.forward, self.device):
             self._exported = ExportedDecodeStep(self.forward, self.cache)
         elif compile:
@@ -120,6 +169,8 @@ class Engine:
         on a GPU with the fast decoder. cuda_graphs=True on a CPU runs the same static step
         without graphs (what the tests compare against the dynamic step)."""
         why_not = fixed_step_unsupported(self.forward)
+        if why_not is None and not self.slots:
+            why_not = "speculative decoding verifies several tokens per step"
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and why_not is None
         if not cuda_graphs:
@@ -141,6 +192,18 @@ class Engine:
         kwargs.setdefault("eos_ids", lm._eos_ids(None))
         return cls(lm.model, lm.tokenizer, **kwargs)
 
+    def warm_up(self, progress=print, cache_dir=None) -> None:
+        """With compile=True: compile the decode step for every batch size up to max_batch now,
+        not inside the first requests (a server calls this before it reports ready), reporting
+        each through `progress`. On CPU, cache_dir keeps the compiled steps for the next engine
+        over the same weights (exported_step.py). Without compile this does nothing."""
+        if self._exported is not None:
+            if cache_dir is not None:
+                self._exported.use_cache_dir(cache_dir)
+            self._exported.warm_up(self.max_batch, progress)
+        elif self._decode is not self.forward or self._static is not None:
+            warm_up_by_decoding(self, progress)
+
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -156,7 +219,7 @@ class Engine:
         if len(ids) >= self.max_len:
             raise ConfigError(
                 f"the prompt has {len(ids)} tokens; the context holds {self.max_len} "
-                "(prompt plus at least one new token)"
+                f"(prompt plus at least one new token; max_seq_len={self.config.max_seq_len})"
             )
         if min(ids) < 0 or max(ids) >= self.config.vocab_size:
             raise ConfigError(f"prompt token ids must be in [0, {self.config.vocab_size})")
@@ -167,30 +230,52 @@ class Engine:
         params: GenerationParams | None = None,
         n: int = 1,
         request_id: str | None = None,
+        prompt_embeds: torch.Tensor | None = None,
     ) -> str:
-        """Queue a prompt (text or ids) for n samples; returns the request id."""
+        """Queue a prompt (text or ids) for n samples; returns the request id.
+
+        prompt_embeds [len(prompt), d_model]: input embeddings to use instead of the prompt's
+        token embeddings (the ids still count for penalties and the context length)."""
         params = params or GenerationParams()
         ids = self.encode(prompt)
         self.check_prompt(ids)
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"n must be an integer >= 1, got {n!r}")
+        if prompt_embeds is not None:
+            want = (len(ids), self.config.d_model)
+            if tuple(prompt_embeds.shape) != want:
+                raise ConfigError(
+                    f"prompt_embeds must have shape {want} (prompt tokens, d_model), got "
+                    f"{tuple(prompt_embeds.shape)}"
+                )
+            prompt_embeds = prompt_embeds.detach().to(self.device, self.dtype)
+        if self.speculative is not None:
+            unsupported = [name for name, on in [
+                ("penalties", params.has_penalties), ("logprobs", params.logprobs is not None),
+                ("suppress_token_ids", bool(params.suppress_token_ids)),
+                ("prompt_embeds", prompt_embeds is not None)] if on]  # fmt: skip
+            if unsupported:
+                raise ConfigError(f"speculative decoding does not support {unsupported[0]}")
         rid = request_id or f"req-{next(self._ids)}"
         stop_ids = self.eos_ids if params.stop_token_ids is None else params.stop_token_ids
+        uniforms = None
+        if params.temperature > 0 and self.speculative is None:
+            steps = min(params.max_new_tokens, self.max_len)
+            uniforms = request_uniforms(n, steps, params.seed, self.device)
         seqs = []
         for i in range(n):
-            gen = None
-            if params.temperature > 0:
-                seed = params.seed + i if params.seed is not None else None
-                if seed is None:  # follow torch.manual_seed, like the rest of lmforge
-                    seed = int(torch.randint(2**62, ()))
-                gen = torch.Generator(device=self.device).manual_seed(seed)
             decoder = None
             if self.tokenizer is not None:
                 decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
-            seqs.append(
-                _Sequence(rid, i, ids, params, frozenset(stop_ids), gen, decoder,
-                          StopMatcher(params.stop))
-            )  # fmt: skip
+            seq = _Sequence(rid, i, ids, params, frozenset(stop_ids),
+                            None if uniforms is None else uniforms[i], decoder,
+                            StopMatcher(params.stop), prompt_embeds)  # fmt: skip
+            if self.speculative is not None and params.temperature > 0:
+                seed = params.seed + i if params.seed is not None else None
+                if seed is None:  # follow torch.manual_seed, like the rest of lmforge
+                    seed = int(torch.randint(2**62, ()))
+                seq.generator = torch.Generator(device=self.device).manual_seed(seed)
+            seqs.append(seq)
         with self._lock:
             self.waiting.extend(seqs)
         return rid
@@ -209,17 +294,23 @@ class Engine:
             self.waiting.clear()
             self._aborted.clear()
         self.rows.clear()
-        self.cache.n = 0
+        if self.slots:
+            self.cache.n = 0
+        else:
+            self.cache = None
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Admit waiting requests, then advance every running sequence by one token."""
+        """Admit waiting requests, then advance every running sequence by one token (by one
+        speculative round with a draft model)."""
         if not torch.is_inference_mode_enabled():  # loops over steps enter it once (~20 us)
             with torch.inference_mode():
                 return self.step()
         outputs = self._drop_aborted()
         admitted = self._take_waiting()
-        if admitted:
+        if admitted and self.speculative is not None:
+            self._start_speculative(admitted)
+        elif admitted:
             outputs += self._prefill(admitted)
         if self.rows:
             outputs += self._decode_step()
@@ -239,54 +330,116 @@ class Engine:
         return outs
 
     def _take_waiting(self) -> list[_Sequence]:
-        """FIFO, as many as free slots and the prefill token budget allow (at least one)."""
+        """FIFO, as many as free slots and the prefill token budget allow (at least one; a
+        prompt shared by several samples counts once). The per-kind path admits only into an
+        empty batch: its rows share one cache offset."""
         taken: list[_Sequence] = []
+        if self.rows and not self.slots and self.speculative is None:
+            return taken
+        # A sparse pattern (block-local, strided) is laid out over cache columns: left padding
+        # would shift it, so such a model admits equal-length prompts together.
+        same_length = not self.slots and getattr(self.config, "attention_pattern", None)
         with self._lock:
-            width = 0
+            width, prefixes = 0, set()
             while self.waiting and len(self.rows) + len(taken) < self.max_batch:
                 seq = self.waiting[0]
-                width = max(width, len(seq.prompt))
-                if taken and width * (len(taken) + 1) > self.max_prefill_tokens:
+                if same_length and taken and len(seq.prompt) != len(taken[0].prompt):
                     break
+                key = seq.prefix_key
+                if key not in prefixes:
+                    width = max(width, len(seq.prompt))
+                    if taken and width * (len(prefixes) + 1) > self.max_prefill_tokens:
+                        break
+                    prefixes.add(key)
                 taken.append(self.waiting.popleft())
         return taken
 
+    def _start_speculative(self, seqs: list[_Sequence]) -> None:
+        """Each sequence decodes in rounds of its own (speculative.py keeps its caches)."""
+        for seq in seqs:
+            budget = min(seq.params.max_new_tokens, self.max_len - len(seq.prompt))
+            seq.rounds = self.speculative.stream(seq.prompt, seq.params, seq.stop_ids, budget,
+                                                 seq.generator, self.speculative_stats)  # fmt: skip
+        self.rows.extend(seqs)
+
     def _prefill(self, seqs: list[_Sequence]) -> list[StepOutput]:
-        """One forward pass over the distinct prompts, written straight into the new rows."""
-        unique: dict[tuple[int, ...], int] = {}
+        """One forward pass over the distinct prompts, then every sample's row from its
+        prompt's (keys copied, not recomputed)."""
+        firsts: dict[tuple, _Sequence] = {}
         for s in seqs:
-            unique.setdefault(tuple(s.prompt), len(unique))
+            firsts.setdefault(s.prefix_key, s)
+        unique = {key: i for i, key in enumerate(firsts)}
         # Rows: the first sample of each distinct prompt, then the copies.
-        firsts = {}
-        for s in seqs:
-            firsts.setdefault(tuple(s.prompt), s)
-        ordered = list(firsts.values()) + [s for s in seqs if firsts[tuple(s.prompt)] is not s]
-        prompts = [list(p) for p in unique]
+        ordered = list(firsts.values()) + [s for s in seqs if firsts[s.prefix_key] is not s]
+        prompts = [s.prompt for s in firsts.values()]
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         pad = torch.zeros(len(prompts), width, dtype=torch.bool)
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.as_tensor(p)
             pad[i, width - len(p) :] = True
-        cache, lo = self.cache, len(self.rows)
-        cache.room_for(width)
-        pad_mask = None if bool(pad.all()) else pad.to(self.device)
-        view = cache.prefill_view(lo, lo + len(prompts), width, pad_mask)
-        logits = self.forward(ids.to(self.device), cache=view, last_only=True)[:, -1]
-        lengths = [len(s.prompt) for s in ordered]
-        cache.start_rows(lo, lengths, lengths)
-        source = [lo + unique[tuple(s.prompt)] for s in ordered]
-        for row, src in enumerate(source[len(prompts) :], start=lo + len(prompts)):
-            cache.copy_kv(src, row, cache.length - width)
+        ids = ids.to(self.device)
+        source = [unique[s.prefix_key] for s in ordered]  # the prefilled row of each sequence
+        embeds = [s.embeds for s in firsts.values()]
+        lo = len(self.rows)
+        if self.slots:
+            cache = self.cache
+            cache.room_for(width)
+            pad_mask = None if bool(pad.all()) else pad.to(self.device)
+            view = cache.prefill_view(lo, lo + len(prompts), width, pad_mask)
+            with self._prompt_embeds(embeds, width):
+                logits = self.forward(ids, cache=view, last_only=True)[:, -1]
+            lengths = [len(s.prompt) for s in ordered]
+            cache.start_rows(lo, lengths, lengths)
+            for row, src in enumerate(source[len(prompts) :], start=lo + len(prompts)):
+                cache.copy_kv(lo + src, row, cache.length - width)
+        else:  # the per-kind path: a fresh cache of the kind this attention needs
+            room = min(self.max_len, width + max(s.params.max_new_tokens for s in seqs))
+            cache = new_cache(self.config, len(prompts), room, self.dtype, self.device)
+            if not bool(pad.all()):
+                cache.set_padding(pad.to(self.device))
+            with self._prompt_embeds(embeds, width):
+                logits = self.forward(ids, cache=cache, last_only=True)[:, -1]
+            if source != list(range(len(prompts))):
+                cache.reorder(torch.as_tensor(source, device=self.device))
+            self.cache = cache
         for row, s in enumerate(ordered, start=lo):
-            self.sampler.start_row(row, s.params, s.prompt, s.generator)
+            self.sampler.start_row(row, s.params, s.prompt, s.uniforms)
         self.rows.extend(ordered)
-        cache.n = len(self.rows)
-        row_logits = logits[torch.as_tensor(source, device=self.device) - lo]
-        return self._emit(row_logits, lo=lo)
+        if self.slots:
+            self.cache.n = len(self.rows)
+        return self._emit(logits[torch.as_tensor(source, device=self.device)], lo=lo)
+
+    @contextmanager
+    def _prompt_embeds(self, embeds: list[torch.Tensor | None], width: int):
+        """While prefilling left-padded prompts `width` wide: the token embeddings of rows
+        that brought prompt embeddings are replaced by those (a forward hook on the embedding
+        table, so the fast decoder and the model's own forward both see them)."""
+        if all(e is None for e in embeds):
+            yield
+            return
+
+        def hook(module, inputs, out):
+            out = out.clone()
+            for i, e in enumerate(embeds):
+                if e is not None:
+                    out[i, width - e.shape[0] :] = e.to(out.dtype)
+            return out
+
+        handle = self.model.embed.register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _decode_step(self) -> list[StepOutput]:
-        cache, n = self.cache, len(self.rows)
+        if self.speculative is not None:
+            return self._speculative_round()
+        n = len(self.rows)
+        if not self.slots:
+            logits = self.forward(self.next_tokens[:n, None], cache=self.cache, last_only=True)
+            return self._emit(logits[:, -1], lo=0)
+        cache = self.cache
         cache.begin_decode()
         if self._exported is not None:  # also advances the positions, and argmaxes
             return self._emit(*self._exported(self.next_tokens[:n, None]), lo=0)
@@ -301,51 +454,90 @@ class Engine:
         cache.positions[:n] += 1
         return self._emit(logits, lo=0)
 
+    def _speculative_round(self) -> list[StepOutput]:
+        outputs, done = [], []
+        for row, seq in enumerate(self.rows):
+            out = self._push(seq, next(seq.rounds, []), None)
+            if not out.finished and not out.token_ids:  # the round found nothing more to do
+                out.finish_reason = "length"
+            outputs.append(out)
+            if out.finished:
+                done.append(row)
+        self._remove(done)
+        return outputs
+
     def _emit(self, logits: torch.Tensor, greedy: torch.Tensor | None = None, lo: int = 0):
         """Sample rows lo.. (greedy: their argmax, if already known), record tokens, build
         outputs, retire finished rows."""
         tokens_t, tokens, logprobs = self.sampler.sample(logits, lo, greedy)
         self.next_tokens[lo : lo + len(tokens)] = tokens_t
+        # the per-kind cache has a fixed width: no column left means no next token
+        full = not self.slots and self.cache.length >= self.cache.max_len
         outputs, done = [], []
         for i, token in enumerate(tokens):
-            row = lo + i
-            seq = self.rows[row]
+            lp = [logprobs[i]] if logprobs[i] is not None else None
+            out = self._push(self.rows[lo + i], [token], lp, full)
+            outputs.append(out)
+            if out.finished:
+                done.append(lo + i)
+        self._remove(done)
+        return outputs
+
+    def _push(
+        self,
+        seq: _Sequence,
+        tokens: list[int],
+        logprobs: list[TokenLogprobs] | None,
+        full: bool = False,
+    ) -> StepOutput:
+        """Record a sequence's new tokens up to the first that finishes it (stop token or
+        string, max_new_tokens, the context)."""
+        taken, text, reason = [], "", None
+        for token in tokens:
             seq.output.append(token)
-            reason = None
+            taken.append(token)
             if token in seq.stop_ids:
                 reason = "stop"
             elif len(seq.output) >= seq.params.max_new_tokens:
                 reason = "length"
-            elif len(seq.prompt) + len(seq.output) >= self.max_len:
+            elif len(seq.prompt) + len(seq.output) >= self.max_len or full:
                 reason = "length"
-            text = ""
             if seq.decoder is not None:
                 delta = seq.decoder.push(token)
                 if reason is not None:
                     delta += seq.decoder.flush()
-                text = seq.matcher.push(delta)
+                text += seq.matcher.push(delta)
                 if seq.matcher.stopped:
                     reason = "stop"
                 elif reason is not None:
                     text += seq.matcher.flush()
-            lp = [logprobs[i]] if logprobs[i] is not None else None
-            outputs.append(StepOutput(seq.request_id, seq.index, [token], text, lp, reason))
             if reason is not None:
-                done.append(row)
-        self._remove(done)
-        return outputs
+                break
+        return StepOutput(seq.request_id, seq.index, taken, text, logprobs, reason)
 
     def _remove(self, rows: list[int]) -> None:
         """Retire rows; the last running row moves into each freed slot (dense batch)."""
+        if not rows:
+            return
+        order = list(range(len(self.rows)))  # the per-kind cache's rows, gathered once
         for row in sorted(rows, reverse=True):
             last = len(self.rows) - 1
             if row != last:
-                self.cache.copy_row(last, row)
+                if self.slots:
+                    self.cache.copy_row(last, row)
                 self.sampler.move_row(last, row)
                 self.next_tokens[row] = self.next_tokens[last]
                 self.rows[row] = self.rows[last]
+                order[row] = order[last]
             self.rows.pop()
+            order.pop()
+        if self.slots:
             self.cache.n = len(self.rows)
+        elif self.speculative is None:
+            if self.rows:
+                self.cache.reorder(torch.as_tensor(order, device=self.device))
+            else:
+                self.cache = None
 
     # ---- convenience drivers (single caller; the server uses AsyncEngine instead) --------------
     def generate(
@@ -353,9 +545,18 @@ class Engine:
         prompts: Sequence[str | Sequence[int]],
         params: GenerationParams | None = None,
         n: int = 1,
+        prompt_embeds: Sequence[torch.Tensor | None] | None = None,
     ) -> list[Completion]:
-        """Run prompts to completion; n consecutive Completions per prompt."""
-        rids = [self.add_request(p, params, n) for p in prompts]
+        """Run prompts to completion; n consecutive Completions per prompt. With a seed, prompt
+        j is a request seeded seed + j (its samples differ from every other prompt's)."""
+        params = params or GenerationParams()
+        embeds = list(prompt_embeds) if prompt_embeds is not None else [None] * len(prompts)
+        if len(embeds) != len(prompts):
+            raise ConfigError(f"{len(embeds)} prompt_embeds for {len(prompts)} prompts")
+        rids = []
+        for j, (prompt, e) in enumerate(zip(prompts, embeds)):
+            p = params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
+            rids.append(self.add_request(prompt, p, n, prompt_embeds=e))
         tokens = {(r, i): [] for r in rids for i in range(n)}
         texts = {k: [] for k in tokens}
         lps = {k: [] for k in tokens}
@@ -371,7 +572,7 @@ class Engine:
                     lps[key] += out.logprobs or []
                     if out.finished:
                         reasons[key] = out.finish_reason
-        want_lp = (params or GenerationParams()).logprobs is not None
+        want_lp = params.logprobs is not None
         return [
             Completion(self.encode(prompts[j]), tokens[k], "".join(texts[k]), reasons[k],
                        lps[k] if want_lp else None)

@@ -6,15 +6,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmforge.errors import ConfigError
-from lmforge.infer.sampler import TokenLogprobs
 
 MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
+class TokenLogprobs:
+    """Log-probability of the chosen token and of the most likely alternatives."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class GenerationParams:
-    """How to generate for one request. temperature 0 = greedy; logprobs=k returns the chosen
-    token's log-probability and the k most likely alternatives (None = off)."""
+    """How to generate for one request (the one parameter class of every generation path).
+    temperature 0 = greedy; logprobs=k returns the chosen token's log-probability and the k
+    most likely alternatives (None = off); seed: a seeded request with n samples gets the same
+    tokens whatever else runs beside it; suppress_token_ids are never sampled."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -28,6 +38,7 @@ class GenerationParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    suppress_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -35,7 +46,7 @@ class GenerationParams:
         self.stop = list(self.stop)
         checks = [
             (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
-            (self.temperature >= 0, "temperature", ">= 0"),
+            (0 <= self.temperature < float("inf"), "temperature", "a finite number >= 0"),
             (self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k", ">= 1"),
             (self.top_p is None or 0 < self.top_p <= 1, "top_p", "in (0, 1]"),
             (self.repetition_penalty > 0, "repetition_penalty", "> 0"),

@@ -9,8 +9,8 @@ cache, and a rejection rule keeps the output distributed exactly as the target's
     at the first rejection the token is drawn from normalize(max(0, p - q)) and the round ends;
     when all K are accepted, one bonus token is drawn from the target's next distribution.
 
-p and q are the *processed* distributions (temperature, top-k, top-p applied the same way as
-`sampling.sample_next`), so the output follows what plain sampling with those settings gives.
+p and q are the *processed* distributions (temperature, top-k, top-p: `sampling.sampling_probs`,
+the engine's own rule), so the output follows what plain sampling with those settings gives.
 Greedy (temperature 0) accepts while the draft token is the target's argmax and then takes the
 target's argmax: the same tokens as the target's own greedy decoding (up to float rounding of
 one multi-token forward versus single-token steps, which can only matter on exact ties).
@@ -21,23 +21,26 @@ are overwritten by the next forward. Caches that cannot be rewound that way (rol
 linear-attention states) are refused. One prompt at a time (batch size 1): rows of a batch
 accept different numbers of tokens, so their caches would need per-row lengths.
 
-    spec = SpeculativeDecoder(target_model, draft_model, draft_tokens=4)
-    result = spec.generate(prompt_ids, SamplingParams(64, temperature=0.0))
-    result.tokens, result.stats.acceptance_rate, result.stats.target_calls
+The engine runs this (`Engine(model, draft=draft_model)`, infer/engine.py): one `stream` per
+sequence, whose rounds the engine records like any other tokens (stop strings, limits, text).
+
+    engine = Engine(target_model, tokenizer, draft=draft_model, draft_tokens=4)
+    engine.generate(["Once upon"], GenerationParams(64, temperature=0.0))
+    engine.speculative_stats.acceptance_rate, engine.speculative_stats.target_calls
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.decoder import FastDecoder
-from lmforge.infer.generate import StopFn, check_prompts
-from lmforge.infer.sampling import SamplingParams, top_k_filter, top_p_filter
-from lmforge.model.cache import KVCache, LatentKVCache
+from lmforge.infer.decoder import fast_forward
+from lmforge.infer.params import GenerationParams
+from lmforge.infer.sampling import sampling_probs
+from lmforge.model.cache import KVCache, LatentKVCache, new_cache
 
 # Caches whose update writes at `length` and reads only up to it: rewinding = lowering length.
 REWINDABLE = (KVCache, LatentKVCache)
@@ -68,22 +71,6 @@ class SpeculativeStats:
     @property
     def tokens_per_target_call(self) -> float:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
-
-
-@dataclass
-class SpeculativeResult:
-    tokens: list[int]  # new tokens (the finishing EOS included, nothing after it)
-    stats: SpeculativeStats = field(default_factory=SpeculativeStats)
-
-
-def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[N, V] logits -> the distributions `sample_next` draws from (temperature > 0)."""
-    logits = logits.float() / params.temperature
-    if params.top_k is not None:
-        logits = top_k_filter(logits, params.top_k)
-    if params.top_p is not None:
-        logits = top_p_filter(logits, params.top_p)
-    return torch.softmax(logits, dim=-1)
 
 
 def rewind(cache: KVCache, length: int) -> None:
@@ -128,18 +115,14 @@ class _Side:
         self.pending = [*accepted[keep:], last]
 
 
-def _forward_for(model) -> Callable:
-    """FastDecoder (same outputs, about half the ops per token) where it covers the model."""
-    return FastDecoder(model) if FastDecoder.unsupported(model) is None else model
-
-
 class SpeculativeDecoder:
     """Generate from `target` with `draft` proposing `draft_tokens` tokens per target forward.
 
-    Both models must share the vocabulary. `stats` holds the counters of the latest call.
-    """
+    Both models must share the vocabulary. The forwards default to the fast decoder where it
+    covers the model (the engine passes the ones it built, in its precision)."""
 
-    def __init__(self, target, draft, draft_tokens: int = 4):
+    def __init__(self, target, draft, draft_tokens: int = 4, target_forward=None,
+                 draft_forward=None):  # fmt: skip
         t_vocab, d_vocab = target.config.vocab_size, draft.config.vocab_size
         if t_vocab != d_vocab:
             raise ConfigError(
@@ -149,64 +132,53 @@ class SpeculativeDecoder:
         if not isinstance(draft_tokens, int) or draft_tokens < 1:
             raise ConfigError(f"draft_tokens must be an integer >= 1, got {draft_tokens}")
         self.target, self.draft, self.k = target, draft, draft_tokens
-        self.target_forward, self.draft_forward = _forward_for(target), _forward_for(draft)
-        self.stats = SpeculativeStats()
-        self.target_side: _Side | None = None  # state of the latest call (tests inspect it)
+        self.target_forward = target_forward or fast_forward(target)
+        self.draft_forward = draft_forward or fast_forward(draft)
+        for model in (target, draft):
+            cache = new_cache(model.config, 1, 1)
+            if type(cache) not in REWINDABLE:
+                raise ConfigError(
+                    f"speculative decoding needs a cache it can rewind; this model's attention "
+                    f"uses a {type(cache).__name__}"
+                )
+        self.target_side: _Side | None = None  # state of the latest stream (tests inspect it)
         self.draft_side: _Side | None = None
 
     def _side(self, model, forward, prompt: list[int], max_len: int) -> _Side:
-        param = next(model.parameters())
-        cache = KVCache.for_model(model.config, 1, max_len, param.dtype, param.device)
-        if type(cache) not in REWINDABLE:
-            raise ConfigError(
-                f"speculative decoding needs a cache it can rewind; this model's attention "
-                f"uses a {type(cache).__name__}"
-            )
-        return _Side(forward, cache, list(prompt), param.device)
-
-    def generate(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        eos_ids: Sequence[int] = (),
-        stop_fn: StopFn | None = None,
-        generator: torch.Generator | None = None,
-    ) -> SpeculativeResult:
-        """New tokens for one prompt, and the counters of this call."""
-        tokens = [t for chunk in self.stream(prompt, params, eos_ids, stop_fn, generator)
-                  for t in chunk]  # fmt: skip
-        return SpeculativeResult(tokens, self.stats)
+        weight = model.embed.weight
+        dtype = weight.dtype if weight.dtype.is_floating_point else torch.float32
+        cache = new_cache(model.config, 1, max_len, dtype, weight.device)
+        return _Side(forward, cache, list(prompt), weight.device)
 
     @torch.inference_mode()
     def stream(
         self,
         prompt: Sequence[int],
-        params: SamplingParams,
-        eos_ids: Sequence[int] = (),
-        stop_fn: StopFn | None = None,
+        params: GenerationParams,
+        eos_ids: Collection[int] = (),
+        budget: int | None = None,
         generator: torch.Generator | None = None,
+        stats: SpeculativeStats | None = None,
     ) -> Iterator[list[int]]:
-        """Yield the new tokens of each round (1 to draft_tokens + 1 of them) until EOS,
-        stop_fn or max_new_tokens; the finishing token is the last one yielded.
+        """Yield the new tokens of each round (1 to draft_tokens + 1 of them) until an EOS id
+        or `budget` new tokens (default: max_new_tokens, within max_seq_len); the finishing
+        token is the last one yielded. The counters are added to `stats`.
 
-        generator: the random stream (default: one seeded with params.seed, if any)."""
+        generator: the random stream (None: torch's global one)."""
         t_config, d_config = self.target.config, self.draft.config
         prompt = [int(t) for t in prompt]
-        check_prompts([prompt], t_config.max_seq_len, t_config.vocab_size)
-        budget = min(params.max_new_tokens, t_config.max_seq_len - len(prompt))
-        if generator is None and params.seed is not None:
-            device = next(self.target.parameters()).device
-            generator = torch.Generator(device=device).manual_seed(params.seed)
+        room = t_config.max_seq_len - len(prompt)
+        budget = min(params.max_new_tokens if budget is None else budget, room)
         draft_max = min(d_config.max_seq_len, len(prompt) + budget)
         draft = self._side(self.draft, self.draft_forward, prompt, draft_max)
         target = self._side(self.target, self.target_forward, prompt, len(prompt) + budget)
         self.target_side, self.draft_side = target, draft
-        self.stats = stats = SpeculativeStats()
-        eos, produced = set(int(e) for e in eos_ids), []
-        while len(produced) < budget:
+        stats = stats if stats is not None else SpeculativeStats()
+        eos, produced = set(int(e) for e in eos_ids), 0
+        while produced < budget:
             base = target.committed
             # a round yields at most k + 1 tokens; the draft can only see its context window
-            k = max(0, min(self.k, budget - len(produced) - 1, draft_max - base + 1))
+            k = max(0, min(self.k, budget - produced - 1, draft_max - base + 1))
             drafts, q = self._propose(draft, k, params, generator)
             p_logits = target.feed(drafts, last_only=k == 0)[-(k + 1) :]
             n, last = self._verify(p_logits, drafts, q, params, generator)
@@ -214,19 +186,18 @@ class SpeculativeDecoder:
             draft.commit(base, drafts[:n], last)
             stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + n
             stats.target_calls, stats.draft_calls = stats.target_calls + 1, stats.draft_calls + k
-            new, done = [], False
+            new = []
             for token in [*drafts[:n], last]:
                 new.append(token)
-                produced.append(token)
-                if token in eos or (stop_fn is not None and stop_fn(0, produced)):
-                    done = True
+                if token in eos:
                     break
+            produced += len(new)
             stats.new_tokens += len(new)
             yield new
-            if done:
+            if new[-1] in eos:
                 return
 
-    def _propose(self, draft: _Side, k: int, params: SamplingParams, generator):
+    def _propose(self, draft: _Side, k: int, params: GenerationParams, generator):
         """k draft tokens, drawn one by one, and the distributions they were drawn from."""
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
@@ -237,7 +208,7 @@ class SpeculativeDecoder:
             if params.temperature == 0:
                 tokens.append(int(logits.argmax(-1)))
             else:
-                q = processed_probs(logits, params)
+                q = sampling_probs(logits, params)
                 tokens.append(int(torch.multinomial(q, 1, generator=generator)))
                 probs.append(q[0])
             if i < k - 1:
@@ -245,7 +216,7 @@ class SpeculativeDecoder:
         return tokens, torch.stack(probs) if probs else None
 
     @staticmethod
-    def _verify(p_logits, drafts: list[int], q, params: SamplingParams, generator):
+    def _verify(p_logits, drafts: list[int], q, params: GenerationParams, generator):
         """(number of drafts accepted, the token that ends the round) from the target's logits
         at the k + 1 positions after the last committed token."""
         k = len(drafts)
@@ -254,7 +225,7 @@ class SpeculativeDecoder:
             best = p_logits.argmax(-1)
             n = int((x == best[:k]).long().cumprod(0).sum()) if k else 0
             return n, int(best[n])
-        p = processed_probs(p_logits, params)
+        p = sampling_probs(p_logits, params)
         n = 0
         if k:
             rows = torch.arange(k, device=p.device)
@@ -267,15 +238,3 @@ class SpeculativeDecoder:
             if float(residual.sum()) > 0:  # zero only if p == q, where rejection cannot happen
                 dist = residual
         return n, int(torch.multinomial(dist / dist.sum(), 1, generator=generator))
-
-
-def speculative_generate(
-    target,
-    draft,
-    prompt: Sequence[int],
-    params: SamplingParams,
-    draft_tokens: int = 4,
-    eos_ids: Sequence[int] = (),
-) -> SpeculativeResult:
-    """One-call form: new tokens for `prompt` and the acceptance counters."""
-    return SpeculativeDecoder(target, draft, draft_tokens).generate(prompt, params, eos_ids)

@@ -234,13 +234,15 @@ class VisionLanguageModel(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
-        use_cache: bool = True,
     ) -> list[list[int]]:
-        """New token ids per prompt. With a cache, the prompt (image tokens included) is
-        prefilled once and each step feeds one text token; without, every step reruns all."""
-        from lmforge.infer.generate import generate
-        from lmforge.infer.sampling import SamplingParams
+        """New token ids per prompt, on the engine: each prompt's image placeholders take the
+        next image's features (row by row) as prompt embeddings, prefilled once; decoding then
+        feeds text tokens only. The placeholder id is never sampled: a generated one would have
+        no image behind it."""
+        from lmforge.infer.engine import Engine, eval_mode
+        from lmforge.infer.params import GenerationParams
 
+        prompts = [[int(t) for t in p] for p in prompts]
         width = max(len(p) for p in prompts)
         budget = min(max_new_tokens, self.config.max_seq_len - width)
         if budget < 1:
@@ -248,15 +250,43 @@ class VisionLanguageModel(nn.Module):
                 f"a prompt of {width} tokens leaves no room to generate in "
                 f"max_seq_len={self.config.max_seq_len}"
             )
-        was_training = self.training
-        self.eval()
-        try:
-            bound = ImagePrompted(self, self.image_features(pixels))
-            params = SamplingParams(budget, temperature, top_k, top_p, seed)
-            eos = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
-            return generate(bound, [list(p) for p in prompts], params, eos, None, use_cache)
-        finally:
-            self.train(was_training)
+        eos = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
+        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
+                                  suppress_token_ids=[self.image_id])  # fmt: skip
+        with eval_mode(self):
+            self.eval()
+            embeds = self.prompt_embeddings(prompts, self.image_features(pixels))
+            max_len = min(self.config.max_seq_len, width + max_new_tokens)
+            engine = Engine(self.language_model, max_batch=len(prompts), max_len=max_len,
+                            eos_ids=eos)  # fmt: skip
+            done = engine.generate(prompts, params, prompt_embeds=embeds)
+        return [c.token_ids for c in done]
+
+    def prompt_embeddings(
+        self, prompts: list[list[int]], features: torch.Tensor
+    ) -> list[torch.Tensor | None]:
+        """Input embeddings [len(prompt), d_model] of each prompt that holds image
+        placeholders (None for text-only ones): its token embeddings with the placeholders
+        replaced by `features` [n_images, N, d_model], consumed in order, row by row."""
+        flat = features.flatten(0, 1)
+        counts = [sum(t == self.image_id for t in p) for p in prompts]
+        if sum(counts) != flat.shape[0]:
+            raise DataError(
+                f"the prompts hold {sum(counts)} image placeholder tokens but the images give "
+                f"{features.shape[0]} x {features.shape[1]} = {flat.shape[0]}"
+            )
+        out: list[torch.Tensor | None] = []
+        offset, device = 0, self.language_model.embed.weight.device
+        for prompt, count in zip(prompts, counts):
+            if not count:
+                out.append(None)
+                continue
+            ids = torch.as_tensor(prompt, device=device)
+            text = self.language_model.embed(ids)
+            is_image = (ids == self.image_id)[:, None]
+            out.append(text.masked_scatter(is_image, flat[offset : offset + count].to(text.dtype)))
+            offset += count
+        return out
 
     def caption(
         self, pixels: torch.Tensor, prompt: str = "", max_new_tokens: int = 32, **sampling
@@ -321,25 +351,3 @@ class VisionLanguageModel(nn.Module):
             model.freeze_vision = True
             model.vision_tower.freeze()
         return model.to(device).eval()
-
-
-class ImagePrompted(nn.Module):
-    """The LM with one batch of image features bound, for lmforge.infer.generate: a call whose
-    ids hold image placeholders (prefill, or an uncached step) gets the features spliced in;
-    a cached decode step (text ids only) runs the plain LM. The placeholder id is never sampled
-    (its logit is -inf): a generated placeholder would have no image behind it."""
-
-    def __init__(self, vlm: VisionLanguageModel, features: torch.Tensor):
-        super().__init__()
-        self.lm, self.features, self.image_id = vlm.language_model, features, vlm.image_id
-        self.config = vlm.config
-
-    def forward(self, input_ids, attention_mask=None, cache=None, last_only=False):
-        is_image = input_ids == self.image_id
-        if not bool(is_image.any()):
-            logits = self.lm(input_ids, attention_mask, cache=cache, last_only=last_only)
-        else:
-            with spliced_embeddings(self.lm, is_image, self.features):
-                logits = self.lm(input_ids, attention_mask, cache=cache, last_only=last_only)
-        logits[..., self.image_id] = float("-inf")
-        return logits

@@ -114,8 +114,7 @@ ODD = "13579"
 
 def first_token_prob(t: PPOTrainer, targets: list[int]) -> float:
     """Mean π(first completion token in targets) over the training prompts."""
-    from lmforge.align.rollout import completion_logits
-    from lmforge.infer.generate import left_pad
+    from lmforge.align.rollout import completion_logits, left_pad
 
     ids, mask = left_pad([p for p in t.prompts], t.pad_id)
     ids = torch.cat([ids, torch.full((len(ids), 1), targets[0])], 1)

@@ -1,4 +1,9 @@
-"""Autoregressive generation with a preallocated KV cache.
+"""The plain reference the engine is compared with: autoregressive generation over one
+left-padded batch, with or without the model's own KV cache, sampling with the textbook filters.
+
+This was lmforge's second generation stack (lmforge/infer/generate.py until the engine became
+the only one, issue 17). Tests load it through the `reference_generate` fixture (conftest.py);
+benchmarks/bench_rollout.py times it as the old rollout path.
 
 Prompts of different lengths are left-padded so every row writes the cache at the same offset;
 padding is hidden from attention and positions count from each row's first real token. The
@@ -13,9 +18,41 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.sampling import SamplingParams, sample_next
+from lmforge.infer.params import GenerationParams
 from lmforge.model.cache import KVCache
 from lmforge.model.transformer import Transformer
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits per row, plus any tied with the k-th value."""
+    k = min(k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose cumulative probability reaches p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    before = probs.cumsum(-1) - probs  # dropped when the tokens before it already reach p
+    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Next token ids [B] from last-position logits [B, V]."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
 
 StopFn = Callable[[int, list[int]], bool]  # (row, tokens generated so far) -> stop this row?
 
@@ -51,7 +88,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, vocab_size
 def generate_stream(
     model: Transformer,
     prompts: Sequence[Sequence[int]],
-    params: SamplingParams,
+    params: GenerationParams,
     eos_ids: Sequence[int] = (),
     stop_fn: StopFn | None = None,
     use_cache: bool = True,
@@ -110,7 +147,7 @@ def generate_stream(
 def generate(
     model: Transformer,
     prompts: Sequence[Sequence[int]],
-    params: SamplingParams,
+    params: GenerationParams,
     eos_ids: Sequence[int] = (),
     stop_fn: StopFn | None = None,
     use_cache: bool = True,

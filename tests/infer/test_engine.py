@@ -1,4 +1,5 @@
-"""Engine: same tokens as LM.generate, continuous batching = running alone, prefix reuse = none."""
+"""Engine: same tokens as the plain reference loop (tests/infer/reference_generate.py) on every
+path, continuous batching = running alone, prefix reuse = none, prompt embeddings = spliced ones."""
 
 import pytest
 import torch
@@ -38,10 +39,35 @@ def run_all(engine, requests, join_at=()):
     return [out[rids[i]] for i in range(len(requests))]
 
 
-def test_mixed_length_batch_matches_lm_generate(lm):
-    ref = lm.generate(PROMPTS, max_new_tokens=12, temperature=0.0, eos_ids=[])
+def test_mixed_length_batch_matches_the_reference(lm, reference_generate):
+    ref = reference_generate.generate(lm.model, PROMPTS, greedy(12))
     engine = Engine(lm.model, max_batch=4, eos_ids=[])
     assert [c.token_ids for c in engine.generate(PROMPTS, greedy(12))] == ref
+    assert lm.generate(PROMPTS, max_new_tokens=12, temperature=0.0, eos_ids=[]) == ref
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(sliding_window=4),
+        dict(attention_pattern={"type": "block_local", "block_size": 4}),
+        dict(attention="linear"),
+        dict(attention="mla", kv_lora_rank=16, qk_rope_head_dim=8),
+    ],
+    ids=["window", "block_local", "linear", "mla"],
+)
+def test_other_attention_kinds_take_the_per_kind_path(overrides, reference_generate):
+    """Same tokens as the reference, uncached; more requests than slots: cohorts in turn,
+    finished rows leaving the cache while the others go on."""
+    config = ModelConfig.from_preset("llama-micro", vocab_size=97, max_seq_len=64, **overrides)
+    model = LM.from_config(config, seed=0).model
+    lens = (3, 15, 7, 12)
+    ref = [reference_generate.generate(model, [p], greedy(m), use_cache=False)[0]
+           for p, m in zip(PROMPTS, lens)]  # fmt: skip
+    engine = Engine(model, max_batch=3, eos_ids=[])
+    assert not engine.slots
+    got = run_all(engine, [(p, greedy(m)) for p, m in zip(PROMPTS, lens)], join_at=(0, 0, 0, 2))
+    assert got == ref and engine.cache is None
 
 
 def test_continuous_batching_matches_running_alone(lm):
@@ -69,12 +95,43 @@ def test_context_limit_finishes_with_length(lm):
 def test_prefix_reuse_equals_separate_prefills(lm):
     params = GenerationParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=5)
     shared = Engine(lm.model, max_batch=4, eos_ids=[])
+    prefill_rows = []
+    forward = shared.forward
+    shared.forward = lambda ids, **kw: prefill_rows.append(ids.shape[0]) or forward(ids, **kw)
     reused = [c.token_ids for c in shared.generate([PROMPTS[0]], params, n=3)]
-    # One prompt at a time (max_prefill_tokens=1): no reuse; seeds seed+i as for sample i.
-    separate = Engine(lm.model, max_batch=4, eos_ids=[], max_prefill_tokens=1)
-    requests = [(PROMPTS[0], GenerationParams(**{**vars(params), "seed": 5 + i})) for i in range(3)]
-    assert run_all(separate, requests) == reused
+    assert prefill_rows == [1]  # three samples, one prefill of the prompt
+    # One sample at a time (max_batch=1): no reuse; each still draws its own seeded stream.
+    separate = Engine(lm.model, max_batch=1, eos_ids=[])
+    assert [c.token_ids for c in separate.generate([PROMPTS[0]], params, n=3)] == reused
     assert len({tuple(t) for t in reused}) > 1  # the samples differ
+    # prompt j of one call is seeded seed + j: a repeated prompt gets other samples
+    twice = [c.token_ids for c in shared.generate([PROMPTS[0]] * 2, params, n=3)]
+    assert twice[:3] == reused and twice[3:] != reused
+
+
+def test_prompt_embeddings_replace_the_token_embeddings(lm, reference_generate):
+    """A request's prompt_embeds act exactly like the model seeing those input embeddings:
+    compared with the reference loop whose embedding table returns them at prefill."""
+    prompt = PROMPTS[2]
+    embeds = torch.randn(len(prompt), lm.config.d_model)
+
+    def splice(module, inputs, out):
+        return embeds[None].to(out.dtype) if out.shape[1] == len(prompt) else out
+
+    handle = lm.model.embed.register_forward_hook(splice)
+    try:
+        ref = reference_generate.generate(lm.model, [prompt], greedy(8))[0]
+    finally:
+        handle.remove()
+    engine = Engine(lm.model, max_batch=3, eos_ids=[])
+    got = engine.generate(
+        [PROMPTS[0], prompt, prompt], greedy(8), prompt_embeds=[None, embeds, None]
+    )
+    plain = engine.generate([prompt], greedy(8))[0].token_ids
+    assert got[1].token_ids == ref and ref != plain
+    assert got[2].token_ids == plain  # same ids without embeddings: not shared with row 1
+    with pytest.raises(ConfigError, match="prompt_embeds"):
+        engine.add_request(prompt, greedy(2), prompt_embeds=embeds[:-1])
 
 
 def test_seeded_sampling_is_independent_of_batch(lm):
@@ -141,3 +198,5 @@ def test_bad_requests_are_config_errors(lm):
         GenerationParams(temperature=-1)
     with pytest.raises(ConfigError, match="logprobs"):
         GenerationParams(logprobs=21)
+    with pytest.raises(ConfigError, match="max_seq_len=64"):
+        Engine(lm.model, eos_ids=[]).add_request(list(range(64)), greedy(1))

@@ -51,9 +51,9 @@ def test_sampler_ignores_a_precomputed_argmax_on_penalised_rows():
     """The compiled decode step hands the sampler its argmax: greedy rows take it as given,
     but once a row is penalised the tokens come from the penalised logits."""
     from lmforge.infer.params import GenerationParams
-    from lmforge.infer.sampler import BatchSampler
+    from lmforge.infer.sampling import RowSampler
 
-    sampler = BatchSampler(2, 4)
+    sampler = RowSampler(2, 4, steps=4)
     sampler.start_row(0, GenerationParams(temperature=0.0), [3], None)
     sampler.start_row(1, GenerationParams(temperature=0.0), [3], None)
     logits = torch.tensor([[0.0, 0.0, 1.0, 2.0], [0.0, 0.0, 1.0, 2.0]])

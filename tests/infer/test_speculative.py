@@ -1,6 +1,7 @@
-"""Speculative decoding: greedy output equals the target's own, sampling follows the target's
-distribution exactly (chi-square against the exact joint of the first two tokens), EOS and
-budgets are respected, rewound caches equal a fresh prefill, and the LM / CLI entry points."""
+"""Speculative decoding on the engine: greedy output equals the target's own, sampling follows
+the target's distribution exactly (chi-square against the exact joint of the first two tokens),
+EOS, stop strings and budgets are respected, rewound caches equal a fresh prefill, and the LM /
+CLI entry points."""
 
 import copy
 import math
@@ -11,21 +12,30 @@ from scipy.stats import chi2
 
 from lmforge.cli.main import main
 from lmforge.errors import ConfigError
-from lmforge.infer.generate import generate
-from lmforge.infer.sampling import SamplingParams
-from lmforge.infer.speculative import (
-    SpeculativeDecoder,
-    SpeculativeStats,
-    processed_probs,
-    rewind,
-    speculative_generate,
-)
+from lmforge.infer.engine import Engine
+from lmforge.infer.params import GenerationParams
+from lmforge.infer.sampling import sampling_probs
+from lmforge.infer.speculative import SpeculativeDecoder, SpeculativeStats, rewind
 from lmforge.lm import LM
 from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
 from lmforge.tokenizer import Tokenizer
 
 PROMPTS = [[5], [1, 2, 3], list(range(3, 23))]
+
+
+def speculative(target, draft, prompts, params, k=4, eos=()):
+    """(token ids per prompt, the engine's counters) from an engine with a draft model."""
+    engine = Engine(target, max_batch=2, eos_ids=list(eos), draft=draft, draft_tokens=k)
+    return [c.token_ids for c in engine.generate(prompts, params)], engine.speculative_stats
+
+
+def plain(target, prompts, params):
+    return [c.token_ids for c in Engine(target, max_batch=4, eos_ids=[]).generate(prompts, params)]
+
+
+def rounds(spec, prompt, params, generator=None, stats=None):
+    return [t for chunk in spec.stream(prompt, params, (), None, generator, stats) for t in chunk]
 
 
 def llama(seed: int, vocab: int = 61, **overrides) -> torch.nn.Module:
@@ -50,20 +60,18 @@ def drafts(target):
 
 
 @pytest.mark.parametrize("kind", ["other", "noisy", "same"])
-def test_greedy_equals_target_greedy(target, drafts, kind):
-    params = SamplingParams(30, temperature=0.0)
+def test_greedy_equals_target_greedy(target, drafts, kind, reference_generate):
+    params = GenerationParams(30, temperature=0.0)
     total = SpeculativeStats()
-    for prompt in PROMPTS:
-        expected = generate(target, [prompt], params)[0]
-        for k in (1, 3, 5):
-            result = speculative_generate(target, drafts[kind], prompt, params, draft_tokens=k)
-            assert result.tokens == expected, (prompt, k)
-            stats = result.stats
-            assert stats.new_tokens == 30 and 0 <= stats.accepted <= stats.proposed
-            if kind == "same":
-                assert stats.acceptance_rate == 1.0
-                assert stats.target_calls == math.ceil(30 / (k + 1))
-            total.add(stats)
+    expected = [reference_generate.generate(target, [p], params)[0] for p in PROMPTS]
+    for k in (1, 3, 5):
+        got, stats = speculative(target, drafts[kind], PROMPTS, params, k)
+        assert got == expected, k
+        assert stats.new_tokens == 30 * len(PROMPTS) and 0 <= stats.accepted <= stats.proposed
+        if kind == "same":
+            assert stats.acceptance_rate == 1.0
+            assert stats.target_calls == len(PROMPTS) * math.ceil(30 / (k + 1))
+        total.add(stats)
     rate = total.acceptance_rate
     assert {"other": rate < 0.2, "noisy": 0.2 < rate < 0.9, "same": rate == 1.0}[kind], rate
 
@@ -84,20 +92,21 @@ def test_sampling_follows_the_target_exactly(sampling):
     the bound is the 1 - 1e-4 quantile (~90)."""
     target, draft = tiny(0), tiny(1)
     prompt, n = [1, 2, 3], 2000
-    params = SamplingParams(3, *sampling)
-    first = processed_probs(target(torch.tensor([prompt]))[0, -1:], params)[0]
+    params = GenerationParams(3, *sampling)
+    first = sampling_probs(target(torch.tensor([prompt]))[0, -1:], params)[0]
     second = torch.stack([
-        processed_probs(target(torch.tensor([prompt + [a]]))[0, -1:], params)[0] for a in range(8)
+        sampling_probs(target(torch.tensor([prompt + [a]]))[0, -1:], params)[0] for a in range(8)
     ])  # fmt: skip
     joint = (first[:, None] * second).flatten().double()
     spec = SpeculativeDecoder(target, draft, draft_tokens=2)
     generator = torch.Generator().manual_seed(0)
     counts = torch.zeros(64, dtype=torch.float64)
     accepted = 0
+    stats = SpeculativeStats()
     for _ in range(n):
-        result = spec.generate(prompt, params, generator=generator)
-        counts[result.tokens[0] * 8 + result.tokens[1]] += 1
-        accepted += result.stats.accepted
+        tokens = rounds(spec, prompt, params, generator, stats)
+        counts[tokens[0] * 8 + tokens[1]] += 1
+    accepted = stats.accepted
     assert 0.2 < accepted / n < 1.8  # both outcomes of the acceptance test happen often
     assert counts[joint == 0].sum() == 0  # top-k / top-p exclusions are never produced
     expected = joint * n
@@ -110,37 +119,37 @@ def test_sampling_follows_the_target_exactly(sampling):
 
 
 def test_seed_is_deterministic(target, drafts):
-    params = SamplingParams(20, temperature=1.0, top_p=0.95, seed=3)
-    spec = SpeculativeDecoder(target, drafts["noisy"], 3)
-    first = spec.generate([1, 2, 3], params).tokens
-    assert spec.generate([1, 2, 3], params).tokens == first
-    other = SamplingParams(20, temperature=1.0, top_p=0.95, seed=4)
-    assert spec.generate([1, 2, 3], other).tokens != first
+    params = GenerationParams(20, temperature=1.0, top_p=0.95, seed=3)
+    first, _ = speculative(target, drafts["noisy"], [[1, 2, 3]], params, 3)
+    assert speculative(target, drafts["noisy"], [[1, 2, 3]], params, 3)[0] == first
+    other = GenerationParams(20, temperature=1.0, top_p=0.95, seed=4)
+    assert speculative(target, drafts["noisy"], [[1, 2, 3]], other, 3)[0] != first
 
 
-def test_eos_stop_fn_and_budget(target, drafts):
-    greedy = SamplingParams(30, temperature=0.0)
-    plain = generate(target, [[1, 2, 3]], greedy)[0]
-    eos = plain[7]
-    spec = SpeculativeDecoder(target, drafts["same"], 4)
-    got = spec.generate([1, 2, 3], greedy, eos_ids=[eos]).tokens
-    assert got == plain[: plain.index(eos) + 1]
-    stop = spec.generate([1, 2, 3], greedy, stop_fn=lambda row, toks: len(toks) == 6).tokens
-    assert stop == plain[:6]
+def test_eos_and_budget(target, drafts):
+    greedy = GenerationParams(30, temperature=0.0)
+    (ref,) = plain(target, [[1, 2, 3]], greedy)
+    eos = ref[7]
+    got, _ = speculative(target, drafts["same"], [[1, 2, 3]], greedy, eos=[eos])
+    assert got[0] == ref[: ref.index(eos) + 1]
     for n in (1, 2, 5, 9):  # every budget is met exactly, whatever K
-        assert len(spec.generate([1, 2, 3], SamplingParams(n, temperature=1.0)).tokens) == n
+        params = GenerationParams(n, temperature=1.0)
+        assert len(speculative(target, drafts["same"], [[1, 2, 3]], params)[0][0]) == n
     long_prompt = [i % 61 for i in range(75)]  # max_seq_len 80: 5 new at most
-    assert spec.generate(long_prompt, greedy).tokens == generate(target, [long_prompt], greedy)[0]
+    got, _ = speculative(target, drafts["same"], [long_prompt], greedy)
+    assert got == plain(target, [long_prompt], greedy) and len(got[0]) == 5
 
 
 def test_vocab_mismatch_and_bad_settings(target):
     with pytest.raises(ConfigError, match="vocab_size=61.*vocab_size=64"):
-        SpeculativeDecoder(target, llama(1, vocab=64))
+        Engine(target, draft=llama(1, vocab=64))
     with pytest.raises(ConfigError, match="draft_tokens"):
-        SpeculativeDecoder(target, target, draft_tokens=0)
+        Engine(target, draft=target, draft_tokens=0)
     windowed = llama(0, sliding_window=8)
     with pytest.raises(ConfigError, match="rewind"):
-        speculative_generate(windowed, windowed, [1, 2], SamplingParams(4))
+        Engine(windowed, draft=windowed)
+    with pytest.raises(ConfigError, match="penalties"):
+        Engine(target, draft=target).add_request([1], GenerationParams(repetition_penalty=1.2))
 
 
 @torch.inference_mode()
@@ -160,9 +169,10 @@ def test_caches_after_sampling_equal_fresh_prefill(target, drafts):
     gives the logits a fresh forward over prompt + output gives."""
     prompt = [1, 2, 3]
     spec = SpeculativeDecoder(target, drafts["noisy"], 4)
-    result = spec.generate(prompt, SamplingParams(25, temperature=1.0, seed=0))
-    assert result.stats.accepted < result.stats.proposed  # rejections happened
-    sequence = torch.tensor([prompt + result.tokens])
+    stats = SpeculativeStats()
+    tokens = rounds(spec, prompt, GenerationParams(25, temperature=1.0), None, stats)
+    assert stats.accepted < stats.proposed  # rejections happened
+    sequence = torch.tensor([prompt + tokens])
     for side, model in ((spec.target_side, target), (spec.draft_side, drafts["noisy"])):
         assert side.committed == sequence.shape[1]
         nxt = side.feed([], last_only=True)[-1]
@@ -192,6 +202,9 @@ def test_lm_generate_complete_stream(lms):
     text = target.complete("to be", **kw)
     assert target.complete("to be", **kw, draft=draft) == text
     assert "".join(target.stream("to be", **kw, draft=draft, draft_tokens=2)) == text[0]
+    stop = text[0][3:5]  # a stop string cuts inside a round of several tokens
+    cut = target.complete("to be", **kw, stop=[stop], draft=draft, draft_tokens=4)
+    assert cut == [text[0][: text[0].index(stop)]]
 
 
 def test_cli_draft_prints_the_same_text(lms, tmp_path, capsys):

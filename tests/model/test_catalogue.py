@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.generate import generate
-from lmforge.infer.sampling import SamplingParams
+from lmforge.infer.engine import Engine
+from lmforge.infer.params import GenerationParams
 from lmforge.model.blocks import ATTENTION_CLASSES
 from lmforge.model.cache import (
     CACHES,
@@ -67,13 +67,14 @@ def test_causality_by_autograd(name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_cached_greedy_equals_uncached(name):
+def test_engine_greedy_equals_uncached(name, reference_generate):
+    """Every variant decodes on the engine (its fast or its per-kind path) to the tokens the
+    plain uncached loop gives."""
     model = tiny(**VARIANTS[name])
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7]]  # different lengths: left padding
-    params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    assert generate(model, prompts, params, use_cache=True) == generate(
-        model, prompts, params, use_cache=False
-    )
+    params = GenerationParams(max_new_tokens=12, temperature=0.0)
+    engine = [c.token_ids for c in Engine(model, max_batch=2, eos_ids=[]).generate(prompts, params)]
+    assert engine == reference_generate.generate(model, prompts, params, use_cache=False)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.errors import CheckpointError, ConfigError, DataError
+from lmforge.infer.params import GenerationParams
 from lmforge.model.config import ModelConfig
 from lmforge.vlm.model import IGNORE, IMAGE, VisionLanguageModel, build_tokenizer
 from lmforge.vlm.vision import VisionConfig
@@ -94,21 +95,49 @@ def test_image_is_visible_only_after_its_position():
     assert not torch.allclose(a[:, -1], b[:, -1])
 
 
+class ImagePrompted(torch.nn.Module):
+    """The reference's view of a VLM: the LM with one batch of image features bound; a call
+    whose ids hold image placeholders gets the features spliced in, and the placeholder id is
+    never sampled (its logit is -inf)."""
+
+    def __init__(self, vlm, features):
+        super().__init__()
+        self.vlm, self.features, self.config = vlm, features, vlm.config
+
+    def forward(self, input_ids, attention_mask=None, cache=None, last_only=False):
+        is_image = input_ids == self.vlm.image_id
+        features = self.features if bool(is_image.any()) else None
+        logits = self.vlm(input_ids, attention_mask=attention_mask, cache=cache,
+                          last_only=last_only, features=features)  # fmt: skip
+        logits[..., self.vlm.image_id] = float("-inf")
+        return logits
+
+
+def reference(vlm, reference_generate, pixels, prompts, n, temperature=0.0):
+    with torch.no_grad():
+        bound = ImagePrompted(vlm.eval(), vlm.image_features(pixels))
+        params = GenerationParams(n, temperature, seed=3)
+        eos = [vlm.tokenizer.eos_id] if vlm.tokenizer.eos_id is not None else []
+        return reference_generate.generate(bound, prompts, params, eos, use_cache=False)
+
+
 @pytest.mark.parametrize(
     "pos,use_cls,patch_embed",
     [("rope", False, "linear"), ("learned", True, "conv"), ("rope", False, "factorised")],
 )
-def test_cached_equals_uncached_generation_with_image_prefix(pos, use_cls, patch_embed):
+def test_engine_generation_with_image_prefix_equals_the_uncached_reference(
+    pos, use_cls, patch_embed, reference_generate
+):
     torch.manual_seed(1)
     vlm = tiny(pos=pos, use_cls=use_cls, patch_embed=patch_embed)
     pixels = torch.randn(3, 3, 16, 16)
     prompts = [vlm.encode_prompt(p, 1) for p in ("", "two", "red circles left")]  # left padding
-    cached = vlm.generate(pixels, prompts, 12, use_cache=True)
-    uncached = vlm.generate(pixels, prompts, 12, use_cache=False)
-    assert cached == uncached and all(len(r) > 0 for r in cached)
-    sampled = [vlm.generate(pixels, prompts, 12, temperature=1.0, seed=3, use_cache=c)
-               for c in (True, False)]  # fmt: skip
-    assert sampled[0] == sampled[1]
+    engine = vlm.generate(pixels, prompts, 12)
+    assert engine == reference(vlm, reference_generate, pixels, prompts, 12)
+    assert all(len(r) > 0 for r in engine)
+    sampled = vlm.generate(pixels, prompts, 12, temperature=1.0, seed=3)
+    assert sampled == vlm.generate(pixels, prompts, 12, temperature=1.0, seed=3)
+    assert all(vlm.image_id not in r for r in sampled)
 
 
 def test_cached_prefill_logits_match_full_recompute():
@@ -124,11 +153,11 @@ def test_cached_prefill_logits_match_full_recompute():
     torch.testing.assert_close(torch.cat([prefix, *rest], 1), full, atol=1e-5, rtol=1e-5)
 
 
-def test_two_images_in_one_prompt_cached_equals_uncached():
+def test_two_images_in_one_prompt_equal_the_uncached_reference(reference_generate):
     vlm = tiny()
     ids = vlm.encode_prompt(f"{IMAGE} left of {IMAGE}", 2)
     pixels = torch.randn(2, 3, 16, 16)
-    assert vlm.generate(pixels, [ids], 8) == vlm.generate(pixels, [ids], 8, use_cache=False)
+    assert vlm.generate(pixels, [ids], 8) == reference(vlm, reference_generate, pixels, [ids], 8)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,183 @@
+"""Turning logits into next tokens, for a running batch where every row has its own settings.
+
+Rows of the engine's batch belong to different requests: one is greedy, another samples at
+temperature 0.7 with top-p 0.9 and a seed, a third wants log-probabilities. Settings live in
+per-row tensors so filtering is one vectorized pass. Randomness is drawn when a request arrives:
+each sample gets its own row of uniforms (from the request's seed, else from torch's global
+generator), and each step consumes one per row by inverse-CDF lookup. So a seeded request gets
+the same tokens whatever else is in the batch, and a step costs the same few ops for 1 row or
+500 (a torch.Generator per row cost one small op per row per step).
+
+The filtering rule (top-k, then top-p on what is left, at a temperature) is `filter_top_k_top_p`,
+used by the engine's sampler and by speculative decoding alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmforge.infer.params import GenerationParams, TokenLogprobs
+from lmforge.infer.penalties import PenaltyState
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """Per-row top-k then top-p (nucleus) filtering: logits [B, V], top_k [B] long, top_p [B];
+    dropped tokens get -inf.
+
+    top-k keeps the k largest logits and any tied with the k-th (as transformers'
+    TopKLogitsWarper). top-p keeps the smallest set of most likely tokens whose probability
+    reaches p: a token is dropped when the more likely tokens before it already reach p, so the
+    most likely token always survives (transformers' TopPLogitsWarper; SPEC's rule).
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    kth = sorted_logits.gather(-1, (top_k.clamp(1, logits.shape[-1]) - 1)[:, None])
+    drop = sorted_logits < kth
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(-1) - probs
+    drop |= before >= top_p[:, None]
+    drop[:, 0] = False  # even when p underflows to 0 in float32
+    drop = torch.zeros_like(drop).scatter(-1, order, drop)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sampling_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+    """[N, V] logits -> the distribution a row with these settings draws from (temperature
+    > 0): softmax(filter(logits / temperature))."""
+    scaled = (logits.float() / params.temperature).clamp(-1e30, 1e30)
+    if params.top_k is not None or params.top_p is not None:
+        n, vocab = scaled.shape
+        top_k = torch.full((n,), min(params.top_k or vocab, vocab), device=scaled.device)
+        top_p = torch.full((n,), params.top_p or 1.0, device=scaled.device)
+        scaled = filter_top_k_top_p(scaled, top_k, top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs [n, V] by inverse CDF, from uniforms u [n] in [0, 1)."""
+    cdf = probs.double().cumsum(-1)
+    picked = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    # u * total can round up to total: fall back to the most likely token (measure zero).
+    return torch.where(picked < probs.shape[-1], picked, probs.argmax(-1))
+
+
+def request_uniforms(
+    n: int, steps: int, seed: int | None, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """[n, steps] uniforms for the n samples of one request: from a generator seeded with
+    `seed`, else from torch's global generator (so torch.manual_seed reproduces a run)."""
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.rand(n, steps, generator=generator, dtype=torch.float64, device=device)
+
+
+class RowSampler:
+    """Per-row temperature / top-k / top-p / penalties / suppressed tokens / uniforms for up to
+    `rows` running sequences of up to `steps` new tokens each."""
+
+    def __init__(self, rows: int, vocab_size: int, steps: int, device: torch.device | str = "cpu"):
+        self.vocab_size, self.device = vocab_size, device
+        self.temperature = torch.zeros(rows, device=device)
+        self.top_k = torch.full((rows,), vocab_size, dtype=torch.long, device=device)
+        self.top_p = torch.ones(rows, device=device)
+        self.uniforms = torch.zeros(rows, steps, dtype=torch.float64, device=device)
+        self.drawn = torch.zeros(rows, dtype=torch.long, device=device)  # uniforms used so far
+        self.greedy = [True] * rows
+        self.filtered = [False] * rows
+        self.penalized = [False] * rows
+        self.suppress: list[torch.Tensor | None] = [None] * rows
+        self.logprobs = [None] * rows  # None = off, k >= 0 = chosen token plus k alternatives
+        self.penalties: PenaltyState | None = None  # allocated when a request first needs it
+
+    def start_row(
+        self, row: int, params: GenerationParams, prompt: list[int], uniforms: torch.Tensor | None
+    ) -> None:
+        """Load a new sequence's settings into `row`; `uniforms` [steps] (None when greedy)."""
+        self.temperature[row] = params.temperature
+        self.top_k[row] = min(params.top_k or self.vocab_size, self.vocab_size)
+        self.top_p[row] = params.top_p or 1.0
+        self.greedy[row] = params.temperature == 0
+        if uniforms is not None:
+            steps = min(uniforms.shape[0], self.uniforms.shape[1])
+            self.uniforms[row, :steps] = uniforms[:steps]
+            self.drawn[row] = 0
+        self.filtered[row] = params.top_k is not None or params.top_p is not None
+        self.penalized[row] = params.has_penalties
+        ids = params.suppress_token_ids
+        self.suppress[row] = torch.as_tensor(ids, device=self.device) if ids else None
+        self.logprobs[row] = params.logprobs
+        if params.has_penalties and self.penalties is None:
+            rows = self.temperature.shape[0]
+            self.penalties = PenaltyState(rows, self.vocab_size, self.device)
+        if self.penalties is not None:
+            p = params
+            self.penalties.start_row(
+                row, prompt, p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+            )
+
+    def move_row(self, src: int, dst: int) -> None:
+        for t in (self.temperature, self.top_k, self.top_p, self.uniforms, self.drawn):
+            t[dst] = t[src]
+        for lst in (self.greedy, self.filtered, self.penalized, self.suppress, self.logprobs):
+            lst[dst] = lst[src]
+        if self.penalties is not None:
+            self.penalties.move_row(src, dst)
+
+    def sample(self, logits: torch.Tensor, lo: int = 0, greedy: torch.Tensor | None = None):
+        """Next tokens for rows lo..lo+n-1 from their last-position logits [n, V] (`greedy`:
+        their argmax, when the caller computed it; not used for penalised rows).
+
+        Returns (tokens tensor [n], the same as a list, per-row TokenLogprobs or None); the
+        `.tolist()` is the step's one host sync.
+        """
+        n = logits.shape[0]
+        rows = slice(lo, lo + n)
+        logits = logits.float()
+        if any(s is not None for s in self.suppress[rows]):
+            logits = logits.clone()
+            for i, ids in enumerate(self.suppress[rows]):
+                if ids is not None:
+                    logits[i, ids] = float("-inf")
+            greedy = None
+        if self.penalties is not None and any(self.penalized[rows]):
+            # Extreme penalties can overflow; keep logits finite so softmax stays a distribution.
+            logits = self.penalties.apply(logits, rows).clamp(-1e30, 1e30)
+            greedy = None
+        # max().indices: argmax's first-maximum rule, ~2x faster on CPU
+        tokens = logits.max(dim=-1).indices if greedy is None else greedy
+        if not all(self.greedy[rows]):
+            sampled = [i for i in range(n) if not self.greedy[lo + i]]
+            pick = slice(None) if len(sampled) == n else torch.as_tensor(sampled)
+            temperature = self.temperature[rows][pick, None].clamp(min=1e-5)
+            scaled = (logits[pick] / temperature).clamp(-1e30, 1e30)
+            if any(self.filtered[rows]):
+                scaled = filter_top_k_top_p(scaled, self.top_k[rows][pick], self.top_p[rows][pick])
+            at = torch.arange(lo, lo + n, device=logits.device)[pick]
+            u = self.uniforms[at, self.drawn[at]]
+            self.drawn[at] += 1
+            tokens[pick] = draw(torch.softmax(scaled, dim=-1), u)
+        if self.penalties is not None:
+            self.penalties.observe(tokens, lo)
+        wanted = self.logprobs[rows]
+        if all(k is None for k in wanted):
+            return tokens, tokens.tolist(), [None] * n
+        return tokens, tokens.tolist(), self._logprobs(logits, tokens, wanted)
+
+    @staticmethod
+    def _logprobs(logits, tokens, wanted) -> list[TokenLogprobs | None]:
+        """Log-probabilities under the model's distribution (after penalties, before
+        temperature and filtering, as the OpenAI API reports them)."""
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(-1, tokens[:, None])[:, 0].tolist()
+        k = max(w for w in wanted if w is not None)
+        top_v, top_i = logp.topk(k, dim=-1) if k else (logp[:, :0], tokens[:, None][:, :0])
+        top_v, top_i, toks = top_v.tolist(), top_i.tolist(), tokens.tolist()
+        out: list[TokenLogprobs | None] = []
+        for row, w in enumerate(wanted):
+            if w is None:
+                out.append(None)
+                continue
+            top = list(zip(top_i[row][:w], top_v[row][:w]))
+            out.append(TokenLogprobs(toks[row], chosen[row], top))
+        return out
