@@ -1,0 +1,263 @@
+"""Kahneman-Tversky Optimisation (Ethayarajh et al. 2024; TRL's KTOTrainer): learn from
+unpaired thumbs-up / thumbs-down completions against a frozen reference.
+
+Every example is a prompt, one completion and a binary label. With r = log π(y|x) - log π_ref(y|x)
+(sequence sums over completion tokens), a desirable completion costs λ_D·(1 - σ(β(r - z₀))) and an
+undesirable one λ_U·(1 - σ(β(z₀ - r))) (`preference_losses.kto_loss`, checked against TRL in
+tests/align/test_trl_oracle.py). The reference point z₀ estimates KL(π‖π_ref) as TRL does: each
+step pairs every prompt of the batch with the completion of the previous row (a mismatched pair,
+"x with some other y"), scores those pairs under π and π_ref without gradients, and takes
+max(0, mean(log π - log π_ref)). π_ref log-probs of the real pairs are computed once up front.
+
+Data (`data`): JSONL lines
+  {"prompt": ..., "completion": ..., "label": true|false}
+with prompt/completion as strings or message lists (a message-list prompt with a string
+completion is rendered with the chat template, as the DPO loader does), or a conversation
+{"messages": [...], "label": ...} whose assistant turns are the completion. A paired line
+{"prompt", "chosen", "rejected"} (or an HH dialogue pair) gives two examples, chosen desirable and
+rejected undesirable (TRL's `unpair_preference_dataset`); `task:NAME` sources are unpaired the
+same way. A line with none of these, or a label that is not a boolean, is a DataError naming
+file:line.
+
+Held-out metric: the KTO reward margin, mean β·r over desirable completions minus mean β·r over
+undesirable ones (0 at the start, since π = π_ref); it should rise as training separates them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lmforge.align import data as D
+from lmforge.align.dpo import completion_logprobs
+from lmforge.align.preference_losses import KTO_LOSS_TYPES, kto_loss
+from lmforge.align.replay import ReplayConfig, with_replay
+from lmforge.align.sft import split_dataset
+from lmforge.align.trainer import AlignConfig, AlignTrainer
+from lmforge.errors import ConfigError, DataError
+from lmforge.peft.config import PeftConfig, apply_peft
+from lmforge.peft.export import export_peft
+
+
+@dataclass
+class KTOConfig(ReplayConfig, PeftConfig, AlignConfig):
+    """A KTO run (`lmforge kto`). Fields on top of AlignConfig / PeftConfig / ReplayConfig:
+
+    - ``data``: unpaired examples (JSONL as in the module docstring) or a ``task:`` source,
+      whose verifier-labelled pairs are split into one desirable and one undesirable example.
+    - ``beta``: β, the scale of the implicit reward β·r inside the sigmoid (TRL default 0.1).
+    - ``desirable_weight`` / ``undesirable_weight``: λ_D and λ_U. KTO's authors recommend
+      λ_D·n_D / (λ_U·n_U) in [1, 4/3]; when the data is imbalanced raise the rarer side's weight
+      (a ratio outside that range is logged, not refused).
+    - ``loss_type``: ``kto`` (the paper's loss, with the KL reference point z₀) or
+      ``apo_zero_unpaired`` (APO-zero: desirable pushed up, undesirable pushed down, no z₀).
+    - ``kl_estimate``: compute z₀ from mismatched pairs each step (True, TRL's default); False
+      fixes z₀ = 0, which saves the two extra forward passes (TRL's ``calculate_KL=False``).
+    - ``precompute_ref``: score every example under π_ref once instead of every step.
+    """
+
+    out_dir: str = "out/kto"
+    data: str = "task:add"
+    beta: float = 0.1
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    loss_type: str = "kto"
+    kl_estimate: bool = True
+    precompute_ref: bool = True
+    lr: float = 1e-4
+    warmup_iters: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss_type not in KTO_LOSS_TYPES:
+            raise ConfigError(
+                f"loss_type must be one of {', '.join(KTO_LOSS_TYPES)}, got {self.loss_type!r}"
+            )
+        if self.beta <= 0:
+            raise ConfigError(f"beta must be > 0, got {self.beta}")
+        if self.desirable_weight <= 0 or self.undesirable_weight <= 0:
+            raise ConfigError(
+                "desirable_weight and undesirable_weight must be > 0, got "
+                f"{self.desirable_weight}, {self.undesirable_weight}"
+            )
+        if self.loss_type == "apo_zero_unpaired":
+            self.kl_estimate = False  # APO has no reference point: skip the KL passes
+
+
+@dataclass
+class UnpairedExample:
+    """One completion with its label: an SFTExample (prompt masked in labels) + desirable."""
+
+    example: D.SFTExample
+    desirable: bool
+
+
+def unpaired_records(record: Any) -> list[tuple[dict, bool]]:
+    """The (SFT record, desirable) pairs of one line: a labelled completion or conversation, or
+    a preference pair split in two. Raises DataError saying what is missing."""
+    if not isinstance(record, dict):
+        raise DataError(f"expected a JSON object, got {type(record).__name__}")
+    if "label" not in record:
+        if "chosen" in record or "rejected" in record:
+            prompt, chosen, rejected = D.preference_parts(record)
+            return [({"prompt": prompt, "response": chosen}, True),
+                    ({"prompt": prompt, "response": rejected}, False)]  # fmt: skip
+        raise DataError(
+            "missing field 'label' (true = desirable, false = undesirable; or give a "
+            "preference pair with 'chosen' and 'rejected')"
+        )
+    label = record["label"]
+    if not isinstance(label, bool):
+        raise DataError(f"'label' must be true or false, got {label!r}")
+    if "messages" in record:
+        return [({"messages": record["messages"]}, label)]
+    prompt = D._first(record, D.PROMPT_KEYS, "the prompt")
+    completion = D._first(record, D.RESPONSE_KEYS, "the completion")
+    return [({"prompt": prompt, "response": completion}, label)]
+
+
+def load_unpaired(source, tokenizer, max_len: int, skip_invalid: bool = False,
+                  add_bos: bool = False, **task_kw) -> D.Dataset:  # fmt: skip
+    """Unpaired examples from a JSONL file, a list of dicts, or `task:NAME` (pairs split)."""
+    kind = "preference" if isinstance(source, str) and source.startswith("task:") else "sft"
+    pairs = D.records_from(source, kind, **task_kw)
+    out = D.Dataset([])
+    for where, record in pairs:
+        try:
+            out.examples += [
+                UnpairedExample(D.encode_sft(r, tokenizer, max_len, add_bos), label)
+                for r, label in unpaired_records(record)
+            ]
+        except DataError as err:
+            if not skip_invalid:
+                raise DataError(f"{where}: {err}") from err
+            out.skipped += 1
+            out.reasons.append(f"{where}: {err}")
+    if not out.examples:
+        raise DataError(f"{source}: no valid examples ({out.skipped} skipped: {out.reasons[:1]})")
+    return out
+
+
+def mismatched(rows: list[D.SFTExample], max_len: int) -> list[D.SFTExample]:
+    """Row i's prompt with row i-1's completion (TRL's KL pairs: the batch rotated by one)."""
+    out = []
+    for i, row in enumerate(rows):
+        other = rows[i - 1]
+        p, q = row.prompt_len, other.prompt_len
+        ids = (row.input_ids[:p] + other.input_ids[q:])[:max_len]
+        labels = ([D.IGNORE] * p + other.labels[q:])[:max_len]
+        out.append(D.SFTExample(ids, labels))
+    return out
+
+
+class KTOTrainer(AlignTrainer):
+    """KTO against a frozen copy of the starting policy."""
+
+    name = "kto"
+    curves = [("train", "loss"), ("eval", "loss"), ("train", "margin"), ("eval", "margin"),
+              ("train", "kl"), ("eval", "kl")]  # fmt: skip
+
+    def setup(self) -> None:
+        cfg: KTOConfig = self.cfg
+        loader = lambda src, **kw: load_unpaired(  # noqa: E731
+            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw
+        )
+        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
+        if train.skipped:
+            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
+        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+        n_good = sum(e.desirable for e in self.train_examples)
+        n_bad = len(self.train_examples) - n_good
+        if n_good == 0 or n_bad == 0:
+            raise DataError(
+                f"{cfg.data}: KTO needs desirable and undesirable examples; the training split "
+                f"has {n_good} desirable and {n_bad} undesirable"
+            )
+        ratio = cfg.desirable_weight * n_good / (cfg.undesirable_weight * n_bad)
+        if not 1 <= ratio <= 4 / 3:
+            self.log(f"kto: λ_D·n_D / (λ_U·n_U) = {ratio:.2f} ({n_good} desirable, {n_bad} "
+                     "undesirable); the KTO paper recommends 1 to 4/3")  # fmt: skip
+        self.ref = copy.deepcopy(self.lm.model).eval().requires_grad_(False)
+        apply_peft(self.lm.model, cfg)
+        self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
+        self.ref_eval = self._ref_logps(self.eval_examples)
+
+    def _collate(self, rows: list[D.SFTExample]) -> dict[str, Tensor]:
+        return {k: v.to(self.device) for k, v in D.collate_sft(rows, self.pad_id).items()}
+
+    @torch.no_grad()
+    def _ref_logps(self, examples: list[UnpairedExample]) -> Tensor:
+        out = [completion_logprobs(self.ref, self._collate([e.example for e in
+                                                            examples[i : i + 64]]))
+               for i in range(0, len(examples), 64)]  # fmt: skip
+        return torch.cat(out)
+
+    def num_examples(self) -> int:
+        return len(self.train_examples)
+
+    def _make_batch(self, examples: list[UnpairedExample], ref: Tensor | None) -> dict[str, Tensor]:
+        rows = [e.example for e in examples]
+        b = self._collate(rows)
+        b["desirable"] = torch.tensor([e.desirable for e in examples], device=self.device)
+        with torch.no_grad():
+            b["ref"] = ref if ref is not None else completion_logprobs(self.ref, b)
+            if self.cfg.kl_estimate and len(rows) > 1:
+                kl = self._collate(mismatched(rows, self.cfg.max_len))
+                # z₀ is detached in the loss, so neither pass needs gradients (as TRL)
+                b["kl_policy"] = completion_logprobs(self.lm.model, kl)
+                b["kl_ref"] = completion_logprobs(self.ref, kl)
+        return b
+
+    def batch(self, indices):
+        ref = self.ref_train[indices] if self.ref_train is not None else None
+        return self._make_batch([self.train_examples[i] for i in indices], ref)
+
+    def _loss(self, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, z₀, β·r per row)."""
+        cfg: KTOConfig = self.cfg
+        policy = completion_logprobs(self.lm.model, b)
+        loss, z0 = kto_loss(policy, b["ref"], b["desirable"], b.get("kl_policy"),
+                            b.get("kl_ref"), cfg.beta, cfg.desirable_weight,
+                            cfg.undesirable_weight, cfg.loss_type)  # fmt: skip
+        return loss, z0, (cfg.beta * (policy - b["ref"])).detach()
+
+    @staticmethod
+    def _stats(rewards: Tensor, desirable: Tensor) -> dict[str, float]:
+        good, bad = rewards[desirable], rewards[~desirable]
+        stats = {}
+        if len(good):
+            stats["reward_desirable"] = good.mean().item()
+        if len(bad):
+            stats["reward_undesirable"] = bad.mean().item()
+        if len(good) and len(bad):
+            stats["margin"] = stats["reward_desirable"] - stats["reward_undesirable"]
+        return stats
+
+    def loss(self, batch):
+        loss, z0, rewards = self._loss(batch)
+        stats = {"kl": z0.item(), **self._stats(rewards, batch["desirable"])}
+        return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss, reference point z₀ and the desirable - undesirable reward margin."""
+        losses, kls, rewards, labels = [], [], [], []
+        for i in range(0, len(self.eval_examples), 64):
+            part = self.eval_examples[i : i + 64]
+            b = self._make_batch(part, self.ref_eval[i : i + 64])
+            loss, z0, r = self._loss(b)
+            losses.append(loss.item() * len(part))
+            kls.append(z0.item() * len(part))
+            rewards.append(r)
+            labels.append(b["desirable"])
+        n = len(self.eval_examples)
+        return {"loss": sum(losses) / n, "kl": sum(kls) / n,
+                **self._stats(torch.cat(rewards), torch.cat(labels))}  # fmt: skip
+
+    def export(self, path: Path) -> None:
+        export_peft(self.lm.model, self.tokenizer, path, self.cfg)
