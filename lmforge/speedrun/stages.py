@@ -21,10 +21,12 @@ from typing import Any
 import torch
 import yaml
 
+from lmforge.align.methods import METHODS
 from lmforge.errors import LMForgeError
 from lmforge.fileio import read_json, write_json, write_text
 from lmforge.train.checkpoint import STATE_FILE
 from lmforge.train.config import build_config
+from lmforge.train.pretrain import Pretrainer, TrainConfig
 
 
 @dataclass
@@ -84,14 +86,13 @@ class TokenizerStage(Stage):
 
 # ----------------------------------------------------------------------------- trainers
 
-# stage -> (lmforge subcommand, module, config class, trainer class)
+# stage -> (lmforge subcommand, config class, trainer class); post-training from the registry
 TRAINERS = {
-    "pretrain": ("pretrain", "lmforge.train.pretrain", "TrainConfig", "Pretrainer"),
-    "sft": ("sft", "lmforge.align.sft", "SFTConfig", "SFTTrainer"),
-    "reward": ("reward", "lmforge.align.reward", "RewardConfig", "RewardTrainer"),
-    "dpo": ("dpo", "lmforge.align.dpo", "DPOConfig", "DPOTrainer"),
-    "grpo": ("grpo", "lmforge.align.grpo", "GRPOConfig", "GRPOTrainer"),
-    "ppo": ("ppo", "lmforge.align.ppo", "PPOConfig", "PPOTrainer"),
+    "pretrain": ("pretrain", TrainConfig, Pretrainer),
+    **{
+        stage: (stage, METHODS[stage].config, METHODS[stage].trainer)
+        for stage in ("sft", "reward", "dpo", "grpo", "ppo")
+    },
 }
 
 
@@ -112,7 +113,7 @@ class TrainerStage(Stage):
         }
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        command, module_name, cfg_name, trainer_name = TRAINERS[self.name]
+        command, config_class, trainer_class = TRAINERS[self.name]
         out_dir = ctx.dir(self.name)
         cfg = self.config(ctx)
         resume = (out_dir / STATE_FILE).is_file() or any(out_dir.glob("state/*"))
@@ -121,9 +122,8 @@ class TrainerStage(Stage):
         if ctx.plan["nproc"] > 1:
             self._torchrun(ctx, command, cfg, resume)
         else:
-            module = importlib.import_module(module_name)
-            config = build_config(getattr(module, cfg_name), None, cfg)
-            getattr(module, trainer_name)(config, resume=resume, log=ctx.log).run()
+            config = build_config(config_class, None, cfg)
+            trainer_class(config, resume=resume, log=ctx.log).run()
         return self.summary(read_json(out_dir / "final_metrics.json", "stage metrics"))
 
     def _torchrun(self, ctx: RunContext, command: str, cfg: dict, resume: bool) -> None:

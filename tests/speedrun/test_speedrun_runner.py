@@ -125,15 +125,12 @@ def test_a_folder_that_is_not_a_speedrun_is_refused(tmp_path, stages):
 
 @pytest.mark.parametrize("preset", ["cpu-tiny", "cpu-small", "gpu-1", "gpu-8"])
 def test_every_preset_builds_valid_trainer_configs(tmp_path, preset):
-    import importlib
-
     from lmforge.speedrun.stages import STAGES, TRAINERS, RunContext
     from lmforge.train.config import build_config
 
     ctx = RunContext(resolve_plan(preset), tmp_path)
-    for stage, (_, module, cfg_name, _) in TRAINERS.items():
-        cfg = build_config(getattr(importlib.import_module(module), cfg_name), None,
-                           STAGES[stage].config(ctx))  # fmt: skip
+    for stage, (_, config_class, _) in TRAINERS.items():
+        cfg = build_config(config_class, None, STAGES[stage].config(ctx))
         assert cfg.out_dir == str(tmp_path / stage)
         if stage != "pretrain":
             assert cfg.data.endswith(":chat") and cfg.data.startswith("task:")
