@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
+from lmforge.align.kto import KTOConfig, KTOTrainer
 from lmforge.align.ppo import PPOConfig, PPOTrainer
+from lmforge.align.reference_free import ORPOConfig, ORPOTrainer, SimPOConfig, SimPOTrainer
 from lmforge.align.reward import RewardConfig, RewardTrainer
 from lmforge.align.rsft import RSFTConfig, RSFTTrainer
 from lmforge.align.sft import SFTConfig, SFTTrainer
@@ -39,6 +41,13 @@ METHODS: dict[str, Method] = {
     "dpo": Method(DPOConfig, DPOTrainer,
                   "direct preference optimisation against a frozen reference",
                   "--init out/sft --data pairs.jsonl --beta 0.1"),
+    "kto": Method(KTOConfig, KTOTrainer, "KTO: unpaired good/bad completions against a reference",
+                  "--init out/sft --data labelled.jsonl --desirable_weight 1.0"),
+    "orpo": Method(ORPOConfig, ORPOTrainer, "ORPO: SFT + odds-ratio preference, no reference",
+                   "--init out/pretrain --data pairs.jsonl --beta 0.1"),
+    "simpo": Method(SimPOConfig, SimPOTrainer,
+                    "SimPO / CPO (loss_type simpo|sigmoid|hinge|ipo): no reference model",
+                    "--init out/sft --data pairs.jsonl --beta 2.0 --simpo_gamma 0.5"),
     "continual": Method(ContinualConfig, ContinualTrainer,
                         "learn a new task with L2 / EWC / replay against forgetting",
                         "--init out/sft --data task:sub --old_data task:add --regularizer ewc"),

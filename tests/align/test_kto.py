@@ -117,3 +117,15 @@ def test_one_sided_data_and_bad_config(tmp_path):
         KTOConfig(loss_type="dpo")
     with pytest.raises(ConfigError, match="undesirable_weight"):
         KTOConfig(undesirable_weight=0)
+
+
+def test_cli_verb_prints_one_line(tmp_path, capsys):
+    from lmforge.cli.main import main
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "c", "completion": "d"}\n')
+    out = tmp_path / "out"
+    status = main(["kto", "--data", str(path), "--out_dir", str(out), "--model.n_layer", "1"])
+    err = capsys.readouterr().err.strip()
+    assert status != 0 and f"{path}:1: missing field 'label'" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
