@@ -64,7 +64,11 @@ POSITION_KINDS = (*ABSOLUTE_POSITIONS, "rope", "none")  # every valid config.pos
 
 
 def _default_freq(head_dim: int, base: float) -> torch.Tensor:
-    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    # Rounded as transformers computes it (float32 exponents and pow; nanochat and llama.cpp
+    # also work in float32): float64 here made imported checkpoints' logits drift ~1e-4 from
+    # transformers' at long positions. Returned in float64 for the scalings' arithmetic.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return (1.0 / (base**exponents)).double()
 
 
 def _rope_default(head_dim, base, scaling, seq_len):
