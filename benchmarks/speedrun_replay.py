@@ -33,6 +33,12 @@ CANDIDATES: dict[str, dict[str, dict]] = {
         "replay1": {"replay_coef": 1.0},
         "replay0.5": {"replay_coef": 0.5},
         "replay1-b4": {"replay_coef": 1.0, "replay_batch_size": 4},
+        "replay1-b2": {"replay_coef": 1.0, "replay_batch_size": 2},
+        "replay0.5-b4": {"replay_coef": 0.5, "replay_batch_size": 4},
+        "replay1-b4-s600": {"replay_coef": 1.0, "replay_batch_size": 4, "max_iters": 600,
+                            "eval_interval": 300},
+        "replay1-b4-s225": {"replay_coef": 1.0, "replay_batch_size": 4, "max_iters": 225,
+                            "eval_interval": 225},
         "lr3e-4": {"lr": 3.0e-4, "min_lr": 3.0e-5},
         "steps150": {"max_iters": 150, "eval_interval": 150},
         "lora": {"peft": "lora", "lora_targets": "qkv_proj,o_proj,up_proj,down_proj"},
@@ -75,7 +81,7 @@ def validation_records(task_source: str, n: int, task: str) -> list[dict]:
 def score(model_dir: Path, base: Path, records: list[dict], ppl_tokens: int) -> dict[str, float]:
     import numpy as np
 
-    from lmforge.align.sft import exact_match
+    from lmforge.align.sft import greedy_accuracy
     from lmforge.data.shards import TokenShard
     from lmforge.eval.perplexity import perplexity
     from lmforge.lm import LM
@@ -85,7 +91,7 @@ def score(model_dir: Path, base: Path, records: list[dict], ppl_tokens: int) -> 
     ids = np.asarray(TokenShard.open(base / "pretrain" / "data" / "val.bin").tokens[ppl_tokens:])
     ppl = perplexity(lm.model, ids.tolist(), lm.tokenizer.token_byte_lengths())
     return {"val_ppl": ppl.perplexity, "val_bpb": ppl.bits_per_byte,
-            "val_acc": exact_match(lm, records, 6)}  # fmt: skip
+            "val_acc": greedy_accuracy(lm, records, 6)}  # fmt: skip
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ a report (report.md / report.html). Rerunning skips finished stages; --from redo
     lmforge speedrun --preset cpu-tiny
     lmforge speedrun --preset cpu-tiny --out runs/tiny --sft.max_iters 400
     lmforge speedrun --preset cpu-tiny --from grpo       # redo GRPO and what follows
+    lmforge speedrun --preset cpu-tiny --deterministic   # one thread: reproducible numbers
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def register(sub) -> None:
     p.add_argument("--corpus", help="pretraining text: file, folder, .jsonl, hf:NAME, builtin:…")
     p.add_argument("--config", help="YAML file: global keys and one mapping per stage")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="one thread and deterministic algorithms: the same numbers on every run on one kind "
+        "of CPU (slower; by default every core is used)",
+    )
     p.epilog = (
         "Any stage setting can be overridden as --STAGE.KEY VALUE (e.g. --grpo.max_iters 50)."
     )
@@ -39,6 +46,8 @@ def run(args) -> int:
     overrides = parse_overrides(args.overrides)
     if args.corpus:
         overrides["corpus"] = args.corpus
+    if args.deterministic:
+        overrides["deterministic"] = True
     plan = resolve_plan(args.preset, args.config, overrides)
     out = args.out or f"out/speedrun-{args.preset}"
     Speedrun(plan, out, progress=not args.no_progress).run(args.redo_from)

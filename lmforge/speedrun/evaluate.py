@@ -1,7 +1,7 @@
 """The speedrun's common yardstick: every model the pipeline made, measured the same way.
 
 Each stage's trainer reports its own metric (val loss, pair accuracy, ...), but those are not
-comparable across stages. Here every checkpoint gets the same five numbers, so the report can show
+comparable across stages. Here every checkpoint gets the same numbers, so the report can show
 what each stage added:
 
   perplexity   on the pretraining corpus' held-out tokens (did fine-tuning cost language?)
@@ -9,6 +9,9 @@ what each stage added:
   accuracy     greedy exact match on held-out task problems (tasks.verify)
   reward       the trained reward model's mean score of the greedy answers to those problems
   kl           mean per-completion KL(π ‖ π_sft) of sampled answers (how far alignment moved)
+  core         CORE (lmforge/eval/core.py) on a few fast tasks, when their files are on disk
+
+and greedy replies to a fixed set of chat prompts (`chat_samples`), shown in the report.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from lmforge.align import data as D
 from lmforge.align.rollout import ModelReward, RolloutEngine
 from lmforge.align.sft import greedy_accuracy
 from lmforge.data.shards import TokenShard
+from lmforge.errors import DataError
 from lmforge.eval.perplexity import PerplexityResult, perplexity
 from lmforge.lm import LM
 
@@ -32,6 +36,43 @@ def heldout_perplexity(lm: LM, val_bin: Path, n_tokens: int) -> PerplexityResult
     (bytes counted over exactly the scored tokens, by the model's tokenizer)."""
     ids = TokenShard.open(val_bin).tokens[:n_tokens].tolist()
     return perplexity(lm.model, ids, lm.tokenizer.token_byte_lengths())
+
+
+def find_core_data(setting: str | None) -> Path | None:
+    """The folder of CORE task files for plan `eval.core_data`: a path, None/"none" (off), or
+    "auto": ../shared/data/core beside the working directory or beside the lmforge checkout,
+    else lmforge's cache folder when it holds them. Never downloads (the speedrun runs offline)."""
+    if setting in (None, "none"):
+        return None
+    if setting != "auto":
+        return Path(setting)
+    from lmforge.eval.core import default_data_dir
+
+    checkout = Path(__file__).resolve().parents[2]
+    for folder in (Path.cwd().parent / "shared" / "data" / "core",
+                   checkout.parent / "shared" / "data" / "core", default_data_dir()):  # fmt: skip
+        if folder.is_dir() and any(folder.glob("*.jsonl")):
+            return folder
+    return None
+
+
+def core_score(lm: LM, folder: Path, tasks: str, max_per_task: int) -> float:
+    """CORE (mean centered accuracy) of `lm` over the named tasks, `max_per_task` items each."""
+    from lmforge.eval.core import evaluate_core, select_tasks
+
+    chosen = [t for t in select_tasks(tasks) if (folder / t.file).is_file()]
+    if not chosen:
+        raise DataError(f"{folder}: none of the CORE task files for {tasks!r}")
+    return evaluate_core(lm, folder, chosen, max_per_task=max_per_task).core
+
+
+@torch.no_grad()
+def chat_samples(lm: LM, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy replies to user turns, rendered with the model's chat template as SFT trains."""
+    tok = lm.tokenizer
+    ids = [D.prompt_ids({"prompt": [{"role": "user", "content": p}]}, tok) for p in prompts]
+    outs = lm.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0)
+    return [tok.decode(o, skip_special_tokens=True).strip() for o in outs]
 
 
 def _engine(lm: LM, max_new_tokens: int, reference=None) -> RolloutEngine:
@@ -72,8 +113,12 @@ def evaluate_models(
     settings: dict[str, Any],
     device: torch.device,
     log=print,
+    core_data: Path | None = None,
+    samples: dict[str, list[dict[str, str]]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{stage: {perplexity, bpb, accuracy, reward, kl}} for each checkpoint in `models`."""
+    """{stage: {perplexity, bpb, accuracy, reward, kl, core}} for each checkpoint in `models`
+    (core when `core_data` is a folder of CORE task files); with `samples` a dict, each stage's
+    greedy replies to settings["chat_prompts"] are put in it."""
     from lmforge.align.reward import RewardModel
 
     rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
@@ -93,6 +138,13 @@ def evaluate_models(
             row["reward"] = mean_reward(lm, records, rm, new_tokens)
         if ref is not None:
             row["kl"] = kl_to_reference(lm, ref, kl_records, new_tokens)
+        if core_data is not None:
+            row["core"] = core_score(lm, core_data, settings["core_tasks"],
+                                     settings["core_per_task"])  # fmt: skip
+        if samples is not None and settings.get("chat_prompts"):
+            prompts = settings["chat_prompts"]
+            replies = chat_samples(lm, prompts, settings.get("sample_tokens", 48))
+            samples[stage] = [{"prompt": p, "reply": r} for p, r in zip(prompts, replies)]
         if not all(math.isfinite(v) for v in row.values()):
             log(f"warning: {stage} has a non-finite metric: {row}")
         log("  " + f"{stage:<9}" + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))

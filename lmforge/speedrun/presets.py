@@ -21,12 +21,25 @@ from lmforge.fileio import load_yaml
 
 STAGE_ORDER = ("tokenizer", "pretrain", "sft", "reward", "dpo", "grpo", "ppo", "eval", "rag")
 
+# REPLAY. SFT, DPO and GRPO add replay_coef x the next-token loss on replay_batch_size windows of
+# 128 tokens of the pretraining stage's train.bin (align/replay.py; the stage fills in
+# replay_data), so that fine-tuning on the task does not cost the model its language. Chosen with
+# benchmarks/speedrun_replay.py on validation data the report never shows (docs ppl: val.bin
+# after the first eval.ppl_tokens tokens, the yardstick's; val acc: greedy exact match on 300
+# train-split problems no stage trains on); ratio = ppl / the pretrained model's (69.3 there).
+# SFT candidates, cpu-tiny otherwise (2-core AMD EPYC, heavily loaded, 1 thread each):
+#   candidate                               val docs ppl    ratio   val acc  (test-split em)
+#   no replay, lr 1e-3, 450 steps              9,326,140  134,610     0.787  (0.570)
+
 # Settings every preset shares; presets below override what differs.
 BASE: dict[str, Any] = {
     "corpus": "builtin:pydoc",  # pretraining text (and the RAG documents when it is builtin:pydoc)
     "task": "add:2",  # the built-in verifiable task for SFT, preferences and RL (align/tasks.py)
     "nproc": 1,  # > 1: training stages run under `torchrun --nproc_per_node N`
-    "threads": None,  # CPU threads for in-process stages (None: PyTorch's default)
+    "threads": None,  # CPU threads for in-process stages (None: PyTorch's default, every core)
+    # one thread and torch.use_deterministic_algorithms: the same numbers on every run on one
+    # kind of CPU (float kernels differ between CPU kinds, so not across them)
+    "deterministic": False,
     "device": "auto",
     "stages": list(STAGE_ORDER),
     "tokenizer": {"vocab_size": 2048, "split_digits": True},
@@ -62,6 +75,8 @@ BASE: dict[str, Any] = {
         "warmup_iters": 30,
         "eval_interval": 225,
         "eval_generate": 200,
+        "replay_coef": 1.0,  # + replay of pretraining text (see REPLAY above)
+        "replay_batch_size": 4,
         "max_new_tokens": 6,
     },
     "reward": {
@@ -86,6 +101,8 @@ BASE: dict[str, Any] = {
         "lr": 2.0e-4,
         "beta": 0.1,
         "rpo_alpha": 1.0,
+        "replay_coef": 1.0,  # + replay of pretraining text (see REPLAY above)
+        "replay_batch_size": 4,
         "eval_interval": 150,
     },
     "grpo": {
@@ -94,6 +111,8 @@ BASE: dict[str, Any] = {
         "batch_size": 64,
         "group_size": 8,
         "scale": "std",
+        "replay_coef": 1.0,  # + replay of pretraining text (see REPLAY above)
+        "replay_batch_size": 4,
         "max_new_tokens": 6,
         "max_iters": 150,
         "lr": 1.0e-4,
@@ -118,14 +137,28 @@ BASE: dict[str, Any] = {
         "kl_coef": 0.05,
         "eval_interval": 25,
     },
-    "eval": {"n_problems": 200, "ppl_tokens": 8192, "kl_samples": 64, "max_new_tokens": 6},
+    "eval": {
+        "n_problems": 200,
+        "ppl_tokens": 8192,
+        "kl_samples": 64,
+        "max_new_tokens": 6,
+        # CORE on its two quickest tasks (0-shot, two options, 100 items each: ~5 s a model on
+        # 2 cores; arc_easy/piqa took 4-8x longer); "auto" finds ../shared/data/core or the
+        # `lmforge eval core` cache and skips CORE when neither holds the files
+        "core_data": "auto",
+        "core_tasks": "copa,winograd",
+        "core_per_task": 100,
+        # greedy replies shown in the report for every model: a task problem as SFT saw it,
+        # a question about the pretraining docs, and an open request
+        "chat_prompts": ["47+38=", "What does the break statement do?", "Tell me about lists."],
+        "sample_tokens": 40,
+    },
     "rag": {"encoder": "none", "k": 3, "chunk_size": 120, "overlap": 30},
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # about 5 minutes on 2 CPU cores; PPO is left to the larger presets
-    # one thread: tiny matrices gain little from a second one, and a busy machine costs it a lot
-    "cpu-tiny": {"stages": [s for s in STAGE_ORDER if s != "ppo"], "threads": 1},
+    # under 15 minutes on 2 CPU cores, every core used; PPO is left to the larger presets
+    "cpu-tiny": {"stages": [s for s in STAGE_ORDER if s != "ppo"]},
     # a longer CPU run on a harder task (+, - and x): a wider model, longer stages, PPO against a
     # reward model trained on the SFT policy's own samples, and a hybrid RAG index. Only cpu-tiny
     # has been timed end to end on 2 cores; the larger presets are starting points.
@@ -211,7 +244,7 @@ PRESETS["gpu-8"] = _merge(
 
 def check_plan(plan: dict[str, Any], where: str) -> None:
     """Reject unknown keys and stage names with one message naming them."""
-    globals_ = {"corpus", "task", "nproc", "threads", "device", "stages"}
+    globals_ = {"corpus", "task", "nproc", "threads", "deterministic", "device", "stages"}
     unknown = sorted(set(plan) - globals_ - set(STAGE_ORDER))
     if unknown:
         raise ConfigError(

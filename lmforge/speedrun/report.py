@@ -1,9 +1,11 @@
 """The speedrun's report card: `report.md` and `report.html` from the same tables, plus plots.
 
-Sections: one table comparing every model on the eval yardstick (the point of the run: what each
-stage added), then one small table per stage with its own numbers and wall time, the RAG answers
-with their sources, three plots (losses, rewards, accuracy by stage) and the commands to chat with
-and serve the result.
+Sections: the machine it ran on, one table comparing every model on the eval yardstick (the point
+of the run: what each stage added), greedy chat samples from every model, one small table per
+stage with its own numbers and wall time, the RAG answers with their sources, three plots
+(losses, rewards, accuracy by stage) and the commands to chat with and serve the result.
+`readme_tables.md` holds the two tables of the README's speedrun section, as the README prints
+them, with the CPU they came from.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def eval_table(out: Path) -> Table | None:
     if not path.is_file():
         return None
     table = read_json(path, "eval results")
-    metrics = [m for m in ("perplexity", "bpb", "accuracy", "reward", "kl") if any(
+    metrics = [m for m in ("perplexity", "bpb", "accuracy", "reward", "kl", "core") if any(
         m in row for row in table.values())]  # fmt: skip
     rows = [[stage] + [_fmt(row.get(m, "")) for m in metrics] for stage, row in table.items()]
     return ["model after", *metrics], rows
@@ -68,6 +70,105 @@ def rag_table(out: Path) -> Table | None:
         right = "yes" if a["expected_source"] in a["sources"] else "no"
         rows.append([a["question"], first, ", ".join(a["sources"]), a["expected_source"], right])
     return ["question", "answer (first line)", "cited sources", "expected", "right source"], rows
+
+
+def samples_table(out: Path) -> Table | None:
+    """Every model's greedy reply to each fixed chat prompt (eval stage's samples.json), grouped
+    by prompt so the stages read one after another."""
+    path = out / "eval" / "samples.json"
+    if not path.is_file():
+        return None
+    by_stage = read_json(path, "chat samples")
+    prompts = list(dict.fromkeys(r["prompt"] for replies in by_stage.values() for r in replies))
+    rows = []
+    for prompt in prompts:
+        for stage, replies in by_stage.items():
+            for r in replies:
+                if r["prompt"] == prompt:
+                    reply = " ⏎ ".join(r["reply"].split("\n"))[:200]
+                    rows.append([prompt, stage, reply or "(empty)"])
+    return (["prompt", "model after", "greedy reply"], rows) if rows else None
+
+
+def machine_line(plan: dict[str, Any]) -> str:
+    """Which CPU (or GPU), how many threads and whether the run was deterministic."""
+    import torch
+
+    from lmforge.infer.cpu_features import cpu_features
+
+    device = plan.get("device", "auto")
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        where = torch.cuda.get_device_name()
+    else:
+        where = cpu_features().summary()
+    threads = 1 if plan.get("deterministic") else (plan.get("threads") or torch.get_num_threads())
+    mode = "deterministic (one thread, deterministic algorithms)" if plan.get("deterministic") \
+        else f"{threads} thread{'s' if threads != 1 else ''}"  # fmt: skip
+    return f"{where}; {mode}"
+
+
+# ----------------------------------------------------------------------------- README tables
+
+
+def _num(value: Any, digits: int) -> str:
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def _stage_result(stage: str, n: dict[str, Any]) -> str:
+    """One README line for a stage's own numbers (keys as the trainers write them)."""
+    g = n.get
+    if stage == "tokenizer":
+        return f"{g('vocab_size', 0):,} tokens, {g('chars_per_token', 0):.2f} chars per token"
+    if stage == "pretrain" and "val_loss" in n:
+        extra = f", {n['val_bpb']:.2f} bits per byte" if "val_bpb" in n else ""
+        return (f"{g('step', '?')} steps, val loss {n['val_loss']:.2f} (perplexity "
+                f"{math.exp(n['val_loss']):.1f}{extra})")  # fmt: skip
+    if stage in ("sft", "grpo", "ppo") and "exact_match" in n:
+        start = g("initial_exact_match")
+        head = f"{start:.3f} → " if isinstance(start, int | float) else ""
+        return f"held-out exact match {head}{n['exact_match']:.3f} in {g('step', '?')} steps"
+    if stage in ("reward", "dpo") and "accuracy" in n:
+        start = g("initial_accuracy")
+        head = f"{start:.3f} → " if isinstance(start, int | float) else ""
+        what = "pair accuracy" if stage == "reward" else "preference accuracy (implicit reward)"
+        return f"held-out {what} {head}{n['accuracy']:.3f}"
+    if stage == "eval":
+        return "the table above"
+    if stage == "rag" and "questions" in n:
+        k = next((key for key in n if key.startswith("recall@")), None)
+        recall = f", {k} {n[k]:.2f}" if k else ""
+        return (
+            f"{n['questions']} test questions ({g('answers')} answers): exact match "
+            f"{g('exact_match', 0):.3f}, F1 {g('f1', 0):.3f}{recall} ({g('mode')})"
+        )
+    return ", ".join(f"{k} {_fmt(v)}" for k, v in n.items())
+
+
+def readme_tables(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> str:
+    """The README speedrun section's tables for this run, and the machine they came from."""
+    total = sum(float(d["seconds"]) for d in results.values())
+    lines = [f"A {plan['preset']} run (`lmforge speedrun --preset {plan['preset']}`) on "
+             f"{machine_line(plan)}: {total / 60:.1f} minutes of stages.", ""]  # fmt: skip
+    path = out / "eval" / "eval.json"
+    if path.is_file():
+        table = read_json(path, "eval results")
+        cols = [("perplexity", "docs perplexity", 1), ("bpb", "bits per byte", 2),
+                ("accuracy", "exact match", 3), ("reward", "reward (RM score)", 3),
+                ("kl", "KL to SFT", 2), ("core", "CORE", 3)]  # fmt: skip
+        cols = [c for c in cols if any(c[0] in row for row in table.values())]
+        lines += ["| model after | " + " | ".join(c[1] for c in cols) + " |",
+                  "|---|" + "---:|" * len(cols)]  # fmt: skip
+        for stage, row in table.items():
+            cells = [_num(row[c[0]], c[2]) if c[0] in row else "" for c in cols]
+            lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["| stage | result | wall s |", "|---|---|---:|"]
+    for stage, done in results.items():
+        result = _stage_result(stage, done["numbers"]).replace("|", "\\|")
+        lines.append(f"| {stage} | {result} | {float(done['seconds']):.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -148,9 +249,12 @@ def write_report(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> Pa
     plots = write_plots(out, evals)
     sections: list[tuple[str, Table | str]] = []
     intro = (f"Preset `{plan['preset']}`, corpus `{plan['corpus']}`, task `{plan['task']}`; "
-             f"stages took {total / 60:.1f} min in all.")  # fmt: skip
+             f"stages took {total / 60:.1f} min in all on {machine_line(plan)}.")  # fmt: skip
     if evals is not None:
         sections.append(("Every model on one yardstick", evals))
+    samples = samples_table(out)
+    if samples is not None:
+        sections.append(("Chat samples: every model's greedy reply to the same prompts", samples))
     sections += stage_tables(results)
     rag = rag_table(out)
     if rag is not None:
@@ -175,6 +279,7 @@ def write_report(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> Pa
              "collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:"
              "left}img{max-width:100%}")  # fmt: skip
     write_text(out / "report.md", "\n".join(md))
+    write_text(out / "readme_tables.md", readme_tables(out, plan, results))
     write_text(out / "report.html", f"<!doctype html><html><head><meta charset='utf-8'>"
                f"<title>lmforge speedrun</title><style>{style}</style></head><body>"
                f"{''.join(page)}</body></html>\n")  # fmt: skip

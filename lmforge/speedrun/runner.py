@@ -14,10 +14,12 @@ with the settings the stage ran with and its headline numbers. So:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,24 @@ def _disk_full(err: BaseException) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
+@contextlib.contextmanager
+def compute_settings(plan: dict[str, Any]) -> Iterator[None]:
+    """Threads and determinism for the run, restored afterwards (the run may be one call in a
+    longer process, such as a test session). `deterministic` means one thread and
+    torch.use_deterministic_algorithms: the same numbers on every run on one kind of CPU."""
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        if plan.get("deterministic"):
+            torch.set_num_threads(1)
+            torch.use_deterministic_algorithms(True)
+        elif plan.get("threads"):
+            torch.set_num_threads(plan["threads"])
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(det)
 
 
 class Speedrun:
@@ -110,8 +130,10 @@ class Speedrun:
         self.check_folder(redo_from)
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / MANIFEST, {"preset": self.plan["preset"], "plan": self.plan})
-        if self.plan.get("threads"):
-            torch.set_num_threads(self.plan["threads"])
+        with compute_settings(self.plan):
+            return self._run_stages(redo_from)
+
+    def _run_stages(self, redo_from: str | None) -> dict[str, Any]:
         if redo_from is not None:  # start those stages afresh (no resuming their old checkpoints)
             for stage in self.stages[self.stages.index(redo_from) :]:
                 shutil.rmtree(self.out / stage, ignore_errors=True)

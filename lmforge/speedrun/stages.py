@@ -104,8 +104,14 @@ class TrainerStage(Stage):
         return {"init": str(ctx.dir("sft")), "data": ctx.task_source()}
 
     def config(self, ctx: RunContext) -> dict[str, Any]:
+        section = ctx.plan[self.name]
+        replay = {}
+        if section.get("replay_coef") and not section.get("replay_data"):
+            # replay the pretraining stage's own token shard (align/replay.py)
+            replay["replay_data"] = str(ctx.dir("pretrain") / "data" / "train.bin")
         return {
-            **ctx.plan[self.name],
+            **section,
+            **replay,
             **self.fixed(ctx),
             "out_dir": str(ctx.dir(self.name)),
             "device": ctx.plan["device"],
@@ -188,7 +194,7 @@ class EvalStage(Stage):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from lmforge.align.data import load_prompts
-        from lmforge.speedrun.evaluate import evaluate_models
+        from lmforge.speedrun.evaluate import evaluate_models, find_core_data
 
         settings = ctx.plan["eval"]
         models = {s: ctx.dir(s) for s in POLICIES if (ctx.dir(s) / "stage.json").is_file()}
@@ -198,6 +204,11 @@ class EvalStage(Stage):
         val_bin = ctx.dir("pretrain") / "data" / "val.bin"
         reward_dir = ctx.dir("reward")
         sft_dir = ctx.dir("sft")
+        core_data = find_core_data(settings.get("core_data", "auto"))
+        if core_data is None and settings.get("core_data", "auto") == "auto":
+            ctx.log("eval: no CORE task files (../shared/data/core or lmforge eval core's cache); "
+                    "CORE skipped")  # fmt: skip
+        samples: dict[str, list[dict[str, str]]] = {}
         table = evaluate_models(
             models,
             reference=sft_dir if (sft_dir / "stage.json").is_file() else None,
@@ -207,8 +218,11 @@ class EvalStage(Stage):
             settings=settings,
             device=ctx.device,
             log=ctx.log,
+            core_data=core_data,
+            samples=samples,
         )
         write_json(ctx.dir(self.name) / "eval.json", table)
+        write_json(ctx.dir(self.name) / "samples.json", samples)
         return {f"{stage}.{k}": v for stage, row in table.items() for k, v in row.items()}
 
 

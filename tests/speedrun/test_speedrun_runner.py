@@ -5,6 +5,7 @@ import errno
 import json
 
 import pytest
+import torch
 
 from lmforge.errors import ConfigError, LMForgeError
 from lmforge.speedrun import Speedrun, resolve_plan
@@ -101,6 +102,25 @@ def test_failed_stage_keeps_finished_ones_and_continues_later(tmp_path, stages, 
     assert calls == ORDER + ["sft"]
 
 
+def test_deterministic_runs_one_thread_and_restores_the_settings(tmp_path, monkeypatch):
+    seen = []
+
+    class Probe(Stage):
+        name = title = "tokenizer"
+
+        def run(self, ctx):
+            seen.append((torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()))
+            return {}
+
+    monkeypatch.setattr(runner_mod, "STAGES", {"tokenizer": Probe()})
+    monkeypatch.setattr(runner_mod, "write_report", lambda out, plan, results: out / "report.md")
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    p = resolve_plan("cpu-tiny", overrides={"stages": ["tokenizer"], "deterministic": True})
+    Speedrun(p, tmp_path, log=lambda *a: None).run()
+    assert seen == [(1, True)]
+    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == before
+
+
 def test_plan_layers_and_bad_keys():
     p = resolve_plan("cpu-tiny", overrides={"sft.max_iters": 5, "task": "sub:2"})
     assert p["sft"]["max_iters"] == 5 and p["sft"]["lr"] == 1.0e-3 and p["task"] == "sub:2"
@@ -129,8 +149,13 @@ def test_every_preset_builds_valid_trainer_configs(tmp_path, preset):
     from lmforge.train.config import build_config
 
     ctx = RunContext(resolve_plan(preset), tmp_path)
+    shard = tmp_path / "pretrain" / "data" / "train.bin"  # what pretraining leaves for replay
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"\0\0")
     for stage, (_, config_class, _) in TRAINERS.items():
         cfg = build_config(config_class, None, STAGES[stage].config(ctx))
         assert cfg.out_dir == str(tmp_path / stage)
         if stage != "pretrain":
             assert cfg.data.endswith(":chat") and cfg.data.startswith("task:")
+        if stage in ("sft", "dpo", "grpo"):  # they replay the pretraining text
+            assert cfg.replay_data == str(shard) and cfg.replay_coef > 0
