@@ -7,8 +7,8 @@ normal 2^-6; E5M2 max 57344, smallest normal 2^-14; int4 -8..7, which torch has 
 FP8 has so little range that tensors are scaled before the cast: x_s = x·S with S = fmax/amax(x),
 per tensor or per output channel, kept in fp32. A matmul of two scaled tensors is unscaled after:
 O = GEMM(W·S_W, X·S_X) / (S_X·S_W). The recipe uses E4M3 (more precision) for weights and
-activations and E5M2 (more range) for gradients. The reference path runs anywhere (it casts to
-FP8 and back, so it has FP8's rounding); torch._scaled_mm is used only on GPUs with FP8 units.
+activations and E5M2 (more range) for gradients. `has_fp8_matmul` says whether this machine has FP8
+units (torch._scaled_mm); the scaled-GEMM reference is a specification exhibit in the tests.
 """
 
 from __future__ import annotations
@@ -71,31 +71,8 @@ def fp8_round_trip(x: torch.Tensor, fmt: str = "e4m3", dim: int | None = None) -
     return dequantize_fp8(*quantize_fp8(x, fmt, dim)).to(x.dtype)
 
 
-def fp8_matmul_reference(x: torch.Tensor, w: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
-    """x [N, K] @ w[M, K]ᵀ through FP8: O = GEMM(X·S_X, W·S_W) / (S_X·S_W). Per-tensor scale for
-    x, per-output-channel scale for w; accumulation in fp32 (what FP8 tensor cores do)."""
-    qx, sx = quantize_fp8(x, fmt)
-    qw, sw = quantize_fp8(w, fmt, dim=0)  # sw [M, 1]
-    return (qx.float() @ qw.float().t()) / (sx * sw.t())
-
-
 def has_fp8_matmul(device: torch.device | str | None = None) -> bool:
     """FP8 tensor cores: NVIDIA compute capability 8.9 (Ada) or newer."""
     if not torch.cuda.is_available() or not hasattr(torch, "_scaled_mm"):
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def fp8_matmul(x: torch.Tensor, w: torch.Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """x [N, K] @ w[M, K]ᵀ in FP8 E4M3 on hardware that has it, else the reference path.
-
-    torch._scaled_mm takes the inverse scales (it multiplies by them) and wants the second
-    operand column-major, which w.t() of a row-major w already is."""
-    if not (x.is_cuda and has_fp8_matmul(x.device)):
-        return fp8_matmul_reference(x, w).to(out_dtype)
-    qx, sx = quantize_fp8(x)
-    qw, sw = quantize_fp8(w, dim=0)
-    return torch._scaled_mm(
-        qx, qw.t(), scale_a=(1 / sx).reshape(1, 1), scale_b=(1 / sw).reshape(1, -1),
-        out_dtype=out_dtype,
-    )  # fmt: skip

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.model.cross_attention import CrossAttention
 from lmforge.model.feedforward import build_mlp
-from lmforge.model.latent import CrossAttention
 from lmforge.model.norms import LayerNorm
 from lmforge.model.positions import sinusoidal_table
 

@@ -9,7 +9,6 @@ from lmforge.model.blocks import DropPath
 from lmforge.model.config import ModelConfig
 from lmforge.model.feedforward import build_mlp
 from lmforge.model.io import load_model, save_model
-from lmforge.model.norms import BatchNorm1d, BatchNorm2d
 from lmforge.model.transformer import Transformer
 
 BASE = dict(vocab_size=30, n_layer=1, d_model=16, n_head=2, pos="none")
@@ -112,13 +111,10 @@ def test_geglu_variants(kind, approximate):
     assert ModelConfig(mlp=kind).d_ff == 384  # Llama's 8/3 rule, like every GLU
 
 
-@pytest.mark.parametrize(
-    "ours, theirs, shape",
-    [(BatchNorm1d(6), torch.nn.BatchNorm1d(6), (8, 6)),
-     (BatchNorm1d(6), torch.nn.BatchNorm1d(6), (8, 6, 5)),
-     (BatchNorm2d(6), torch.nn.BatchNorm2d(6), (4, 6, 3, 5))],
-)  # fmt: skip
-def test_batchnorm_matches_torch_in_train_and_eval(ours, theirs, shape):
+@pytest.mark.parametrize("dims, shape", [(1, (8, 6)), (1, (8, 6, 5)), (2, (4, 6, 3, 5))])
+def test_batchnorm_matches_torch_in_train_and_eval(spec_exhibits, dims, shape):
+    ours = getattr(spec_exhibits, f"BatchNorm{dims}d")(6)
+    theirs = getattr(torch.nn, f"BatchNorm{dims}d")(6)
     torch.manual_seed(0)
     for _ in range(3):
         x = torch.randn(shape) * 3 + 1
@@ -128,6 +124,6 @@ def test_batchnorm_matches_torch_in_train_and_eval(ours, theirs, shape):
     assert torch.allclose(ours.eval()(x), theirs.eval()(x), atol=1e-5)
 
 
-def test_batchnorm_rejects_wrong_rank():
+def test_batchnorm_rejects_wrong_rank(spec_exhibits):
     with pytest.raises(ValueError, match="BatchNorm2d"):
-        BatchNorm2d(3)(torch.randn(2, 3))
+        spec_exhibits.BatchNorm2d(3)(torch.randn(2, 3))

@@ -1,19 +1,19 @@
 import pytest
 import torch
 
-from lmforge.model.latent import CrossAttention, LatentBlock
+from lmforge.model.cross_attention import CrossAttention
 
 
-def test_latent_block_output_is_b_m_d_for_any_length():
+def test_latent_block_output_is_b_m_d_for_any_length(spec_exhibits):
     torch.manual_seed(0)
-    block = LatentBlock(d_model=32, n_head=4, n_latents=6, d_input=24)
+    block = spec_exhibits.LatentBlock(d_model=32, n_head=4, n_latents=6, d_input=24)
     for length in (1, 7, 50):
         assert block(torch.randn(3, length, 24)).shape == (3, 6, 32)
 
 
-def test_latent_block_ignores_masked_input_positions():
+def test_latent_block_ignores_masked_input_positions(spec_exhibits):
     torch.manual_seed(0)
-    block = LatentBlock(d_model=16, n_head=2, n_latents=4)
+    block = spec_exhibits.LatentBlock(d_model=16, n_head=2, n_latents=4)
     x = torch.randn(1, 5, 16)
     mask = torch.tensor([[1, 1, 1, 0, 0]])
     changed = x.clone()

@@ -1,12 +1,7 @@
-"""Cross-attention and the seed's latent (Perceiver-style) attention block (SPEC §2).
-
-Cross-attention takes queries from one sequence and keys/values from another ("memory": the
+"""Cross-attention (SPEC §2): queries from one sequence, keys/values from another ("memory": the
 encoder output in a translation model, the input in a Perceiver). With memory = x it is plain
-bidirectional self-attention. The latent block compresses an input of any length L into M
-learned latent vectors: Q = Z W_q, K = X W_k, V = X W_v, so the cost is O(M·L), not O(L²), and the
-output is B×M×d whatever L is:
-
-    z = Z;  z = z + CrossAttn(N(z) <- N(x));  z = z + SelfAttn(N(z));  z = z + FFN(N(z))   (pre-LN)
+bidirectional self-attention. Used by the seq2seq decoder; the Perceiver latent block built on it
+is a specification exhibit in tests/model/spec_exhibits.py.
 """
 
 from __future__ import annotations
@@ -14,9 +9,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from lmforge.model.feedforward import build_mlp
-from lmforge.model.norms import LayerNorm
 
 
 class CrossAttention(nn.Module):
@@ -61,29 +53,3 @@ class CrossAttention(nn.Module):
             q, kv[0], kv[1], attn_mask=mask, is_causal=is_causal, dropout_p=dropout
         )
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
-
-
-class LatentBlock(nn.Module):
-    """Perceiver block: M learnable latents read an input of any length; output [B, M, d]."""
-
-    def __init__(
-        self, d_model: int, n_head: int, n_latents: int, d_input: int | None = None,
-        d_ff: int | None = None, mlp: str = "gelu", dropout: float = 0.0,
-    ):  # fmt: skip
-        super().__init__()
-        self.latents = nn.Parameter(torch.randn(n_latents, d_model) * 0.02)
-        self.cross_norm_z = LayerNorm(d_model)
-        self.cross_norm_x = LayerNorm(d_input or d_model)
-        self.cross = CrossAttention(d_model, n_head, d_input, dropout=dropout)
-        self.self_norm = LayerNorm(d_model)
-        self.self_attn = CrossAttention(d_model, n_head, dropout=dropout)
-        self.mlp_norm = LayerNorm(d_model)
-        self.mlp = build_mlp(mlp, d_model, d_ff or 4 * d_model, True, dropout)
-
-    def forward(self, x: torch.Tensor, x_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, L, d_input], x_mask [B, L] (1 = real) -> latents [B, M, d_model]."""
-        z = self.latents.expand(x.shape[0], -1, -1)
-        mask = None if x_mask is None else x_mask.bool()[:, None, None, :]
-        z = z + self.cross(self.cross_norm_z(z), self.cross_norm_x(x), mask=mask)
-        z = z + self.self_attn(self.self_norm(z))
-        return z + self.mlp(self.mlp_norm(z))
