@@ -7,9 +7,9 @@ policy. Chosen and rejected rows go through the model in ONE forward pass ([2B, 
 precompute_ref_log_probs), so a training step is one policy forward + backward. Label smoothing ε
 gives conservative DPO, which is also the probability variant: with p the chance that "chosen"
 really is better, ε = 1 - p. `loss_type` swaps in TRL's robust, hinge (SLiC) or IPO losses on the
-same log-ratios (`losses.dpo_loss`; tests/align/test_trl_oracle.py checks them against TRL). The
-implicit reward β(log π - log π_ref) scores held-out pairs: its preference accuracy is the
-headline metric.
+same log-ratios (`preference_losses.dpo_loss`; tests/align/test_trl_oracle.py checks them
+against TRL). The implicit reward β(log π - log π_ref) scores held-out pairs: its preference
+accuracy is the headline metric.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ advantages A_i = r_i - mean_group(r) (÷ std for GRPO's `scale: std`). The loss 
 -mean(min(o·A, clip(o)·A)) over each completion's tokens, then over completions, plus
 β·KL_k3(π‖π_ref) when β > 0. No value network: the group mean is the baseline.
 
-`loss_type` picks TRL's reductions of that per-token loss (see `losses.grpo_loss`): `grpo`
+`loss_type` picks TRL's reductions of that per-token loss (see `rl_losses.grpo_loss`): `grpo`
 (per-completion mean, then mean), `bnpo` (token mean), `dr_grpo` (÷ B·max_new_tokens), `dapo`
 (÷ the real tokens of the whole rollout), or `rloo`: REINFORCE leave-one-out, a sequence-level
 clipped ratio with A_i = r_i - mean of the other completions of its prompt and, when β > 0, the
