@@ -37,6 +37,7 @@ from lmforge.align.rl_losses import (
     rloo_loss,
 )
 from lmforge.align.rollout import Rollout, completion_logprobs
+from lmforge.align.tools import Calculator, ToolReward, ToolRolloutEngine
 from lmforge.errors import ConfigError
 
 
@@ -56,6 +57,12 @@ class GRPOConfig(ReplayConfig, RLConfig):
     normalize_advantages: bool = False  # rloo: whiten the leave-one-out advantages over the batch
     num_iterations: int = 1  # μ: updates per batch (ratio clipping matters when > 1)
     minibatch_size: int | None = None  # rows per optimizer step; None = the whole batch
+    # multi-turn tool use (align/tools.py): up to this many <tool>EXPR</tool> calculator calls
+    # per completion, results appended as <result>..</result> and masked out of the loss; 0 = off
+    max_tool_calls: int = 0
+    tool_cpu_seconds: int = 1  # sandbox limits per call: CPU seconds, address space, wall clock
+    tool_memory_mb: int = 512
+    tool_timeout_s: float = 3.0
     lr: float = 1e-4
     max_iters: int = 200
 
@@ -73,6 +80,10 @@ class GRPOConfig(ReplayConfig, RLConfig):
             raise ConfigError(
                 f"loss_type must be grpo, bnpo, dr_grpo, dapo or rloo, got {self.loss_type!r}"
             )
+        if self.max_tool_calls < 0 or self.tool_cpu_seconds < 1 or self.tool_memory_mb < 64:
+            raise ConfigError("need max_tool_calls >= 0, tool_cpu_seconds >= 1 and "
+                              f"tool_memory_mb >= 64, got {self.max_tool_calls}, "
+                              f"{self.tool_cpu_seconds}, {self.tool_memory_mb}")  # fmt: skip
         if self.clip_eps_high is not None and self.clip_eps_high <= 0:
             raise ConfigError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
 
@@ -94,6 +105,18 @@ class GRPOTrainer(RLTrainer):
         # RLOO charges Σ(log π_old - log π_ref) to the reward, so it needs π_old at rollout time
         self.keep_logprobs = cfg.num_iterations > 1 or (cfg.loss_type == "rloo" and cfg.beta > 0)
         super().__init__(cfg, resume=resume, log=log, reward=reward)
+
+    def setup(self) -> None:
+        super().setup()
+        cfg: GRPOConfig = self.cfg
+        if cfg.max_tool_calls > 0:  # the same engine, with calculator turns between model turns
+            calculator = Calculator(cfg.tool_cpu_seconds, cfg.tool_memory_mb, cfg.tool_timeout_s)
+            self.engine = ToolRolloutEngine(
+                self.lm.model, self.tokenizer, cfg.max_new_tokens, cfg.temperature,
+                reference=self.reference, max_tool_calls=cfg.max_tool_calls,
+                calculator=calculator,
+            )  # fmt: skip
+            self.reward = ToolReward(self.reward)  # a failed tool call scores 0
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: GRPOConfig = self.cfg
