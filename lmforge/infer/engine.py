@@ -391,8 +391,10 @@ class Engine:
                 logits = self.forward(ids, cache=view, last_only=True)[:, -1]
             lengths = [len(s.prompt) for s in ordered]
             cache.start_rows(lo, lengths, lengths)
-            for row, src in enumerate(source[len(prompts) :], start=lo + len(prompts)):
-                cache.copy_kv(lo + src, row, cache.length - width)
+            if len(ordered) > len(prompts):  # the samples that share a prefilled prompt
+                copies = range(lo + len(prompts), lo + len(ordered))
+                cache.copy_kv([lo + i for i in source[len(prompts) :]], list(copies),
+                              cache.length - width)  # fmt: skip
         else:  # the per-kind path: a fresh cache of the kind this attention needs
             room = min(self.max_len, width + max(s.params.max_new_tokens for s in seqs))
             cache = new_cache(self.config, len(prompts), room, self.dtype, self.device)

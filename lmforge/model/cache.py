@@ -199,9 +199,13 @@ class SlotCache(KVCache):
             self.starts[row] = self.length - count
             self.positions[row] = pos
 
-    def copy_kv(self, src: int, dst: int, first_col: int = 0) -> None:
-        """Copy a row's keys/values from `first_col` up to `length` (prefix reuse)."""
+    def copy_kv(self, src: int | list[int], dst: int | list[int], first_col: int = 0) -> None:
+        """Copy rows' keys/values from `first_col` up to `length` (prefix reuse: a list of
+        rows is one indexed copy per buffer, not one per row)."""
         cols = slice(first_col, self.length)
+        if isinstance(src, list):
+            device = self.mask.device
+            src, dst = torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device)
         for buf in self.k + self.v:
             buf[dst, :, cols] = buf[src, :, cols]
 

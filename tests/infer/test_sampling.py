@@ -106,3 +106,13 @@ def test_suppressed_tokens_are_never_picked():
 def test_bad_sampling_params(kwargs, name):
     with pytest.raises(ConfigError, match=name):
         GenerationParams(**kwargs)
+
+
+def test_two_level_draw_equals_the_one_level_inverse_cdf():
+    probs = torch.softmax(torch.randn(200, 1000) * 3, -1)
+    probs[:, 500:700] = 0  # filtered tokens (a whole block and parts of others)
+    u = torch.rand(200, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    got = draw(probs, u)
+    assert torch.equal(got, want) and not ((got >= 500) & (got < 700)).any()
