@@ -66,7 +66,7 @@ class AlignConfig(OptimConfig):
     init: str = "scratch"  # checkpoint directory, or "scratch" (random model, char tokenizer)
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields for init=scratch
     alphabet: str = PRINTABLE  # init=scratch: the characters of its char tokenizer
-    data: str = "task:add"  # JSONL file or task:NAME[:LEVEL] (built-in, see align/tasks.py)
+    data: str = "task:add"  # JSONL file or task:NAME[:LEVEL] (built-in, see tasks/synthetic.py)
     eval_data: str | None = None  # None: held-out split of a task:, else a 5% slice of data
     n_train: int = 2000  # examples drawn from a task: source
     n_eval: int = 200
