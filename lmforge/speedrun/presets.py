@@ -34,7 +34,7 @@ STAGE_ORDER = ("tokenizer", "pretrain", "sft", "reward", "dpo", "grpo", "ppo", "
 # Settings every preset shares; presets below override what differs.
 BASE: dict[str, Any] = {
     "corpus": "builtin:pydoc",  # pretraining text (and the RAG documents when it is builtin:pydoc)
-    "task": "add:2",  # the built-in verifiable task for SFT, preferences and RL (tasks/synthetic.py)
+    "task": "add:2",  # the built-in verifiable task for SFT, preferences, RL (tasks/synthetic.py)
     "nproc": 1,  # > 1: training stages run under `torchrun --nproc_per_node N`
     "threads": None,  # CPU threads for in-process stages (None: PyTorch's default, every core)
     # one thread and torch.use_deterministic_algorithms: the same numbers on every run on one
