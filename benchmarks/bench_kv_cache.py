@@ -52,13 +52,13 @@ def main() -> None:
         print(f"  {name:<30} {per_token:>10,.0f} B/token  {base / per_token:>7.1f}x smaller "
               f"than MHA   ({type(cache).__name__})")  # fmt: skip
     print("\ncached greedy decode of 256 tokens, tiny model (d=128, 4 layers), median of 3:")
-    from lmforge.infer.generate import generate
-    from lmforge.infer.sampling import SamplingParams
+    from lmforge.infer.engine import Engine
+    from lmforge.infer.params import GenerationParams
     from lmforge.model.transformer import Transformer
 
     torch.set_num_threads(1)
     small = dict(d_model=128, n_layer=4, n_head=4, max_seq_len=300, vocab_size=256, pos="rope")
-    params = SamplingParams(max_new_tokens=256, temperature=0.0)
+    params = GenerationParams(max_new_tokens=256, temperature=0.0)
     for name, kw in VARIANTS.items():
         kw = {**kw, "n_kv_head": {12: 4, 4: 2, 1: 1}[kw.get("n_kv_head", 12)]}  # 4 query heads
         if "kv_lora_rank" in kw:
@@ -69,7 +69,7 @@ def main() -> None:
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            generate(model, [[1, 2, 3]], params)
+            Engine(model, max_batch=1, eos_ids=[]).generate([[1, 2, 3]], params)
             times.append(time.perf_counter() - t0)
         print(f"  {name:<30} {sorted(times)[1] * 1e3 / 256:>7.2f} ms/token")
 

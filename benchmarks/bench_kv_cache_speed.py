@@ -9,14 +9,18 @@ alternating runs, on a ~10M-parameter Llama-style model (random weights).
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+
+REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "infer" / "reference_generate.py"
 
 
 def seconds(fn) -> float:
@@ -30,8 +34,15 @@ def main() -> None:
     config = ModelConfig.from_preset("llama-mini", vocab_size=4096, max_seq_len=2048, n_layer=4)
     lm = LM.from_config(config, seed=0)
     prompt = [[1, 2, 3, 4]]
-    gen = lambda cache: lambda: lm.generate(prompt, 512, temperature=0.0, eos_ids=[],
-                                            use_cache=cache)  # fmt: skip
+    # without the cache: the plain reference loop that reruns the whole sequence every token
+    spec = importlib.util.spec_from_file_location("reference_generate", REFERENCE)
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    uncached = GenerationParams(max_new_tokens=512, temperature=0.0)
+    gen = lambda cache: (  # noqa: E731
+        (lambda: lm.generate(prompt, 512, temperature=0.0, eos_ids=[])) if cache else
+        (lambda: reference.generate(lm.model, prompt, uncached, use_cache=False))
+    )  # fmt: skip
     with_cache, without = [], []
     for _ in range(3):
         with_cache.append(seconds(gen(True)))

@@ -51,12 +51,11 @@ import time
 
 import torch
 
-from lmforge.infer.decoder import FastDecoder
+from lmforge.infer.engine import Engine
+from lmforge.infer.params import GenerationParams
 from lmforge.infer.quantize import to_inference_precision
-from lmforge.infer.sampling import SamplingParams, sample_next
-from lmforge.infer.speculative import SpeculativeDecoder
+from lmforge.infer.speculative import SpeculativeStats
 from lmforge.lm import LM
-from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
 
 
@@ -68,21 +67,11 @@ def build_target(init_std: float) -> torch.nn.Module:
     return LM.from_config(config, seed=0).model.eval()
 
 
-@torch.inference_mode()
-def plain_decode(model, forward, prompt: list[int], params: SamplingParams) -> list[int]:
-    """The baseline: prefill, then one target forward per token (what speculation replaces)."""
-    dtype = next(model.parameters()).dtype
-    cache = KVCache.for_model(model.config, 1, len(prompt) + params.max_new_tokens, dtype)
-    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-    logits = forward(torch.tensor([prompt]), cache=cache, last_only=True)[:, -1]
-    out: list[int] = []
-    for _ in range(params.max_new_tokens):
-        token = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
-        out.append(int(token))
-        if len(out) == params.max_new_tokens:
-            break
-        logits = forward(token[:, None], cache=cache)[:, -1]
-    return out
+def decode(engine: Engine, prompt: list[int], params: GenerationParams):
+    """(new tokens, the engine's speculative counters) for one prompt: the baseline engine
+    (one target forward per token, what speculation replaces) or one with a draft."""
+    engine.speculative_stats = SpeculativeStats()  # this call's counters only
+    return engine.generate([prompt], params)[0].token_ids, engine.speculative_stats
 
 
 def timed(fn, *args) -> tuple[float, object]:
@@ -102,7 +91,7 @@ def main() -> None:
     torch.manual_seed(0)
     target = to_inference_precision(build_target(args.init_std), dtype=args.target_dtype)
     draft = to_inference_precision(target, dtype="bfloat16", quantize="int8")
-    forward = FastDecoder(target)
+    plain = Engine(target, max_batch=1, eos_ids=[])
     prompt = torch.randint(0, 8192, (args.prompt_len,), generator=torch.Generator().manual_seed(1))
     prompt = prompt.tolist()
     print(f"threads={torch.get_num_threads()} target {args.target_dtype} "
@@ -112,24 +101,24 @@ def main() -> None:
     print(f"{'mode':>7} {'K':>2} {'accept':>7} {'tok/fwd':>7} {'plain tok/s':>11} "
           f"{'spec tok/s':>10} {'ratio':>6} {'=plain':>6}")  # fmt: skip
     for temperature in (0.0, 1.0):
-        params = SamplingParams(args.new_tokens, temperature=temperature, seed=0)
-        plain_decode(target, forward, prompt, SamplingParams(8, temperature=0.0))  # warm up
+        params = GenerationParams(args.new_tokens, temperature=temperature, seed=0)
+        warm = GenerationParams(8, temperature=0.0)
+        decode(plain, prompt, warm)
         for k in (2, 4, 6):
-            spec = SpeculativeDecoder(target, draft, draft_tokens=k)
-            spec.generate(prompt, SamplingParams(8, temperature=0.0))  # warm up
+            spec = Engine(target, max_batch=1, eos_ids=[], draft=draft, draft_tokens=k)
+            decode(spec, prompt, warm)
             plain_times, spec_times = [], []
             for _ in range(args.repeats):  # alternate so load changes hit both alike
-                seconds, base = timed(plain_decode, target, forward, prompt, params)
+                seconds, (base, _) = timed(decode, plain, prompt, params)
                 plain_times.append(seconds)
-                seconds, result = timed(spec.generate, prompt, params)
+                seconds, (tokens, s) = timed(decode, spec, prompt, params)
                 spec_times.append(seconds)
             # greedy: how many leading tokens equal plain decoding (all, up to rounding ties)
-            same = next((i for i, (a, b) in enumerate(zip(result.tokens, base)) if a != b), None)
+            same = next((i for i, (a, b) in enumerate(zip(tokens, base)) if a != b), None)
             same = "-" if temperature else str(len(base) if same is None else same)
             plain_tps = args.new_tokens / statistics.median(plain_times)
-            spec_tps = len(result.tokens) / statistics.median(spec_times)
+            spec_tps = len(tokens) / statistics.median(spec_times)
             mode = "greedy" if temperature == 0 else "sample"
-            s = result.stats
             ratio = spec_tps / plain_tps
             print(f"{mode:>7} {k:>2} {s.acceptance_rate:>7.2f} {s.tokens_per_target_call:>7.2f} "
                   f"{plain_tps:>11.1f} {spec_tps:>10.1f} {ratio:>5.2f}x {same:>6}")  # fmt: skip
