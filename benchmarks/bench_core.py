@@ -16,8 +16,9 @@ The `all` line is the figure for a whole CORE run (the 18 local tasks by default
 examples each): where the reference spends its time, on tasks whose options share a long
 few-shot context, the shared context runs once. A one-option task (language modelling) or one
 whose options share no prefix (schema, 0-shot) saves only the LM head over the unscored
-positions and the batching: on SmolLM2-135M (49k vocabulary) 2.5x on copa and 3.1x on
-lambada_openai (loaded machine), on a tiny model more (there per-forward overhead dominates).
+positions and the batching: on SmolLM2-135M (49k vocabulary, loaded machine, 6 examples)
+1.3x on lambada_openai and 2.2-2.5x on copa/arc_easy/winograd; on a tiny model more (there
+per-forward overhead dominates).
 
 Runs alternate per task (fast, reference, fast, reference, ...) so that a load change on a shared
 machine hits both sides alike; each side's examples/s is its total over the repeats. Without a
