@@ -167,7 +167,9 @@ def test_one_ppo_update_raises_the_reward(tmp_path, critic):
     stats = t.train_step()
     after = first_token_prob(t, targets)
     assert stats["reward"] > 0, "the toy needs some rewarded samples to learn from"
-    assert after > before * 1.2, (before, after)
+    # one step's gain depends on the sampled batch: 1.10-1.24x over seeds 0-4 before the
+    # engine sampled rollouts, 1.08-1.19x after; no update or a wrong-way one gives <= 1
+    assert after > before * 1.05, (before, after)
 
 
 def test_critic_warmup_leaves_the_policy_alone(tmp_path):
