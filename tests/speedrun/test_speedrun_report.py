@@ -43,7 +43,8 @@ def test_report_tables_plots_and_html(tmp_path):
     # chat samples grouped by prompt, every model in turn, newlines shown as ⏎
     assert ("| 2+2= | pretrain | pretrain says 4 |\n| 2+2= | grpo | grpo says 4 |\n"
             "| Hi | pretrain | line one ⏎ line two |") in md  # fmt: skip
-    assert "threads" in md.split("\n")[2] or "deterministic" in md.split("\n")[2]
+    # "1 thread" under the test suite's one-thread setting, "N threads" elsewhere
+    assert " thread" in md.split("\n")[2] or "deterministic" in md.split("\n")[2]
     assert "## grpo — GRPO" in md and "| wall time (s) | 30.0000 |" in md
     assert "| What does break do? | It ends the loop. [1] | break, for | break | yes |" in md
     assert f"lmforge chat --checkpoint {tmp_path / 'grpo'}" in md
