@@ -170,7 +170,10 @@ def spawn(mode: str, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", mode]
     for name in passed:
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    # this checkout's lmforge, whatever checkout an editable install points at
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
