@@ -128,6 +128,7 @@ class PreferenceTrainer(AlignTrainer):
         return sequence_logprobs(logits[:, :-1], batch["labels"][:, 1:], average=average)
 
     def pair_loss(self, logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, chosen rewards, rejected rewards): ORPO and SimPO/CPO each define their own."""
         raise NotImplementedError
 
     def _loss(self, batch):

@@ -229,6 +229,7 @@ class QuantizedLinear(nn.Module):
         return y if bias is None else y + bias
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        """Few-row product through the weight format's own kernel (int8 / int4 subclasses)."""
         raise NotImplementedError
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
