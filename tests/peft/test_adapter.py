@@ -2,7 +2,6 @@ import pytest
 import torch
 from torch import nn
 
-import lmforge.peft as peft
 from lmforge.errors import ConfigError
 from lmforge.peft.adapter import Adapter, AdapterWrapper, apply_adapters
 
@@ -49,8 +48,3 @@ def test_apply_adapters_glob_tuple_outputs_and_errors(toy):
     holder.act = nn.ReLU()
     with pytest.raises(ConfigError, match="d_model"):
         apply_adapters(holder, "act", bottleneck=4)
-
-
-def test_package_exports():
-    for name in peft.__all__:
-        assert getattr(peft, name) is not None
