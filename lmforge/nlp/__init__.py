@@ -8,11 +8,11 @@ from lmforge.nlp.cooccurrence import (
     tokenize_sentences,
 )
 from lmforge.nlp.edit_distance import (
+    EditCosts,
     EditOp,
     SpellCorrector,
     edit_alignment,
     edit_distance,
-    edit_distance_dp,
 )
 from lmforge.nlp.fusion import reciprocal_rank_fusion
 from lmforge.nlp.metrics import (
@@ -49,6 +49,7 @@ __all__ = [
     "BM25Index",
     "BM25Scorer",
     "BigramLM",
+    "EditCosts",
     "EditOp",
     "SpellCorrector",
     "TfidfVectorizer",
@@ -58,7 +59,6 @@ __all__ = [
     "cross_entropy",
     "edit_alignment",
     "edit_distance",
-    "edit_distance_dp",
     "entropy",
     "inverse_document_frequency",
     "kl_divergence",

@@ -19,7 +19,7 @@ import bm25s
 import numpy as np
 
 from lmforge.errors import LMForgeError
-from lmforge.nlp.text import resolve_stopwords, tokenize
+from lmforge.nlp.text import doc_tokens, resolve_stopwords
 
 Doc = str | Sequence[str]
 _CONFIG = "lmforge_bm25.json"
@@ -32,41 +32,40 @@ def bm25_idf(df: float, n_docs: float) -> float:
     return math.log((n_docs - df + 0.5) / (df + 0.5) + 1.0)
 
 
-def _check_params(k1: float, b: float) -> None:
-    if k1 < 0:
-        raise LMForgeError(f"BM25 k1 must be >= 0 (usually 1.2 to 2.0), got {k1}")
-    if not 0.0 <= b <= 1.0:
-        raise LMForgeError(f"BM25 b must be in [0, 1], got {b}")
+class _BM25:
+    """The parameters and text handling both rankers share: strings are tokenized, token lists
+    are used as given; `scores` is each ranker's own."""
 
-
-class _Tokenizing:
-    """Shared text handling: strings are tokenized; token lists are used as given."""
-
-    lowercase: bool
-    stopwords: frozenset[str]
+    def __init__(
+        self, k1: float, b: float, lowercase: bool, stopwords: bool | Iterable[str] | None
+    ) -> None:
+        if k1 < 0:
+            raise LMForgeError(f"BM25 k1 must be >= 0 (usually 1.2 to 2.0), got {k1}")
+        if not 0.0 <= b <= 1.0:
+            raise LMForgeError(f"BM25 b must be in [0, 1], got {b}")
+        self.k1, self.b = k1, b
+        self.lowercase, self.stopwords = lowercase, resolve_stopwords(stopwords)
 
     def _tokens(self, doc: Doc) -> list[str]:
-        if isinstance(doc, str):
-            return tokenize(doc, lowercase=self.lowercase, stopwords=self.stopwords)
-        toks = [t.lower() for t in doc] if self.lowercase else list(doc)
-        return [t for t in toks if t.lower() not in self.stopwords]
+        return doc_tokens(doc, lowercase=self.lowercase, stopwords=self.stopwords)
+
+    def search(self, query: Doc, k: int = 10) -> list[tuple[int, float]]:
+        """The k best (doc_index, score) pairs, ties by lower index; documents sharing no query
+        term are left out."""
+        if k < 1:
+            raise LMForgeError(f"k must be >= 1, got {k}")
+        scores = self.scores(query)
+        n = len(scores)
+        if k < n:
+            kth = np.partition(scores, n - k)[n - k]
+            cand = np.flatnonzero(scores >= kth)
+        else:
+            cand = np.arange(n)
+        order = cand[np.lexsort((cand, -scores[cand]))][:k]
+        return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
 
 
-def _top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """Indices of the k highest positive scores, best first, ties by lower index."""
-    if k < 1:
-        raise LMForgeError(f"k must be >= 1, got {k}")
-    n = len(scores)
-    if k < n:
-        kth = np.partition(scores, n - k)[n - k]
-        cand = np.flatnonzero(scores >= kth)
-    else:
-        cand = np.arange(n)
-    order = cand[np.lexsort((cand, -scores[cand]))][:k]
-    return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
-
-
-class BM25Scorer(_Tokenizing):
+class BM25Scorer(_BM25):
     """BM25 computed term by term in Python: slow, but every number can be traced to the formula."""
 
     def __init__(
@@ -78,11 +77,9 @@ class BM25Scorer(_Tokenizing):
         lowercase: bool = True,
         stopwords: bool | Iterable[str] | None = None,
     ) -> None:
-        _check_params(k1, b)
+        super().__init__(k1, b, lowercase, stopwords)
         if len(docs) == 0:
             raise LMForgeError("BM25Scorer: no documents given")
-        self.k1, self.b = k1, b
-        self.lowercase, self.stopwords = lowercase, resolve_stopwords(stopwords)
         self.term_counts = [Counter(self._tokens(d)) for d in docs]
         self.doc_lengths = [sum(c.values()) for c in self.term_counts]
         self.avgdl = sum(self.doc_lengths) / len(docs)
@@ -105,12 +102,8 @@ class BM25Scorer(_Tokenizing):
         """BM25 scores of every document for `query`."""
         return np.array([self.score(query, i) for i in range(len(self.term_counts))])
 
-    def search(self, query: Doc, k: int = 10) -> list[tuple[int, float]]:
-        """The k best (doc_index, score) pairs; documents sharing no query term are left out."""
-        return _top_k(self.scores(query), k)
 
-
-class BM25Index(_Tokenizing):
+class BM25Index(_BM25):
     """BM25 search at scale on the `bm25s` sparse index; saved as .npy + .json files, no pickle."""
 
     def __init__(
@@ -121,9 +114,7 @@ class BM25Index(_Tokenizing):
         lowercase: bool = True,
         stopwords: bool | Iterable[str] | None = None,
     ) -> None:
-        _check_params(k1, b)
-        self.k1, self.b = k1, b
-        self.lowercase, self.stopwords = lowercase, resolve_stopwords(stopwords)
+        super().__init__(k1, b, lowercase, stopwords)
         self._bm25: bm25s.BM25 | None = None
         self.n_docs = 0
 
@@ -152,10 +143,6 @@ class BM25Index(_Tokenizing):
             return np.zeros(self.n_docs)
         raw = self._bm25.get_scores_from_ids(ids)
         return np.asarray(raw, dtype=np.float64) * (self.k1 + 1)
-
-    def search(self, query: Doc, k: int = 10) -> list[tuple[int, float]]:
-        """The k best (doc_index, score) pairs; documents sharing no query term are left out."""
-        return _top_k(self.scores(query), k)
 
     def save(self, directory: str | Path) -> None:
         """Write the index to `directory`: bm25s's CSC arrays (.npy, saved with allow_pickle=False),

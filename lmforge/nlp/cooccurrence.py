@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from lmforge.errors import LMForgeError
-from lmforge.nlp.text import resolve_stopwords, split_sentences, tokenize
+from lmforge.nlp.text import doc_tokens, resolve_stopwords, split_sentences
 
 Corpus = str | Iterable[str | Sequence[str]]
 
@@ -32,14 +32,7 @@ def tokenize_sentences(
     """
     sentences = split_sentences(corpus) if isinstance(corpus, str) else corpus
     stop = resolve_stopwords(stopwords)
-    out = []
-    for s in sentences:
-        if isinstance(s, str):
-            toks = tokenize(s, lowercase=lowercase)
-        else:
-            toks = [t.lower() for t in s] if lowercase else list(s)
-        out.append([t for t in toks if t.lower() not in stop])
-    return out
+    return [doc_tokens(s, lowercase=lowercase, stopwords=stop) for s in sentences]
 
 
 def cooccurrence_counts(

@@ -1,7 +1,8 @@
 """Levenshtein edit distance (weighted, with the alignment) and a dictionary spell corrector.
 
-The dynamic program is written out for clarity and for weighted costs; unit-cost distances go
-through `rapidfuzz`, which computes the same number much faster (tests check they agree).
+The dynamic program is written out for clarity and for weighted costs (and gives the alignment);
+unit-cost distances go through `rapidfuzz`, which computes the same number much faster (tests
+check it against the alignment's distance).
 Both work on strings and on sequences of tokens (e.g. word lists, for word error rate).
 """
 
@@ -28,18 +29,26 @@ class EditOp:
     dst: Hashable | None
 
 
-def _check_costs(insert_cost: float, delete_cost: float, substitute_cost: float) -> None:
-    for name, c in (
-        ("insert", insert_cost),
-        ("delete", delete_cost),
-        ("substitute", substitute_cost),
-    ):
-        if c < 0:
-            raise LMForgeError(f"{name}_cost must be >= 0, got {c}")
+@dataclass(frozen=True)
+class EditCosts:
+    """What each edit operation costs; the default is the unit-cost Levenshtein distance."""
+
+    insert: float = 1.0
+    delete: float = 1.0
+    substitute: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("insert", "delete", "substitute"):
+            if getattr(self, name) < 0:
+                raise LMForgeError(f"{name} cost must be >= 0, got {getattr(self, name)}")
 
 
-def _table(a: Sequence, b: Sequence, ins: float, dele: float, sub: float) -> list[list[float]]:
+UNIT_COSTS = EditCosts()
+
+
+def _table(a: Sequence, b: Sequence, costs: EditCosts) -> list[list[float]]:
     """d[i][j] = cheapest cost of turning a[:i] into b[:j]."""
+    ins, dele, sub = costs.insert, costs.delete, costs.substitute
     d = [[0.0] * (len(b) + 1) for _ in range(len(a) + 1)]
     for i in range(1, len(a) + 1):
         d[i][0] = i * dele
@@ -54,60 +63,35 @@ def _table(a: Sequence, b: Sequence, ins: float, dele: float, sub: float) -> lis
 
 
 def edit_distance(
-    a: Sequence[Hashable],
-    b: Sequence[Hashable],
-    *,
-    insert_cost: float = 1.0,
-    delete_cost: float = 1.0,
-    substitute_cost: float = 1.0,
+    a: Sequence[Hashable], b: Sequence[Hashable], costs: EditCosts = UNIT_COSTS
 ) -> float:
     """Minimum total cost of insertions, deletions and substitutions turning `a` into `b`."""
-    _check_costs(insert_cost, delete_cost, substitute_cost)
-    if insert_cost == delete_cost == substitute_cost == 1.0:
+    if costs == UNIT_COSTS:
         return float(Levenshtein.distance(a, b))
-    return _table(a, b, insert_cost, delete_cost, substitute_cost)[len(a)][len(b)]
-
-
-def edit_distance_dp(
-    a: Sequence[Hashable],
-    b: Sequence[Hashable],
-    *,
-    insert_cost: float = 1.0,
-    delete_cost: float = 1.0,
-    substitute_cost: float = 1.0,
-) -> float:
-    """The same distance as `edit_distance`, always by the explicit O(len(a) * len(b)) DP."""
-    _check_costs(insert_cost, delete_cost, substitute_cost)
-    return _table(a, b, insert_cost, delete_cost, substitute_cost)[len(a)][len(b)]
+    return _table(a, b, costs)[len(a)][len(b)]
 
 
 def edit_alignment(
-    a: Sequence[Hashable],
-    b: Sequence[Hashable],
-    *,
-    insert_cost: float = 1.0,
-    delete_cost: float = 1.0,
-    substitute_cost: float = 1.0,
+    a: Sequence[Hashable], b: Sequence[Hashable], costs: EditCosts = UNIT_COSTS
 ) -> tuple[float, list[EditOp]]:
     """The distance and one cheapest list of operations (matches included) from `a` to `b`.
 
     When several alignments cost the same, the backtrace prefers match/substitute, then delete,
     then insert, so the result is deterministic.
     """
-    _check_costs(insert_cost, delete_cost, substitute_cost)
-    d = _table(a, b, insert_cost, delete_cost, substitute_cost)
+    d = _table(a, b, costs)
     ops: list[EditOp] = []
     i, j = len(a), len(b)
     while i > 0 or j > 0:
         if i > 0 and j > 0:
             same = a[i - 1] == b[j - 1]
-            if d[i][j] == d[i - 1][j - 1] + (0.0 if same else substitute_cost):
+            if d[i][j] == d[i - 1][j - 1] + (0.0 if same else costs.substitute):
                 ops.append(
                     EditOp("match" if same else "substitute", i - 1, j - 1, a[i - 1], b[j - 1])
                 )
                 i, j = i - 1, j - 1
                 continue
-        if i > 0 and d[i][j] == d[i - 1][j] + delete_cost:
+        if i > 0 and d[i][j] == d[i - 1][j] + costs.delete:
             ops.append(EditOp("delete", i - 1, j, a[i - 1], None))
             i -= 1
         else:
@@ -129,11 +113,8 @@ class SpellCorrector:
         words: Mapping[str, int] | Iterable[str],
         *,
         max_distance: float = 2,
-        insert_cost: float = 1.0,
-        delete_cost: float = 1.0,
-        substitute_cost: float = 1.0,
+        costs: EditCosts = UNIT_COSTS,
     ) -> None:
-        _check_costs(insert_cost, delete_cost, substitute_cost)
         if max_distance < 0:
             raise LMForgeError(f"max_distance must be >= 0, got {max_distance}")
         # A plain word list means every word has frequency 1 (ties then fall to alphabetical order).
@@ -146,19 +127,15 @@ class SpellCorrector:
         self.frequencies = freqs
         self.words = sorted(freqs)
         self.max_distance = max_distance
-        self.costs = (insert_cost, delete_cost, substitute_cost)
+        self.costs = costs
 
     def distances(self, word: str) -> dict[str, float]:
         """Edit distance from `word` to every dictionary word."""
-        ins, dele, sub = self.costs
-        return {
-            w: edit_distance(word, w, insert_cost=ins, delete_cost=dele, substitute_cost=sub)
-            for w in self.words
-        }
+        return {w: edit_distance(word, w, self.costs) for w in self.words}
 
     def candidates(self, word: str) -> list[tuple[str, float]]:
         """(dictionary word, distance) pairs within max_distance, best first by the tie rule."""
-        if self.costs == (1.0, 1.0, 1.0):
+        if self.costs == UNIT_COSTS:
             # rapidfuzz scans the whole dictionary in C and drops words beyond the cutoff.
             hits = process.extract(
                 word,

@@ -95,27 +95,29 @@ def entropy(p: Sequence[float], *, base: float = math.e) -> float:
     return float(-(nz * np.log(nz)).sum() / math.log(base))
 
 
-def kl_divergence(p: Sequence[float], q: Sequence[float], *, base: float = math.e) -> float:
-    """KL(P||Q) = sum_x P(x) log(P(x)/Q(x)); infinite when Q(x) = 0 < P(x)."""
+def _on_support(p: Sequence[float], q: Sequence[float]) -> tuple[np.ndarray, np.ndarray] | None:
+    """P and Q where P > 0, or None when Q is 0 somewhere there (the sums below are infinite)."""
     pa, qa = _as_distribution(p, "p"), _as_distribution(q, "q")
     if pa.shape != qa.shape:
         raise LMForgeError(f"p and q differ in size ({pa.size} vs {qa.size})")
     support = pa > 0
-    if (qa[support] == 0).any():
+    return None if (qa[support] == 0).any() else (pa[support], qa[support])
+
+
+def kl_divergence(p: Sequence[float], q: Sequence[float], *, base: float = math.e) -> float:
+    """KL(P||Q) = sum_x P(x) log(P(x)/Q(x)); infinite when Q(x) = 0 < P(x)."""
+    if (pq := _on_support(p, q)) is None:
         return math.inf
-    ps, qs = pa[support], qa[support]
+    ps, qs = pq
     return float((ps * (np.log(ps) - np.log(qs))).sum() / math.log(base))
 
 
 def cross_entropy(p: Sequence[float], q: Sequence[float], *, base: float = math.e) -> float:
     """Cross-entropy H(P,Q) = -sum_x P(x) log Q(x), which equals H(P) + KL(P||Q)."""
-    pa, qa = _as_distribution(p, "p"), _as_distribution(q, "q")
-    if pa.shape != qa.shape:
-        raise LMForgeError(f"p and q differ in size ({pa.size} vs {qa.size})")
-    support = pa > 0
-    if (qa[support] == 0).any():
+    if (pq := _on_support(p, q)) is None:
         return math.inf
-    return float(-(pa[support] * np.log(qa[support])).sum() / math.log(base))
+    ps, qs = pq
+    return float(-(ps * np.log(qs)).sum() / math.log(base))
 
 
 def label_smoothing(target: int, num_classes: int, epsilon: float) -> np.ndarray:

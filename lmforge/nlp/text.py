@@ -5,7 +5,7 @@ checked by hand.
 """
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from lmforge.errors import LMForgeError
 
@@ -64,3 +64,18 @@ def tokenize(
     if stop:
         tokens = [t for t in tokens if t.lower() not in stop]
     return tokens
+
+
+def doc_tokens(
+    doc: str | Sequence[str],
+    *,
+    lowercase: bool = True,
+    stopwords: bool | Iterable[str] | None = None,
+) -> list[str]:
+    """The tokens of a document given as text (tokenized) or as tokens (used as given), lowercased
+    and with `stopwords` removed as asked: how every vectorizer and index here reads its input."""
+    if isinstance(doc, str):
+        return tokenize(doc, lowercase=lowercase, stopwords=stopwords)
+    stop = resolve_stopwords(stopwords)
+    toks = [t.lower() for t in doc] if lowercase else list(doc)
+    return [t for t in toks if t.lower() not in stop]

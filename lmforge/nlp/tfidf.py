@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lmforge.errors import LMForgeError
-from lmforge.nlp.text import tokenize
+from lmforge.nlp.text import doc_tokens
 
 if TYPE_CHECKING:
     from scipy.sparse import csr_matrix
@@ -127,9 +127,7 @@ class TfidfVectorizer:
         self._docs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _tokens(self, doc: str | Sequence[str]) -> list[str]:
-        if isinstance(doc, str):
-            return tokenize(doc, lowercase=self.lowercase, stopwords=self.stopwords)
-        return [t.lower() for t in doc] if self.lowercase else list(doc)
+        return doc_tokens(doc, lowercase=self.lowercase, stopwords=self.stopwords)
 
     def fit(self, docs: Sequence[str | Sequence[str]]) -> "TfidfVectorizer":
         """Learn the vocabulary (sorted) and IDF weights from `docs`; keeps them for `search`."""

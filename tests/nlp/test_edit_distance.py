@@ -3,12 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmforge.errors import LMForgeError
-from lmforge.nlp.edit_distance import (
-    SpellCorrector,
-    edit_alignment,
-    edit_distance,
-    edit_distance_dp,
-)
+from lmforge.nlp.edit_distance import EditCosts, SpellCorrector, edit_alignment, edit_distance
 
 DICTIONARY = ["cat", "car", "cart", "care", "cards", "cast"]
 # SPEC §11 correction of the 001 example.
@@ -18,7 +13,7 @@ CARR = {"cat": 2, "car": 1, "cart": 1, "care": 1, "cards": 2, "cast": 2}
 @pytest.mark.parametrize("word,expected", sorted(CARR.items()))
 def test_spec_carr_distances(word, expected):
     assert edit_distance("carr", word) == expected
-    assert edit_distance_dp("carr", word) == expected
+    assert edit_alignment("carr", word)[0] == expected  # the explicit DP
 
 
 def test_known_distances():
@@ -27,18 +22,18 @@ def test_known_distances():
     assert edit_distance("abc", "abc") == 0
     # Jurafsky & Martin: intention -> execution is 5 with unit costs, 8 with substitution = 2.
     assert edit_distance("intention", "execution") == 5
-    assert edit_distance("intention", "execution", substitute_cost=2) == 8
+    assert edit_distance("intention", "execution", EditCosts(substitute=2)) == 8
     # Works on token sequences too (word-level edit distance).
     assert edit_distance("the cat sat".split(), "the cat sat down".split()) == 1
 
 
 def test_weighted_costs():
-    assert edit_distance("ab", "", delete_cost=2.5) == 5.0
-    assert edit_distance("", "ab", insert_cost=0.5) == 1.0
+    assert edit_distance("ab", "", EditCosts(delete=2.5)) == 5.0
+    assert edit_distance("", "ab", EditCosts(insert=0.5)) == 1.0
     # A substitution dearer than delete + insert is never used.
-    assert edit_distance("a", "b", substitute_cost=5) == 2
-    with pytest.raises(LMForgeError, match="insert_cost"):
-        edit_distance("a", "b", insert_cost=-1)
+    assert edit_distance("a", "b", EditCosts(substitute=5)) == 2
+    with pytest.raises(LMForgeError, match="insert cost"):
+        EditCosts(insert=-1)
 
 
 def test_alignment_operations():
@@ -66,17 +61,15 @@ costs = st.sampled_from([(1, 1, 1), (1, 1, 2), (2, 1, 1), (0.5, 1.5, 1)])
 @settings(max_examples=200, deadline=None)
 @given(st.text("abcd", max_size=12), st.text("abcd", max_size=12))
 def test_rapidfuzz_agrees_with_dp(a, b):
-    assert edit_distance(a, b) == edit_distance_dp(a, b)
+    assert edit_distance(a, b) == edit_alignment(a, b)[0]  # rapidfuzz vs the explicit DP
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.text("abc", max_size=10), st.text("abc", max_size=10), costs)
 def test_alignment_is_consistent(a, b, c):
     ins, dele, sub = c
-    dist, ops = edit_alignment(a, b, insert_cost=ins, delete_cost=dele, substitute_cost=sub)
-    assert dist == pytest.approx(
-        edit_distance(a, b, insert_cost=ins, delete_cost=dele, substitute_cost=sub)
-    )
+    dist, ops = edit_alignment(a, b, EditCosts(ins, dele, sub))
+    assert dist == pytest.approx(edit_distance(a, b, EditCosts(ins, dele, sub)))
     cost = {"match": 0, "substitute": sub, "insert": ins, "delete": dele}
     assert sum(cost[o.op] for o in ops) == pytest.approx(dist)
     assert _apply(a, ops) == b
@@ -104,7 +97,7 @@ def test_spell_corrector_spec_vector_and_tie_rule():
 
 
 def test_spell_corrector_weighted_costs_use_dp():
-    sc = SpellCorrector(DICTIONARY, substitute_cost=2, max_distance=2)
+    sc = SpellCorrector(DICTIONARY, costs=EditCosts(substitute=2), max_distance=2)
     # With substitution = 2, deleting the extra r (1) beats substituting it (2).
     assert sc.candidates("carr") == [("car", 1), ("care", 2), ("cart", 2)]
 
