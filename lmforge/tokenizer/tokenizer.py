@@ -18,7 +18,6 @@ escape those strings first.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trai
 from tokenizers import Tokenizer as Backend
 
 from lmforge.errors import ConfigError, DataError, LMForgeError
-from lmforge.fileio import remove_stale_temps, temp_file_beside
+from lmforge.fileio import remove_stale_temps, write_text
 
 DEFAULT_SPECIAL_TOKENS: dict[str, str] = {
     "bos": "<|bos|>",
@@ -49,18 +48,7 @@ WORD_PATTERN = r"\w+|[^\w\s]|\s"
 # Hugging Face's "no limit" value for model_max_length.
 HF_NO_MAX_LENGTH = 1000000000000000019884624838656
 _HF_ROLES = ("bos", "eos", "pad", "unk")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temp file + os.replace, so a crash never leaves half a file."""
-    fd, tmp = temp_file_beside(path)  # named for its process: remove_stale_temps finds orphans
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+Specials = dict[str, str]  # role ("bos", "user", ...) -> token string
 
 
 def _token_content(value: Any) -> str | None:
@@ -77,7 +65,7 @@ class Tokenizer:
         self,
         backend: Backend,
         kind: str,
-        special_tokens: dict[str, str] | None = None,
+        special_tokens: Specials | None = None,
         chat_template: str | None = None,
         model_max_length: int | None = None,
     ):
@@ -93,7 +81,7 @@ class Tokenizer:
     # ---------------------------------------------------------------- training
 
     @staticmethod
-    def _specials(special_tokens: dict[str, str] | None, need_unk: bool = False) -> dict[str, str]:
+    def _specials(special_tokens: Specials | None, need_unk: bool = False) -> Specials:
         specials = dict(DEFAULT_SPECIAL_TOKENS if special_tokens is None else special_tokens)
         if len(set(specials.values())) != len(specials):
             raise ConfigError(f"special_tokens has duplicate token strings: {specials}")
@@ -102,7 +90,7 @@ class Tokenizer:
         return specials
 
     @staticmethod
-    def _added(specials: dict[str, str]) -> list[AddedToken]:
+    def _added(specials: Specials) -> list[AddedToken]:
         # normalized=False: match the raw string; special=True: never split, skippable on decode.
         return [AddedToken(t, special=True, normalized=False) for t in specials.values()]
 
@@ -111,7 +99,7 @@ class Tokenizer:
         cls,
         texts: Iterable[str],
         vocab_size: int = 4096,
-        special_tokens: dict[str, str] | None = None,
+        special_tokens: Specials | None = None,
         min_frequency: int = 2,
         show_progress: bool = False,
         split_digits: bool = False,
@@ -146,10 +134,17 @@ class Tokenizer:
         backend.train_from_iterator(texts, trainer)
         return cls(backend, "bpe", specials)
 
+    @staticmethod
+    def _split_backend(unk: str, pattern: str, vocab: dict[str, int] | None = None) -> Backend:
+        """A WordLevel model over the pieces `pattern` isolates, decoded by concatenation (the
+        default decoder would join them with spaces)."""
+        backend = Backend(models.WordLevel(vocab, unk_token=unk))
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+        backend.decoder = decoders.Fuse()
+        return backend
+
     @classmethod
-    def train_char(
-        cls, texts: Iterable[str], special_tokens: dict[str, str] | None = None
-    ) -> Tokenizer:
+    def train_char(cls, texts: Iterable[str], special_tokens: Specials | None = None) -> Tokenizer:
         """Build a character tokenizer: specials first, then each character seen, sorted."""
         specials = cls._specials(special_tokens, need_unk=True)
         seen: set[str] = set()
@@ -161,20 +156,14 @@ class Tokenizer:
         vocab = {t: i for i, t in enumerate(specials.values())}
         for ch in sorted(seen):
             vocab[ch] = len(vocab)
-        backend = Backend(models.WordLevel(vocab, unk_token=specials["unk"]))
         # [\s\S] matches any single code point, newlines included, in every regex dialect.
-        backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-        backend.decoder = decoders.Fuse()  # concatenate pieces (the default joins with spaces)
+        backend = cls._split_backend(specials["unk"], r"[\s\S]", vocab)
         backend.add_special_tokens(cls._added(specials))
         return cls(backend, "char", specials)
 
     @classmethod
     def train_word(
-        cls,
-        texts: Iterable[str],
-        vocab_size: int = 8192,
-        special_tokens: dict[str, str] | None = None,
-        min_frequency: int = 1,
+        cls, texts: Iterable[str], vocab_size: int = 8192, special_tokens: Specials | None = None
     ) -> Tokenizer:
         """Train a word-level tokenizer keeping the `vocab_size` most frequent words/punctuation."""
         specials = cls._specials(special_tokens, need_unk=True)
@@ -182,14 +171,10 @@ class Tokenizer:
             raise ConfigError(
                 f"vocab_size={vocab_size} leaves no room for words after {len(specials)} specials"
             )
-        backend = Backend(models.WordLevel(unk_token=specials["unk"]))
-        backend.pre_tokenizer = pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated")
-        backend.decoder = decoders.Fuse()
+        backend = cls._split_backend(specials["unk"], WORD_PATTERN)
+        added = cls._added(specials)
         trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=cls._added(specials),
-            show_progress=False,
+            vocab_size=vocab_size, special_tokens=added, show_progress=False
         )
         backend.train_from_iterator(texts, trainer)
         if backend.get_vocab_size() <= len(specials):
@@ -217,8 +202,8 @@ class Tokenizer:
         }
         if self.chat_template is not None:
             config["chat_template"] = self.chat_template
-        _atomic_write_text(directory / "tokenizer.json", self.backend.to_str(pretty=True))
-        _atomic_write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2))
+        write_text(directory / "tokenizer.json", self.backend.to_str(pretty=True))
+        write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2))
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
