@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -131,45 +132,38 @@ class LM:
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int = 64,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
         n: int = 1,
-        seed: int | None = None,
         eos_ids: Sequence[int] | None = None,
         draft: LM | None = None,
         draft_tokens: int = 4,
+        **sampling: Any,
     ) -> list[list[int]]:
         """New token ids for each prompt (n consecutive rows per prompt when n > 1; the EOS
-        that ended a row included). Runs on the engine (lmforge.infer.engine).
+        that ended a row included). Runs on the engine (lmforge.infer.engine). `sampling`:
+        any other GenerationParams field (temperature, top_k, top_p, seed, penalties, ...).
 
         draft: a smaller LM with the same vocabulary for speculative decoding (draft_tokens
         proposals per target forward; same output distribution, greedy output unchanged)."""
-        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
-                                  stop_token_ids=self._eos_ids(eos_ids))  # fmt: skip
+        params = GenerationParams(max_new_tokens, stop_token_ids=self._eos_ids(eos_ids), **sampling)
         rows = [[int(t) for t in p] for p in prompts]
-        done = self._run(rows, params, n, None, draft, draft_tokens)
-        return [c.token_ids for c in done]
+        return [c.token_ids for c in self._run(rows, params, n, None, draft, draft_tokens)]
 
     def complete(
         self,
         texts: str | Sequence[str],
         max_new_tokens: int = 64,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
         n: int = 1,
-        seed: int | None = None,
         stop: Sequence[str] | None = None,
         add_bos: bool = False,
         draft: LM | None = None,
         draft_tokens: int = 4,
+        **sampling: Any,
     ) -> list[str]:
-        """Text continuations, cut at the first stop string (which is not included)."""
+        """Text continuations, cut at the first stop string (which is not included); the other
+        arguments are generate's."""
         tok = self._require_tokenizer()
         texts = [texts] if isinstance(texts, str) else list(texts)
-        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
-                                  stop=[s for s in (stop or []) if s])  # fmt: skip
+        params = GenerationParams(max_new_tokens, stop=[s for s in stop or [] if s], **sampling)
         rows = [tok.encode(t, add_bos=add_bos) for t in texts]
         return [c.text for c in self._run(rows, params, n, tok, draft, draft_tokens)]
 
@@ -177,19 +171,15 @@ class LM:
         self,
         text: str,
         max_new_tokens: int = 64,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
         stop: Sequence[str] | None = None,
         draft: LM | None = None,
         draft_tokens: int = 4,
+        **sampling: Any,
     ) -> Iterator[str]:
         """Yield pieces of text as they are generated (UTF-8-safe incremental decoding; text
         that could be the start of a stop string is held back until it is not)."""
         tok = self._require_tokenizer()
-        params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
-                                  stop=[s for s in (stop or []) if s])  # fmt: skip
+        params = GenerationParams(max_new_tokens, stop=[s for s in stop or [] if s], **sampling)
         ids = tok.encode(text)
         with eval_mode(self.model, draft.model if draft is not None else None):
             engine = self._engine([ids], params, 1, tok, draft, draft_tokens)

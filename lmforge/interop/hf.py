@@ -21,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.interop.families import FAMILIES, Family, Rule
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import save_model
+from lmforge.model.io import INDEX_FILE, read_tensors, save_model, weight_files
 from lmforge.model.transformer import Transformer
-
-INDEX_FILE = "model.safetensors.index.json"
 
 
 def family_for(model_type: str | None, source: str = "config.json") -> Family:
@@ -56,48 +53,6 @@ def hf_config_to_ours(hf: dict[str, Any], source: str = "config.json") -> ModelC
 
 
 # ---- reading weights ---------------------------------------------------------------------------
-def weight_files(directory: Path) -> dict[str, Path]:
-    """tensor name -> file holding it, from the shard index or the single safetensors file."""
-    index = directory / INDEX_FILE
-    if index.is_file():
-        weight_map = read_json(index, "shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index}: no 'weight_map'")
-        files = {name: directory / shard for name, shard in weight_map.items()}
-        for shard in sorted(set(files.values())):
-            if not shard.is_file():
-                raise CheckpointError(f"{index}: shard {shard.name} is missing from {directory}")
-        return files
-    single = directory / "model.safetensors"
-    if not single.is_file():
-        found = sorted(p.name for p in directory.glob("*.bin")) or "no weights"
-        raise CheckpointError(
-            f"{directory}: no model.safetensors or {INDEX_FILE} (found: {found}); "
-            "only safetensors checkpoints are read"
-        )
-    try:
-        with safe_open(str(single), "pt") as f:
-            return dict.fromkeys(f.keys(), single)
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{single}: corrupt safetensors file ({err})") from err
-
-
-def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
-    """Read only `names`, opening each shard once."""
-    by_file: dict[Path, list[str]] = {}
-    for name in names:
-        by_file.setdefault(files[name], []).append(name)
-    out = {}
-    for path, keys in by_file.items():
-        try:
-            with safe_open(str(path), "pt") as f:
-                for key in keys:
-                    out[key] = f.get_tensor(key)
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{path}: corrupt safetensors file ({err})") from err
-    return out
-
-
 def _to_ours(rule: Rule, tensors: list[torch.Tensor]) -> torch.Tensor:
     if rule.transform == "cat":
         return torch.cat(tensors, dim=0)

@@ -4,7 +4,6 @@ heads, the MLM and NSP data recipes, and a loader for Hugging Face BERT checkpoi
 import json
 import re
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -12,13 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
-from lmforge.fileio import load_tensors, read_json
+from lmforge.model.io import read_tensors, weight_files
+from lmforge.model.mlp import ACTIVATIONS, MLP
+from lmforge.model.norms import LayerNorm
 
 # Hugging Face spells the tanh approximation of GELU several ways; all compute the same function.
 _HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"} | dict.fromkeys(
     ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"), "gelu_tanh"
 )
-_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu}
 # Our field -> (HF config.json key, default; None = required).
 _HF_FIELDS = {
     "vocab_size": ("vocab_size", None),
@@ -54,10 +54,8 @@ class BertConfig:
     use_pooler: bool = True
 
     def __post_init__(self):
-        if self.hidden_act not in _ACTIVATIONS:
-            raise ConfigError(
-                f"hidden_act={self.hidden_act!r}: expected one of {list(_ACTIVATIONS)}"
-            )
+        if self.hidden_act not in _HF_ACTIVATIONS.values():
+            raise ConfigError(f"hidden_act={self.hidden_act!r}: expected gelu, gelu_tanh or relu")
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
 
@@ -106,7 +104,7 @@ class BertEmbeddings(nn.Module):
         self.word = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
         self.position = nn.Embedding(cfg.max_position, cfg.d_model)
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ln = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None):
@@ -141,31 +139,20 @@ class BertSelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
-class BertFFN(nn.Module):
-    """Position-wise feed-forward: d_model -> d_ff -> d_model."""
-
-    def __init__(self, cfg: BertConfig):
-        super().__init__()
-        self.up, self.down = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = cfg.hidden_act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(_ACTIVATIONS[self.act](self.up(x)))
-
-
 class BertLayer(nn.Module):
     """Post-norm block: h = LN(h + Attn(h)); h = LN(h + FFN(h))."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.attn, self.ffn = BertSelfAttention(cfg), BertFFN(cfg)
-        self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = BertSelfAttention(cfg)
+        self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.hidden_act, bias=True, dropout=cfg.dropout)
+        self.ln_attn = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ln_ffn = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         h = self.ln_attn(h + self.drop(self.attn(h, mask)))
-        return self.ln_ffn(h + self.drop(self.ffn(h)))
+        return self.ln_ffn(h + self.mlp(h))
 
 
 class BertModel(nn.Module):
@@ -206,12 +193,12 @@ class BertMLMHead(nn.Module):
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.dense, self.act = nn.Linear(cfg.d_model, cfg.d_model), cfg.hidden_act
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dense, self.act = nn.Linear(cfg.d_model, cfg.d_model), ACTIVATIONS[cfg.hidden_act]
+        self.ln = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, h: torch.Tensor, word_emb: torch.Tensor) -> torch.Tensor:
-        h = self.ln(_ACTIVATIONS[self.act](self.dense(h)))
+        h = self.ln(self.act(self.dense(h)))
         return F.linear(h, word_emb, self.bias)
 
 
@@ -343,8 +330,8 @@ _HF_LAYER = {
     "attn.value": "attention.self.value",
     "attn.out": "attention.output.dense",
     "ln_attn": "attention.output.LayerNorm",
-    "ffn.up": "intermediate.dense",
-    "ffn.down": "output.dense",
+    "mlp.up_proj": "intermediate.dense",
+    "mlp.down_proj": "output.dense",
     "ln_ffn": "output.LayerNorm",
 }
 _HF_OTHER = {
@@ -367,30 +354,6 @@ def hf_name(name: str) -> str:
     if m := re.fullmatch(r"layers\.(\d+)\.(.+)", module):
         return f"encoder.layer.{m[1]}.{_HF_LAYER[m[2]]}.{param}"
     return f"{_HF_OTHER[module]}.{param}"
-
-
-def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """All tensors of a HF checkpoint folder's (sharded) safetensors weights.
-
-    A pickled pytorch_model.bin is never read (unpickling can run code from the file, and
-    torch's restricted loader is still an unpickler): it is refused with a line saying how to
-    convert it."""
-    if (path := directory / "model.safetensors").is_file():
-        return load_tensors(path), path
-    if (path := directory / "model.safetensors.index.json").is_file():
-        weight_map = read_json(path, "shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{path}: no 'weight_map'")
-        shards = sorted(set(weight_map.values()))
-        return {k: v for s in shards for k, v in load_tensors(directory / s).items()}, path
-    found = sorted(p.name for p in directory.glob("*.bin"))
-    if found:
-        raise CheckpointError(
-            f"{directory}: only pickled weights ({', '.join(found)}); lmforge reads safetensors "
-            "only: convert them, e.g. transformers AutoModel.from_pretrained(DIR).save_pretrained("
-            "DIR) (transformers < 5: save_pretrained(DIR, safe_serialization=True))"
-        )
-    raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
 def _hf_key(key: str) -> str:
@@ -418,8 +381,8 @@ def load_bert(
         cfg = BertConfig.from_hf_dict(json.loads(config_path.read_text()), source=str(config_path))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{config_path}: invalid JSON ({e})") from None
-    weights, weights_path = _read_weights(directory)
-    weights = {_hf_key(k): v for k, v in weights.items()}
+    files = weight_files(directory)
+    weights = {_hf_key(k): v for k, v in read_tensors(files, list(files)).items()}
     # HF saves BertModel and BertForMaskedLM without a pooler when it was not trained; the NSP and
     # classifier heads read it, so for them a missing pooler is reported as a missing tensor.
     headless = model_cls in (BertModel, BertForMaskedLM)
@@ -434,11 +397,11 @@ def load_bert(
             continue
         if weights[key].shape != param.shape:
             raise CheckpointError(
-                f"{weights_path}: tensor {key!r} has shape {tuple(weights[key].shape)}, "
+                f"{directory}: tensor {key!r} has shape {tuple(weights[key].shape)}, "
                 f"expected {tuple(param.shape)} from {config_path.name}"
             )
         state[name] = weights[key].to(dtype)
     if missing:
-        raise CheckpointError(f"{weights_path}: missing tensors {', '.join(missing)}")
+        raise CheckpointError(f"{directory}: missing tensors {', '.join(missing)}")
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval(), cfg

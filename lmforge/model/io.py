@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from lmforge.errors import CheckpointError
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
@@ -16,6 +17,7 @@ from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 
 MODEL_TYPE = "lmforge"
+INDEX_FILE = "model.safetensors.index.json"  # Hugging Face's shard index
 
 
 def save_model(model: Transformer, directory: str | Path) -> None:
@@ -86,3 +88,48 @@ def load_model(
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+def weight_files(directory: Path) -> dict[str, Path]:
+    """tensor name -> file holding it, from the shard index or the single safetensors file."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        weight_map = read_json(index, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no 'weight_map'")
+        files = {name: directory / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"{index}: shard {shard.name} is missing from {directory}")
+        return files
+    single = directory / "model.safetensors"
+    if not single.is_file():
+        # A pickled pytorch_model.bin is never read: unpickling can run code from the file (and
+        # torch's restricted loader is still an unpickler).
+        found = sorted(p.name for p in directory.glob("*.bin")) or "no weights"
+        raise CheckpointError(
+            f"{directory}: no model.safetensors or {INDEX_FILE} (found: {found}); only safetensors "
+            "checkpoints are read: convert pickled weights, e.g. with transformers "
+            "AutoModel.from_pretrained(DIR).save_pretrained(DIR)"
+        )
+    try:
+        with safe_open(str(single), "pt") as f:
+            return dict.fromkeys(f.keys(), single)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{single}: corrupt safetensors file ({err})") from err
+
+
+def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
+    """Read only `names`, opening each shard once."""
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    out = {}
+    for path, keys in by_file.items():
+        try:
+            with safe_open(str(path), "pt") as f:
+                for key in keys:
+                    out[key] = f.get_tensor(key)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path}: corrupt safetensors file ({err})") from err
+    return out
