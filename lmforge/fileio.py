@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lmforge.errors import CheckpointError, ConfigError, DataError
+from lmforge.errors import CheckpointError, ConfigError, DataError, LMForgeError
 
 # ---- temporary files and their clean-up ------------------------------------------------------
 # A temp file is `.NAME.lmf-HOST-PID.RANDOM.tmp`: hidden, beside its target, and naming the host and
@@ -132,14 +132,17 @@ def write_json(path: str | Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-def read_json(path: str | Path, what: str = "JSON file") -> Any:
+def read_json(
+    path: str | Path, what: str = "JSON file", error: type[LMForgeError] = CheckpointError
+) -> Any:
+    """A JSON file's content; a missing or malformed file raises `error` naming it."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{what} not found: {path}")
+        raise error(f"{what} not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path}: invalid JSON ({err})") from err
+        raise error(f"{path}: invalid JSON ({err})") from err
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata=None) -> None:
@@ -219,3 +222,21 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{line_no}: expected a JSON object")
             yield line_no, row
+
+
+def read_rows(
+    path: str | Path,
+    check: Callable[[dict[str, Any], str], dict[str, Any]],
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """The first `limit` (default all) rows of a JSONL file, each as `check(row, "file:line")`
+    returns it (raising DataError naming the line when it is bad); a file without rows is a
+    DataError too."""
+    rows = []
+    for line_no, row in read_jsonl(path):
+        rows.append(check(row, f"{path}:{line_no}"))
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    return rows

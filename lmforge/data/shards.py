@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from lmforge.data.corpus import TEXT_SUFFIXES, read_documents
 from lmforge.errors import ConfigError, DataError
-from lmforge.fileio import remove_stale_temps, temp_file_beside
+from lmforge.fileio import read_json, remove_stale_temps, temp_file_beside, write_json
 from lmforge.tokenizer import Tokenizer
 
 SHARD_FORMAT_VERSION = 1
@@ -35,17 +35,6 @@ DTYPES = ("uint16", "uint32")
 def shard_dtype(vocab_size: int) -> str:
     """The smallest unsigned dtype that holds every id: uint16 up to 65536 ids, else uint32."""
     return "uint16" if vocab_size <= 2**16 else "uint32"
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = temp_file_beside(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _batched(items: Iterable[str], n: int) -> Iterator[list[str]]:
@@ -203,7 +192,7 @@ def build_token_shards(
         "split_by": split_by,
         **(extra_meta or {}),
     }
-    _write_json_atomic(out / "meta.json", meta)
+    write_json(out / "meta.json", meta)
     return meta
 
 
@@ -221,15 +210,10 @@ class TokenShard:
         path = Path(path)
         if not path.is_file():
             raise DataError(f"token shard not found: {path}")
-        meta: dict[str, Any] = {}
         meta_path = path.parent / "meta.json"
-        if meta_path.is_file():
-            try:
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{meta_path}: invalid JSON ({e})") from e
-        elif dtype is None:
+        if not meta_path.is_file() and dtype is None:
             raise DataError(f"{path}: no meta.json beside it to give the token dtype")
+        meta = read_json(meta_path, "shard meta", DataError) if meta_path.is_file() else {}
         dtype = dtype or meta.get("dtype")
         if dtype not in DTYPES:
             raise DataError(f"{meta_path}: field 'dtype' must be one of {DTYPES}, got {dtype!r}")

@@ -134,18 +134,11 @@ def gsm8k_replies(
     tok = lm.tokenizer
     engine = Engine.from_lm(lm, max_batch=batch_size)
     params = GenerationParams(
-        max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_ids(lm, engine)
+        max_new_tokens, temperature=0.0, stop_token_ids=tok.chat_stop_ids(engine.eos_ids)
     )
     keep = engine.max_len - 1  # the engine needs room for at least one new token
     prompts = [_chat_ids(tok, r["question"])[-keep:] for r in rows]
     return [c.text for c in engine.generate(prompts, params)]
-
-
-def stop_ids(lm, engine) -> list[int]:
-    """EOS ids plus the built-in template's end-of-turn token, when the tokenizer has one."""
-    tok = lm.tokenizer
-    end = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
-    return sorted(engine.eos_ids | ({end} if end is not None else set()))
 
 
 def score_gsm8k(replies: Sequence[str], rows: Sequence[dict]) -> float:

@@ -31,6 +31,7 @@ import urllib.request
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError
@@ -40,7 +41,7 @@ from lmforge.eval.core_scoring import (
     common_suffix_len,
     score_option_sets,
 )
-from lmforge.fileio import read_jsonl
+from lmforge.fileio import read_rows
 
 # The published eval bundle nanochat downloads (all 22 task files, in category folders).
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -175,7 +176,7 @@ def _fail(where: str, what: str):
     raise DataError(f"{where}: {what}")
 
 
-def _check_row(row: dict, kind: str, where: str) -> None:
+def _check_row(row: dict, where: str, kind: str) -> dict:
     """Each kind's fields, with types, so that a bad row fails here and not mid-evaluation."""
 
     def strings(key: str, nonempty: bool = False) -> None:
@@ -200,18 +201,12 @@ def _check_row(row: dict, kind: str, where: str) -> None:
     else:
         strings("context")
         strings("continuation", nonempty=True)
+    return row
 
 
 def load_task_rows(folder: str | Path, task: CoreTask) -> list[dict]:
     """Every row of a task file, checked; a bad line raises DataError naming file:line."""
-    path = Path(folder) / task.file
-    rows = []
-    for lineno, row in read_jsonl(path):
-        _check_row(row, task.kind, f"{path}:{lineno}")
-        rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    return rows
+    return read_rows(Path(folder) / task.file, partial(_check_row, kind=task.kind))
 
 
 def shuffled_subset(rows: list[dict], max_per_task: int | None) -> list[dict]:

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError
-from lmforge.fileio import read_jsonl
+from lmforge.eval.prompts import qa_prompt
+from lmforge.fileio import read_rows
 
 Verifier = Callable[[str, dict], float]  # (claim, row) -> V in [0, 1]
 
@@ -68,22 +69,17 @@ def decoding_grid(
     return out
 
 
+def _qa_row(row: dict, where: str) -> dict:
+    if not isinstance(row.get("question"), str):
+        raise DataError(f"{where}: expected a 'question' string")
+    if not (isinstance(row.get("answer"), str) or isinstance(row.get("answers"), list)):
+        raise DataError(f"{where}: expected 'answer' (string) or 'answers' (list)")
+    return row
+
+
 def load_qa(path: str | Path, limit: int | None = None) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"question-answer data not found: {path}")
-    rows = []
-    for lineno, row in read_jsonl(path):
-        if not isinstance(row.get("question"), str):
-            raise DataError(f"{path}:{lineno}: expected a 'question' string")
-        if not (isinstance(row.get("answer"), str) or isinstance(row.get("answers"), list)):
-            raise DataError(f"{path}:{lineno}: expected 'answer' (string) or 'answers' (list)")
-        rows.append(row)
-        if limit is not None and len(rows) >= limit:
-            break
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    return rows
+    """Rows {question, answer or answers} from a local JSONL file."""
+    return read_rows(path, _qa_row, limit)
 
 
 @dataclass
@@ -97,10 +93,6 @@ class SweepRow:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def closed_book_prompt(question: str) -> str:
-    return f"Question: {question.strip()}\nAnswer:"
 
 
 def sweep(
@@ -123,7 +115,7 @@ def sweep(
 
     verifier = verifier or ContainsAnswer()
     settings = list(settings or decoding_grid())
-    prompt_sets = {False: [closed_book_prompt(r["question"]) for r in rows]}
+    prompt_sets = {False: [qa_prompt(r["question"]) for r in rows]}
     if rag is not None:
         if not hasattr(rag.answerer, "build_prompt"):
             raise ConfigError("RAG for a hallucination sweep needs an LM (RAG(retriever, lm))")

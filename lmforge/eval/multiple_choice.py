@@ -10,11 +10,12 @@ Data: JSONL rows {"question": str, "choices": [str, ...], "answer": index or let
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lmforge.errors import DataError
+from lmforge.eval.prompts import qa_prompt
 from lmforge.eval.tasks import TaskResult
+from lmforge.fileio import read_rows
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -29,42 +30,25 @@ def _answer_index(value, n: int, where: str) -> int:
     )
 
 
+def _choice_row(row: dict, where: str) -> dict:
+    choices = row.get("choices")
+    if not isinstance(row.get("question"), str) or not isinstance(choices, list):
+        raise DataError(f"{where}: expected 'question' (string) and 'choices' (list)")
+    if len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
+        raise DataError(f"{where}: 'choices' must hold at least 2 non-empty strings")
+    return {**row, "answer": _answer_index(row.get("answer"), len(choices), where)}
+
+
 def load_choices(path: str | Path, limit: int | None = None) -> list[dict]:
     """Rows {question, choices, answer (int index)} from a local JSONL file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"multiple-choice data not found: {path}")
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON ({e.msg})") from e
-        choices = row.get("choices") if isinstance(row, dict) else None
-        if not isinstance(row.get("question"), str) or not isinstance(choices, list):
-            raise DataError(f"{where}: expected 'question' (string) and 'choices' (list)")
-        if len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
-            raise DataError(f"{where}: 'choices' must hold at least 2 non-empty strings")
-        rows.append({**row, "answer": _answer_index(row.get("answer"), len(choices), where)})
-        if limit is not None and len(rows) >= limit:
-            break
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    return rows
-
-
-def choice_prompt(question: str) -> str:
-    return f"Question: {question.strip()}\nAnswer:"
+    return read_rows(path, _choice_row, limit)
 
 
 def evaluate_choices(lm, rows: list[dict], batch_size: int = 16, progress: bool = False):
     """(acc result, acc_norm result) over `rows`."""
     from lmforge.eval.scoring import loglikelihood
 
-    pairs = [(choice_prompt(r["question"]), f" {c}") for r in rows for c in r["choices"]]
+    pairs = [(qa_prompt(r["question"]), f" {c}") for r in rows for c in r["choices"]]
     scores = iter(loglikelihood(lm, pairs, batch_size, progress))
     correct = correct_norm = 0
     samples = []

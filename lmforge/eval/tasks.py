@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from lmforge.errors import DataError
-from lmforge.eval.prompts import COT_TRIGGER
+from lmforge.eval.prompts import COT_TRIGGER, qa_prompt
 from lmforge.tasks.answers import exact_match, extract_numeric_answer
 
 
@@ -38,9 +38,8 @@ def gsm8k_prompt(question: str, shots: list[dict] = (), cot: bool = False) -> st
         solution = ex["answer"].strip() if cot else f"#### {ex['reference']}"
         if cot:
             solution = f"{COT_TRIGGER} {solution}"
-        parts.append(f"Question: {ex['question'].strip()}\nAnswer: {solution}")
-    query = f"Question: {question.strip()}\nAnswer:"
-    parts.append(f"{query} {COT_TRIGGER}" if cot else query)
+        parts.append(f"{qa_prompt(ex['question'])} {solution}")
+    parts.append(f"{qa_prompt(question)} {COT_TRIGGER}" if cot else qa_prompt(question))
     return "\n\n".join(parts)
 
 

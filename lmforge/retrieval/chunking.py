@@ -126,25 +126,12 @@ def read_corpus(source: str | Path) -> Corpus:
 
 
 # ---- splitting -------------------------------------------------------------------------------
-class WordWindows:
-    """Windows of whitespace-separated words; the chunk text keeps the original spacing."""
-
-    unit = "word"
-
-    def spans(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"\S+", text)]
-
-
-class CharWindows:
-    """Windows of characters (useful for text without spaces, or exact size control)."""
-
-    unit = "char"
-
-    def spans(self, text: str) -> list[tuple[int, int]]:
-        return [(i, i + 1) for i in range(len(text))]
-
-
-SPLITTERS = {"word": WordWindows, "char": CharWindows}
+# Each unit's spans: (start, end) character offsets of every word (the chunk text keeps the
+# original spacing) or every character (for text without spaces, or exact size control).
+SPLITTERS = {
+    "word": lambda text: [m.span() for m in re.finditer(r"\S+", text)],
+    "char": lambda text: [(i, i + 1) for i in range(len(text))],
+}
 
 
 def windows(text: str, size: int, overlap: int, unit: str = "word") -> list[tuple[int, str]]:
@@ -153,7 +140,7 @@ def windows(text: str, size: int, overlap: int, unit: str = "word") -> list[tupl
         raise ConfigError(f"chunk unit {unit!r}: expected one of {sorted(SPLITTERS)}")
     if size < 1 or not 0 <= overlap < size:
         raise ConfigError(f"need size >= 1 and 0 <= overlap < size, got {size=} {overlap=}")
-    spans = SPLITTERS[unit]().spans(text)
+    spans = SPLITTERS[unit](text)
     out = []
     step = size - overlap
     for start in range(0, max(1, len(spans) - overlap), step):

@@ -168,11 +168,8 @@ class LMAnswerer:
         # 8192 positions x 8 rows would be gigabytes for answers of a few hundred tokens).
         max_len = min(self.lm.config.max_seq_len, max(map(len, ids)) + self.max_new_tokens)
         engine = Engine.from_lm(self.lm, max_batch=min(self.max_batch, len(ids)), max_len=max_len)
-        end = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))  # built-in template
-        stop_ids = sorted(engine.eos_ids | ({end} if end is not None else set()))
-        params = GenerationParams(
-            max_new_tokens=self.max_new_tokens, stop_token_ids=stop_ids, **self.sampling
-        )
+        stop_ids = tok.chat_stop_ids(engine.eos_ids)
+        params = GenerationParams(self.max_new_tokens, stop_token_ids=stop_ids, **self.sampling)
         outs = engine.generate(ids, params)
         return [
             Answer(out.text.strip(), placed, prompt, notes)

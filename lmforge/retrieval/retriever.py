@@ -35,39 +35,30 @@ class Hit:
     rank: int  # 1 = best
 
 
-class BM25Search:
-    """Ranks chunks by BM25 over their words."""
-
-    def rank(self, r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
-        return r.bm25.search(query, n)
+def _bm25_ranks(r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
+    return r.bm25.search(query, n)
 
 
-class DenseSearch:
-    """Ranks chunks by cosine similarity of unit embeddings (a dot product)."""
-
-    def rank(self, r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
-        if r.embeddings is None:
-            raise ConfigError("this index has no embeddings: rebuild it with a dense encoder")
-        q = r.encoder.encode([query])[0]
-        scores = r.embeddings @ q
-        top = torch.topk(scores, min(n, len(scores)))
-        return [(int(i), float(s)) for s, i in zip(top.values, top.indices)]
+def _dense_ranks(r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
+    """Cosine similarity of unit embeddings (a dot product)."""
+    if r.embeddings is None:
+        raise ConfigError("this index has no embeddings: rebuild it with a dense encoder")
+    top = torch.topk(r.embeddings @ r.encoder.encode([query])[0], min(n, len(r.embeddings)))
+    return [(int(i), float(s)) for s, i in zip(top.values, top.indices)]
 
 
-class HybridSearch:
+def _hybrid_ranks(r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
     """Weighted RRF over the top `depth` of each ranking: RRF(d) = sum w / (rrf_k + rank), with
     w = `fusion_weights` (BM25, dense); equal weights are plain RRF."""
-
-    def rank(self, r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
-        depth = max(n, r.fusion_depth)
-        runs = [BM25Search().rank(r, query, depth), DenseSearch().rank(r, query, depth)]
-        fused = reciprocal_rank_fusion(
-            [[i for i, _ in run] for run in runs], k=r.rrf_k, weights=list(r.fusion_weights)
-        )
-        return fused[:n]
+    depth = max(n, r.fusion_depth)
+    runs = [_bm25_ranks(r, query, depth), _dense_ranks(r, query, depth)]
+    fused = reciprocal_rank_fusion(
+        [[i for i, _ in run] for run in runs], k=r.rrf_k, weights=list(r.fusion_weights)
+    )
+    return fused[:n]
 
 
-SEARCH_MODES = {"bm25": BM25Search, "dense": DenseSearch, "hybrid": HybridSearch}
+SEARCH_MODES = {"bm25": _bm25_ranks, "dense": _dense_ranks, "hybrid": _hybrid_ranks}
 
 
 class Retriever:
@@ -164,7 +155,7 @@ class Retriever:
             raise ConfigError(f"k must be >= 1, got {k}")
         if not query.strip():
             raise ConfigError("empty query")
-        ranked = SEARCH_MODES[mode]().rank(self, query, k)
+        ranked = SEARCH_MODES[mode](self, query, k)
         return [Hit(self.chunks[i], s, n) for n, (i, s) in enumerate(ranked, 1)]
 
     # ---- persistence -----------------------------------------------------------------------

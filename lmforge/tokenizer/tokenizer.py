@@ -27,7 +27,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trai
 from tokenizers import Tokenizer as Backend
 
 from lmforge.errors import ConfigError, DataError, LMForgeError
-from lmforge.fileio import remove_stale_temps, write_text
+from lmforge.fileio import read_json, remove_stale_temps, write_text
 
 DEFAULT_SPECIAL_TOKENS: dict[str, str] = {
     "bos": "<|bos|>",
@@ -255,12 +255,8 @@ class Tokenizer:
 
     @staticmethod
     def _read_json(path: Path) -> dict[str, Any]:
-        if not path.is_file():
-            return {}
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: invalid JSON ({e})") from e
+        """An optional config file beside tokenizer.json ({} when absent)."""
+        data = read_json(path, error=DataError) if path.is_file() else {}
         if not isinstance(data, dict):
             raise DataError(f"{path}: expected a JSON object")
         return data
@@ -375,6 +371,12 @@ class Tokenizer:
                 lengths[i] = max(0, len(text.encode("utf-8")) - base)
         self._token_bytes = lengths
         return lengths
+
+    def chat_stop_ids(self, eos_ids: Iterable[int]) -> list[int]:
+        """`eos_ids` plus the chat template's end-of-turn token (the built-in template's
+        `<|end|>`) when this vocabulary has one: the ids a chat reply stops at."""
+        end = self.token_to_id(self.special_tokens.get("end", "<|end|>"))
+        return sorted(set(eos_ids) | ({end} if end is not None else set()))
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

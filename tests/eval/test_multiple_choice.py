@@ -5,7 +5,8 @@ import json
 import pytest
 
 from lmforge.errors import DataError
-from lmforge.eval.multiple_choice import choice_prompt, evaluate_choices, load_choices
+from lmforge.eval.multiple_choice import evaluate_choices, load_choices
+from lmforge.eval.prompts import qa_prompt
 from lmforge.eval.scoring import loglikelihood
 
 ROWS = [
@@ -48,7 +49,7 @@ def test_accuracy_is_the_argmax_of_choice_loglikelihoods(tiny_lm, data):
     acc, acc_norm = evaluate_choices(tiny_lm, rows)
     expected = expected_norm = 0
     for r in rows:
-        lps = [lp for lp, _ in loglikelihood(tiny_lm, [(choice_prompt(r["question"]), f" {c}")
+        lps = [lp for lp, _ in loglikelihood(tiny_lm, [(qa_prompt(r["question"]), f" {c}")
                                                         for c in r["choices"]])]  # fmt: skip
         norm = [lp / len(c) for lp, c in zip(lps, r["choices"])]
         expected += lps.index(max(lps)) == r["answer"]
