@@ -50,10 +50,12 @@ def build(name: str, out: Path, shared: Path, resume: bool = False):
                           device="cpu", model=dict(TINY, max_seq_len=16), warmup_iters=1,
                           **LOOP)  # fmt: skip
         return Pretrainer(cfg, resume=resume, log=quiet)
-    if name in ("sft", "lora", "reward", "dpo", "grpo", "ppo", "rsft"):
+    if name in ("sft", "lora", "reward", "dpo", "kto", "orpo", "simpo", "grpo", "ppo", "rsft"):
         from lmforge.align.dpo import DPOConfig, DPOTrainer
         from lmforge.align.grpo import GRPOConfig, GRPOTrainer
+        from lmforge.align.kto import KTOConfig, KTOTrainer
         from lmforge.align.ppo import PPOConfig, PPOTrainer
+        from lmforge.align.reference_free import ORPOConfig, ORPOTrainer, SimPOConfig, SimPOTrainer
         from lmforge.align.reward import RewardConfig, RewardTrainer
         from lmforge.align.rsft import RSFTConfig, RSFTTrainer
         from lmforge.align.sft import SFTConfig, SFTTrainer
@@ -63,6 +65,9 @@ def build(name: str, out: Path, shared: Path, resume: bool = False):
             "lora": (SFTConfig, SFTTrainer, dict(eval_generate=0, peft="lora", lr=3e-3)),
             "reward": (RewardConfig, RewardTrainer, dict(grad_accum=2)),
             "dpo": (DPOConfig, DPOTrainer, dict(lr=3e-3)),
+            "kto": (KTOConfig, KTOTrainer, dict(lr=3e-3, warmup_iters=1)),
+            "orpo": (ORPOConfig, ORPOTrainer, dict(lr=3e-3)),
+            "simpo": (SimPOConfig, SimPOTrainer, dict(lr=3e-3)),
             "grpo": (GRPOConfig, GRPOTrainer, RL),
             "ppo": (PPOConfig, PPOTrainer, dict(RL, minibatch_size=2, ppo_epochs=1)),
             "rsft": (RSFTConfig, RSFTTrainer, dict(RL, minibatch_size=2, sft_epochs=1)),
@@ -102,8 +107,8 @@ def build(name: str, out: Path, shared: Path, resume: bool = False):
     raise ValueError(name)
 
 
-TRAINERS = ["pretrain", "sft", "lora", "reward", "dpo", "grpo", "ppo", "rsft", "bert",
-            "classify", "seq2seq", "vlm"]  # fmt: skip
+TRAINERS = ["pretrain", "sft", "lora", "reward", "dpo", "kto", "orpo", "simpo", "grpo", "ppo",
+            "rsft", "bert", "classify", "seq2seq", "vlm"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
