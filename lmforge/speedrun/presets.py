@@ -232,12 +232,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any], where: str) -> dict[str, Any]:
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict update; unknown top-level keys are rejected by `check_plan`."""
     out = copy.deepcopy(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value, f"{where}.{key}")
+            out[key] = _merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -246,7 +246,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any], where: str) -> dict[str,
 # eight GPUs on one node: gpu-1's plan under torchrun (DDP) with the same global batches, so the
 # same curves in about an eighth of the time (pretraining: 8 micro-batches of 4, one per GPU)
 PRESETS["gpu-8"] = _merge(
-    PRESETS["gpu-1"], {"nproc": 8, "pretrain": {"batch_size": 4, "grad_accum": 8}}, "gpu-8"
+    PRESETS["gpu-1"], {"nproc": 8, "pretrain": {"batch_size": 4, "grad_accum": 8}}
 )
 
 
@@ -272,9 +272,9 @@ def resolve_plan(
     """The full plan: BASE, then the preset, then a YAML file, then `stage.key` overrides."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    plan = _merge(BASE, PRESETS[preset], preset)
+    plan = _merge(BASE, PRESETS[preset])
     if config is not None:
-        plan = _merge(plan, load_yaml(config), str(config))
+        plan = _merge(plan, load_yaml(config))
     for dotted, value in (overrides or {}).items():
         keys = dotted.split(".")
         node = plan

@@ -38,15 +38,24 @@ def final_model(out: Path, results: dict[str, Any]) -> Path | None:
     return None
 
 
-def eval_table(out: Path) -> Table | None:
+# eval.json's metrics in table order: (key, README header, README decimals)
+EVAL_COLUMNS = (("perplexity", "docs perplexity", 1), ("bpb", "bits per byte", 2),
+                ("accuracy", "exact match", 3), ("reward", "reward (RM score)", 3),
+                ("kl", "KL to SFT", 2), ("core", "CORE", 3))  # fmt: skip
+
+
+def eval_table(out: Path, readme: bool = False) -> Table | None:
+    """Every model's yardstick numbers: the report's columns (metric keys, 4 decimals), or with
+    `readme` the README's (plain names, fewer decimals)."""
     path = out / "eval" / "eval.json"
     if not path.is_file():
         return None
     table = read_json(path, "eval results")
-    metrics = [m for m in ("perplexity", "bpb", "accuracy", "reward", "kl", "core") if any(
-        m in row for row in table.values())]  # fmt: skip
-    rows = [[stage] + [_fmt(row.get(m, "")) for m in metrics] for stage, row in table.items()]
-    return ["model after", *metrics], rows
+    cols = [c for c in EVAL_COLUMNS if any(c[0] in row for row in table.values())]
+    cell = (lambda v, c: _num(v, c[2])) if readme else (lambda v, c: _fmt(v))
+    rows = [[stage] + [cell(row[c[0]], c) if c[0] in row else "" for c in cols]
+            for stage, row in table.items()]  # fmt: skip
+    return ["model after", *(c[1] if readme else c[0] for c in cols)], rows
 
 
 def stage_tables(results: dict[str, Any]) -> list[tuple[str, Table]]:
@@ -151,23 +160,12 @@ def readme_tables(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> s
     total = sum(float(d["seconds"]) for d in results.values())
     lines = [f"A {plan['preset']} run (`lmforge speedrun --preset {plan['preset']}`) on "
              f"{machine_line(plan)}: {total / 60:.1f} minutes of stages.", ""]  # fmt: skip
-    path = out / "eval" / "eval.json"
-    if path.is_file():
-        table = read_json(path, "eval results")
-        cols = [("perplexity", "docs perplexity", 1), ("bpb", "bits per byte", 2),
-                ("accuracy", "exact match", 3), ("reward", "reward (RM score)", 3),
-                ("kl", "KL to SFT", 2), ("core", "CORE", 3)]  # fmt: skip
-        cols = [c for c in cols if any(c[0] in row for row in table.values())]
-        lines += ["| model after | " + " | ".join(c[1] for c in cols) + " |",
-                  "|---|" + "---:|" * len(cols)]  # fmt: skip
-        for stage, row in table.items():
-            cells = [_num(row[c[0]], c[2]) if c[0] in row else "" for c in cols]
-            lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["| stage | result | wall s |", "|---|---|---:|"]
-    for stage, done in results.items():
-        result = _stage_result(stage, done["numbers"]).replace("|", "\\|")
-        lines.append(f"| {stage} | {result} | {float(done['seconds']):.0f} |")
+    evals = eval_table(out, readme=True)
+    if evals is not None:
+        lines += [_md_table(evals, right=len(evals[0]) - 1), ""]
+    stages = [[stage, _stage_result(stage, done["numbers"]), f"{float(done['seconds']):.0f}"]
+              for stage, done in results.items()]  # fmt: skip
+    lines.append(_md_table((["stage", "result", "wall s"], stages), right=1))
     return "\n".join(lines) + "\n"
 
 
@@ -226,9 +224,13 @@ def write_plots(out: Path, eval_rows: Table | None) -> list[Path]:
 # ----------------------------------------------------------------------------- rendering
 
 
-def _md_table(table: Table) -> str:
+def _md_table(table: Table, right: int = 0) -> str:
+    """A Markdown table; the last `right` columns are right-aligned (numbers)."""
     header, rows = table
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * (len(header) - right) + "---:|" * right,
+    ]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@ import importlib.util
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 import yaml
 
 from lmforge.align.methods import METHODS
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, require_device
 from lmforge.fileio import read_json, write_json, write_text
 from lmforge.train.checkpoint import STATE_FILE
 from lmforge.train.config import build_config
@@ -44,10 +45,7 @@ class RunContext:
 
     @property
     def device(self) -> torch.device:
-        name = self.plan["device"]
-        if name == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(name)
+        return require_device(self.plan["device"], "device")
 
     def task_source(self) -> str:
         """The built-in task as every alignment trainer reads it, prompts in chat form."""
@@ -96,12 +94,22 @@ TRAINERS = {
 }
 
 
-class TrainerStage(Stage):
-    """A trainer run whose config is the plan's section plus the paths the pipeline fixes."""
+def _corpus(ctx: RunContext) -> dict[str, Any]:
+    """Config fields of pretraining: the corpus and the tokenizer stage's tokenizer."""
+    return {"data": ctx.plan["corpus"], "tokenizer": str(ctx.dir("tokenizer"))}
 
-    def fixed(self, ctx: RunContext) -> dict[str, Any]:
-        """Config fields set by the pipeline (paths to earlier stages, data, device)."""
-        return {"init": str(ctx.dir("sft")), "data": ctx.task_source()}
+
+def _task_from(stage: str, **extra: Any) -> Callable[[RunContext], dict[str, Any]]:
+    """Config fields of a post-training stage: start from `stage`'s model, train on the task."""
+    return lambda ctx: {"init": str(ctx.dir(stage)), "data": ctx.task_source(), **extra}
+
+
+class TrainerStage(Stage):
+    """A trainer run whose config is the plan's section plus the fields the pipeline fixes:
+    `fixed(ctx)` gives the paths to earlier stages and the data."""
+
+    def __init__(self, name: str, title: str, fixed: Callable[[RunContext], dict[str, Any]]):
+        self.name, self.title, self.fixed = name, title, fixed
 
     def config(self, ctx: RunContext) -> dict[str, Any]:
         section = ctx.plan[self.name]
@@ -130,7 +138,8 @@ class TrainerStage(Stage):
         else:
             config = build_config(config_class, None, cfg)
             trainer_class(config, resume=resume, log=ctx.log).run()
-        return self.summary(read_json(out_dir / "final_metrics.json", "stage metrics"))
+        metrics = read_json(out_dir / "final_metrics.json", "stage metrics")
+        return {k: v for k, v in metrics.items() if isinstance(v, int | float)}  # scalars only
 
     def _torchrun(self, ctx: RunContext, command: str, cfg: dict, resume: bool) -> None:
         path = ctx.dir(self.name) / "speedrun_config.yaml"
@@ -142,46 +151,6 @@ class TrainerStage(Stage):
         ctx.log("$ " + " ".join(argv[2:]))
         if subprocess.run(argv).returncode != 0:
             raise LMForgeError(f"stage {self.name}: `{' '.join(argv[2:])}` failed (see above)")
-
-    def summary(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """The numbers worth a row in the report (scalars only)."""
-        return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-
-
-class PretrainStage(TrainerStage):
-    name, title = "pretrain", "Pretraining: next-token loss on the corpus"
-
-    def fixed(self, ctx: RunContext) -> dict[str, Any]:
-        return {"data": ctx.plan["corpus"], "tokenizer": str(ctx.dir("tokenizer"))}
-
-
-class SFTStage(TrainerStage):
-    name, title = "sft", "SFT: response-only loss on the task, in chat form"
-
-    def fixed(self, ctx: RunContext) -> dict[str, Any]:
-        return {"init": str(ctx.dir("pretrain")), "data": ctx.task_source()}
-
-
-class RewardStage(TrainerStage):
-    name, title = "reward", "Reward model: SFT backbone + scalar head, Bradley-Terry on pairs"
-
-
-class DPOStage(TrainerStage):
-    name, title = "dpo", "DPO: verifier-labelled pairs against the frozen SFT model"
-
-
-class GRPOStage(TrainerStage):
-    name, title = "grpo", "GRPO: group-sampled answers rewarded by the verifier"
-
-    def fixed(self, ctx: RunContext) -> dict[str, Any]:
-        return {**super().fixed(ctx), "reward": "verifier"}
-
-
-class PPOStage(TrainerStage):
-    name, title = "ppo", "PPO: policy + value head against the trained reward model"
-
-    def fixed(self, ctx: RunContext) -> dict[str, Any]:
-        return {**super().fixed(ctx), "reward": str(ctx.dir("reward"))}
 
 
 # ----------------------------------------------------------------------------- eval and RAG
@@ -323,13 +292,29 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         TokenizerStage(),
-        PretrainStage(),
-        SFTStage(),
-        RewardStage(),
-        DPOStage(),
-        GRPOStage(),
-        PPOStage(),
+        TrainerStage("pretrain", "Pretraining: next-token loss on the corpus", _corpus),
+        TrainerStage(
+            "sft", "SFT: response-only loss on the task, in chat form", _task_from("pretrain")
+        ),
+        TrainerStage(
+            "reward",
+            "Reward model: SFT backbone + scalar head, Bradley-Terry on pairs",
+            _task_from("sft"),
+        ),
+        TrainerStage(
+            "dpo", "DPO: verifier-labelled pairs against the frozen SFT model", _task_from("sft")
+        ),
+        TrainerStage(
+            "grpo",
+            "GRPO: group-sampled answers rewarded by the verifier",
+            _task_from("sft", reward="verifier"),
+        ),
+        TrainerStage(
+            "ppo",
+            "PPO: policy + value head against the trained reward model",
+            lambda ctx: {**_task_from("sft")(ctx), "reward": str(ctx.dir("reward"))},
+        ),
         EvalStage(),
         RAGStage(),
-    )  # fmt: skip
+    )
 }
