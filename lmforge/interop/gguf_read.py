@@ -33,7 +33,7 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
-from lmforge.interop.hf import build_model, hf_config_to_ours
+from lmforge.interop.hf import build_model, hf_config_to_ours, to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.positions import rope_inv_freq
 from lmforge.model.transformer import Transformer
@@ -277,21 +277,26 @@ def hf_config_from_gguf(f: GGUFFile) -> dict[str, Any]:
 
 
 # ---- tensors -----------------------------------------------------------------------------------
-def _name_map(f: GGUFFile, family: Family, config: ModelConfig) -> dict[str, str]:
-    """GGUF tensor name -> HF tensor name, for every HF tensor the family's key map uses."""
+def gguf_names(architecture: str, n_layer: int, hf_names) -> dict[str, str]:
+    """HF tensor name -> its GGUF name (gguf's TensorNameMap), for each of `hf_names`; a name
+    gguf has no counterpart for raises LMForgeError (a converter bug, not a user error)."""
     import gguf
 
-    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == f.architecture)
-    names = gguf.get_tensor_name_map(arch, config.n_layer)
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture)
+    names = gguf.get_tensor_name_map(arch, n_layer)
     out = {}
-    for rule in family.key_map(config).values():
-        for hf in rule.hf_keys:
-            base, suffix = hf.rsplit(".", 1)
-            gguf_name = names.get_name(base)
-            if gguf_name is None:  # a converter bug, not a user error
-                raise LMForgeError(f"no GGUF name for {hf} ({f.architecture})")
-            out[f"{gguf_name}.{suffix}"] = hf
+    for hf in hf_names:
+        base, suffix = hf.rsplit(".", 1)
+        if names.get_name(base) is None:
+            raise LMForgeError(f"no GGUF name for {hf} ({architecture})")
+        out[hf] = f"{names.get_name(base)}.{suffix}"
     return out
+
+
+def _name_map(f: GGUFFile, family: Family, config: ModelConfig) -> dict[str, str]:
+    """GGUF tensor name -> HF tensor name, for every HF tensor the family's key map uses."""
+    wanted = [hf for rule in family.key_map(config).values() for hf in rule.hf_keys]
+    return {g: hf for hf, g in gguf_names(f.architecture, config.n_layer, wanted).items()}
 
 
 def _expected_shapes(family: Family, config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -311,11 +316,19 @@ def _expected_shapes(family: Family, config: ModelConfig) -> dict[str, tuple[int
     return shapes
 
 
-def _reverse_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation: within each head it moved the rotate-half pair
-    (i, i + d/2) next to each other, (2i, 2i+1), for its interleaved RoPE."""
+def permute_qk(w: torch.Tensor, n_head: int, reverse: bool = False) -> torch.Tensor:
+    """llama.cpp's q/k row permutation (convert_hf_to_gguf.py's LlamaModel.permute): within each
+    head the rotate-half pair (i, i + d/2) becomes the adjacent pair (2i, 2i + 1) its interleaved
+    RoPE rotates. reverse=True undoes it (transformers' reverse_permute)."""
     rows = w.shape[0] // n_head // 2
-    return w.reshape(n_head, rows, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    split = (rows, 2) if reverse else (2, rows)
+    return w.reshape(n_head, *split, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _join(rule, parts: list[torch.Tensor]) -> torch.Tensor:
+    """Our tensor from its GGUF parts: as from an HF file, but GPT-2's projections are already
+    stored [out, in] (no Conv1D transpose)."""
+    return parts[0] if rule.transform == "transpose" else to_ours(rule, parts)
 
 
 def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -353,19 +366,14 @@ def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for gguf_name, hf_name in name_map.items():
         tensor = f.read(gguf_name)
         if permute and ".attn_q." in gguf_name:
-            tensor = _reverse_permute(tensor, config.n_head)
+            tensor = permute_qk(tensor, config.n_head, reverse=True)
         elif permute and ".attn_k." in gguf_name:
-            tensor = _reverse_permute(tensor, config.n_kv_head)
+            tensor = permute_qk(tensor, config.n_kv_head, reverse=True)
         hf_tensors[hf_name] = tensor
-    state = {}
-    for ours, rule in family.key_map(config).items():
-        parts = [hf_tensors[k] for k in rule.hf_keys]
-        if rule.transform == "cat":
-            state[ours] = torch.cat(parts, dim=0)
-        elif rule.transform == "slice":
-            state[ours] = parts[0].split(list(rule.sizes), dim=0)[rule.index].contiguous()
-        else:
-            state[ours] = parts[0]
+    state = {
+        ours: _join(rule, [hf_tensors[k] for k in rule.hf_keys])
+        for ours, rule in family.key_map(config).items()
+    }
     return config, state
 
 
@@ -428,13 +436,8 @@ def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, tor
             tensors = read_q4_codes(f, name)
             heads = config.n_head if ".attn_q." in name else config.n_kv_head
             if permute and (".attn_q." in name or ".attn_k." in name):
-                tensors = tuple(_reverse_permute(t, heads) for t in tensors)
+                tensors = tuple(permute_qk(t, heads, reverse=True) for t in tensors)
             parts.append(tensors)
-        if rule.transform == "cat":
-            joined = tuple(torch.cat([p[i] for p in parts]) for i in range(3))
-        elif rule.transform == "slice":
-            joined = tuple(t.split(list(rule.sizes))[rule.index].contiguous() for t in parts[0])
-        else:
-            joined = parts[0]
-        out[ours.removesuffix(".weight")] = joined
+        joined = (_join(rule, [p[i] for p in parts]).contiguous() for i in range(3))
+        out[ours.removesuffix(".weight")] = tuple(joined)
     return out

@@ -19,19 +19,13 @@ import torch
 from lmforge.errors import ConfigError
 from lmforge.fileio import temp_file_beside
 from lmforge.interop.families import FAMILIES
+from lmforge.interop.gguf_read import gguf_names, permute_qk
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
 from lmforge.interop.hf import export_state
 from lmforge.model.config import ModelConfig
 from lmforge.model.positions import rope_inv_freq, rope_scaling_type
 
 EXPORT_DTYPES = ("f16", "bf16", "q8_0")
-
-
-def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's LlamaModel.permute: each head's rotate-half pair (i, i + d/2) becomes the
-    adjacent pair (2i, 2i + 1) its interleaved ("normal") RoPE rotates."""
-    rows = w.shape[0] // n_head // 2
-    return w.reshape(n_head, 2, rows, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def export_problems(config: ModelConfig) -> list[str]:
@@ -117,15 +111,12 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
     vocab_meta = tokenizer_to_gguf(tok, config.vocab_size)
 
     hf_state = export_state(FAMILIES["llama"], model)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.n_layer)
     tensors = []
-    for hf_name, tensor in hf_state.items():
-        base, suffix = hf_name.rsplit(".", 1)
-        name = f"{names.get_name(base)}.{suffix}"
-        if ".attn_q." in name:
-            tensor = _permute(tensor, config.n_head)
-        elif ".attn_k." in name:
-            tensor = _permute(tensor, config.n_kv_head)
+    for hf_name, name in gguf_names("llama", config.n_layer, hf_state).items():
+        tensor = hf_state[hf_name]
+        if ".attn_q." in name or ".attn_k." in name:
+            heads = config.n_head if ".attn_q." in name else config.n_kv_head
+            tensor = permute_qk(tensor, heads)
         tensors.append((name, tensor))
 
     path.parent.mkdir(parents=True, exist_ok=True)

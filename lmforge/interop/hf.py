@@ -53,7 +53,8 @@ def hf_config_to_ours(hf: dict[str, Any], source: str = "config.json") -> ModelC
 
 
 # ---- reading weights ---------------------------------------------------------------------------
-def _to_ours(rule: Rule, tensors: list[torch.Tensor]) -> torch.Tensor:
+def to_ours(rule: Rule, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Our tensor from the HF tensors a key-map rule names."""
     if rule.transform == "cat":
         return torch.cat(tensors, dim=0)
     if rule.transform == "slice":
@@ -112,7 +113,7 @@ def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], w
                         f"{where}: tensor {key} has shape {tuple(part.shape)}, config.json "
                         f"implies {(size, *part.shape[1:])}"
                     )
-        tensor = _to_ours(rule, parts)
+        tensor = to_ours(rule, parts)
         if tensor.shape != expected[ours].shape:
             shape = tuple(expected[ours].shape)
             if rule.transform == "transpose":

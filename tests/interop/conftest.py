@@ -13,6 +13,7 @@ _LLAMA_LIKE = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     bos_token_id=1, eos_token_id=2,
 )  # fmt: skip
+_GPT2 = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}  # fmt: skip
@@ -61,48 +62,37 @@ HF_CASES = {
         dict(use_sliding_window=True, sliding_window=6, max_window_layers=0),
     ),
     "phi3_window": ("Phi3Config", dict(sliding_window=6, pad_token_id=0)),
-    "gpt2": (
-        "GPT2Config",
-        dict(
-            vocab_size=VOCAB,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            n_positions=64,
-            n_inner=80,
-            bos_token_id=1,
-            eos_token_id=2,
-        ),
-    ),  # fmt: skip
-    "gpt2_untied_relu": (
-        "GPT2Config",
-        dict(
-            vocab_size=VOCAB,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            n_positions=64,
-            activation_function="relu",
-            tie_word_embeddings=False,
-        ),
-    ),  # fmt: skip
+    "gpt2": ("GPT2Config", dict(n_inner=80, bos_token_id=1, eos_token_id=2)),
+    "gpt2_untied_relu": ("GPT2Config", dict(activation_function="relu", tie_word_embeddings=False)),
 }
 
 
-def build_hf(name: str, seed: int = 0):
-    """A random transformers model for HF_CASES[name], every weight drawn (biases too), fp32."""
-    cls_name, kwargs = HF_CASES[name]
-    base = {} if cls_name == "GPT2Config" else dict(_LLAMA_LIKE)
-    config = getattr(transformers, cls_name)(**{**base, **kwargs})
+def random_hf(cls_name: str, config: dict, seed: int = 0, std: float = 0.15, **from_config):
+    """A random transformers model of config class `cls_name`, every weight drawn (norm weights
+    around 1, everything else N(0, std), biases too), fp32, in eval mode."""
+    hf_config = getattr(transformers, cls_name)(**config)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, **from_config)
     with torch.no_grad():
-        for name_, p in model.named_parameters():
-            if "norm" in name_ or "ln_" in name_:
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name:
                 p.uniform_(0.5, 1.5)
             else:
-                p.normal_(0.0, 0.15)
+                p.normal_(0.0, std)
     return model.eval()
+
+
+def build_hf(name: str, seed: int = 0):
+    """The random transformers model for HF_CASES[name]."""
+    cls_name, kwargs = HF_CASES[name]
+    base = _GPT2 if cls_name == "GPT2Config" else _LLAMA_LIKE
+    return random_hf(cls_name, {**base, **kwargs}, seed, attn_implementation="sdpa")
+
+
+@pytest.fixture
+def random_hf_model():
+    """random_hf(cls_name, config, seed=0, std=0.15, **from_config) (see there)."""
+    return random_hf
 
 
 @pytest.fixture

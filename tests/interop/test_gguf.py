@@ -15,6 +15,7 @@ import torch
 from lmforge.cli.main import main
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.interop.gguf import export_gguf, load_gguf
+from lmforge.interop.gguf_read import gguf_names, permute_qk
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.tokenizer import Tokenizer
@@ -42,19 +43,6 @@ SPM_SPECIALS = ["<unk>", "<s>", "</s>"]
 
 
 # ---- writing GGUF files the llama.cpp way ------------------------------------------------------
-def _arch_enum(name):
-    return next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == name)
-
-
-def _llama_cpp_permute(w, n_head):
-    """convert_hf_to_gguf.py's LlamaModel.permute."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
 def _bpe_vocab():
     """Byte-level BPE metadata (gpt2 model) from a tiny trained tokenizer."""
     tok = Tokenizer.train_bpe(CORPUS, vocab_size=400, min_frequency=1)
@@ -168,22 +156,19 @@ def write_gguf(path, hf_model, arch, qtype=Q.F32, vocab=None, meta_overrides=Non
         w.add_uint32(key, value)
     if vocab is not None:
         _add_vocab(w, vocab)
-    names = gguf.get_tensor_name_map(_arch_enum(arch), cfg.num_hidden_layers)
-    tied = cfg.tie_word_embeddings
-    for hf_name, t in hf_model.state_dict().items():
-        if hf_name.endswith((".attn.bias", ".attn.masked_bias")) or "rotary" in hf_name:
-            continue
-        if tied and hf_name == "lm_head.weight":
-            continue
-        base, suffix = hf_name.rsplit(".", 1)
-        name = f"{names.get_name(base)}.{suffix}"
+    state = {
+        k: t for k, t in hf_model.state_dict().items()
+        if not k.endswith((".attn.bias", ".attn.masked_bias")) and "rotary" not in k
+        and not (cfg.tie_word_embeddings and k == "lm_head.weight")
+    }  # fmt: skip
+    for hf_name, name in gguf_names(arch, cfg.num_hidden_layers, state).items():
         if name in drop:
             continue
-        t = t.detach().float()
+        t = state[hf_name].detach().float()
         if arch == "llama" and ".attn_q." in name:
-            t = _llama_cpp_permute(t, cfg.num_attention_heads)
+            t = permute_qk(t, cfg.num_attention_heads)
         if arch == "llama" and ".attn_k." in name:
-            t = _llama_cpp_permute(t, cfg.num_key_value_heads)
+            t = permute_qk(t, cfg.num_key_value_heads)
         if arch == "gpt2" and t.dim() == 2 and name.startswith("blk."):
             t = t.t()  # Conv1D [in, out] -> [out, in]
         data = t.contiguous().numpy()
@@ -200,26 +185,23 @@ def write_gguf(path, hf_model, arch, qtype=Q.F32, vocab=None, meta_overrides=Non
     return path
 
 
-def build_hf(cls_name, vocab_size, seed=0, **kwargs):
-    """A random transformers model (every weight drawn, norms around 1), fp32."""
-    base = dict(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    if cls_name == "GPT2Config":
-        # transformers' GGUF loader ignores the context length (n_positions stays 1024)
-        base = dict(vocab_size=vocab_size, n_embd=128, n_layer=2, n_head=4, n_positions=1024)
-    config = getattr(transformers, cls_name)(**{**base, **kwargs})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.08)
-    return model.eval()
+@pytest.fixture
+def build_hf(random_hf_model):
+    """build_hf(cls_name, vocab_size, seed=0, **config): a random transformers model, wider
+    than conftest's HF_CASES (a Q4/Q8 block is 32 columns), weights N(0, 0.08)."""
+
+    def make(cls_name, vocab_size, seed=0, **kwargs):
+        base = dict(
+            vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            bos_token_id=1, eos_token_id=2,
+        )  # fmt: skip
+        if cls_name == "GPT2Config":
+            # transformers' GGUF loader ignores the context length (n_positions stays 1024)
+            base = dict(vocab_size=vocab_size, n_embd=128, n_layer=2, n_head=4, n_positions=1024)
+        return random_hf_model(cls_name, {**base, **kwargs}, seed, std=0.08)
+
+    return make
 
 
 def hf_from_gguf(path):
@@ -264,7 +246,7 @@ def _assert_same_model(ref, lm, vocab_size, tol=1e-4):
 @pytest.mark.parametrize(
     "qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name
 )
-def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype):
+def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype, build_hf):
     vocab = bpe_vocab
     hf = build_hf("LlamaConfig", len(vocab["tokens"]), tie_word_embeddings=qtype == Q.Q4_K)
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", qtype, vocab)
@@ -287,7 +269,9 @@ def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype):
         ("gpt2", "GPT2Config", {}),
     ],
 )
-def test_other_architectures_match_transformers(tmp_path, bpe_vocab, arch, cls_name, kwargs):
+def test_other_architectures_match_transformers(
+    tmp_path, bpe_vocab, arch, cls_name, kwargs, build_hf
+):
     hf = build_hf(cls_name, len(bpe_vocab["tokens"]), **kwargs)
     path = write_gguf(tmp_path / "m.gguf", hf, arch, Q.Q8_0, bpe_vocab)
     lm = LM.load(path)
@@ -296,7 +280,7 @@ def test_other_architectures_match_transformers(tmp_path, bpe_vocab, arch, cls_n
 
 
 @pytest.mark.parametrize("kind,arch", [("bpe", "llama"), ("spm", "llama"), ("spm", "phi3")])
-def test_tokenizer_matches_transformers(tmp_path, bpe_vocab, spm_vocab, kind, arch):
+def test_tokenizer_matches_transformers(tmp_path, bpe_vocab, spm_vocab, kind, arch, build_hf):
     vocab = bpe_vocab if kind == "bpe" else spm_vocab
     cls_name = "Phi3Config" if arch == "phi3" else "LlamaConfig"
     kwargs = {"pad_token_id": 0} if arch == "phi3" else {}
@@ -317,7 +301,7 @@ def test_tokenizer_matches_transformers(tmp_path, bpe_vocab, spm_vocab, kind, ar
     assert tok.chat_template == TEMPLATE
 
 
-def test_generation_config_and_cli_checkpoint(tmp_path, bpe_vocab, capsys):
+def test_generation_config_and_cli_checkpoint(tmp_path, bpe_vocab, capsys, build_hf):
     hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.Q8_0, bpe_vocab)
     model, tok, generation = load_gguf(path)
@@ -334,7 +318,7 @@ def test_generation_config_and_cli_checkpoint(tmp_path, bpe_vocab, capsys):
     assert embedding == ["embedding", f"{hf.config.vocab_size * 256:,}"]
 
 
-def test_llama3_rope_freqs_tensor(tmp_path, bpe_vocab):
+def test_llama3_rope_freqs_tensor(tmp_path, bpe_vocab, build_hf):
     """Llama 3.x files carry their RoPE scaling as per-frequency divisors (rope_freqs);
     transformers' GGUF loader ignores them, so the oracle here is the source model."""
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -452,7 +436,7 @@ def _one_line(err):
     return message
 
 
-def _unsupported_architecture(tmp_path, vocab):
+def _unsupported_architecture(tmp_path, vocab, build_hf):
     hf = build_hf("LlamaConfig", len(vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.F32, vocab)
     data = path.read_bytes().replace(b"llama", b"mamba")  # architecture and its metadata keys
@@ -462,14 +446,14 @@ def _unsupported_architecture(tmp_path, vocab):
     return bad
 
 
-def test_unsupported_architecture(tmp_path, bpe_vocab):
+def test_unsupported_architecture(tmp_path, bpe_vocab, build_hf):
     with pytest.raises(CheckpointError) as err:
-        LM.load(_unsupported_architecture(tmp_path, bpe_vocab))
+        LM.load(_unsupported_architecture(tmp_path, bpe_vocab, build_hf))
     message = _one_line(err)
     assert "'mamba' is not supported" in message and "llama, qwen2, qwen3, phi3, gpt2" in message
 
 
-def _unsupported_tensor_type(tmp_path, vocab):
+def _unsupported_tensor_type(tmp_path, vocab, build_hf):
     hf = build_hf("LlamaConfig", len(vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.F32, vocab)
     reader = gguf.GGUFReader(str(path))
@@ -484,14 +468,14 @@ def _unsupported_tensor_type(tmp_path, vocab):
     return path
 
 
-def test_unsupported_tensor_type(tmp_path, bpe_vocab):
+def test_unsupported_tensor_type(tmp_path, bpe_vocab, build_hf):
     with pytest.raises(CheckpointError) as err:
-        LM.load(_unsupported_tensor_type(tmp_path, bpe_vocab))
+        LM.load(_unsupported_tensor_type(tmp_path, bpe_vocab, build_hf))
     message = _one_line(err)
     assert "Q8_1 are not supported" in message and "Q4_K" in message and "Q8_0" in message
 
 
-def test_truncated_file(tmp_path, bpe_vocab):
+def test_truncated_file(tmp_path, bpe_vocab, build_hf):
     hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.Q8_0, bpe_vocab)
     data = path.read_bytes()
@@ -508,16 +492,16 @@ def test_truncated_file(tmp_path, bpe_vocab):
         LM.load(tmp_path / "notes.txt")
 
 
-def _shapes_contradicting_metadata(tmp_path, vocab):
+def _shapes_contradicting_metadata(tmp_path, vocab, build_hf):
     hf = build_hf("LlamaConfig", len(vocab["tokens"]))
     return write_gguf(tmp_path / "a.gguf", hf, "llama", Q.F32, vocab,
                       meta_overrides={"llama.feed_forward_length": 384})  # fmt: skip
 
 
-def test_shapes_contradicting_metadata(tmp_path, bpe_vocab):
+def test_shapes_contradicting_metadata(tmp_path, bpe_vocab, build_hf):
     hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
     with pytest.raises(CheckpointError, match=r"ffn_\w+\.weight has shape .* metadata implies"):
-        LM.load(_shapes_contradicting_metadata(tmp_path, bpe_vocab))
+        LM.load(_shapes_contradicting_metadata(tmp_path, bpe_vocab, build_hf))
     path = write_gguf(tmp_path / "b.gguf", hf, "llama", Q.F32, bpe_vocab,
                       drop={"blk.1.attn_v.weight"})  # fmt: skip
     with pytest.raises(CheckpointError, match="missing tensor.*blk.1.attn_v.weight"):
@@ -533,8 +517,8 @@ def test_shapes_contradicting_metadata(tmp_path, bpe_vocab):
     ],
 )
 def test_bad_file_convert_says_one_line_and_writes_nothing(tmp_path, bpe_vocab, capsys, make,
-                                                           message):  # fmt: skip
-    bad = make(tmp_path, bpe_vocab)
+                                                           message, build_hf):  # fmt: skip
+    bad = make(tmp_path, bpe_vocab, build_hf)
     out = tmp_path / "out"
     assert main(["convert", "--from-gguf", str(bad), "--out", str(out)]) == 2
     err = capsys.readouterr().err  # besides the error, stderr holds the progress bar
