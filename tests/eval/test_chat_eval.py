@@ -11,16 +11,11 @@ from lmforge.errors import ConfigError
 from lmforge.eval import chat_eval
 from lmforge.interop.chat_template import render_chat
 from lmforge.lm import LM
-from lmforge.model.config import ModelConfig
-from lmforge.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def chat_lm() -> LM:
-    tok = Tokenizer.train_bpe(builtin_corpus("pydoc")[:200], vocab_size=400)
-    config = ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=32,
-                         max_seq_len=256)  # fmt: skip
-    return LM.from_config(config, tok, seed=0)
+def chat_lm(make_tiny_lm) -> LM:
+    return make_tiny_lm(256, builtin_corpus("pydoc")[:200], 400)
 
 
 def test_question_layout():

@@ -101,12 +101,9 @@ def ref_accuracy(lm, folder, task, max_per_task):
 
 # ---- fixtures -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def core_lm() -> LM:
+def core_lm(make_tiny_lm) -> LM:
     """A tiny random model whose context (96) is shorter than many 10-shot prompts (cropping)."""
-    tok = Tokenizer.train_bpe(builtin_corpus("pydoc")[:200], vocab_size=400)
-    config = ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=32,
-                         max_seq_len=96)  # fmt: skip
-    return LM.from_config(config, tok, seed=0)
+    return make_tiny_lm(96, builtin_corpus("pydoc")[:200], 400)
 
 
 @pytest.fixture
