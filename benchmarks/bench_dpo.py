@@ -12,14 +12,18 @@ in one process mean anything). TRL is a benchmark-only dependency: `pip install 
 
 from __future__ import annotations
 
-import argparse
 import copy
-import statistics
 import tempfile
 from pathlib import Path
 
-import torch
-from trl_common import build_checkpoint, hf_twin, step_clock, steps_per_second
+from trl_common import (
+    alternate,
+    bench_args,
+    build_checkpoint,
+    hf_twin,
+    step_clock,
+    steps_per_second,
+)
 
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.model.config import ModelConfig
@@ -57,24 +61,16 @@ def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="lmforge DPO vs TRL DPO step throughput")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = bench_args("lmforge DPO vs TRL DPO step throughput", steps=30)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg = build_checkpoint(tmp / "init")
-        runs: dict[str, list[float]] = {"ours": [], "ours_precompute": [], "trl": []}
-        for i in range(args.repeats):  # alternate, so load changes hit every contender alike
-            runs["trl"].append(trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"))
-            runs["ours"].append(ours(tmp / "init", args.steps, False, tmp / f"ours{i}"))
-            runs["ours_precompute"].append(ours(tmp / "init", args.steps, True, tmp / f"pre{i}"))
-            print(
-                f"repeat {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f} steps/s" for k, v in runs.items())
-            )
-    med = {k: statistics.median(v) for k, v in runs.items()}
+        contenders = {
+            "trl": lambda i: trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"),
+            "ours": lambda i: ours(tmp / "init", args.steps, False, tmp / f"ours{i}"),
+            "ours_precompute": lambda i: ours(tmp / "init", args.steps, True, tmp / f"pre{i}"),
+        }
+        med = alternate(contenders, ("ours", "ours_precompute", "trl"), args.repeats, digits=2)
     print(f"\nmedian steps/s  lmforge {med['ours']:.2f}  TRL {med['trl']:.2f}  "
           f"(lmforge with precompute_ref {med['ours_precompute']:.2f})")  # fmt: skip
     print(f"speed-up vs TRL (same per-step reference forward): {med['ours'] / med['trl']:.2f}x")

@@ -17,13 +17,17 @@ steps/s, TRL 1.29 steps/s, 1.81x.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
-import torch
-from trl_common import build_checkpoint, hf_twin, step_clock, steps_per_second
+from trl_common import (
+    alternate,
+    bench_args,
+    build_checkpoint,
+    hf_twin,
+    step_clock,
+    steps_per_second,
+)
 
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
 from lmforge.model.config import ModelConfig
@@ -67,23 +71,15 @@ def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="lmforge GRPO vs TRL GRPO step throughput")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = bench_args("lmforge GRPO vs TRL GRPO step throughput", steps=10)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg = build_checkpoint(tmp / "init")
-        runs: dict[str, list[float]] = {"ours": [], "trl": []}
-        for i in range(args.repeats):  # alternate, so load changes hit every contender alike
-            runs["trl"].append(trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"))
-            runs["ours"].append(ours(tmp / "init", args.steps, tmp / f"ours{i}"))
-            print(
-                f"repeat {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f} steps/s" for k, v in runs.items())
-            )
-    med = {k: statistics.median(v) for k, v in runs.items()}
+        contenders = {
+            "trl": lambda i: trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"),
+            "ours": lambda i: ours(tmp / "init", args.steps, tmp / f"ours{i}"),
+        }
+        med = alternate(contenders, ("ours", "trl"), args.repeats, digits=3)
     print(f"\nmedian steps/s  lmforge {med['ours']:.3f}  TRL {med['trl']:.3f}")
     print(f"speed-up vs TRL: {med['ours'] / med['trl']:.2f}x")
 

@@ -1,10 +1,14 @@
-"""What bench_dpo.py and bench_grpo.py share: the same random Llama-shaped model on both sides
-(an lmforge checkpoint and its transformers twin with the same sizes and tokenizer), timing of
-lmforge trainer steps after warm-up, and a TRL callback that stamps each step's end."""
+"""What bench_dpo.py and bench_grpo.py share: their command line, the same random Llama-shaped
+model on both sides (an lmforge checkpoint and its transformers twin with the same sizes and
+tokenizer), timing of lmforge trainer steps after warm-up, a TRL callback that stamps each step's
+end, and the alternating repeats."""
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -15,6 +19,32 @@ from lmforge.tasks.synthetic import ALPHABET
 from lmforge.tokenizer import Tokenizer
 
 SIZE = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": 64}
+
+
+def bench_args(description: str, steps: int) -> argparse.Namespace:
+    """--steps (timed steps), --repeats, --threads (set here) of a trainer benchmark."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def alternate(
+    contenders: dict[str, Callable[[int], float]], shown: Sequence[str], repeats: int, digits: int
+) -> dict[str, float]:
+    """Run every contender (repeat index -> steps/s) once per repeat, in `contenders`' order,
+    alternating so load changes hit every contender alike; print each repeat's steps/s in
+    `shown` order and return each contender's median."""
+    runs: dict[str, list[float]] = {k: [] for k in shown}
+    for i in range(repeats):
+        for name, run in contenders.items():
+            runs[name].append(run(i))
+        line = ", ".join(f"{k} {v[-1]:.{digits}f} steps/s" for k, v in runs.items())
+        print(f"repeat {i + 1}: {line}")
+    return {k: statistics.median(v) for k, v in runs.items()}
 
 
 def build_checkpoint(directory: Path) -> ModelConfig:
