@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch
 
 from lmforge.data.corpus import builtin_corpus, shared_data_dir
 from lmforge.eval import core
+from lmforge.infer.cpu_features import cpu_features
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.tokenizer import Tokenizer
@@ -46,17 +46,6 @@ from lmforge.tokenizer import Tokenizer
 # The reference lives with the test that uses it as the oracle.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "eval"))
 from test_core import ref_accuracy  # noqa: E402
-
-
-def cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (platform.processor() is empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load(args) -> LM:
@@ -97,7 +86,7 @@ def main() -> None:
     param = next(lm.model.parameters())
     print(f"model: {args.checkpoint or args.model}, {lm.model.num_parameters() / 1e6:.1f}M "
           f"parameters, context {lm.config.max_seq_len}, {param.dtype}")  # fmt: skip
-    print(f"machine: {cpu_name()}, torch threads {torch.get_num_threads()}, "
+    print(f"machine: {cpu_features().model}, torch threads {torch.get_num_threads()}, "
           f"load average {os.getloadavg()[0]:.2f} at start")  # fmt: skip
     print(f"{'task':24} {'n':>4} {'ref ex/s':>9} {'core ex/s':>9} {'ratio':>6} same")
     total_n = t_ref_all = t_fast_all = 0.0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,18 +33,8 @@ import torch
 from lmforge.data.corpus import shared_data_dir
 from lmforge.eval import chat_eval, core
 from lmforge.fileio import write_json
+from lmforge.infer.cpu_features import cpu_features
 from lmforge.lm import LM
-
-
-def cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (platform.processor() is empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run_core(lm: LM, folder: Path, tasks: list[core.CoreTask], n: int | None, name: str) -> dict:
@@ -170,7 +159,7 @@ def main() -> int:
         return 2
     report: dict = {
         "machine": {
-            "cpu": cpu_name(),
+            "cpu": cpu_features().model,
             "cores": os.cpu_count(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
