@@ -11,11 +11,11 @@ each repeat and the median is reported, so load from other processes slows them 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
+from bench_cli import options
 
 from lmforge.infer.cpu_features import cpu_features
 from lmforge.infer.engine import Engine, GenerationParams
@@ -52,13 +52,10 @@ def decode_tok_s(engine: Engine, prompts: list[list[int]], new: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    numbers = {"--prompt": 64, "--new": 48, "--repeats": 3, "--threads": 2}
+    ap = options(__doc__.split("\n\n")[0], numbers)
     ap.add_argument("--modes", nargs="+", default=["fp32", "int8"], choices=list(MODES))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--new", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_features().summary()}; {args.threads} thread(s); SmolLM2-135M-Instruct")

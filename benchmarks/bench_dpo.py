@@ -13,17 +13,9 @@ in one process mean anything). TRL is a benchmark-only dependency: `pip install 
 from __future__ import annotations
 
 import copy
-import tempfile
 from pathlib import Path
 
-from trl_common import (
-    alternate,
-    bench_args,
-    build_checkpoint,
-    hf_twin,
-    step_clock,
-    steps_per_second,
-)
+from trl_common import compare, hf_twin, steps_per_second, trl_steps_per_second
 
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.model.config import ModelConfig
@@ -47,30 +39,24 @@ def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
     hf_tok, model = hf_twin(directory, cfg)
     pairs = preference_pairs("add", 2000, seed=1337, digits=2)
     data = Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in pairs])
-    stamps: list[float] = []
-
     args = TRLConfig(output_dir=str(out), per_device_train_batch_size=BATCH,
                      max_steps=steps + WARMUP, learning_rate=1e-4, beta=0.1, report_to="none",
                      use_cpu=True, save_strategy="no", logging_steps=10_000, max_length=24,
                      dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
-    trainer = TRLTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
-                         train_dataset=data, processing_class=hf_tok,
-                         callbacks=[step_clock(stamps)])  # fmt: skip
-    trainer.train()
-    return steps / (stamps[-1] - stamps[WARMUP - 1])
+    return trl_steps_per_second(
+        lambda callbacks: TRLTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
+                                     train_dataset=data, processing_class=hf_tok,
+                                     callbacks=callbacks),
+        steps, WARMUP)  # fmt: skip
 
 
 def main() -> None:
-    args = bench_args("lmforge DPO vs TRL DPO step throughput", steps=30)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        cfg = build_checkpoint(tmp / "init")
-        contenders = {
-            "trl": lambda i: trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"),
-            "ours": lambda i: ours(tmp / "init", args.steps, False, tmp / f"ours{i}"),
-            "ours_precompute": lambda i: ours(tmp / "init", args.steps, True, tmp / f"pre{i}"),
-        }
-        med = alternate(contenders, ("ours", "ours_precompute", "trl"), args.repeats, digits=2)
+    ours_runs = {
+        "ours": lambda directory, steps, out: ours(directory, steps, False, out),
+        "ours_precompute": lambda directory, steps, out: ours(directory, steps, True, out),
+    }
+    med = compare("lmforge DPO vs TRL DPO step throughput", 30, trl_run, ours_runs,
+                  ("ours", "ours_precompute", "trl"), digits=2)  # fmt: skip
     print(f"\nmedian steps/s  lmforge {med['ours']:.2f}  TRL {med['trl']:.2f}  "
           f"(lmforge with precompute_ref {med['ours_precompute']:.2f})")  # fmt: skip
     print(f"speed-up vs TRL (same per-step reference forward): {med['ours'] / med['trl']:.2f}x")

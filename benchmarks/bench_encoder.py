@@ -8,23 +8,19 @@ lowest cosine similarity between the two embeddings of each text.
     python benchmarks/bench_encoder.py [--texts 256 --threads 2 --repeats 3]
 """
 
-import argparse
 import os
 import statistics
 import time
 
 import torch
+from bench_cli import options
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--texts", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=32)
-    args = ap.parse_args()
+    numbers = {"--texts": 256, "--threads": 2, "--repeats": 3, "--batch-size": 32}
+    args = options(__doc__.split("\n")[0], numbers).parse_args()
     torch.set_num_threads(args.threads)
 
     from sentence_transformers import SentenceTransformer

@@ -17,17 +17,9 @@ steps/s, TRL 1.29 steps/s, 1.81x.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
-from trl_common import (
-    alternate,
-    bench_args,
-    build_checkpoint,
-    hf_twin,
-    step_clock,
-    steps_per_second,
-)
+from trl_common import compare, hf_twin, steps_per_second, trl_steps_per_second
 
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
 from lmforge.model.config import ModelConfig
@@ -57,29 +49,21 @@ def trl_run(directory: Path, cfg: ModelConfig, steps: int, out: Path) -> float:
     def exact_match(completions, answer, **kw) -> list[float]:
         return [verify({"answer": a}, c) for c, a in zip(completions, answer)]
 
-    stamps: list[float] = []
-
     args = TRLConfig(output_dir=str(out), per_device_train_batch_size=PROMPTS * G,
                      num_generations=G, max_completion_length=NEW_TOKENS, temperature=1.0,
                      beta=0.0, num_iterations=1, max_steps=steps + WARMUP, learning_rate=1e-5,
                      report_to="none", use_cpu=True, save_strategy="no", logging_steps=10_000,
                      dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
-    trainer = TRLTrainer(model=model, reward_funcs=exact_match, args=args, train_dataset=data,
-                         processing_class=hf_tok, callbacks=[step_clock(stamps)])  # fmt: skip
-    trainer.train()
-    return steps / (stamps[-1] - stamps[WARMUP - 1])
+    return trl_steps_per_second(
+        lambda callbacks: TRLTrainer(model=model, reward_funcs=exact_match, args=args,
+                                     train_dataset=data, processing_class=hf_tok,
+                                     callbacks=callbacks),
+        steps, WARMUP)  # fmt: skip
 
 
 def main() -> None:
-    args = bench_args("lmforge GRPO vs TRL GRPO step throughput", steps=10)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        cfg = build_checkpoint(tmp / "init")
-        contenders = {
-            "trl": lambda i: trl_run(tmp / "init", cfg, args.steps, tmp / f"trl{i}"),
-            "ours": lambda i: ours(tmp / "init", args.steps, tmp / f"ours{i}"),
-        }
-        med = alternate(contenders, ("ours", "trl"), args.repeats, digits=3)
+    med = compare("lmforge GRPO vs TRL GRPO step throughput", 10, trl_run, {"ours": ours},
+                  ("ours", "trl"), digits=3)  # fmt: skip
     print(f"\nmedian steps/s  lmforge {med['ours']:.3f}  TRL {med['trl']:.3f}")
     print(f"speed-up vs TRL: {med['ours'] / med['trl']:.2f}x")
 

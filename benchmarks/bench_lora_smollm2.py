@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_cli import options
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "gsm8k_train.jsonl"
 MODES = ("lora", "trl_lora", "full", "qlora")
@@ -181,13 +183,9 @@ def spawn(mode: str, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    numbers = {"--steps": 20, "--warmup": 3, "--repeats": 3, "--batch": 8, "--seq": 256,
+               "--threads": os.cpu_count() or 1}  # fmt: skip
+    ap = options(__doc__.split("\n\n")[0], numbers)
     ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
     ap.add_argument("--work", type=Path, default=None, help="keep the exported model/data here")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -10,9 +10,10 @@ throughput. Needs ../shared/data/tinyshakespeare.txt.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
+
+from bench_cli import options
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 RUNS = {
@@ -24,11 +25,8 @@ RUNS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max_iters", type=int, default=300)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser = options(__doc__.splitlines()[0], {"--max_iters": 300, "--lr": 2e-3, "--threads": 1})
     parser.add_argument("--warmup", type=int, default=0, help="warmup steps (post-norm needs them)")
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     if not DATA.is_file():
         raise SystemExit(f"skipped: {DATA} not found")

@@ -11,11 +11,12 @@ the positions the model never saw in training. Needs ../shared/data/tinyshakespe
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 import time
 from pathlib import Path
+
+from bench_cli import options
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 # name -> rope_scaling dict builder (factor s, original context L); None = plain RoPE.
@@ -48,12 +49,10 @@ def window_nll(model, tokens, window: int, batch: int = 8):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options(__doc__.splitlines()[0], {"--max_iters": 1500, "--threads": 1})
     parser.add_argument("--block", type=int, default=128, help="training context L")
-    parser.add_argument("--max_iters", type=int, default=1500)
     parser.add_argument("--max_time", type=float, default=None, help="stop training after s")
     parser.add_argument("--eval_tokens", type=int, default=32768, help="validation chars scored")
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     if not DATA.is_file():
         raise SystemExit(f"skipped: {DATA} not found")

@@ -15,7 +15,6 @@ and the client threads share this machine), then:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -27,6 +26,7 @@ import threading
 import time
 
 import requests
+from bench_cli import options
 
 
 def make_checkpoint(directory: str) -> None:
@@ -115,12 +115,8 @@ def phase(url: str, pid: int, clients: int, args) -> tuple[float, float, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=30.0)
-    parser.add_argument("--phase", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    args = parser.parse_args()
+    numbers = {"--duration": 30.0, "--phase": 10.0, "--rounds": 3, "--max-tokens": 64}
+    args = options(__doc__.split("\n")[0], numbers).parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

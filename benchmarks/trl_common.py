@@ -1,15 +1,16 @@
 """What bench_dpo.py and bench_grpo.py share: their command line, the same random Llama-shaped
 model on both sides (an lmforge checkpoint and its transformers twin with the same sizes and
-tokenizer), timing of lmforge trainer steps after warm-up, a TRL callback that stamps each step's
-end, and the alternating repeats."""
+tokenizer), timing of lmforge and TRL trainer steps after warm-up, and the alternating repeats."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -81,12 +82,39 @@ def steps_per_second(trainer, steps: int, warmup: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def step_clock(stamps: list[float]):
-    """A transformers TrainerCallback appending perf_counter() at the end of every step."""
+def trl_steps_per_second(trainer_with: Callable[[list], Any], steps: int, warmup: int) -> float:
+    """TRL trainer steps/s after `warmup` steps: `trainer_with(callbacks)` builds the trainer,
+    and a callback stamps the end of every step (TRL has no step-by-step API to time)."""
     from transformers import TrainerCallback
+
+    stamps: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             stamps.append(time.perf_counter())
 
-    return Clock()
+    trainer_with([Clock()]).train()
+    return steps / (stamps[-1] - stamps[warmup - 1])
+
+
+def compare(
+    description: str,
+    steps: int,
+    trl: Callable[[Path, ModelConfig, int, Path], float],
+    ours: dict[str, Callable[[Path, int, Path], float]],
+    shown: Sequence[str],
+    digits: int,
+) -> dict[str, float]:
+    """The benchmark's run: parse its command line, build the shared checkpoint, and alternate
+    TRL (`trl(checkpoint, config, steps, out)`) with each of `ours` (name -> run(checkpoint,
+    steps, out)); returns the median steps/s of each."""
+    args = bench_args(description, steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cfg = build_checkpoint(tmp / "init")
+        contenders = {"trl": lambda i: trl(tmp / "init", cfg, args.steps, tmp / f"trl{i}")}
+        for name, run in ours.items():
+            contenders[name] = lambda i, run=run, name=name: run(
+                tmp / "init", args.steps, tmp / f"{name}{i}"
+            )
+        return alternate(contenders, shown, args.repeats, digits)
