@@ -13,11 +13,10 @@ projecting only the new token and attending over the cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from lmforge.errors import ConfigError
 from lmforge.infer.params import GenerationParams
 from lmforge.model.cache import KVCache
 from lmforge.model.transformer import Transformer
@@ -54,55 +53,30 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-StopFn = Callable[[int, list[int]], bool]  # (row, tokens generated so far) -> stop this row?
-
-
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0, device="cpu"):
     """ids [B, T] and attention mask [B, T] (1 = real token) with padding on the left."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        if len(prompt):
-            ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
+        ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
     return ids.to(device), mask.to(device)
 
 
-def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, vocab_size: int) -> None:
-    if not prompts:
-        raise ConfigError("no prompts given")
-    for row, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ConfigError(f"prompt {row} is empty")
-        if len(prompt) > max_seq_len:
-            raise ConfigError(
-                f"prompt {row} has {len(prompt)} tokens, longer than max_seq_len={max_seq_len}"
-            )
-        bad = [t for t in prompt if not 0 <= int(t) < vocab_size]
-        if bad:
-            raise ConfigError(f"prompt {row} has token ids outside [0, {vocab_size}): {bad[:5]}")
-
-
 @torch.inference_mode()
-def generate_stream(
+def generate(
     model: Transformer,
     prompts: Sequence[Sequence[int]],
     params: GenerationParams,
     eos_ids: Sequence[int] = (),
-    stop_fn: StopFn | None = None,
     use_cache: bool = True,
-    pad_id: int = 0,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield (next_tokens [B], active [B] bool) once per step until every row has finished.
-
-    A row finishes on an EOS id, when stop_fn says so, or after max_new_tokens; the token that
-    finished it is yielded with active=True, later tokens of that row with active=False.
-    """
+) -> list[list[int]]:
+    """New tokens for each prompt: a row finishes on an EOS id (included, nothing after it) or
+    after max_new_tokens."""
     config = model.config
-    check_prompts(prompts, config.max_seq_len, config.vocab_size)
     device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_id, device)
+    ids, mask = left_pad(prompts, 0, device)
     batch, width = ids.shape
     # Without a cache there is no limit but the context window: crop like nanoGPT does.
     budget = params.max_new_tokens
@@ -113,7 +87,7 @@ def generate_stream(
         generator = torch.Generator(device=device).manual_seed(params.seed)
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     active = torch.ones(batch, dtype=torch.bool, device=device)
-    produced: list[list[int]] = [[] for _ in range(batch)]
+    out: list[list[int]] = [[] for _ in prompts]
 
     cache = None
     if use_cache:
@@ -127,34 +101,16 @@ def generate_stream(
 
     for step in range(budget):
         token = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
-        yield token, active.clone()
-        finished = torch.isin(token, eos) if eos.numel() else torch.zeros_like(active)
-        if stop_fn is not None:
-            for row in active.nonzero().flatten().tolist():
-                produced[row].append(int(token[row]))
-                finished[row] |= stop_fn(row, produced[row])
-        active &= ~finished
+        for row in active.nonzero().flatten().tolist():
+            out[row].append(int(token[row]))
+        if eos.numel():
+            active &= ~torch.isin(token, eos)
         if not bool(active.any()) or step == budget - 1:
-            return
+            break
         if use_cache:
             logits = model(token[:, None], cache=cache)[:, -1]
         else:
             ids = torch.cat([ids, token[:, None]], dim=1)[:, -config.max_seq_len :]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)[:, -config.max_seq_len :]
             logits = model(ids, attention_mask=mask, last_only=True)[:, -1]
-
-
-def generate(
-    model: Transformer,
-    prompts: Sequence[Sequence[int]],
-    params: GenerationParams,
-    eos_ids: Sequence[int] = (),
-    stop_fn: StopFn | None = None,
-    use_cache: bool = True,
-) -> list[list[int]]:
-    """New tokens for each prompt (the finishing EOS included, nothing after it)."""
-    out: list[list[int]] = [[] for _ in prompts]
-    for token, active in generate_stream(model, prompts, params, eos_ids, stop_fn, use_cache):
-        for row in active.nonzero().flatten().tolist():
-            out[row].append(int(token[row]))
     return out

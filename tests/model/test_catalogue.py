@@ -21,6 +21,11 @@ from lmforge.model.transformer import Transformer
 
 LLAMA = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
 VARIANTS = {
+    "gpt2": dict(),
+    "llama-gqa-untied": dict(n_kv_head=2, tie_embeddings=False, **LLAMA),
+    "mqa-interleaved": dict(pos="rope", rope_interleaved=True, n_kv_head=1),
+    "sinusoidal-relu": dict(pos="sinusoidal", mlp="relu"),
+    "nopos-geglu": dict(pos="none", mlp="geglu"),
     "softmax-explicit": dict(attn_impl="explicit"),
     "linear-elu": dict(attention="linear", linear_feature_map="elu", **LLAMA),
     "linear-relu": dict(attention="linear", linear_feature_map="relu"),
