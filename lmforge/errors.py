@@ -49,6 +49,13 @@ def require_positive_ints(obj: object, *names: str) -> None:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
+def require_choice(name: str, value: Any, choices: typing.Iterable[str]) -> None:
+    """Raise ConfigError if `value` is not one of `choices` (a registry's keys, a tuple of
+    names), naming the field `name` and listing the choices."""
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 def check_field_types(cls: type, data: dict[str, Any], source: str) -> dict[str, Any]:
     """Check `data` (keyword arguments for the dataclass `cls`) against its field annotations
     before `cls(**data)` runs, so `--grad_clip '[1]'` or `lr: .nan` fails naming the field

@@ -11,7 +11,6 @@ model on replayed old-task inputs). Training can stop when the held-out new-task
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from lmforge.align.regularizers import (
     l2_to_reference,
 )
 from lmforge.align.sft import SFTConfig, SFTTrainer
-from lmforge.errors import ConfigError
+from lmforge.align.trainer import frozen_copy
+from lmforge.errors import require_choice
 from lmforge.fileio import write_json
 
 
@@ -50,10 +50,8 @@ class ContinualConfig(SFTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.trainable not in TRAINABLE:
-            raise ConfigError(f"trainable must be one of {', '.join(TRAINABLE)}")
-        if self.regularizer not in REGULARIZERS:
-            raise ConfigError(f"regularizer must be one of {', '.join(REGULARIZERS)}")
+        require_choice("trainable", self.trainable, TRAINABLE)
+        require_choice("regularizer", self.regularizer, REGULARIZERS)
         self.peft = TRAINABLE[self.trainable]
 
 
@@ -109,13 +107,13 @@ class Replay(Regularizer):
 
     def __init__(self, trainer: ContinualTrainer):
         super().__init__(trainer)
-        self.teacher = copy.deepcopy(trainer.lm.model).eval().requires_grad_(False)
+        self.teacher = frozen_copy(trainer.lm.model)
         self.rng = random.Random(trainer.cfg.seed)
 
     def penalty(self) -> Tensor:
         t = self.trainer
         rows = self.rng.sample(t.old_train, min(t.cfg.batch_size, len(t.old_train)))
-        b = {k: v.to(t.device) for k, v in D.collate_sft(rows, t.pad_id).items()}
+        b = t.collate(rows)
         with torch.no_grad():
             teacher = self.teacher(b["input_ids"])
         student = t.lm.model(b["input_ids"])
@@ -159,7 +157,7 @@ class ContinualTrainer(SFTTrainer):
         return {n: p for n, p in self.lm.model.named_parameters() if p.requires_grad}
 
     def sft_batch_loss(self, rows: list[D.SFTExample]) -> Tensor:
-        b = {k: v.to(self.device) for k, v in D.collate_sft(rows, self.pad_id).items()}
+        b = self.collate(rows)
         return sft_loss(self.lm.model(b["input_ids"]), b["labels"])
 
     def loss(self, batch):

@@ -5,6 +5,7 @@ Accepted records (JSONL lines or dicts):
               {"messages": [{"role", "content"}, ...]}, or a message-list prompt + response.
   preference  {"prompt", "chosen", "rejected"} as strings or message lists (TRL's formats), or
               the HH form {"chosen", "rejected"} of whole `\\n\\nHuman:/\\n\\nAssistant:` dialogues.
+  unpaired    (KTO) an SFT record with "label": true|false, or a preference pair split in two.
 Message lists are rendered by `lmforge.interop.chat_template.render_chat` (the tokenizer's chat
 template as transformers renders it, else a built-in one of the role tokens:
 `<|user|>hi<|end|><|assistant|>yo<|end|>`).
@@ -273,34 +274,79 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
     return [(f"{source}:{line}", r) for line, r in read_jsonl(Path(source))]
 
 
-def _encode_all(pairs, encode, skip_invalid: bool) -> Dataset:
+def _load(source, kind: str, encode, skip_invalid: bool, **task_kw) -> Dataset:
+    """Every record of `source` (see `records_from`) through `encode(record) -> [examples]`; a
+    bad record raises DataError naming file:line, or is counted when `skip_invalid`."""
     out = Dataset([])
-    for where, record in pairs:
+    for where, record in records_from(source, kind, **task_kw):
         try:
-            out.examples.append(encode(record))
+            out.examples += encode(record)
         except DataError as err:
             if not skip_invalid:
                 raise DataError(f"{where}: {err}") from err
             out.skipped += 1
             out.reasons.append(f"{where}: {err}")
     if not out.examples:
-        raise DataError(f"no valid examples ({out.skipped} skipped: {out.reasons[:1]})")
+        what = source if isinstance(source, str | Path) else "records"
+        raise DataError(f"{what}: no valid examples ({out.skipped} skipped: {out.reasons[:1]})")
     return out
 
 
 def load_sft(source, tokenizer, max_len: int, skip_invalid: bool = False, add_bos: bool = False,
              **task_kw) -> Dataset:  # fmt: skip
     """SFT examples from a JSONL file, list or `task:NAME`; bad records raise or are counted."""
-    pairs = records_from(source, "sft", **task_kw)
-    return _encode_all(pairs, lambda r: encode_sft(r, tokenizer, max_len, add_bos), skip_invalid)
+    encode = lambda r: [encode_sft(r, tokenizer, max_len, add_bos)]  # noqa: E731
+    return _load(source, "sft", encode, skip_invalid, **task_kw)
 
 
 def load_preferences(source, tokenizer, max_len: int, skip_invalid: bool = False,
                      add_bos: bool = False, **task_kw) -> Dataset:  # fmt: skip
     """Preference examples from a JSONL file (HH form included), list or `task:NAME`."""
-    pairs = records_from(source, "preference", **task_kw)
-    encode = lambda r: encode_preference(r, tokenizer, max_len, add_bos)
-    return _encode_all(pairs, encode, skip_invalid)
+    encode = lambda r: [encode_preference(r, tokenizer, max_len, add_bos)]  # noqa: E731
+    return _load(source, "preference", encode, skip_invalid, **task_kw)
+
+
+@dataclass
+class UnpairedExample:
+    """One completion with its label (KTO): an SFTExample (prompt masked in labels) + desirable."""
+
+    example: SFTExample
+    desirable: bool
+
+
+def unpaired_records(record: Any) -> list[tuple[dict, bool]]:
+    """The (SFT record, desirable) pairs of one KTO line: a labelled completion or conversation,
+    or a preference pair split in two. Raises DataError saying what is missing."""
+    if not isinstance(record, dict):
+        raise DataError(f"expected a JSON object, got {type(record).__name__}")
+    if "label" not in record:
+        if "chosen" in record or "rejected" in record:
+            prompt, chosen, rejected = preference_parts(record)
+            return [({"prompt": prompt, "response": chosen}, True),
+                    ({"prompt": prompt, "response": rejected}, False)]  # fmt: skip
+        raise DataError(
+            "missing field 'label' (true = desirable, false = undesirable; or give a "
+            "preference pair with 'chosen' and 'rejected')"
+        )
+    label = record["label"]
+    if not isinstance(label, bool):
+        raise DataError(f"'label' must be true or false, got {label!r}")
+    if "messages" in record:
+        return [({"messages": record["messages"]}, label)]
+    prompt = _first(record, PROMPT_KEYS, "the prompt")
+    completion = _first(record, RESPONSE_KEYS, "the completion")
+    return [({"prompt": prompt, "response": completion}, label)]
+
+
+def load_unpaired(source, tokenizer, max_len: int, skip_invalid: bool = False,
+                  add_bos: bool = False, **task_kw) -> Dataset:  # fmt: skip
+    """Unpaired examples from a JSONL file, a list of dicts, or `task:NAME` (pairs split)."""
+    kind = "preference" if isinstance(source, str) and source.startswith("task:") else "sft"
+    encode = lambda record: [  # noqa: E731
+        UnpairedExample(encode_sft(r, tokenizer, max_len, add_bos), label)
+        for r, label in unpaired_records(record)
+    ]
+    return _load(source, kind, encode, skip_invalid, **task_kw)
 
 
 def load_prompts(source, n: int = 1000, seed: int = 0, split: str = "train") -> list[dict]:

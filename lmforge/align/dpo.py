@@ -14,9 +14,7 @@ accuracy is the headline metric.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -25,20 +23,32 @@ from lmforge.align import data as D
 from lmforge.align.logprobs import sequence_logprobs
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig, with_replay
-from lmforge.align.sft import split_dataset
-from lmforge.align.trainer import AlignConfig, AlignTrainer
-from lmforge.errors import ConfigError
+from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
+from lmforge.errors import ConfigError, require_choice
 from lmforge.peft.config import PeftConfig, apply_peft
-from lmforge.peft.export import export_peft
 
 
 @dataclass
-class DPOConfig(ReplayConfig, PeftConfig, AlignConfig):
+class PreferenceConfig(ReplayConfig, PeftConfig, AlignConfig):
+    """Fields every preference run (DPO, KTO, ORPO, SimPO) adds to AlignConfig / PeftConfig /
+    ReplayConfig: ``beta`` scales the implicit reward (each method's docstring says how)."""
+
+    beta: float = 0.1
+    lr: float = 1e-4
+    warmup_iters: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta <= 0:
+            raise ConfigError(f"beta must be > 0, got {self.beta}")
+
+
+@dataclass
+class DPOConfig(PreferenceConfig):
     """A DPO run (`lmforge dpo`); `peft` trains LoRA/adapters against the frozen reference."""
 
     out_dir: str = "out/dpo"
     data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
-    beta: float = 0.1
     label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO); robust: flip rate < 0.5
     # sigmoid (DPO) | robust (rDPO) | hinge (SLiC) | ipo (length-normalised, as TRL): see dpo_loss
     loss_type: str = "sigmoid"
@@ -46,20 +56,15 @@ class DPOConfig(ReplayConfig, PeftConfig, AlignConfig):
     # keeps DPO from lowering the likelihood of the right answers along with the wrong ones.
     rpo_alpha: float = 0.0
     precompute_ref: bool = True  # score every pair under π_ref once instead of every step
-    lr: float = 1e-4
-    warmup_iters: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.loss_type not in DPO_LOSS_TYPES:
-            raise ConfigError(
-                f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {self.loss_type!r}"
-            )
+        require_choice("loss_type", self.loss_type, DPO_LOSS_TYPES)
         if self.loss_type == "robust" and not self.label_smoothing < 0.5:
             raise ConfigError(f"robust DPO needs label_smoothing < 0.5, got {self.label_smoothing}")
-        if self.beta <= 0 or not 0 <= self.label_smoothing <= 1 or self.rpo_alpha < 0:
-            raise ConfigError(f"need beta > 0, 0 <= label_smoothing <= 1 and rpo_alpha >= 0, got "
-                              f"{self.beta}, {self.label_smoothing}, {self.rpo_alpha}")  # fmt: skip
+        if not 0 <= self.label_smoothing <= 1 or self.rpo_alpha < 0:
+            raise ConfigError(f"need 0 <= label_smoothing <= 1 and rpo_alpha >= 0, got "
+                              f"{self.label_smoothing}, {self.rpo_alpha}")  # fmt: skip
 
 
 def completion_logprobs(model, batch: dict[str, Tensor]) -> Tensor:
@@ -69,44 +74,73 @@ def completion_logprobs(model, batch: dict[str, Tensor]) -> Tensor:
     return sequence_logprobs(logits[:, :-1], batch["labels"][:, 1:])
 
 
-class DPOTrainer(AlignTrainer):
-    """DPO against a frozen copy of the starting policy."""
+class PreferenceTrainer(AlignTrainer):
+    """Pairwise preference training: the pairs (chosen rows then rejected rows, one [2B, T]
+    batch), metrics, evaluation and export that DPO and the reference-free ORPO / SimPO share. A
+    subclass gives `pair_loss(batch) -> (loss, r⁺, r⁻)`; `setup_reference` is DPO's hook."""
 
-    name = "dpo"
     curves = [("train", "loss"), ("eval", "loss"), ("train", "accuracy"), ("eval", "accuracy"),
               ("train", "margin"), ("eval", "margin")]  # fmt: skip
 
     def setup(self) -> None:
-        cfg: DPOConfig = self.cfg
-        loader = lambda src, **kw: D.load_preferences(  # noqa: E731
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw
-        )
-        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
-        if train.skipped:
-            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
-        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
-        self.ref = copy.deepcopy(self.lm.model).eval().requires_grad_(False)
+        cfg = self.cfg
+        self.load_examples(lambda src, **kw: D.load_preferences(
+            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
+        self.setup_reference()  # before PEFT wraps the policy: π_ref is the starting model
         apply_peft(self.lm.model, cfg)
-        self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
+
+    def setup_reference(self) -> None:
+        """Build what scores the pairs under a reference model (none here)."""
+
+    def batch(self, indices: list[int]) -> dict[str, Tensor]:
+        return self.collate([self.train_examples[i] for i in indices], D.collate_preferences)
+
+    def eval_batch(self, start: int, stop: int) -> dict[str, Tensor]:
+        """The held-out pairs start..stop as one batch."""
+        return self.collate(self.eval_examples[start:stop], D.collate_preferences)
+
+    def pair_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, chosen rewards, rejected rewards) of a batch of pairs."""
+        raise NotImplementedError
+
+    def loss(self, batch):
+        loss, rc, rr = self.pair_loss(batch)
+        stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
+        stats.update(reward_chosen=rc.mean().item(), reward_rejected=rr.mean().item())
+        return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss, implicit-reward preference accuracy and reward margin."""
+        losses, rcs, rrs = [], [], []
+        for i in range(0, len(self.eval_examples), 64):
+            loss, rc, rr = self.pair_loss(self.eval_batch(i, i + 64))
+            losses.append(loss.item() * len(rc))
+            rcs.append(rc)
+            rrs.append(rr)
+        rc, rr = torch.cat(rcs), torch.cat(rrs)
+        return {"loss": sum(losses) / len(rc), "accuracy": preference_accuracy(rc, rr).item(),
+                "margin": (rc - rr).mean().item()}  # fmt: skip
+
+
+class DPOTrainer(PreferenceTrainer):
+    """DPO against a frozen copy of the starting policy."""
+
+    name = "dpo"
+
+    def setup_reference(self) -> None:
+        self.ref = frozen_copy(self.lm.model)
+        self.ref_train = self._ref_logps(self.train_examples) if self.cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
 
     @torch.no_grad()
     def _ref_logps(self, examples) -> Tensor:
         """[N, 2] reference log-probs (chosen, rejected) for every pair."""
-        out = []
-        for i in range(0, len(examples), 64):
-            b = self._collate(examples[i : i + 64])
-            out.append(completion_logprobs(self.ref, b).view(2, -1).T)
-        return torch.cat(out)
-
-    def _collate(self, rows) -> dict[str, Tensor]:
-        return {k: v.to(self.device) for k, v in D.collate_preferences(rows, self.pad_id).items()}
-
-    def num_examples(self) -> int:
-        return len(self.train_examples)
+        batches = (self.collate(examples[i : i + 64], D.collate_preferences)
+                   for i in range(0, len(examples), 64))  # fmt: skip
+        return torch.cat([completion_logprobs(self.ref, b).view(2, -1).T for b in batches])
 
     def batch(self, indices):
-        b = self._collate([self.train_examples[i] for i in indices])
+        b = super().batch(indices)
         if self.ref_train is not None:
             b["ref"] = self.ref_train[indices]
         else:
@@ -114,7 +148,10 @@ class DPOTrainer(AlignTrainer):
                 b["ref"] = completion_logprobs(self.ref, b).view(2, -1).T
         return b
 
-    def _loss(self, b) -> tuple[Tensor, Tensor, Tensor]:
+    def eval_batch(self, start, stop):
+        return {**super().eval_batch(start, stop), "ref": self.ref_eval[start:stop]}
+
+    def pair_loss(self, b):
         chosen, rejected = completion_logprobs(self.lm.model, b).chunk(2)
         ref = b["ref"]
         # completion tokens per row (IPO divides each log-ratio by its completion's length)
@@ -126,26 +163,3 @@ class DPOTrainer(AlignTrainer):
             n_chosen = (b["labels"][: len(chosen), 1:] != D.IGNORE).sum().clamp(min=1)
             loss = loss - self.cfg.rpo_alpha * chosen.sum() / n_chosen
         return loss, rc, rr
-
-    def loss(self, batch):
-        loss, rc, rr = self._loss(batch)
-        stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
-        stats.update(reward_chosen=rc.mean().item(), reward_rejected=rr.mean().item())
-        return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
-
-    def evaluate(self) -> dict[str, float]:
-        """Held-out loss, implicit-reward preference accuracy and reward margin."""
-        losses, rcs, rrs = [], [], []
-        for i in range(0, len(self.eval_examples), 64):
-            b = self._collate(self.eval_examples[i : i + 64])
-            b["ref"] = self.ref_eval[i : i + 64]
-            loss, rc, rr = self._loss(b)
-            losses.append(loss.item() * len(rc))
-            rcs.append(rc)
-            rrs.append(rr)
-        rc, rr = torch.cat(rcs), torch.cat(rrs)
-        return {"loss": sum(losses) / len(rc), "accuracy": preference_accuracy(rc, rr).item(),
-                "margin": (rc - rr).mean().item()}  # fmt: skip
-
-    def export(self, path: Path) -> None:
-        export_peft(self.lm.model, self.tokenizer, path, self.cfg)

@@ -25,28 +25,23 @@ undesirable ones (0 at the start, since π = π_ref); it should rise as training
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.dpo import completion_logprobs
+from lmforge.align.dpo import PreferenceConfig, completion_logprobs
 from lmforge.align.preference_losses import KTO_LOSS_TYPES, kto_loss
-from lmforge.align.replay import ReplayConfig, with_replay
-from lmforge.align.sft import split_dataset
-from lmforge.align.trainer import AlignConfig, AlignTrainer
-from lmforge.errors import ConfigError, DataError
-from lmforge.peft.config import PeftConfig, apply_peft
-from lmforge.peft.export import export_peft
+from lmforge.align.replay import with_replay
+from lmforge.align.trainer import AlignTrainer, frozen_copy
+from lmforge.errors import ConfigError, DataError, require_choice
+from lmforge.peft.config import apply_peft
 
 
 @dataclass
-class KTOConfig(ReplayConfig, PeftConfig, AlignConfig):
-    """A KTO run (`lmforge kto`). Fields on top of AlignConfig / PeftConfig / ReplayConfig:
+class KTOConfig(PreferenceConfig):
+    """A KTO run (`lmforge kto`). Fields on top of PreferenceConfig:
 
     - ``data``: unpaired examples (JSONL as in the module docstring) or a ``task:`` source,
       whose verifier-labelled pairs are split into one desirable and one undesirable example.
@@ -63,23 +58,15 @@ class KTOConfig(ReplayConfig, PeftConfig, AlignConfig):
 
     out_dir: str = "out/kto"
     data: str = "task:add"
-    beta: float = 0.1
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
     loss_type: str = "kto"
     kl_estimate: bool = True
     precompute_ref: bool = True
-    lr: float = 1e-4
-    warmup_iters: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.loss_type not in KTO_LOSS_TYPES:
-            raise ConfigError(
-                f"loss_type must be one of {', '.join(KTO_LOSS_TYPES)}, got {self.loss_type!r}"
-            )
-        if self.beta <= 0:
-            raise ConfigError(f"beta must be > 0, got {self.beta}")
+        require_choice("loss_type", self.loss_type, KTO_LOSS_TYPES)
         if self.desirable_weight <= 0 or self.undesirable_weight <= 0:
             raise ConfigError(
                 "desirable_weight and undesirable_weight must be > 0, got "
@@ -87,60 +74,6 @@ class KTOConfig(ReplayConfig, PeftConfig, AlignConfig):
             )
         if self.loss_type == "apo_zero_unpaired":
             self.kl_estimate = False  # APO has no reference point: skip the KL passes
-
-
-@dataclass
-class UnpairedExample:
-    """One completion with its label: an SFTExample (prompt masked in labels) + desirable."""
-
-    example: D.SFTExample
-    desirable: bool
-
-
-def unpaired_records(record: Any) -> list[tuple[dict, bool]]:
-    """The (SFT record, desirable) pairs of one line: a labelled completion or conversation, or
-    a preference pair split in two. Raises DataError saying what is missing."""
-    if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__}")
-    if "label" not in record:
-        if "chosen" in record or "rejected" in record:
-            prompt, chosen, rejected = D.preference_parts(record)
-            return [({"prompt": prompt, "response": chosen}, True),
-                    ({"prompt": prompt, "response": rejected}, False)]  # fmt: skip
-        raise DataError(
-            "missing field 'label' (true = desirable, false = undesirable; or give a "
-            "preference pair with 'chosen' and 'rejected')"
-        )
-    label = record["label"]
-    if not isinstance(label, bool):
-        raise DataError(f"'label' must be true or false, got {label!r}")
-    if "messages" in record:
-        return [({"messages": record["messages"]}, label)]
-    prompt = D._first(record, D.PROMPT_KEYS, "the prompt")
-    completion = D._first(record, D.RESPONSE_KEYS, "the completion")
-    return [({"prompt": prompt, "response": completion}, label)]
-
-
-def load_unpaired(source, tokenizer, max_len: int, skip_invalid: bool = False,
-                  add_bos: bool = False, **task_kw) -> D.Dataset:  # fmt: skip
-    """Unpaired examples from a JSONL file, a list of dicts, or `task:NAME` (pairs split)."""
-    kind = "preference" if isinstance(source, str) and source.startswith("task:") else "sft"
-    pairs = D.records_from(source, kind, **task_kw)
-    out = D.Dataset([])
-    for where, record in pairs:
-        try:
-            out.examples += [
-                UnpairedExample(D.encode_sft(r, tokenizer, max_len, add_bos), label)
-                for r, label in unpaired_records(record)
-            ]
-        except DataError as err:
-            if not skip_invalid:
-                raise DataError(f"{where}: {err}") from err
-            out.skipped += 1
-            out.reasons.append(f"{where}: {err}")
-    if not out.examples:
-        raise DataError(f"{source}: no valid examples ({out.skipped} skipped: {out.reasons[:1]})")
-    return out
 
 
 def mismatched(rows: list[D.SFTExample], max_len: int) -> list[D.SFTExample]:
@@ -164,13 +97,8 @@ class KTOTrainer(AlignTrainer):
 
     def setup(self) -> None:
         cfg: KTOConfig = self.cfg
-        loader = lambda src, **kw: load_unpaired(  # noqa: E731
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw
-        )
-        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
-        if train.skipped:
-            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
-        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+        self.load_examples(lambda src, **kw: D.load_unpaired(
+            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
         n_good = sum(e.desirable for e in self.train_examples)
         n_bad = len(self.train_examples) - n_good
         if n_good == 0 or n_bad == 0:
@@ -182,32 +110,25 @@ class KTOTrainer(AlignTrainer):
         if not 1 <= ratio <= 4 / 3:
             self.log(f"kto: λ_D·n_D / (λ_U·n_U) = {ratio:.2f} ({n_good} desirable, {n_bad} "
                      "undesirable); the KTO paper recommends 1 to 4/3")  # fmt: skip
-        self.ref = copy.deepcopy(self.lm.model).eval().requires_grad_(False)
+        self.ref = frozen_copy(self.lm.model)  # before PEFT wraps the policy
         apply_peft(self.lm.model, cfg)
         self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
 
-    def _collate(self, rows: list[D.SFTExample]) -> dict[str, Tensor]:
-        return {k: v.to(self.device) for k, v in D.collate_sft(rows, self.pad_id).items()}
-
     @torch.no_grad()
-    def _ref_logps(self, examples: list[UnpairedExample]) -> Tensor:
-        out = [completion_logprobs(self.ref, self._collate([e.example for e in
-                                                            examples[i : i + 64]]))
-               for i in range(0, len(examples), 64)]  # fmt: skip
-        return torch.cat(out)
+    def _ref_logps(self, examples: list[D.UnpairedExample]) -> Tensor:
+        batches = (self.collate([e.example for e in examples[i : i + 64]])
+                   for i in range(0, len(examples), 64))  # fmt: skip
+        return torch.cat([completion_logprobs(self.ref, b) for b in batches])
 
-    def num_examples(self) -> int:
-        return len(self.train_examples)
-
-    def _make_batch(self, examples: list[UnpairedExample], ref: Tensor | None) -> dict[str, Tensor]:
+    def _make_batch(self, examples: list[D.UnpairedExample], ref: Tensor | None) -> dict:
         rows = [e.example for e in examples]
-        b = self._collate(rows)
+        b = self.collate(rows)
         b["desirable"] = torch.tensor([e.desirable for e in examples], device=self.device)
         with torch.no_grad():
             b["ref"] = ref if ref is not None else completion_logprobs(self.ref, b)
             if self.cfg.kl_estimate and len(rows) > 1:
-                kl = self._collate(mismatched(rows, self.cfg.max_len))
+                kl = self.collate(mismatched(rows, self.cfg.max_len))
                 # z₀ is detached in the loss, so neither pass needs gradients (as TRL)
                 b["kl_policy"] = completion_logprobs(self.lm.model, kl)
                 b["kl_ref"] = completion_logprobs(self.ref, kl)
@@ -243,7 +164,6 @@ class KTOTrainer(AlignTrainer):
         stats = {"kl": z0.item(), **self._stats(rewards, batch["desirable"])}
         return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Held-out loss, reference point z₀ and the desirable - undesirable reward margin."""
         losses, kls, rewards, labels = [], [], [], []
@@ -258,6 +178,3 @@ class KTOTrainer(AlignTrainer):
         n = len(self.eval_examples)
         return {"loss": sum(losses) / n, "kl": sum(kls) / n,
                 **self._stats(torch.cat(rewards), torch.cat(labels))}  # fmt: skip
-
-    def export(self, path: Path) -> None:
-        export_peft(self.lm.model, self.tokenizer, path, self.cfg)

@@ -51,9 +51,8 @@ from lmforge.align.preference_losses import (
     reward_centering,
 )
 from lmforge.align.rollout import RolloutEngine
-from lmforge.align.sft import split_dataset
 from lmforge.align.trainer import AlignConfig, AlignTrainer
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
@@ -110,8 +109,7 @@ class RewardModel(nn.Module):
 
     def __init__(self, backbone: Transformer, pooling: str = "last", eos_id: int | None = None):
         super().__init__()
-        if pooling not in POOLING:
-            raise ConfigError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}")
+        require_choice("pooling", pooling, POOLING)
         self.backbone, self.pooling, self.eos_id = backbone, pooling, eos_id
         self.head = nn.Linear(backbone.config.d_model, 1)
         nn.init.normal_(self.head.weight, std=1.0 / (backbone.config.d_model + 1) ** 0.5)
@@ -216,15 +214,14 @@ def policy_pairs(
     return out, unpaired
 
 
-def _pairwise_listwise(rc: Tensor, rr: Tensor, **_) -> Tensor:
-    return listwise_loss(torch.stack([rc, rr], dim=1), torch.zeros_like(rc, dtype=torch.long))
-
-
 REWARD_LOSSES: dict[str, Callable[..., Tensor]] = {
     "bt": lambda rc, rr, margin, gap: bradley_terry_loss(rc, rr),
     "hinge": lambda rc, rr, margin, gap: hinge_loss(rc, rr, margin),
     "mse": lambda rc, rr, margin, gap: mse_gap_loss(rc, rr, gap),
-    "listwise": lambda rc, rr, margin, gap: _pairwise_listwise(rc, rr),
+    # a pair is a 2-way list whose winner is the chosen response (index 0)
+    "listwise": lambda rc, rr, margin, gap: listwise_loss(
+        torch.stack([rc, rr], dim=1), torch.zeros_like(rc, dtype=torch.long)
+    ),
 }
 
 
@@ -250,14 +247,9 @@ class RewardConfig(AlignConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.loss not in REWARD_LOSSES:
-            raise ConfigError(f"loss must be one of {', '.join(REWARD_LOSSES)}, got {self.loss!r}")
-        if self.pooling not in POOLING:
-            raise ConfigError(f"pooling must be one of {', '.join(POOLING)}, got {self.pooling!r}")
-        if self.pairs_from not in PAIR_SOURCES:
-            raise ConfigError(
-                f"pairs_from must be one of {', '.join(PAIR_SOURCES)}, got {self.pairs_from!r}"
-            )
+        require_choice("loss", self.loss, REWARD_LOSSES)
+        require_choice("pooling", self.pooling, POOLING)
+        require_choice("pairs_from", self.pairs_from, PAIR_SOURCES)
         if self.center_rewards < 0:
             raise ConfigError(f"center_rewards must be >= 0, got {self.center_rewards}")
         if self.pair_samples < 2 or self.pairs_per_prompt < 1 or self.pair_temperature <= 0:
@@ -302,26 +294,14 @@ class RewardTrainer(AlignTrainer):
 
     def setup(self) -> None:
         cfg: RewardConfig = self.cfg
-        loader = lambda src, **kw: PAIR_SOURCES[cfg.pairs_from](self, src, **kw)  # noqa: E731
-        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
-        if train.skipped:
-            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
-        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+        self.load_examples(lambda src, **kw: PAIR_SOURCES[cfg.pairs_from](self, src, **kw))
         self.rm = RewardModel(self.lm.model, cfg.pooling, self.tokenizer.eos_id).to(self.device)
 
     def trainable_module(self) -> nn.Module:
         return self.rm
 
-    def num_examples(self) -> int:
-        return len(self.train_examples)
-
     def batch(self, indices):
-        rows = [self.train_examples[i] for i in indices]
-        return {k: v.to(self.device) for k, v in D.collate_preferences(rows, self.pad_id).items()}
-
-    def _rewards(self, batch) -> tuple[Tensor, Tensor]:
-        r = self.rm(batch["input_ids"], batch["attention_mask"])
-        return r.chunk(2)
+        return self.collate([self.train_examples[i] for i in indices], D.collate_preferences)
 
     def loss(self, batch):
         with_lm = self.cfg.lm_weight > 0
@@ -341,9 +321,8 @@ class RewardTrainer(AlignTrainer):
     def evaluate(self) -> dict[str, float]:
         rcs, rrs = [], []
         for i in range(0, len(self.eval_examples), self.cfg.batch_size):
-            chunk = self.eval_examples[i : i + self.cfg.batch_size]
-            b = {k: v.to(self.device) for k, v in D.collate_preferences(chunk, self.pad_id).items()}
-            rc, rr = self._rewards(b)
+            b = self.collate(self.eval_examples[i : i + self.cfg.batch_size], D.collate_preferences)
+            rc, rr = self.rm(b["input_ids"], b["attention_mask"]).chunk(2)
             rcs.append(rc)
             rrs.append(rr)
         rc, rr = torch.cat(rcs), torch.cat(rrs)

@@ -15,14 +15,12 @@ reward-model directory; in Python any function of (record, completion) or reward
 
 from __future__ import annotations
 
-import copy
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from lmforge.align import data as D
 from lmforge.align.rollout import (
@@ -33,10 +31,9 @@ from lmforge.align.rollout import (
     build_reward,
     rollout_stats,
 )
-from lmforge.align.trainer import AlignConfig, AlignTrainer
+from lmforge.align.trainer import AlignConfig, AlignTrainer, eval_source, frozen_copy
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.peft.config import PeftConfig, apply_peft
-from lmforge.peft.export import export_peft
 from lmforge.tasks.answers import verify
 
 
@@ -68,12 +65,6 @@ class RLConfig(PeftConfig, AlignConfig):
             )
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A detached, eval-mode, requires_grad=False copy (the reference policy π_ref)."""
-    ref = copy.deepcopy(model).eval()
-    return ref.requires_grad_(False)
 
 
 def load_reward(spec: str, tokenizer, device) -> Any:
@@ -113,10 +104,9 @@ class RLTrainer(AlignTrainer):
     def setup(self) -> None:
         cfg: RLConfig = self.cfg
         records = D.load_prompts(cfg.data, n=cfg.n_train, seed=cfg.seed, split="train")
-        if cfg.eval_data:
-            eval_records = D.load_prompts(cfg.eval_data, cfg.n_eval, cfg.seed + 1, "all")
-        elif str(cfg.data).startswith("task:"):
-            eval_records = D.load_prompts(cfg.data, cfg.n_eval, cfg.seed + 1, "test")
+        source, split = eval_source(cfg)
+        if source is not None:
+            eval_records = D.load_prompts(source, cfg.n_eval, cfg.seed + 1, split)
         else:
             if len(records) < 2:
                 raise DataError(f"{cfg.data}: need at least 2 prompts to hold some out")
@@ -224,6 +214,3 @@ class RLTrainer(AlignTrainer):
         if hits:
             result["exact_match"] = sum(hits) / len(hits)
         return result
-
-    def export(self, path: Path) -> None:
-        export_peft(self.lm.model, self.tokenizer, path, self.cfg)

@@ -6,18 +6,16 @@ adapters; targets and saved files are described there).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from lmforge.align import data as D
 from lmforge.align.logprobs import sft_loss
 from lmforge.align.replay import ReplayConfig, with_replay
-from lmforge.align.trainer import AlignConfig, AlignTrainer
+from lmforge.align.trainer import AlignConfig, AlignTrainer, eval_source
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
 from lmforge.peft.config import PeftConfig, apply_peft
-from lmforge.peft.export import export_peft
 from lmforge.tasks.answers import verify
 
 
@@ -50,28 +48,6 @@ def greedy_accuracy(
     return hits / len(records)
 
 
-def eval_source(cfg: AlignConfig) -> tuple[str | None, str]:
-    """(source, split) of the evaluation data: eval_data, else the held-out split of a task."""
-    if cfg.eval_data:
-        return cfg.eval_data, "all"
-    if str(cfg.data).startswith("task:"):
-        return cfg.data, "test"
-    return None, "train"
-
-
-def split_dataset(train: D.Dataset, cfg: AlignConfig, loader) -> tuple[list, list]:
-    """(train examples, eval examples): a separate eval source, or the last 5% of the data."""
-    source, split = eval_source(cfg)
-    if source is not None:
-        kw = {"n": cfg.n_eval, "seed": cfg.seed + 1, "split": split}
-        ev = loader(source, skip_invalid=cfg.skip_invalid, **kw)
-        return train.examples, ev.examples
-    n_eval = max(1, len(train.examples) // 20)
-    if len(train.examples) < 2:
-        raise ConfigError("need at least 2 examples to hold some out for evaluation")
-    return train.examples[:-n_eval], train.examples[-n_eval:]
-
-
 class SFTTrainer(AlignTrainer):
     """Response-only next-token training (full or PEFT) with held-out loss and exact match."""
 
@@ -84,13 +60,8 @@ class SFTTrainer(AlignTrainer):
             raise ConfigError(
                 f"max_len={cfg.max_len} exceeds max_seq_len={self.lm.config.max_seq_len}"
             )
-        loader = lambda src, **kw: D.load_sft(
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw
-        )
-        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
-        if train.skipped:
-            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
-        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+        self.load_examples(lambda src, **kw: D.load_sft(
+            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
         if cfg.packing:
             self.train_examples = D.pack_sft(self.train_examples, cfg.max_len)
         source, split = eval_source(cfg)
@@ -99,12 +70,8 @@ class SFTTrainer(AlignTrainer):
             self.eval_records = D.load_prompts(source, cfg.eval_generate, cfg.seed + 1, split)
         self.peft_names = apply_peft(self.lm.model, cfg)
 
-    def num_examples(self) -> int:
-        return len(self.train_examples)
-
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        rows = [self.train_examples[i] for i in indices]
-        return {k: v.to(self.device) for k, v in D.collate_sft(rows, self.pad_id).items()}
+        return self.collate([self.train_examples[i] for i in indices])
 
     def loss(self, batch):
         # Right padding: causal attention never lets a real token see the padding after it,
@@ -121,10 +88,9 @@ class SFTTrainer(AlignTrainer):
         """Mean response-token loss over examples (token-weighted)."""
         total, count = 0.0, 0
         for i in range(0, len(examples), self.cfg.batch_size):
-            b = D.collate_sft(examples[i : i + self.cfg.batch_size], self.pad_id)
-            n = int((b["labels"][:, 1:] != D.IGNORE).sum())
-            logits = self.lm.model(b["input_ids"].to(self.device))
-            total += sft_loss(logits, b["labels"].to(self.device)).item() * n
+            b = self.collate(examples[i : i + self.cfg.batch_size])
+            n = self.loss_weight(b)
+            total += sft_loss(self.lm.model(b["input_ids"]), b["labels"]).item() * n
             count += n
         return total / max(1, count)
 
@@ -135,6 +101,3 @@ class SFTTrainer(AlignTrainer):
                 self.lm, self.eval_records, self.cfg.max_new_tokens, self.cfg.add_bos
             )
         return result
-
-    def export(self, path: Path) -> None:
-        export_peft(self.lm.model, self.tokenizer, path, self.cfg)

@@ -7,9 +7,9 @@ each trainer subclasses it with its own. `AlignTrainer` loads the starting model
 checkpoint directory, or `scratch` for a random model with a character tokenizer over
 `alphabet`, used by tests and the CPU demos), draws shuffled minibatches, and runs the shared loop
 (lmforge/train/loop.py: schedule, NaN guard, clipping, accumulation, evaluation and checkpoint
-cadence, Ctrl-C/SIGTERM save, exact resume, metrics and plot). A subclass provides `setup()`,
-`num_examples()`, `batch(indices)`, `loss(batch) -> (loss, metrics)`, `evaluate() -> metrics`
-and, where the saved model is not the policy itself, `export(path)`.
+cadence, Ctrl-C/SIGTERM save, exact resume, metrics and plot). A subclass provides `setup()`
+(usually `load_examples` + `apply_peft`), `batch(indices)`, `loss(batch) -> (loss, metrics)`,
+`evaluate() -> metrics` and, where the saved model is not the (PEFT-wrapped) policy, `export`.
 
 Under `torchrun --nproc_per_node N -m lmforge sft ...` the same loop runs data-parallel (DDP,
 lmforge/train/distributed.py): `batch_size` stays the GLOBAL batch, every rank draws the same
@@ -31,19 +31,30 @@ from the policy every step (GRPO) keep such a copy on every rank.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import string
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
-from lmforge.errors import CheckpointError, ConfigError, require_positive_ints
+from lmforge.align import data as D
+from lmforge.errors import (
+    CheckpointError,
+    ConfigError,
+    require_choice,
+    require_device,
+    require_positive_ints,
+)
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+from lmforge.peft.export import export_peft
 from lmforge.train.config import OptimConfig
 from lmforge.train.distributed import (
     PARALLEL,
@@ -86,19 +97,10 @@ class AlignConfig(OptimConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive_ints(self, "batch_size", "max_len")
-        if self.parallel not in PARALLEL:
-            raise ConfigError(
-                f"parallel must be one of {', '.join(PARALLEL)}; got {self.parallel!r}"
-            )
+        require_choice("parallel", self.parallel, PARALLEL)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def load_lm(
@@ -117,6 +119,33 @@ def load_lm(
     if lm.tokenizer is None:
         raise CheckpointError(f"{init}: no tokenizer.json; post-training needs the tokenizer")
     return lm
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A detached, eval-mode, requires_grad=False copy: a reference policy π_ref, a teacher."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def eval_source(cfg: AlignConfig) -> tuple[str | None, str]:
+    """(source, split) of the evaluation data: eval_data, else the held-out split of a task."""
+    if cfg.eval_data:
+        return cfg.eval_data, "all"
+    if str(cfg.data).startswith("task:"):
+        return cfg.data, "test"
+    return None, "train"
+
+
+def split_dataset(train: D.Dataset, cfg: AlignConfig, loader) -> tuple[list, list]:
+    """(train examples, eval examples): a separate eval source, or the last 5% of the data."""
+    source, split = eval_source(cfg)
+    if source is not None:
+        kw = {"n": cfg.n_eval, "seed": cfg.seed + 1, "split": split}
+        ev = loader(source, skip_invalid=cfg.skip_invalid, **kw)
+        return train.examples, ev.examples
+    n_eval = max(1, len(train.examples) // 20)
+    if len(train.examples) < 2:
+        raise ConfigError("need at least 2 examples to hold some out for evaluation")
+    return train.examples[:-n_eval], train.examples[-n_eval:]
 
 
 class AlignTrainer(Trainer, ABC):
@@ -142,7 +171,7 @@ class AlignTrainer(Trainer, ABC):
                 "DPO, reward models and GRPO)"
             )
         # one process, or one rank of a torchrun job (DDP; lmforge/train/distributed.py)
-        dist = init_parallel(cfg.parallel, resolve_device(cfg.device))
+        dist = init_parallel(cfg.parallel, require_device(cfg.device))
         dist.sync_buffers = False  # RoPE tables, NF4 weights: identical, never trained
         self.config_file = f"{self.name}_config.json"
         self.open_run(cfg, dist, resume, log)
@@ -172,9 +201,22 @@ class AlignTrainer(Trainer, ABC):
         """The module whose requires_grad parameters are optimised and saved in the state."""
         return self.lm.model
 
-    @abstractmethod
     def num_examples(self) -> int:
         """How many training examples the sampler draws from."""
+        return len(self.train_examples)
+
+    def load_examples(self, loader: Callable[..., D.Dataset]) -> None:
+        """Set train_examples / eval_examples from `loader(source, skip_invalid=, n=, seed=[,
+        split=])` on cfg.data, held out as `split_dataset` says; skipped records are logged."""
+        cfg = self.cfg
+        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
+        if train.skipped:
+            self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
+        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+
+    def collate(self, rows: list, collate=D.collate_sft) -> dict[str, Tensor]:
+        """`collate(rows, pad_id)` (SFT rows by default) moved to the training device."""
+        return {k: v.to(self.device) for k, v in collate(rows, self.pad_id).items()}
 
     @abstractmethod
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
@@ -190,8 +232,8 @@ class AlignTrainer(Trainer, ABC):
         return float(next(v for v in batch.values() if isinstance(v, torch.Tensor)).shape[0])
 
     def export(self, path: Path) -> None:
-        """Write the model users load (HF layout)."""
-        LM(self.lm.model, self.tokenizer).save(path)
+        """Write the model users load (HF layout; a PEFT run also saves its adapter alone)."""
+        export_peft(self.lm.model, self.tokenizer, path, self.cfg)
 
     # ---- what the loop asks for --------------------------------------------------------------
     def next_batch(self) -> list[int]:

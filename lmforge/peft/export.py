@@ -48,14 +48,16 @@ def _unwrapped_copy(model: nn.Module) -> nn.Module:
 
 
 def export_peft(model: nn.Module, tokenizer, path: Path, cfg: PeftConfig) -> None:
-    """Save what users load: merged HF checkpoint, plus the adapter alone for PEFT runs."""
+    """Save what users load: merged HF checkpoint, plus the adapter alone for PEFT runs (a run
+    config without PeftConfig's fields saves the model as it is)."""
     path = Path(path)
-    if cfg.peft in ("lora", "qlora"):
+    peft = getattr(cfg, "peft", "none")
+    if peft in ("lora", "qlora"):
         save_adapter(
             model, path / "adapter", {"base_model_name_or_path": getattr(cfg, "init", None)}
         )
         LM(dense_copy(model), tokenizer).save(path)
-    elif cfg.peft == "adapter":
+    elif peft == "adapter":
         tensors = {n: p for n, p in model.named_parameters() if p.requires_grad}
         save_tensors(path / "adapter" / "adapter_model.safetensors", tensors)
         meta = {"peft_type": "BOTTLENECK", "targets": targets(cfg.adapter_targets),

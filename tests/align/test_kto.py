@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmforge.align import data as D
-from lmforge.align.kto import KTOConfig, KTOTrainer, load_unpaired, mismatched
+from lmforge.align.kto import KTOConfig, KTOTrainer, mismatched
 from lmforge.align.trainer import load_lm
 from lmforge.errors import ConfigError, DataError
 
@@ -46,7 +46,7 @@ def test_loader_accepts_labelled_chat_and_paired_lines(tmp_path):
          "label": True},
         {"prompt": "2+2=", "chosen": "4", "rejected": "5"},
     ]  # fmt: skip
-    ds = load_unpaired(rows, tok, 32)
+    ds = D.load_unpaired(rows, tok, 32)
     assert [e.desirable for e in ds.examples] == [True, False, True, True, False]
     # the paired line keeps its prompt masked and trains on the completion (+ EOS) only
     e = ds.examples[3].example

@@ -181,7 +181,7 @@ def test_trl_version_is_known():
     "loss_type,label_smoothing", [("sigmoid", 0.0), ("robust", 0.2), ("hinge", 0.0), ("ipo", 0.0)]
 )
 def test_dpo_loss_types_match_trl(tok, policy_and_ref, loss_type, label_smoothing):
-    """lmforge's DPOTrainer._loss (completion log-probs, IPO lengths, dpo_loss) = TRL's
+    """lmforge's DPOTrainer.pair_loss (completion log-probs, IPO lengths, dpo_loss) = TRL's
     DPOTrainer._compute_loss for every loss_type both have."""
     policy, ref = policy_and_ref
     args = trl_args(trl.DPOConfig, loss_type=[loss_type], beta=0.7,
@@ -203,7 +203,7 @@ def test_dpo_loss_types_match_trl(tok, policy_and_ref, loss_type, label_smoothin
     loss = assert_same(
         policy,
         lambda: trainer._compute_loss(trainer.model, b, False),
-        lambda: lm_dpo.DPOTrainer._loss(ours, ours_batch)[0],
+        lambda: lm_dpo.DPOTrainer.pair_loss(ours, ours_batch)[0],
     )
     if loss_type == "sigmoid":
         assert abs(loss.item() - 0.6931) > 1e-3  # policy ≠ ref: not the trivial ln 2
