@@ -33,11 +33,16 @@ def bm25_idf(df: float, n_docs: float) -> float:
 
 
 class _BM25:
-    """The parameters and text handling both rankers share: strings are tokenized, token lists
-    are used as given; `scores` is each ranker's own."""
+    """What both rankers share: the parameters, the text handling (strings are tokenized, token
+    lists are used as given) and top-k search; `index(docs)` and `scores` are each one's own."""
 
     def __init__(
-        self, k1: float, b: float, lowercase: bool, stopwords: bool | Iterable[str] | None
+        self,
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        lowercase: bool = True,
+        stopwords: bool | Iterable[str] | None = None,
     ) -> None:
         if k1 < 0:
             raise LMForgeError(f"BM25 k1 must be >= 0 (usually 1.2 to 2.0), got {k1}")
@@ -66,24 +71,18 @@ class _BM25:
 
 
 class BM25Scorer(_BM25):
-    """BM25 computed term by term in Python: slow, but every number can be traced to the formula."""
+    """BM25 computed term by term in Python: slow, but every number can be traced to the formula.
+    `BM25Scorer(**settings).index(docs)`, like BM25Index."""
 
-    def __init__(
-        self,
-        docs: Sequence[Doc],
-        *,
-        k1: float = 1.5,
-        b: float = 0.75,
-        lowercase: bool = True,
-        stopwords: bool | Iterable[str] | None = None,
-    ) -> None:
-        super().__init__(k1, b, lowercase, stopwords)
+    def index(self, docs: Sequence[Doc]) -> "BM25Scorer":
+        """Count the terms of `docs` (texts or token lists); returns self."""
         if len(docs) == 0:
             raise LMForgeError("BM25Scorer: no documents given")
         self.term_counts = [Counter(self._tokens(d)) for d in docs]
         self.doc_lengths = [sum(c.values()) for c in self.term_counts]
         self.avgdl = sum(self.doc_lengths) / len(docs)
         self.doc_freqs = Counter(t for c in self.term_counts for t in c)
+        return self
 
     def score(self, query: Doc, doc_index: int) -> float:
         """BM25 score of document `doc_index` for `query`."""
@@ -106,17 +105,8 @@ class BM25Scorer(_BM25):
 class BM25Index(_BM25):
     """BM25 search at scale on the `bm25s` sparse index; saved as .npy + .json files, no pickle."""
 
-    def __init__(
-        self,
-        *,
-        k1: float = 1.5,
-        b: float = 0.75,
-        lowercase: bool = True,
-        stopwords: bool | Iterable[str] | None = None,
-    ) -> None:
-        super().__init__(k1, b, lowercase, stopwords)
-        self._bm25: bm25s.BM25 | None = None
-        self.n_docs = 0
+    _bm25: bm25s.BM25 | None = None  # set by index() or load()
+    n_docs = 0
 
     def index(self, docs: Sequence[Doc]) -> "BM25Index":
         """Build the index over `docs` (texts or token lists); returns self."""

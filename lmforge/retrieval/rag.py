@@ -193,7 +193,7 @@ class ExtractiveAnswerer:
         if self.retriever.embeddings is not None:  # meaning, when an encoder is at hand
             enc = self.retriever.encoder
             return (enc.encode(sentences) @ enc.encode([question])[0]).tolist()
-        return BM25Scorer(sentences, stopwords=True).scores(question).tolist()
+        return BM25Scorer(stopwords=True).index(sentences).scores(question).tolist()
 
     def answer(self, question: str, hits: list[Hit]) -> Answer:
         pool = []  # (hit index, sentence), in retrieval order

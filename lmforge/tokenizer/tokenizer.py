@@ -58,6 +58,16 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _role_id(role: str) -> property:
+    """A Tokenizer property: the id of the special token of `role`, None when it has none."""
+
+    def role_id(tok: Tokenizer) -> int | None:
+        token = tok.special_tokens.get(role)
+        return None if token is None else tok.backend.token_to_id(token)
+
+    return property(role_id, doc=f"The id of the {role!r} special token (None: there is none).")
+
+
 class Tokenizer:
     """A trained tokenizer: encode/decode text, know its special tokens, save/load HF-compatibly."""
 
@@ -268,25 +278,10 @@ class Tokenizer:
         """Number of ids, special tokens included (the model's embedding needs at least this)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def _role_id(self, role: str) -> int | None:
-        token = self.special_tokens.get(role)
-        return None if token is None else self.backend.token_to_id(token)
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._role_id("bos")
-
-    @property
-    def eos_id(self) -> int | None:
-        return self._role_id("eos")
-
-    @property
-    def pad_id(self) -> int | None:
-        return self._role_id("pad")
-
-    @property
-    def unk_id(self) -> int | None:
-        return self._role_id("unk")
+    bos_id = _role_id("bos")
+    eos_id = _role_id("eos")
+    pad_id = _role_id("pad")
+    unk_id = _role_id("unk")
 
     def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
         if add_bos:

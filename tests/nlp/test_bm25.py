@@ -32,7 +32,7 @@ def test_idf():
 
 
 def test_scorer_hand_computed():
-    bm = BM25Scorer(SMALL, k1=1.5, b=0.75)
+    bm = BM25Scorer(k1=1.5, b=0.75).index(SMALL)
     avgdl = 10 / 3
     idf_cat = math.log((3 - 2 + 0.5) / (2 + 0.5) + 1)
     norm0 = 1.5 * (1 - 0.75 + 0.75 * 3 / avgdl)
@@ -47,7 +47,7 @@ def test_scorer_hand_computed():
 
 def test_bm25s_index_agrees_with_formula():
     for k1, b in [(1.5, 0.75), (1.2, 0.75), (2.0, 0.3)]:
-        ref = BM25Scorer(CORPUS, k1=k1, b=b)
+        ref = BM25Scorer(k1=k1, b=b).index(CORPUS)
         idx = BM25Index(k1=k1, b=b).index(CORPUS)
         assert len(idx) == len(CORPUS)
         for q in QUERIES:
@@ -90,9 +90,11 @@ def test_bad_input(tmp_path):
     with pytest.raises(LMForgeError, match="k1"):
         BM25Index(k1=-1)
     with pytest.raises(LMForgeError, match=r"b must be in \[0, 1\]"):
-        BM25Scorer(SMALL, b=2)
+        BM25Scorer(b=2)
     with pytest.raises(LMForgeError, match="no documents"):
         BM25Index().index([])
+    with pytest.raises(LMForgeError, match="no documents"):
+        BM25Scorer().index([])
     with pytest.raises(LMForgeError, match="no terms"):
         BM25Index(stopwords=True).index(["", "the of"])
     with pytest.raises(LMForgeError, match="is empty"):
