@@ -20,6 +20,14 @@ from pathlib import Path
 import torch
 
 CPUINFO = Path("/proc/cpuinfo")
+# The features that decide the kernels (summary order) -> the /proc/cpuinfo flags they need.
+FEATURES = {
+    "AMX": frozenset({"amx_bf16", "amx_tile"}),
+    "AVX512-BF16": frozenset({"avx512_bf16"}),
+    "AVX512-VNNI": frozenset({"avx512_vnni"}),
+    "AVX512": frozenset({"avx512f"}),
+    "AVX2": frozenset({"avx2"}),
+}
 
 
 @dataclass(frozen=True)
@@ -35,46 +43,27 @@ class CPUFeatures:
     def x86(self) -> bool:
         return self.machine.lower() in ("x86_64", "amd64", "i686", "x86")
 
-    @property
-    def avx2(self) -> bool:
-        return "avx2" in self.flags
-
-    @property
-    def avx512(self) -> bool:
-        return "avx512f" in self.flags
-
-    @property
-    def avx512_vnni(self) -> bool:
-        return "avx512_vnni" in self.flags
-
-    @property
-    def avx512_bf16(self) -> bool:
-        return "avx512_bf16" in self.flags
+    def has(self, feature: str) -> bool:
+        """Whether the CPU has one of FEATURES ("AMX", "AVX512-BF16", ...) by its flags."""
+        return FEATURES[feature] <= self.flags
 
     @property
     def amx(self) -> bool:
-        return "amx_bf16" in self.flags and "amx_tile" in self.flags
+        return self.has("AMX")
 
     @property
     def native_bf16(self) -> bool:
         """Whether bf16 matmuls run on bf16 hardware (AMX or AVX512-BF16) rather than through
         fp32 conversion. AVX512-BF16 also needs torch's AVX-512 kernels to be in use."""
         avx512_kernels = self.capability.startswith("AVX512")
-        return self.x86 and (self.amx or (self.avx512_bf16 and avx512_kernels))
+        return self.x86 and (self.amx or (self.has("AVX512-BF16") and avx512_kernels))
 
     def summary(self) -> str:
         """One line: the model and the features that matter, present and absent."""
-        names = [
-            ("AMX", self.amx),
-            ("AVX512-BF16", self.avx512_bf16),
-            ("AVX512-VNNI", self.avx512_vnni),
-            ("AVX512", self.avx512),
-            ("AVX2", self.avx2),
-        ]
         if not self.x86:
             return f"{self.model} ({self.machine}, torch kernels: {self.capability})"
-        have = [n for n, ok in names if ok]
-        missing = [n for n, ok in names if not ok]
+        have = [n for n in FEATURES if self.has(n)]
+        missing = [n for n in FEATURES if not self.has(n)]
         parts = ", ".join(have) if have else "no AVX2"
         if missing and have:
             parts += "; no " + ", ".join(missing)
