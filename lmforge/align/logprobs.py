@@ -61,6 +61,12 @@ def sequence_logprobs(
     return total / mask.sum(-1).clamp_min(1) if average else total
 
 
+def last_index(mask: Tensor) -> Tensor:
+    """Index of the last nonzero entry in each row of a [B, T] mask (left or right padding
+    alike); -1 for a row without one."""
+    return torch.where(mask.bool(), torch.arange(mask.shape[-1], device=mask.device), -1).amax(-1)
+
+
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over positions where ``mask`` is nonzero (weighted by mask); 0 if none are."""
     mask = mask.to(x.dtype)

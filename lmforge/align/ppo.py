@@ -50,7 +50,7 @@ from lmforge.align.rl_losses import (
     shape_rewards,
 )
 from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_logits
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_choice
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.train.checkpoint import model_state
 
@@ -214,14 +214,9 @@ class PPOConfig(RLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.variant not in VARIANTS:
-            raise ConfigError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.score_norm not in SCORE_NORMS:
-            raise ConfigError(
-                f"score_norm must be one of {', '.join(SCORE_NORMS)}, got {self.score_norm!r}"
-            )
-        if self.critic not in CRITICS:
-            raise ConfigError(f"critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
+        require_choice("variant", self.variant, VARIANTS)
+        require_choice("score_norm", self.score_norm, SCORE_NORMS)
+        require_choice("critic", self.critic, CRITICS)
         if self.variant == "kl_loss" and self.kl_target is None:
             raise ConfigError("variant kl_loss (PPO-KL) adapts β toward kl_target: set --kl_target")
         if self.ppo_epochs < 1 or self.minibatch_size < 1:

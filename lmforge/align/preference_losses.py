@@ -1,11 +1,6 @@
 """Preference-learning losses as pure functions on tensors: reward models (Bradley-Terry with
 margin and centering, hinge, MSE gap, listwise, Plackett-Luce), DPO and its variants, ORPO,
-CPO/SimPO and KTO. Log-prob helpers are in `logprobs.py`.
-
-Conventions (SPEC §10): logits [B, T, V] are already aligned with labels [B, T] — the caller passes
-``logits[:, :-1]`` and ``labels = input_ids[:, 1:]`` — except ``sft_loss``, which takes unshifted
-HF-style labels and shifts itself. Masks are 1 on real (completion) tokens and 0 elsewhere.
-Means over tokens are masked means. Everything is computed in fp32.
+CPO/SimPO and KTO, with the conventions of `logprobs.py` (where the log-prob helpers are).
 """
 
 import math
@@ -14,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmforge.errors import ConfigError, LMForgeError
+from lmforge.errors import ConfigError, LMForgeError, require_choice
 
 
 def _reduce(losses: Tensor, reduction: str) -> Tensor:
@@ -127,10 +122,7 @@ def dpo_loss(
     The returned implicit rewards β(π - ref) are detached, for logging. π = ref gives ln 2 for
     ``sigmoid`` with any β.
     """
-    if loss_type not in DPO_LOSS_TYPES:
-        raise ConfigError(
-            f"DPO loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}"
-        )
+    require_choice("DPO loss_type", loss_type, DPO_LOSS_TYPES)
     eps = torch.as_tensor(label_smoothing, dtype=torch.float32, device=policy_chosen_logps.device)
     if eps.min() < 0 or eps.max() > 1:
         raise ConfigError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
@@ -198,10 +190,7 @@ def cpo_loss(
     (d - 1/(2β))². SimPO and ipo expect length-averaged log-probs (``average=True``), CPO and
     hinge summed ones. Mean over pairs; CPO's ``cpo_alpha``·NLL term is added by the caller.
     """
-    if loss_type not in CPO_LOSS_TYPES:
-        raise ConfigError(
-            f"CPO loss_type must be one of {', '.join(CPO_LOSS_TYPES)}, got {loss_type!r}"
-        )
+    require_choice("CPO loss_type", loss_type, CPO_LOSS_TYPES)
     d = chosen_logps.float() - rejected_logps.float()
     if loss_type in ("sigmoid", "simpo"):
         if loss_type == "simpo":
@@ -213,18 +202,6 @@ def cpo_loss(
     else:
         losses = (d - 1 / (2 * beta)) ** 2
     return losses.mean()
-
-
-def simpo_loss(
-    chosen_avg_logps: Tensor,
-    rejected_avg_logps: Tensor,
-    beta: float = 2.0,
-    gamma: float = 0.5,
-    label_smoothing: float = 0.0,
-) -> Tensor:
-    """SimPO (Meng et al. 2024): -log σ(β(avg logπ(y⁺) - avg logπ(y⁻)) - γ), reference-free with
-    length-averaged log-probs and a target reward margin γ (= ``cpo_loss(loss_type="simpo")``)."""
-    return cpo_loss(chosen_avg_logps, rejected_avg_logps, beta, "simpo", label_smoothing, gamma)
 
 
 KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
@@ -249,10 +226,7 @@ def kto_loss(
     ref_kl_logps)), detached (TRL's estimate; None or missing KL rows give z₀ = 0).
     ``apo_zero_unpaired`` (APO, D'Oosterlinck et al. 2024): 1 - σ(βr) and σ(βr), no z₀.
     """
-    if loss_type not in KTO_LOSS_TYPES:
-        raise ConfigError(
-            f"KTO loss_type must be one of {', '.join(KTO_LOSS_TYPES)}, got {loss_type!r}"
-        )
+    require_choice("KTO loss_type", loss_type, KTO_LOSS_TYPES)
     r = policy_logps.float() - ref_logps.float()
     good = desirable.bool()
     z0 = torch.zeros((), device=r.device)

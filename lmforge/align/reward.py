@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import sft_loss
+from lmforge.align.logprobs import last_index, sft_loss
 from lmforge.align.preference_losses import (
     bradley_terry_loss,
     hinge_loss,
@@ -59,12 +59,6 @@ from lmforge.model.transformer import Transformer
 from lmforge.tasks.answers import verify
 
 HEAD_FILE, CONFIG_FILE = "reward_head.safetensors", "reward_config.json"
-
-
-def last_index(mask: Tensor) -> Tensor:
-    """Index of the last real token of each row (works for left and right padding)."""
-    positions = torch.arange(mask.shape[1], device=mask.device)
-    return (mask.long() * (positions + 1)).argmax(-1)
 
 
 # A pooling maps (final-norm hidden states [B, T, d], mask [B, T], ids [B, T], the RewardModel)

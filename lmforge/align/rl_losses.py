@@ -1,18 +1,13 @@
 """Reinforcement-learning losses as pure functions on tensors: KL estimators and reward shaping,
 GAE, PPO's clipped policy and value losses, KL controllers, GRPO and its variants (BNPO, Dr. GRPO,
-DAPO), truncation masking and RLOO. Log-prob helpers are in `logprobs.py`.
-
-Conventions (SPEC §10): logits [B, T, V] are already aligned with labels [B, T] — the caller passes
-``logits[:, :-1]`` and ``labels = input_ids[:, 1:]`` — except ``sft_loss``, which takes unshifted
-HF-style labels and shifts itself. Masks are 1 on real (completion) tokens and 0 elsewhere.
-Means over tokens are masked means. Everything is computed in fp32.
-"""
+DAPO), truncation masking and RLOO, with the conventions of `logprobs.py` (where the log-prob
+helpers are)."""
 
 import torch
 from torch import Tensor
 
-from lmforge.align.logprobs import masked_mean
-from lmforge.errors import ConfigError, LMForgeError
+from lmforge.align.logprobs import last_index, masked_mean
+from lmforge.errors import ConfigError, LMForgeError, require_choice
 
 # ----------------------------------------------------------------------------- PPO / RLHF
 
@@ -34,9 +29,8 @@ def kl_per_token(logp: Tensor, ref_logp: Tensor, estimator: str = "k1") -> Tenso
 
 
 def last_token_index(mask: Tensor) -> Tensor:
-    """Index of the last real token in each row of a [B, T] mask (works with left padding too)."""
-    pos = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
-    last = torch.where(mask.bool(), pos, torch.full_like(pos, -1)).amax(-1)
+    """`last_index` of a mask in which every row has a real token (an episode that ends)."""
+    last = last_index(mask)
     if (last < 0).any():
         raise LMForgeError("a row of the mask has no real tokens")
     return last
@@ -236,10 +230,7 @@ def grpo_loss(
     on-policy, E[∇k3] is the gradient of the *forward* KL(π_ref‖π). Off by default here: the
     DeepSeekMath formula, which the SPEC's GRPO line and earlier TRL releases use.
     """
-    if loss_type not in GRPO_LOSS_TYPES:
-        raise ConfigError(
-            f"GRPO loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, got {loss_type!r}"
-        )
+    require_choice("GRPO loss_type", loss_type, GRPO_LOSS_TYPES)
     if loss_type == "dr_grpo" and not max_completion_length:
         raise ConfigError("loss_type dr_grpo needs max_completion_length")
     high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -283,8 +274,7 @@ def mask_truncated(completion_ids: Tensor, completion_mask: Tensor, stop_ids) ->
     ``completion_mask`` [B, C] is 1 on generated tokens (stop token included); rows without real
     tokens are left as they are.
     """
-    m = completion_mask.bool()
-    last = torch.where(m, torch.arange(m.shape[1], device=m.device), -1).amax(-1)
+    last = last_index(completion_mask)
     last_tok = completion_ids.gather(1, last.clamp_min(0).unsqueeze(1)).squeeze(1)
     stops = torch.as_tensor(
         list(stop_ids), dtype=completion_ids.dtype, device=completion_ids.device

@@ -24,7 +24,7 @@ from torch import Tensor
 from lmforge.align.logprobs import sft_loss
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_choice
 
 
 def select_best(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
@@ -55,8 +55,7 @@ def select_rows(
     min_reward: float | None = None, gen: torch.Generator | None = None,
 ) -> Tensor:  # fmt: skip
     """Flat row indices of the kept completions (consecutive groups of ``group_size``)."""
-    if rule not in SELECTORS:
-        raise ConfigError(f"select must be one of {', '.join(SELECTORS)}, got {rule!r}")
+    require_choice("select", rule, SELECTORS)
     grouped = rewards.view(-1, group_size)
     within = SELECTORS[rule](grouped, k, tau, gen or torch.Generator())
     rows = within + torch.arange(grouped.shape[0], device=within.device)[:, None] * group_size
@@ -86,8 +85,7 @@ class RSFTConfig(RLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.select not in SELECTORS:
-            raise ConfigError(f"select must be one of {', '.join(SELECTORS)}, got {self.select!r}")
+        require_choice("select", self.select, SELECTORS)
         if self.top_k < 1 or self.tau <= 0 or self.sft_epochs < 1 or self.minibatch_size < 1:
             raise ConfigError("need top_k >= 1, tau > 0, sft_epochs >= 1 and minibatch_size >= 1")
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 
 from torch import Tensor, nn
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_choice
 from lmforge.peft.lora import name_matches
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -22,8 +22,7 @@ class Adapter(nn.Module):
 
     def __init__(self, d_model: int, bottleneck: int = 64, activation: str = "gelu"):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ConfigError(f"adapter activation must be one of {sorted(ACTIVATIONS)}")
+        require_choice("adapter activation", activation, ACTIVATIONS)
         if d_model <= 0 or bottleneck <= 0:
             raise ConfigError(f"adapter sizes must be > 0, got {d_model}, {bottleneck}")
         self.down = nn.Linear(d_model, bottleneck)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from lmforge.errors import ConfigError
+from lmforge.errors import require_choice
 from lmforge.peft.adapter import apply_adapters
 from lmforge.peft.lora import apply_lora
 from lmforge.peft.qlora import apply_qlora
@@ -60,6 +60,5 @@ PEFT_METHODS: dict[str, Callable[[nn.Module, PeftConfig], list[str]]] = {
 
 def apply_peft(model: nn.Module, cfg: PeftConfig) -> list[str]:
     """Wrap `model` in place as cfg.peft says; returns the wrapped module names."""
-    if cfg.peft not in PEFT_METHODS:
-        raise ConfigError(f"peft must be one of {', '.join(PEFT_METHODS)}, got {cfg.peft!r}")
+    require_choice("peft", cfg.peft, PEFT_METHODS)
     return PEFT_METHODS[cfg.peft](model, cfg)

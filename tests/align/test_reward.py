@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from lmforge.align import data as D
+from lmforge.align.logprobs import last_index
 from lmforge.align.reward import (
     POOLING,
     RewardConfig,
     RewardModel,
     RewardTrainer,
-    last_index,
     policy_pairs,
 )
 from lmforge.align.trainer import load_lm

@@ -47,7 +47,6 @@ from lmforge.align.preference_losses import (
     dpo_loss,
     kto_loss,
     orpo_loss,
-    simpo_loss,
 )
 from lmforge.align.rl_losses import grpo_loss
 from lmforge.align.rollout import Rollout, completion_logprobs
@@ -472,7 +471,7 @@ def test_orpo_matches_trl(tok, policy_and_ref):
      ("ipo", 0.0, 0.0)],
 )  # fmt: skip
 def test_cpo_and_simpo_match_trl(tok, policy_and_ref, loss_type, label_smoothing, cpo_alpha):
-    """cpo_loss / simpo_loss + cpo_alpha·NLL(chosen response) = TRL CPOTrainer
+    """cpo_loss (simpo included) + cpo_alpha·NLL(chosen response) = TRL CPOTrainer
     .get_batch_loss_metrics (SimPO is TRL's CPO with loss_type="simpo")."""
     policy, _ = policy_and_ref
     cpo = trl_experimental("cpo")
@@ -488,10 +487,7 @@ def test_cpo_and_simpo_match_trl(tok, policy_and_ref, loss_type, label_smoothing
     def ours():
         logits = policy(input_ids=ids, attention_mask=attn).logits
         lp = sequence_logprobs(logits[:, :-1], labels[:, 1:], average=average)
-        if loss_type == "simpo":
-            loss = simpo_loss(lp[:n], lp[n:], beta=2.0, gamma=0.7, label_smoothing=label_smoothing)
-        else:
-            loss = cpo_loss(lp[:n], lp[n:], 2.0, loss_type, label_smoothing)
+        loss = cpo_loss(lp[:n], lp[n:], 2.0, loss_type, label_smoothing, simpo_gamma=0.7)
         return loss + cpo_alpha * sft_loss(logits[:n], labels[:n]) if cpo_alpha else loss
 
     trainer.model.train()
