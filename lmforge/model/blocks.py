@@ -15,6 +15,7 @@ ModelConfig validates against them.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -98,19 +99,12 @@ class Block(nn.Module):
             with torch.no_grad():
                 self.branch_scales.fill_(self.initial_scale)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope=None,
-        rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = True,
-        cache=None,
-    ) -> torch.Tensor:
-        """x [B, T, d_model] -> [B, T, d_model]; the other arguments go to the attention."""
+    def forward(self, x: torch.Tensor, *attn_args: Any, **attn_kwargs: Any) -> torch.Tensor:
+        """x [B, T, d_model] -> [B, T, d_model]; the other arguments (rope, rope_tables, mask,
+        is_causal, cache) go to the attention as they are."""
 
         def attn(h: torch.Tensor) -> torch.Tensor:
-            return self.drop_attn(self.attn(h, rope, rope_tables, mask, is_causal, cache))
+            return self.drop_attn(self.attn(h, *attn_args, **attn_kwargs))
 
         def mlp(h: torch.Tensor) -> torch.Tensor:
             return self.drop_mlp(self.mlp(h))
