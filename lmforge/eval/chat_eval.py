@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError, DataError
 from lmforge.eval.core import TASKS_BY_LABEL, check_max_per_task, load_task_rows
 from lmforge.eval.core_scoring import lm_head
@@ -109,10 +110,7 @@ def evaluate_arc(lm, rows: list[dict], batch_size: int = 16) -> float:
     try:
         for lo in range(0, len(rows), batch_size):
             batch = prompts[lo : lo + batch_size]
-            width = max(len(p) for p in batch)
-            ids = torch.zeros(len(batch), width, dtype=torch.long)
-            for i, p in enumerate(batch):
-                ids[i, : len(p)] = torch.as_tensor(p)  # right padding: never seen by real tokens
+            ids, _ = pad_collate(batch, 0)  # right padding: never seen by real tokens
             h = model.hidden_states(ids.to(device))
             last = torch.as_tensor([len(p) - 1 for p in batch], device=device)
             logits = lm_head(model, h[torch.arange(len(batch), device=device), last]).float()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lmforge.data.batches import pad_collate
 from lmforge.model.cache import KVCache, full_attention
 
 HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
@@ -130,10 +131,7 @@ def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tup
         for seq, end in zip(s.seqs, s.ends):
             row_of.append(i)
             tails.append(seq[p:end])
-    rest = max(len(t) for t in tails)
-    ids = torch.zeros(len(tails), rest, dtype=torch.long)
-    for r, t in enumerate(tails):
-        ids[r, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+    ids, _ = pad_collate(tails, 0)
     if cache is not None:
         cache.reorder(torch.as_tensor(row_of, device=device))  # copy each prefix per option
     h = model.hidden_states(ids.to(device), cache=cache)

@@ -59,14 +59,8 @@ def decoding_grid(
     temperatures: Sequence[float] = (0.0, 0.7, 1.0), top_ps: Sequence[float] = (1.0, 0.9)
 ) -> list[DecodingSetting]:
     """Every (temperature, top-p) pair; greedy (T=0) appears once since top-p cannot change it."""
-    grid = [DecodingSetting(t, p) for t, p in itertools.product(temperatures, top_ps)]
-    seen, out = set(), []
-    for s in grid:
-        key = (s.temperature, s.top_p if s.temperature > 0 else 1.0)
-        if key not in seen:
-            seen.add(key)
-            out.append(DecodingSetting(*key))
-    return out
+    pairs = ((t, p if t > 0 else 1.0) for t, p in itertools.product(temperatures, top_ps))
+    return [DecodingSetting(t, p) for t, p in dict.fromkeys(pairs)]
 
 
 def _qa_row(row: dict, where: str) -> dict:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
 from lmforge.infer.engine import Engine, eval_mode
 from lmforge.infer.params import GenerationParams
@@ -79,10 +80,9 @@ def _score_rows(lm, rows: list[tuple[list[int], int]]) -> list[tuple[float, bool
     model = lm.model
     model.eval()
     device = next(model.parameters()).device
-    width = max(len(t) for t, _ in rows) - 1
-    x = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, (t, _) in enumerate(rows):  # right padding: causal attention never looks at it
-        x[i, : len(t) - 1] = torch.as_tensor(t[:-1])
+    x, _ = pad_collate(
+        [t[:-1] for t, _ in rows], 0
+    )  # right padding: causal attention never sees it
     logp = F.log_softmax(model(x.to(device)).float(), dim=-1)
     out = []
     for i, (t, n) in enumerate(rows):

@@ -5,7 +5,6 @@
 """
 
 import importlib.util
-import json
 import warnings
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from lmforge.errors import LMForgeError
+from lmforge.fileio import read_json
 from lmforge.model.bert import BertModel, load_bert
 
 BUNDLED_NAMES = (None, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -32,13 +32,6 @@ def bundled_model_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def _read_json(path: Path) -> dict | list:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise LMForgeError(f"{path}: invalid JSON ({e})") from None
-
-
 def _read_st_layout(root: Path) -> tuple[Path, str, int | None, bool]:
     """(encoder folder, pooling mode, max_seq_length, lowercase) from sentence-transformers files.
 
@@ -46,7 +39,7 @@ def _read_st_layout(root: Path) -> tuple[Path, str, int | None, bool]:
     """
     encoder_dir, pooling, max_len, lower = root, "mean", None, False
     if (root / "modules.json").is_file():
-        for module in _read_json(root / "modules.json"):
+        for module in read_json(root / "modules.json", error=LMForgeError):
             kind = module.get("type", "").rsplit(".", 1)[-1]
             if kind not in _ST_MODULES:
                 raise LMForgeError(
@@ -58,7 +51,7 @@ def _read_st_layout(root: Path) -> tuple[Path, str, int | None, bool]:
             if kind == "Pooling":
                 pooling = _pooling_mode(root / module.get("path", "") / "config.json")
     if (path := encoder_dir / "sentence_bert_config.json").is_file():
-        st = _read_json(path)
+        st = read_json(path, error=LMForgeError)
         max_len, lower = st.get("max_seq_length"), bool(st.get("do_lower_case", False))
     return encoder_dir, pooling, max_len, lower
 
@@ -66,7 +59,7 @@ def _read_st_layout(root: Path) -> tuple[Path, str, int | None, bool]:
 def _pooling_mode(path: Path) -> str:
     if not path.is_file():
         return "mean"
-    cfg = _read_json(path)
+    cfg = read_json(path, error=LMForgeError)
     if isinstance(cfg.get("pooling_mode"), str):  # newer sentence-transformers write one string
         modes = [cfg["pooling_mode"].removesuffix("_tokens").removesuffix("_token")]
     else:
