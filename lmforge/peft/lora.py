@@ -10,16 +10,14 @@ that came from a transformers family the modules are named as in that transforme
 keeps lmforge's module names. ``load_adapter`` reads both, and adapters HF PEFT trained.
 """
 
-import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lmforge import fileio
@@ -123,10 +121,6 @@ def name_matches(name: str, patterns: Iterable[str]) -> bool:
     return any(name == p or name.endswith("." + p) or fnmatchcase(name, p) for p in patterns)
 
 
-def _as_tuple(targets: str | Iterable[str]) -> tuple[str, ...]:
-    return (targets,) if isinstance(targets, str) else tuple(targets)
-
-
 def linear_names(model: nn.Module) -> list[str]:
     """Qualified names of every nn.Linear in ``model`` (what ``targets`` can choose from), except
     the A/B matrices inside LoRA layers, which must never be wrapped or quantised themselves."""
@@ -134,13 +128,6 @@ def linear_names(model: nn.Module) -> list[str]:
     return [
         n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not n.startswith(inside)
     ]
-
-
-def no_target_error(model: nn.Module, targets: Iterable[str]) -> ConfigError:
-    """The error raised when no Linear layer matched: lists the names that would have."""
-    return ConfigError(
-        f"no nn.Linear module matched targets {list(targets)}; available: {linear_names(model)}"
-    )
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
@@ -163,15 +150,20 @@ def apply_lora(
     alpha: float = 16,
     dropout: float = 0.0,
     targets: str | Iterable[str] = ("q_proj", "v_proj"),
+    wrap: Callable[[str, nn.Linear], LoRALinear] | None = None,
 ) -> list[str]:
-    """Wrap each nn.Linear whose name matches ``targets`` (see ``name_matches``) in LoRALinear and
-    freeze every other parameter. Returns the wrapped names; raises ConfigError if none matched."""
-    targets = _as_tuple(targets)
+    """Wrap each nn.Linear whose name matches ``targets`` (see ``name_matches``) in LoRALinear
+    (or ``wrap(name, linear)``: QLoRA's) and freeze every other parameter. Returns the wrapped
+    names; raises ConfigError, listing the candidates, if none matched."""
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
     names = [n for n in linear_names(model) if name_matches(n, targets)]
     if not names:
-        raise no_target_error(model, targets)
+        raise ConfigError(
+            f"no nn.Linear module matched targets {list(targets)}; available: {linear_names(model)}"
+        )
     for n in names:
-        model.set_submodule(n, LoRALinear(model.get_submodule(n), r, alpha, dropout))
+        linear = model.get_submodule(n)
+        model.set_submodule(n, wrap(n, linear) if wrap else LoRALinear(linear, r, alpha, dropout))
     mark_only_lora_trainable(model)
     return names
 
@@ -209,12 +201,6 @@ def lora_config(model: nn.Module) -> dict:
     }
 
 
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp) then rename into place: a hidden, host+PID-named temp (fileio.atomic_write), so
-    a killed save leaves no half-written adapter and its orphan is found by remove_stale_temps."""
-    fileio.atomic_write(path, lambda tmp: write(Path(tmp)))
-
-
 def save_adapter(
     model: nn.Module, directory: str | os.PathLike, config_dict: dict | None = None
 ) -> Path:
@@ -234,19 +220,16 @@ def save_adapter(
     cfg.update(config_dict or {})
     directory.mkdir(parents=True, exist_ok=True)
     fileio.remove_stale_temps(directory)  # temps of an earlier save that was killed
-    tensors = {PEFT_PREFIX + k: v for k, v in state.items()}
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, str(p)))
-    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(cfg, indent=2)))
+    # atomic writes: a killed save leaves no half-written adapter, only a temp found above
+    fileio.save_tensors(directory / WEIGHTS_NAME, {PEFT_PREFIX + k: v for k, v in state.items()})
+    fileio.write_json(directory / CONFIG_NAME, cfg)
     return directory
 
 
 def read_adapter_config(directory: str | os.PathLike) -> dict:
     """Read and check an ``adapter_config.json``."""
     path = Path(directory) / CONFIG_NAME
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read adapter config ({e})") from e
+    cfg = fileio.read_json(path, "adapter config")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise CheckpointError(f"{path}: peft_type {cfg['peft_type']!r} is not LORA")
     missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
@@ -268,11 +251,7 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> list[str]:
     one HF PEFT trained) is mapped back onto lmforge's modules (lmforge.interop.hf.lora_from_hf)."""
     cfg = read_adapter_config(directory)
     path = Path(directory) / WEIGHTS_NAME
-    try:
-        saved = load_file(str(path))
-    except Exception as e:  # safetensors raises several types for missing/corrupt files
-        raise CheckpointError(f"{path}: cannot read adapter weights ({e})") from e
-    saved = {k.removeprefix(PEFT_PREFIX): v for k, v in saved.items()}
+    saved = {k.removeprefix(PEFT_PREFIX): v for k, v in fileio.load_tensors(path).items()}
     config = getattr(model, "config", None)
     ours = lora_from_hf(config, saved, str(path)) if isinstance(config, ModelConfig) else None
     targets = cfg["target_modules"]

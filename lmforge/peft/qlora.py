@@ -15,14 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import ConfigError, LMForgeError
-from lmforge.peft.lora import (
-    LoRALinear,
-    _as_tuple,
-    linear_names,
-    mark_only_lora_trainable,
-    name_matches,
-    no_target_error,
-)
+from lmforge.peft.lora import LoRALinear, apply_lora, linear_names, name_matches
 
 # QLoRA's offset: the outermost quantile is ½(1 - 1/32 + 1 - 1/30), avoiding ppf(1) = ∞.
 NF4_OFFSET = 0.9677083
@@ -196,20 +189,19 @@ def apply_qlora(
 ) -> list[str]:
     """Quantise every nn.Linear to NF4 except names matching ``keep`` (kept in full precision),
     add LoRA on names matching ``targets``, freeze everything else. Returns the LoRA names."""
-    targets, keep = _as_tuple(targets), _as_tuple(keep)
-    names = linear_names(model)
-    lora_names = [n for n in names if name_matches(n, targets)]
-    if not lora_names:
-        raise no_target_error(model, targets)
-    for n in names:
-        linear = model.get_submodule(n)
+    keep = (keep,) if isinstance(keep, str) else tuple(keep)
+
+    def nf4(linear: nn.Linear) -> NF4Linear:
+        return NF4Linear.from_linear(linear, block_size, double_quant=double_quant,
+                                     compute_dtype=compute_dtype)  # fmt: skip
+
+    def wrap(name: str, linear: nn.Linear) -> LoRALinear:
+        if name_matches(name, keep):
+            return LoRALinear(linear, r, alpha, dropout)
+        return QLoRALinear(nf4(linear), r, alpha, dropout)
+
+    names = apply_lora(model, r, alpha, dropout, targets, wrap)
+    for n in linear_names(model):  # what is left: the Linears without LoRA
         if not name_matches(n, keep):
-            nf4 = NF4Linear.from_linear(
-                linear, block_size, double_quant=double_quant, compute_dtype=compute_dtype
-            )
-            new = QLoRALinear(nf4, r, alpha, dropout) if n in lora_names else nf4
-        else:
-            new = LoRALinear(linear, r, alpha, dropout) if n in lora_names else linear
-        model.set_submodule(n, new)
-    mark_only_lora_trainable(model)
-    return lora_names
+            model.set_submodule(n, nf4(model.get_submodule(n)))
+    return names
