@@ -180,12 +180,8 @@ class RolloutEngine:
     ):
         if temperature <= 0:
             raise ConfigError(f"RL sampling needs temperature > 0, got {temperature}")
-        self.policy, self.tokenizer, self.reference, self.value_fn = (
-            policy,
-            tokenizer,
-            reference,
-            value_fn,
-        )
+        self.policy, self.tokenizer = policy, tokenizer
+        self.reference, self.value_fn = reference, value_fn
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.stop_ids = list(stop_ids) if stop_ids is not None else default_stop_ids(tokenizer)
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
@@ -211,27 +207,33 @@ class RolloutEngine:
         evaluation).
         """
         prompts = [[int(t) for t in p] for p in prompt_ids]
-        rows = [p for p in prompts for _ in range(n)]
         new = self.generate(prompts, n, seed, greedy)
-        rollout = self._assemble(rows, new)
+        rollout = self._assemble([p for p in prompts for _ in range(n)], new)
         if records is None:
-            records = [{"prompt": self.tokenizer.decode(p)} for p in prompt_ids]
+            records = [{"prompt": self.tokenizer.decode(p)} for p in prompts]
         rollout.records = [r for r in records for _ in range(n)]
         rollout.completions = self.tokenizer.decode_batch(new, skip_special_tokens=True)
-        rollout.group = torch.arange(len(prompt_ids)).repeat_interleave(n)
+        rollout.group = torch.arange(len(prompts)).repeat_interleave(n)
+        rollout = self.finish(rollout)
         if not greedy:
             self.annotate(rollout, keep_logprobs)
         return rollout
 
+    def finish(self, rollout: Rollout) -> Rollout:
+        """The sampled rollout before scoring; a subclass adds what its `generate` recorded."""
+        return rollout
+
     def generate(
-        self, prompts: list[list[int]], n: int, seed: int | None, greedy: bool = False
-    ) -> list[list[int]]:
+        self, prompts: list[list[int]], n: int, seed: int | None, greedy: bool = False,
+        max_new_tokens: int | None = None, stop: Sequence[str] = (),
+    ) -> list[list[int]]:  # fmt: skip
         """The completion tokens of n samples per prompt (consecutive), on the engine: one
-        batch, each group's prompt prefilled once and its keys copied to the group's rows."""
-        params = GenerationParams(self.max_new_tokens, 0.0 if greedy else self.temperature,
-                                  seed=seed, stop_token_ids=self.stop_ids)  # fmt: skip
-        longest = max(len(p) for p in prompts)
-        max_len = min(self.policy.config.max_seq_len, longest + self.max_new_tokens)
+        batch, each group's prompt prefilled once and its keys copied to the group's rows.
+        Each stops at a stop token, after one of the `stop` strings, or after max_new_tokens."""
+        budget = max_new_tokens or self.max_new_tokens
+        params = GenerationParams(budget, 0.0 if greedy else self.temperature, seed=seed,
+                                  stop=list(stop), stop_token_ids=self.stop_ids)  # fmt: skip
+        max_len = min(self.policy.config.max_seq_len, max(map(len, prompts)) + budget)
         with eval_mode(self.policy):
             engine = Engine(self.policy, max_batch=len(prompts) * n, max_len=max_len,
                             eos_ids=self.stop_ids)  # fmt: skip

@@ -28,15 +28,13 @@ import resource
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
 
 from lmforge.align.rollout import Rollout, RolloutEngine
 from lmforge.errors import ConfigError
-from lmforge.infer.engine import Engine, eval_mode
-from lmforge.infer.params import GenerationParams
 
 TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
@@ -167,29 +165,18 @@ class ToolRolloutEngine(RolloutEngine):
         self.max_tool_calls = max_tool_calls
         self.calculator = calculator or Calculator()
 
-    def sample(self, prompt_ids, records=None, n=1, seed=None, keep_logprobs=True, greedy=False):
-        """As RolloutEngine.sample, with tool turns: completion_mask is 0 on tool-result tokens
-        and `completions` holds the final answer turn (what the verifier scores)."""
-        prompts = [[int(t) for t in p] for p in prompt_ids]
-        new = self.generate(prompts, n, seed, greedy)  # fills self._turns
-        base = self._assemble([p for p in prompts for _ in range(n)], new)
-        rollout = ToolRollout(**{f: getattr(base, f) for f in base.__dataclass_fields__})
-        if records is None:
-            records = [{"prompt": self.tokenizer.decode(p)} for p in prompts]
-        rollout.records = [r for r in records for _ in range(n)]
-        rollout.group = torch.arange(len(prompts)).repeat_interleave(n)
-        rollout.completions = self.tokenizer.decode_batch(new, skip_special_tokens=True)
-        turns = self._turns
+    def finish(self, base: Rollout) -> ToolRollout:
+        """The tool turns `generate` recorded: completion_mask is 0 on tool-result tokens and
+        `completions` holds the final answer turn (what the verifier scores)."""
+        rollout = ToolRollout(**{f.name: getattr(base, f.name) for f in fields(base)})
         model_mask = torch.zeros_like(rollout.completion_mask)
-        for row, t in enumerate(turns):
+        for row, t in enumerate(self._turns):
             model_mask[row, : len(t["mask"])] = torch.tensor(t["mask"], dtype=model_mask.dtype)
         rollout.completion_mask = rollout.completion_mask * model_mask
         rollout.transcripts = rollout.completions
-        rollout.completions = [t["final"] for t in turns]
-        rollout.tool_calls = [t["calls"] for t in turns]
-        rollout.tool_errors = [t["error"] for t in turns]
-        if not greedy:
-            self.annotate(rollout, keep_logprobs)
+        rollout.completions = [t["final"] for t in self._turns]
+        rollout.tool_calls = [t["calls"] for t in self._turns]
+        rollout.tool_errors = [t["error"] for t in self._turns]
         return rollout
 
     def generate(self, prompts, n, seed, greedy=False):
@@ -248,24 +235,14 @@ class ToolRolloutEngine(RolloutEngine):
     def _generate_turn(self, contexts, budgets, may_call, seed, greedy) -> list[list[int]]:
         """One model turn per context, stopping at EOS, at ``</tool>`` (if a call is still
         allowed) or after its budget of tokens."""
-        out: list[list[int]] = []
-        # rows sharing a budget and a stop rule run as one batch on the engine
-        keys = sorted({(b, c) for b, c in zip(budgets, may_call)})
-        by_key = {k: [j for j, bc in enumerate(zip(budgets, may_call)) if bc == k] for k in keys}
         result: dict[int, list[int]] = {}
-        for (budget, call), idx in by_key.items():
-            params = GenerationParams(budget, 0.0 if greedy else self.temperature, seed=seed,
-                                      stop=[TOOL_CLOSE] if call else [],
-                                      stop_token_ids=self.stop_ids)  # fmt: skip
-            batch = [contexts[j] for j in idx]
-            max_len = min(self.policy.config.max_seq_len, max(map(len, batch)) + budget)
-            with eval_mode(self.policy):
-                engine = Engine(self.policy, max_batch=len(batch), max_len=max_len,
-                                eos_ids=self.stop_ids)  # fmt: skip
-                for j, c in zip(idx, engine.generate(batch, params, 1)):
-                    result[j] = c.token_ids
-        out = [result[j] for j in range(len(contexts))]
-        return out
+        # rows sharing a budget and a stop rule run as one batch on the engine
+        for budget, call in sorted(set(zip(budgets, may_call))):
+            idx = [j for j, key in enumerate(zip(budgets, may_call)) if key == (budget, call)]
+            new = super().generate([contexts[j] for j in idx], 1, seed, greedy, budget,
+                                   [TOOL_CLOSE] if call else [])  # fmt: skip
+            result.update(zip(idx, new))
+        return [result[j] for j in range(len(contexts))]
 
 
 class ToolReward:
