@@ -22,7 +22,9 @@ import re
 from dataclasses import dataclass, field
 
 from lmforge.errors import ConfigError
-from lmforge.nlp import BM25Scorer, reciprocal_rank_fusion, split_sentences
+from lmforge.nlp.bm25 import BM25Scorer
+from lmforge.nlp.fusion import reciprocal_rank_fusion
+from lmforge.nlp.text import split_sentences
 from lmforge.retrieval.retriever import Hit, Retriever
 
 INSTRUCTION = (

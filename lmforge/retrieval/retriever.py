@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
-from lmforge.nlp import BM25Index, reciprocal_rank_fusion
+from lmforge.nlp.bm25 import BM25Index
+from lmforge.nlp.fusion import reciprocal_rank_fusion
 from lmforge.retrieval.chunking import Chunk
 
 FORMAT = "lmforge.rag-index/1"

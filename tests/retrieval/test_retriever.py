@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmforge.errors import CheckpointError, ConfigError
-from lmforge.nlp import reciprocal_rank_fusion
+from lmforge.nlp.fusion import reciprocal_rank_fusion
 from lmforge.retrieval import Retriever
 from lmforge.retrieval.chunking import Document, chunk_documents
 
