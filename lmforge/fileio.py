@@ -162,6 +162,23 @@ def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[s
         raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({err})") from err
 
 
+def check_state(path: str | Path, state: dict[str, torch.Tensor], expected: dict) -> None:
+    """CheckpointError unless the tensors read from the weights file `path` have exactly the
+    names and shapes of `expected` (the state of the model that config.json describes)."""
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: does not match config.json "
+            f"(missing: {missing[:5] or 'none'}, unexpected: {unexpected[:5] or 'none'})"
+        )
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected[name].shape)}"
+            )
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML mapping; errors name the file and line."""
     import yaml

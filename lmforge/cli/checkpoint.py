@@ -7,19 +7,16 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "checkpoint",
-        help="inspect or consolidate sharded (multi-process) checkpoints",
-        description="Tools for the sharded checkpoints written by runs under torchrun.",
-    )
+    p = sub.add_parser("checkpoint", help="inspect or consolidate sharded (multi-process) "
+                       "checkpoints", description="Tools for the sharded checkpoints written by "
+                       "runs under torchrun.")  # fmt: skip
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    c = actions.add_parser(
-        "consolidate",
-        help="merge a sharded checkpoint into one model.safetensors (HF layout)",
-        description="Read the latest sharded checkpoint of DIR (a run's out_dir, its "
-        "checkpoints/ folder or one step_* folder) in one process, on any machine, and write "
-        "config.json + model.safetensors (+ the run's tokenizer) for LM.load / lmforge generate.",
-    )
+    c = actions.add_parser("consolidate", help="merge a sharded checkpoint into one "
+                           "model.safetensors (HF layout)", description="Read the latest sharded "
+                           "checkpoint of DIR (a run's out_dir, its checkpoints/ folder or one "
+                           "step_* folder) in one process, on any machine, and write config.json "
+                           "+ model.safetensors (+ the run's tokenizer) for LM.load / lmforge "
+                           "generate.")  # fmt: skip
     c.add_argument("dir", metavar="DIR", help="run out_dir, checkpoints/ folder or step_* folder")
     c.add_argument("--out", help="output directory (default: the run's out_dir)")
     c.set_defaults(func=consolidate)

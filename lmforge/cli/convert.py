@@ -17,13 +17,11 @@ from lmforge.fileio import write_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "convert",
-        help="convert checkpoints between Hugging Face, GGUF and lmforge layouts",
-        description="Convert a Hugging Face checkpoint directory to lmforge (--from-hf) or an "
-        "lmforge checkpoint to a Hugging Face directory (--to-hf); read a llama.cpp GGUF file "
-        "(--from-gguf) or write one (--to-gguf).",
-    )
+    p = sub.add_parser("convert", help="convert checkpoints between Hugging Face, GGUF and "
+                       "lmforge layouts", description="Convert a Hugging Face checkpoint "
+                       "directory to lmforge (--from-hf) or an lmforge checkpoint to a Hugging "
+                       "Face directory (--to-hf); read a llama.cpp GGUF file (--from-gguf) or "
+                       "write one (--to-gguf).")  # fmt: skip
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", metavar="SRC", help="Hugging Face model directory to read")
     src.add_argument("--to-hf", metavar="SRC", help="lmforge checkpoint directory to export")
@@ -33,18 +31,10 @@ def register(sub) -> None:
     )
     p.add_argument("--out", metavar="DST", help="directory to write (all but --to-gguf)")
     p.add_argument("--checkpoint", metavar="SRC", help="--to-gguf: checkpoint LM.load reads")
-    p.add_argument(
-        "--dtype",
-        choices=("f16", "bf16", "q8_0"),
-        default="f16",
-        help="--to-gguf: weight type (1-D tensors stay f32; default: f16)",
-    )
-    p.add_argument(
-        "--max-shard-mb",
-        type=float,
-        default=None,
-        help="--to-hf: split weights into shards of at most this many MiB (default: one file)",
-    )
+    p.add_argument("--dtype", choices=("f16", "bf16", "q8_0"), default="f16",
+                   help="--to-gguf: weight type (1-D tensors stay f32; default: f16)")  # fmt: skip
+    p.add_argument("--max-shard-mb", type=float, default=None, help="--to-hf: split weights into "
+                   "shards of at most this many MiB (default: one file)")  # fmt: skip
     p.set_defaults(func=run)
 
 

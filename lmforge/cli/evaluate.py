@@ -18,23 +18,35 @@ from pathlib import Path
 
 
 def _common(p, data_required: bool = False, data_default: str | None = None) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder (LM.save layout)")
+    """--checkpoint, --device, --limit, --out and (where the task reads a file) --data."""
+    _model_args(p, help="checkpoint folder (LM.save layout)")
     if data_required or data_default is not None:
         p.add_argument("--data", required=data_required, default=data_default)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
     p.add_argument("--out", default=None, help="folder for report.md / report.json / report.png")
+
+
+def _model_args(p, dtype: bool = False, **checkpoint) -> None:
+    p.add_argument("--checkpoint", required=True, **checkpoint)
     p.add_argument("--device", default="cpu")
+    if dtype:
+        p.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
+
+
+def _suite_args(p, name: str) -> None:
+    """What the benchmark suites (core, chat) share besides the checkpoint."""
+    p.add_argument("--max-per-task", type=int, default=None, help="examples per task")
+    p.add_argument("--json", default=None, help=f"write results, centered and {name} as JSON")
 
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint")
     esub = p.add_subparsers(dest="task", metavar="TASK", required=True)
     ppl = esub.add_parser("perplexity", help="perplexity and bits-per-byte on a text corpus")
-    ppl.add_argument("--checkpoint", required=True)
+    _model_args(ppl)
     ppl.add_argument("--data", required=True, help="file, folder, .jsonl, builtin:NAME")
     ppl.add_argument("--window", type=int, default=None, help="context tokens (max_seq_len)")
     ppl.add_argument("--stride", type=int, default=None, help="window step (default: window)")
-    ppl.add_argument("--device", default="cpu")
     ppl.set_defaults(func=run_perplexity)
 
     from lmforge.data.corpus import shared_data_dir
@@ -66,40 +78,35 @@ def register(sub) -> None:
     hal.set_defaults(func=run_hallucination)
 
     core = esub.add_parser("core", help="CORE metric (DCLM's 22 ICL tasks, nanochat's protocol)")
-    core.add_argument("--checkpoint", required=True)
+    _model_args(core, dtype=True)
+    _suite_args(core, "core")
     core.add_argument(
         "--data", default=None,
         help="folder of the task files (default: a cache folder, downloaded when missing)",
     )  # fmt: skip
     core.add_argument("--tasks", default=None, help="comma-separated task labels (default: all)")
-    core.add_argument("--max-per-task", type=int, default=None, help="examples per task")
-    core.add_argument("--json", default=None, help="write results, centered and core as JSON")
-    core.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
-    core.add_argument("--device", default="cpu")
     core.add_argument("--max-tokens", type=int, default=16384, help="tokens per scoring batch")
     core.set_defaults(func=run_core)
 
     chat = esub.add_parser("chat", help="ChatCORE: ARC-Easy/Challenge letters, GSM8K pass@1")
-    chat.add_argument("--checkpoint", required=True)
+    _model_args(chat, dtype=True)
+    _suite_args(chat, "chatcore")
     chat.add_argument("--tasks", default=None, help="ARC-Easy,ARC-Challenge,GSM8K (default all)")
     chat.add_argument("--data", default=str(shared_data_dir() / "core"), help="ARC files' folder")
     chat.add_argument("--gsm8k", default=str(shared_data_dir() / "gsm8k_test.jsonl"))
-    chat.add_argument("--max-per-task", type=int, default=None, help="examples per task")
     chat.add_argument("--max-new-tokens", type=int, default=512)
     chat.add_argument("--batch-size", type=int, default=16)
-    chat.add_argument("--json", default=None, help="write results, centered and chatcore as JSON")
-    chat.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
-    chat.add_argument("--device", default="cpu")
     chat.set_defaults(func=run_chat)
 
 
-def _load_lm(args):
+def _load_lm(args, task: str = "evaluate text tasks"):
+    """The checkpoint (in --dtype, where the task has it), with the tokenizer it needs."""
     from lmforge.errors import ConfigError
     from lmforge.lm import LM
 
-    lm = LM.load(args.checkpoint, device=args.device)
+    lm = LM.load(args.checkpoint, device=args.device, dtype=getattr(args, "dtype", None))
     if lm.tokenizer is None:
-        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot evaluate text tasks")
+        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot {task}")
     return lm
 
 
@@ -115,13 +122,9 @@ def _save_report(args, fill) -> None:
 
 def run_perplexity(args) -> int:
     from lmforge.data import read_documents
-    from lmforge.errors import ConfigError
     from lmforge.eval.perplexity import perplexity
-    from lmforge.lm import LM
 
-    lm = LM.load(args.checkpoint, device=args.device)
-    if lm.tokenizer is None:
-        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot tokenize {args.data}")
+    lm = _load_lm(args, f"tokenize {args.data}")
     ids: list[int] = []
     eos = lm.tokenizer.eos_id
     for doc in read_documents(args.data):
@@ -212,20 +215,16 @@ def run_hallucination(args) -> int:
     return 0
 
 
-def _load_for_eval(args):
-    """The checkpoint in the asked precision, with its tokenizer."""
-    from lmforge.errors import ConfigError
-    from lmforge.lm import LM
+def _write_results(args, result) -> None:
+    if args.json:
+        from lmforge.fileio import write_json
 
-    lm = LM.load(args.checkpoint, device=args.device, dtype=args.dtype)
-    if lm.tokenizer is None:
-        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot evaluate text tasks")
-    return lm
+        write_json(args.json, result.to_json())
+        print(f"results -> {args.json}")
 
 
 def run_core(args) -> int:
     from lmforge.eval import core
-    from lmforge.fileio import write_json
 
     # Everything the user can get wrong is checked before the model loads or a file is written.
     core.check_max_per_task(args.max_per_task)
@@ -240,26 +239,21 @@ def run_core(args) -> int:
             file=sys.stderr,
         )
     result = core.evaluate_core(
-        _load_for_eval(args), folder, tasks, args.max_per_task, args.max_tokens, progress=True
+        _load_lm(args), folder, tasks, args.max_per_task, args.max_tokens, progress=True
     )
     print(f"CORE ({len(tasks)} tasks): {result.core:.4f}")
-    if args.json:
-        write_json(args.json, result.to_json())
-        print(f"results -> {args.json}")
+    _write_results(args, result)
     return 0
 
 
 def run_chat(args) -> int:
     from lmforge.eval import chat_eval
-    from lmforge.fileio import write_json
 
     tasks = chat_eval.select_chat_tasks(args.tasks)
     data = chat_eval.load_chat_data(tasks, args.data, args.gsm8k, args.max_per_task)
     result = chat_eval.evaluate_chat(
-        _load_for_eval(args), data, args.max_new_tokens, args.batch_size, progress=True
+        _load_lm(args), data, args.max_new_tokens, args.batch_size, progress=True
     )
     print(f"ChatCORE ({len(tasks)} tasks): {result.chatcore:.4f}")
-    if args.json:
-        write_json(args.json, result.to_json())
-        print(f"results -> {args.json}")
+    _write_results(args, result)
     return 0

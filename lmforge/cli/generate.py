@@ -28,20 +28,13 @@ def register(sub) -> None:
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
-    p.add_argument(
-        "--raw",
-        action="store_true",
-        help="continue the prompt text as it is; by default a checkpoint with a chat template "
-        "(an instruct model) gets each prompt as a user message in that template",
-    )
+    p.add_argument("--raw", action="store_true", help="continue the prompt text as it is; by "
+                   "default a checkpoint with a chat template (an instruct model) gets each "
+                   "prompt as a user message in that template")  # fmt: skip
     add_engine_args(p)
-    p.add_argument(
-        "--draft",
-        default=None,
-        metavar="CHECKPOINT_DIR",
-        help="a smaller checkpoint with the same vocabulary: speculative decoding "
-        "(same output distribution; greedy output unchanged)",
-    )
+    p.add_argument("--draft", default=None, metavar="CHECKPOINT_DIR", help="a smaller checkpoint "
+                   "with the same vocabulary: speculative decoding (same output distribution; "
+                   "greedy output unchanged)")  # fmt: skip
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
                    help="tokens the draft proposes per target forward")  # fmt: skip
     add_sampling_args(p)

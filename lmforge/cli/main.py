@@ -26,7 +26,6 @@ import os
 import re
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -77,6 +76,35 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         importlib.import_module(name).register(sub)
     return parser
+
+
+def add_run_parser(
+    sub, name: str, config: str, func, help: str, example: str, model: str | None = None,
+    lead: str = "", **kw,
+) -> argparse.ArgumentParser:  # fmt: skip
+    """The parser of a verb that runs a trainer: --config (YAML of the `config` dataclass's
+    fields), --resume, and any field as `--key value` (`model` names what `--model.KEY`
+    sets); `example` shows overrides in the description."""
+    models = f" ({model} fields as --model.KEY value)" if model else ""
+    description = f"{lead}Any {config} field can be given as --key value{models}, e.g. {example}."
+    p = sub.add_parser(name, help=help, description=description, **kw)
+    p.add_argument("--config", help=f"YAML file of {config} fields (optional)")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir's saved state")
+    p.set_defaults(func=func, accepts_overrides=True)
+    return p
+
+
+def run_config(args: argparse.Namespace, cls: type, overrides: dict | None = None):
+    """The run config of a trainer verb: `cls` from --config's YAML and `overrides` (default:
+    the command line's `--key value` pairs). Its out_dir is recorded on args: the folder to
+    name if a write there fails without a file name."""
+    from lmforge.train.config import build_config, parse_overrides
+
+    if overrides is None:
+        overrides = parse_overrides(args.overrides)
+    cfg = build_config(cls, args.config, overrides)
+    args.out_dir = cfg.out_dir
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,34 +237,23 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
     checkpoint collectives would not match (the save hangs until torchrun kills it): there
     SIGTERM and SIGINT only ask for a stop, which all ranks take together at the next step's
     all-reduce (lmforge.train.distributed.request_stop). Yields the list of the signal taken."""
-    owner, received = os.getpid(), []
-    if threading.current_thread() is not threading.main_thread():
-        yield received  # signal handlers can only be installed from the main thread
-        return
-    deferred = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # torchrun's protocol
+    from lmforge.train.distributed import handling_signals, launched_by_torchrun, request_stop
 
-    def handler(signum, frame) -> None:
-        if os.getpid() != owner:  # a forked child inherited this handler: die as by default
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
+    received: list[int] = []
+    deferred = launched_by_torchrun()
+
+    def handler(signum: int) -> None:
         if received:
             return
         received.append(signum)
         if deferred:
-            from lmforge.train.distributed import request_stop
-
             request_stop()
             return
         raise Terminated(f"signal {signum}")
 
-    signums = [signal.SIGTERM, signal.SIGINT] if deferred else [signal.SIGTERM]
-    previous = {signum: signal.signal(signum, handler) for signum in signums}
-    try:
+    signums = (signal.SIGTERM, signal.SIGINT) if deferred else (signal.SIGTERM,)
+    with handling_signals(signums, handler):
         yield received
-    finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)
 
 
 if __name__ == "__main__":

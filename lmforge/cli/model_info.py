@@ -6,12 +6,10 @@ from __future__ import annotations
 def register(sub) -> None:
     from lmforge.model.config import PRESETS
 
-    p = sub.add_parser(
-        "model-info",
-        help="parameter count, FLOPs/token and KV-cache size of a preset or config",
-        description="Give --preset, --config (YAML with ModelConfig fields or a `model:` "
-        "section) or --checkpoint; override fields with --KEY value.",
-    )
+    p = sub.add_parser("model-info", help="parameter count, FLOPs/token and KV-cache size of a "
+                       "preset or config", description="Give --preset, --config (YAML with "
+                       "ModelConfig fields or a `model:` section) or --checkpoint; override "
+                       "fields with --KEY value.")  # fmt: skip
     p.add_argument("--preset", choices=sorted(PRESETS))
     p.add_argument("--config", help="YAML file")
     p.add_argument("--checkpoint", help="checkpoint directory (config.json)")

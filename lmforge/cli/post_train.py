@@ -12,21 +12,17 @@ from __future__ import annotations
 import argparse
 
 from lmforge.align.methods import METHODS
-from lmforge.train.config import build_config, parse_overrides
+from lmforge.cli.main import add_run_parser, run_config
 
 
 def register(sub) -> None:
     for name, method in METHODS.items():
-        cfg_name = method.config.__name__
-        p = sub.add_parser(
-            name,
-            help=method.help,
-            description=f"{method.help[0].upper()}{method.help[1:]}. Every {cfg_name} field can "
-            f"be overridden with --key value, e.g. {method.example}.",
+        p = add_run_parser(
+            sub, name, method.config.__name__, run, help=method.help, example=method.example,
+            lead=f"{method.help[0].upper()}{method.help[1:]}. ",
             formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        p.add_argument("--config", help=f"YAML file of {cfg_name} fields (optional)")
-        p.add_argument("--resume", action="store_true", help="continue from out_dir's state")
+        )  # fmt: skip
+        p.set_defaults(method=name)
         if name == "lora":
             p.add_argument("--r", type=int, help="LoRA rank (default 8)")
             p.add_argument("--alpha", type=float, help="LoRA alpha (default 16)")
@@ -38,7 +34,6 @@ def register(sub) -> None:
             p.add_argument(
                 "--adapter", choices=["bottleneck"], help="bottleneck adapters, not LoRA"
             )
-        p.set_defaults(func=run, accepts_overrides=True, method=name)
 
 
 def lora_overrides(args) -> dict:
@@ -56,12 +51,13 @@ def lora_overrides(args) -> dict:
 
 
 def run(args) -> int:
+    from lmforge.train.config import parse_overrides
+
     method = METHODS[args.method]
     overrides = parse_overrides(args.overrides)
     if args.method == "lora":
         overrides = {**lora_overrides(args), **overrides}
-    cfg = build_config(method.config, args.config, overrides)
-    args.out_dir = cfg.out_dir  # named if a write there fails without a file name
+    cfg = run_config(args, method.config, overrides)
     result = method.trainer(cfg, resume=args.resume).run()
     shown = {k: v for k, v in result.items() if isinstance(v, float)}
     print("\nfinal: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))

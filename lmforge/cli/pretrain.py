@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from lmforge.train.config import TrainConfig, build_config, parse_overrides
-
-if TYPE_CHECKING:
-    from lmforge.train.encoder import EncoderTrainConfig
+from lmforge.cli.main import add_run_parser, run_config
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "pretrain",
-        help="pretrain a causal LM",
-        description="Pretrain a causal LM. Any TrainConfig field can be overridden with "
-        "--key value (model fields as --model.KEY value), e.g. --max_iters 500 --model.n_layer 6.",
-    )
-    p.add_argument("--config", help="YAML file of TrainConfig fields (optional)")
-    p.add_argument("--resume", action="store_true", help="continue from out_dir's training state")
+    p = add_run_parser(
+        sub, "pretrain", "TrainConfig", run, model="model", lead="Pretrain a causal LM. ",
+        help="pretrain a causal LM", example="--max_iters 500 --model.n_layer 6",
+    )  # fmt: skip
     p.add_argument(
         "--objective",
         choices=("clm", "mlm", "mlm+nsp"),
@@ -26,16 +17,15 @@ def register(sub) -> None:
         help="clm: causal LM (default); mlm / mlm+nsp: a BERT encoder (masked LM, plus next-"
         "sentence prediction), fields of lmforge.train.encoder.EncoderTrainConfig",
     )
-    p.set_defaults(func=run, accepts_overrides=True)
 
 
 def run(args) -> int:
     if args.objective != "clm":
         return run_encoder(args)
+    from lmforge.train.config import TrainConfig
     from lmforge.train.pretrain import Pretrainer
 
-    cfg = build_config(TrainConfig, args.config, parse_overrides(args.overrides))
-    args.out_dir = cfg.out_dir  # named if a write there fails without a file name
+    cfg = run_config(args, TrainConfig)
     validate(cfg)
     trainer = Pretrainer(cfg, resume=args.resume)
     result = trainer.run()
@@ -52,11 +42,11 @@ def run(args) -> int:
 
 
 def run_encoder(args) -> int:
+    from lmforge.train.config import parse_overrides
     from lmforge.train.encoder import EncoderPretrainer, EncoderTrainConfig
 
     overrides = parse_overrides(args.overrides) | {"objective": args.objective}
-    cfg = build_config(EncoderTrainConfig, args.config, overrides)
-    args.out_dir = cfg.out_dir
+    cfg = run_config(args, EncoderTrainConfig, overrides)
     validate(cfg)
     result = EncoderPretrainer(cfg, resume=args.resume).run()
     parts = "  ".join(f"val {k} {v:.4f}" for k, v in result.items() if k[:3] in ("mlm", "nsp"))
@@ -66,12 +56,13 @@ def run_encoder(args) -> int:
     return 0
 
 
-def validate(cfg: TrainConfig | EncoderTrainConfig) -> None:
+def validate(cfg) -> None:
     """Check what the trainer would otherwise find only after writing the tokenizer and token
     shards into out_dir: the device, and the model config built from the run's settings (a
     preset name, `model:` fields and their types). The vocabulary size is a stand-in here (the
     tokenizer is not built yet); no model rule depends on its value."""
     from lmforge.errors import check_field_types
+    from lmforge.train.config import TrainConfig
     from lmforge.train.pretrain import resolve_device
 
     resolve_device(cfg.device)

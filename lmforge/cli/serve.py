@@ -52,24 +52,19 @@ def register(sub) -> None:
         help="largest max_tokens a request may ask for (default: the context)",
     )  # fmt: skip
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
-    p.add_argument(
-        "--max-queue", type=_non_negative(int), default=guards.DEFAULT_MAX_QUEUE,
-        help="samples that may wait for a batch slot beyond --max-batch; more get 429 "
-        "(default: %(default)s)",
+    limits = (  # flag, type, default, help: the request guards of lmforge.serve.guards
+        ("--max-queue", _number(int, positive=False), guards.DEFAULT_MAX_QUEUE,
+         "samples that may wait for a batch slot beyond --max-batch; more get 429"),
+        ("--max-body-bytes", _number(int), guards.DEFAULT_MAX_BODY_BYTES,
+         "largest request body; larger ones get 413 (2 MiB)"),
+        ("--read-timeout", _number(float), guards.DEFAULT_READ_TIMEOUT,
+         "seconds a client has to send a request's headers, and then its body; slower ones "
+         "are dropped"),
+        ("--keep-alive-timeout", _number(float), guards.DEFAULT_KEEP_ALIVE_TIMEOUT,
+         "seconds an idle keep-alive connection stays open"),
     )  # fmt: skip
-    p.add_argument(
-        "--max-body-bytes", type=_positive(int), default=guards.DEFAULT_MAX_BODY_BYTES,
-        help="largest request body; larger ones get 413 (default: %(default)s = 2 MiB)",
-    )  # fmt: skip
-    p.add_argument(
-        "--read-timeout", type=_positive(float), default=guards.DEFAULT_READ_TIMEOUT,
-        help="seconds a client has to send a request's headers, and then its body; slower "
-        "ones are dropped (default: %(default)s)",
-    )  # fmt: skip
-    p.add_argument(
-        "--keep-alive-timeout", type=_positive(float), default=guards.DEFAULT_KEEP_ALIVE_TIMEOUT,
-        help="seconds an idle keep-alive connection stays open (default: %(default)s)",
-    )  # fmt: skip
+    for flag, kind, default, text in limits:
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
     add_engine_args(p)
     p.add_argument(
@@ -92,25 +87,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(kind):
+def _number(kind, positive: bool = True):
+    """An argparse type: `kind(text)`, refused (as argparse's "invalid ... value") when it is
+    below 0, or 0 where it must be positive."""
+
     def parse(text: str):
         value = kind(text)
-        if value <= 0:
+        if value < 0 or (positive and value == 0):
             raise ValueError(text)
         return value
 
-    parse.__name__ = f"positive {kind.__name__}"  # argparse names it in "invalid ... value"
-    return parse
-
-
-def _non_negative(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value < 0:
-            raise ValueError(text)
-        return value
-
-    parse.__name__ = f"non-negative {kind.__name__}"
+    parse.__name__ = f"{'positive' if positive else 'non-negative'} {kind.__name__}"
     return parse
 
 

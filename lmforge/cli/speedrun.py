@@ -27,15 +27,10 @@ def register(sub) -> None:
     p.add_argument("--corpus", help="pretraining text: file, folder, .jsonl, hf:NAME, builtin:…")
     p.add_argument("--config", help="YAML file: global keys and one mapping per stage")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="one thread and deterministic algorithms: the same numbers on every run on one kind "
-        "of CPU (slower; by default every core is used)",
-    )
-    p.epilog = (
-        "Any stage setting can be overridden as --STAGE.KEY VALUE (e.g. --grpo.max_iters 50)."
-    )
+    p.add_argument("--deterministic", action="store_true", help="one thread and deterministic "
+                   "algorithms: the same numbers on every run on one kind of CPU (slower; by "
+                   "default every core is used)")  # fmt: skip
+    p.epilog = "Any stage setting can be overridden as --STAGE.KEY VALUE (--grpo.max_iters 50)."
     p.set_defaults(func=run, accepts_overrides=True)
 
 

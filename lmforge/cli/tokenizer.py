@@ -21,15 +21,10 @@ def register(sub) -> None:
 
 def run_train(args) -> int:
     from lmforge.data import read_documents
-    from lmforge.tokenizer import Tokenizer
+    from lmforge.train.pretrain import train_tokenizer
 
     docs = read_documents(args.data, text_field=args.text_field)
-    if args.kind == "bpe":
-        tok = Tokenizer.train_bpe(docs, vocab_size=args.vocab_size, show_progress=True)
-    elif args.kind == "char":
-        tok = Tokenizer.train_char(docs)
-    else:
-        tok = Tokenizer.train_word(docs, vocab_size=args.vocab_size)
+    tok = train_tokenizer(args.kind, docs, args.vocab_size, show_progress=True)
     tok.save(args.out)
     print(f"{args.kind} tokenizer with {tok.vocab_size:,} tokens saved to {args.out}")
     return 0

@@ -8,6 +8,8 @@ lmforge vlm caption --checkpoint out/vlm-shapes --image out/shapes-png/novel_0.p
 
 from __future__ import annotations
 
+from lmforge.cli.main import add_run_parser, run_config
+
 IMAGE_RULE = (  # = lmforge.vlm.data.IMAGE_RULE (a test checks); no torch import to build the parser
     "converted to RGB (transparency composited onto black), padded with black to a centred "
     "square, resized (bicubic) to the model's image size"
@@ -17,16 +19,11 @@ IMAGE_RULE = (  # = lmforge.vlm.data.IMAGE_RULE (a test checks); no torch import
 def register(sub) -> None:
     p = sub.add_parser("vlm", help="vision-language model: train on synthetic shapes, caption")
     s = p.add_subparsers(dest="vlm_command", metavar="ACTION", required=True)
-    t = s.add_parser(
-        "train",
+    add_run_parser(
+        s, "train", "VLMTrainConfig", run_train, model="language-model",
         help="train on synthetic shape captions; keep the validation-best step, report held-out "
-        "exact match",
-        description="Any VLMTrainConfig field can be given as --key value (language-model fields "
-        "as --model.KEY value), e.g. --max_iters 3000 --projector mlp2 --model.n_layer 3.",
-    )
-    t.add_argument("--config", help="YAML file of VLMTrainConfig fields (optional)")
-    t.add_argument("--resume", action="store_true", help="continue from out_dir's saved state")
-    t.set_defaults(func=run_train, accepts_overrides=True)
+        "exact match", example="--max_iters 3000 --projector mlp2 --model.n_layer 3",
+    )  # fmt: skip
 
     c = s.add_parser(
         "caption",
@@ -57,10 +54,9 @@ def register(sub) -> None:
 
 
 def run_train(args) -> int:
-    from lmforge.train.config import build_config, parse_overrides
     from lmforge.vlm.train import VLMTrainConfig, train
 
-    cfg = build_config(VLMTrainConfig, args.config, parse_overrides(args.overrides))
+    cfg = run_config(args, VLMTrainConfig)
     result = train(cfg, resume=args.resume)
     print(
         f"\nvalidation exact match {result['validation_exact']:.1%} at the kept step "

@@ -21,27 +21,38 @@ from lmforge.fileio import load_tensors, remove_stale_temps, save_tensors
 STATE_FILE = "training_state.safetensors"
 
 
-def _split(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """Replace every tensor inside obj by a reference string, collecting tensors by name."""
+def state_skeleton(obj: Any, prefix: str, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """A JSON-safe copy of a nested state with every tensor replaced by {"__tensor__": name},
+    collecting the tensors by name (the dotted path, e.g. model.embed.weight). Tuples stay
+    tuples (AdamW's betas); dict keys become strings (optimizer state indices)."""
     if isinstance(obj, torch.Tensor):
-        tensors[prefix] = obj.detach().cpu().contiguous()
+        tensors[prefix] = obj
         return {"__tensor__": prefix}
+    dot = f"{prefix}." if prefix else ""
     if isinstance(obj, dict):
-        return {str(k): _split(v, f"{prefix}.{k}", tensors) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_split(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
-    return obj
+        return {str(k): state_skeleton(v, f"{dot}{k}", tensors, where) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [state_skeleton(v, f"{dot}{i}", tensors, where)
+                              for i, v in enumerate(obj)]}  # fmt: skip
+    if isinstance(obj, list):
+        return [state_skeleton(v, f"{dot}{i}", tensors, where) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise CheckpointError(f"{where}: cannot store {type(obj).__name__} at {prefix!r} as JSON")
 
 
-def _join(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def fill_skeleton(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """The nested state a `state_skeleton` stands for, its tensors taken from `tensors`."""
     if isinstance(obj, dict):
         if set(obj) == {"__tensor__"}:
             if obj["__tensor__"] not in tensors:
-                raise KeyError(f"unknown tensor {obj['__tensor__']!r}")
+                raise CheckpointError(f"{where}: unknown tensor {obj['__tensor__']!r}")
             return tensors[obj["__tensor__"]]
-        return {k: _join(v, tensors) for k, v in obj.items()}
+        if set(obj) == {"__tuple__"} and isinstance(obj["__tuple__"], list):
+            return tuple(fill_skeleton(v, tensors, where) for v in obj["__tuple__"])
+        return {k: fill_skeleton(v, tensors, where) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_join(v, tensors) for v in obj]
+        return [fill_skeleton(v, tensors, where) for v in obj]
     return obj
 
 
@@ -49,7 +60,8 @@ def save_training_state(path: str | Path, state: dict[str, Any]) -> None:
     """Save a nested dict of tensors and JSON-able values atomically."""
     remove_stale_temps(Path(path).parent)  # full-size orphans of earlier saves that were killed
     tensors: dict[str, torch.Tensor] = {}
-    skeleton = _split(state, "s", tensors)
+    skeleton = state_skeleton(state, "s", tensors, str(path))
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     save_tensors(path, tensors, metadata={"lmforge_state": json.dumps(skeleton)})
 
 
@@ -64,7 +76,7 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
     if "lmforge_state" not in meta:
         raise CheckpointError(f"{path}: not an lmforge training state (no metadata)")
     try:
-        state = _join(json.loads(meta["lmforge_state"]), tensors)
+        state = fill_skeleton(json.loads(meta["lmforge_state"]), tensors, str(path))
         if not isinstance(state, dict):
             raise TypeError("expected a JSON object")
         # JSON turns int dict keys (optimizer state indices) into strings; restore them.

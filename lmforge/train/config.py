@@ -24,6 +24,12 @@ from lmforge.train.optim import cosine_lr
 RENAMED = {"steps": "max_iters", "warmup": "warmup_iters"}
 
 
+def require_fraction(cfg: object, name: str) -> None:
+    """ConfigError unless the field `name` of `cfg` lies strictly between 0 and 1."""
+    if not 0 < getattr(cfg, name) < 1:
+        raise ConfigError(f"{name} must be in (0, 1), got {getattr(cfg, name)}")
+
+
 @dataclass
 class OptimConfig:
     """What every run config embeds (its fields are top-level keys of the run's YAML): AdamW,
@@ -64,6 +70,23 @@ class OptimConfig:
         """The learning rate of optimizer step `step` (0 for the first)."""
         decay = self.lr_decay_iters or self.max_iters
         return cosine_lr(step, self.lr, self.min_lr, self.warmup_iters, decay)
+
+
+@dataclass
+class SmallRunConfig(OptimConfig):
+    """OptimConfig plus what the small single-process trainers share (BERT pretraining,
+    classification, seq2seq, the VLM): batch size, seed, torch threads, and AdamW as BERT
+    trains (weight decay 0.01, beta2 0.999)."""
+
+    batch_size: int = 32
+    weight_decay: float = 0.01
+    beta2: float = 0.999
+    seed: int = 0
+    threads: int | None = None  # torch threads (None: torch's default; 1 suits a shared CPU)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive_ints(self, "batch_size")
 
 
 @dataclass
@@ -110,8 +133,7 @@ class TrainConfig(OptimConfig):
             raise ConfigError(
                 f"dtype must be float32, bfloat16, float16 or auto; got {self.dtype!r}"
             )
-        if not 0 < self.val_fraction < 1:
-            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        require_fraction(self, "val_fraction")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The ModelConfig for this run: preset, then `model:` overrides, vocab from tokenizer."""

@@ -32,6 +32,7 @@ import functools
 import inspect
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,31 @@ def take_stop(world_size: int) -> int | None:
     signum = _stop_requested or signal.SIGINT
     _stop_requested = None
     return signum
+
+
+@contextlib.contextmanager
+def handling_signals(signums: tuple[int, ...], handler: Callable[[int], None]) -> Iterator[None]:
+    """While the body runs, `handler(signum)` takes each of `signums` in this process; a process
+    forked from it (a data worker) that inherits the handler dies by the signal's default action
+    instead. Only the main thread can install handlers: in another thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def on_signal(signum, frame) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        handler(signum)
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
 
 
 def launched_by_torchrun() -> bool:
@@ -192,7 +218,7 @@ class Parallel:
     def __init__(self, device: torch.device, activation_checkpointing: bool = False):
         self.device = device
         self.activation_checkpointing = activation_checkpointing
-        self.rank, self.world_size, self.local_rank = 0, 1, 0
+        self.rank, self.world_size = 0, 1
         self.module: nn.Module | None = None
 
     @property
@@ -210,18 +236,10 @@ class Parallel:
     def _wrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def accumulation_steps(self, grad_accum: int) -> int:
-        """Micro-batches this rank runs per optimizer step."""
-        return grad_accum // self.world_size
-
     def no_sync(self, last: bool):
         """Context for one micro-batch's forward+backward: gradients are reduced across ranks
         only on the last micro-batch of a step."""
         return contextlib.nullcontext()
-
-    def mean(self, value: float) -> float:
-        """The mean of a float over ranks (the global batch's loss from each rank's share)."""
-        return value
 
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sums over ranks of a short list of floats (one all-reduce)."""
@@ -230,9 +248,6 @@ class Parallel:
     def broadcast_flag(self, flag: bool) -> bool:
         """Rank 0's value of a flag on every rank (e.g. "stop now" after a rank-0 evaluation)."""
         return flag
-
-    def barrier(self) -> None:
-        pass
 
     @contextlib.contextmanager
     def rank_zero_first(self) -> Iterator[None]:
@@ -244,7 +259,7 @@ class Parallel:
                 seed: int) -> LaneSampler:  # fmt: skip
         """This rank's data lanes [rank*k, (rank+1)*k), k = grad_accum / world_size: all
         grad_accum of them on a single process, so every launch draws the same global batch."""
-        k = self.accumulation_steps(grad_accum)
+        k = grad_accum // self.world_size  # micro-batches this rank runs per step
         lanes = range(self.rank * k, (self.rank + 1) * k)
         return LaneSampler(shard, batch_size, block_size, seed, lanes, self.device)
 
@@ -288,7 +303,6 @@ class DDPParallel(Parallel):
     def __init__(self, device: torch.device, activation_checkpointing: bool = False):
         super().__init__(device, activation_checkpointing)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -302,9 +316,6 @@ class DDPParallel(Parallel):
 
     def no_sync(self, last: bool):
         return contextlib.nullcontext() if last else self.module.no_sync()
-
-    def mean(self, value: float) -> float:
-        return self.sum([value])[0] / self.world_size
 
     def sum(self, values: list[float]) -> list[float]:
         global _stop_agreed
@@ -320,9 +331,6 @@ class DDPParallel(Parallel):
         t = torch.tensor([int(flag)], device=self.device)
         dist.broadcast(t, src=0)
         return bool(t.item())
-
-    def barrier(self) -> None:
-        dist.barrier()
 
     @contextlib.contextmanager
     def rank_zero_first(self) -> Iterator[None]:

@@ -21,12 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import (
-    ConfigError,
-    DataError,
-    LMForgeError,
-    require_positive_ints,
-)
+from lmforge.errors import ConfigError, DataError, LMForgeError, require_positive_ints
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.model.bert import (
     BertConfig,
@@ -38,10 +33,10 @@ from lmforge.model.bert import (
 )
 from lmforge.tokenizer import Tokenizer
 from lmforge.train.checkpoint import model_state
-from lmforge.train.config import OptimConfig
+from lmforge.train.config import SmallRunConfig, require_fraction
 from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
-from lmforge.train.pretrain import resolve_device
+from lmforge.train.pretrain import build_tokenizer, resolve_device, train_tokenizer
 
 # BERT's spellings; "pad" first so that [PAD] gets id 0, BERT's padding id.
 BERT_SPECIAL_TOKENS = {
@@ -54,7 +49,7 @@ BERT_SPECIAL_TOKENS = {
 
 
 @dataclass
-class EncoderTrainConfig(OptimConfig):
+class EncoderTrainConfig(SmallRunConfig):
     """A BERT pretraining run. Defaults: a 2-layer encoder on the built-in Python docs."""
 
     out_dir: str = "out/bert"
@@ -68,30 +63,24 @@ class EncoderTrainConfig(OptimConfig):
         default_factory=lambda: {"d_model": 128, "n_layer": 2, "n_head": 4, "d_ff": 512}
     )  # BertConfig fields; vocab_size and max_position come from the tokenizer and block_size
     block_size: int = 64  # tokens per row, [CLS] and [SEP] included
-    batch_size: int = 32
     mask_prob: float = 0.15
     lr: float = 5e-4
     min_lr: float = 5e-5
     warmup_iters: int = 50
-    weight_decay: float = 0.01
-    beta2: float = 0.999
     eval_iters: int = 10
     seed: int = 1337
     device: str = "auto"
-    threads: int | None = None  # torch threads (None: torch's default)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
                               f"{self.objective!r}")  # fmt: skip
         super().__post_init__()
-        require_positive_ints(self, "batch_size", "eval_iters")
+        require_positive_ints(self, "eval_iters")
+        require_fraction(self, "mask_prob")
+        require_fraction(self, "val_fraction")
         if not isinstance(self.block_size, int) or self.block_size < 8:
             raise ConfigError(f"block_size must be an integer >= 8, got {self.block_size!r}")
-        if not 0 < self.mask_prob < 1:
-            raise ConfigError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
-        if not 0 < self.val_fraction < 1:
-            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
 
     def bert_config(self, vocab_size: int, use_pooler: bool = True) -> BertConfig:
         """The model's BertConfig: `model:` fields plus vocabulary and positions from this run."""
@@ -108,20 +97,11 @@ class EncoderTrainConfig(OptimConfig):
 
 
 # ---- tokenizer and the HF directory ----------------------------------------------------------
-TOKENIZER_KINDS = {
-    "bpe": lambda texts, n: Tokenizer.train_bpe(texts, n, special_tokens=BERT_SPECIAL_TOKENS),
-    "word": lambda texts, n: Tokenizer.train_word(texts, n, special_tokens=BERT_SPECIAL_TOKENS),
-    "char": lambda texts, n: Tokenizer.train_char(texts, special_tokens=BERT_SPECIAL_TOKENS),
-}
-
-
 def train_bert_tokenizer(texts, kind: str = "bpe", vocab_size: int = 4096) -> Tokenizer:
     """A tokenizer with BERT's special tokens whose tokenizer.json wraps inputs as HF's does."""
     from tokenizers.processors import TemplateProcessing
 
-    if kind not in TOKENIZER_KINDS:
-        raise ConfigError(f"tokenizer must be {', '.join(TOKENIZER_KINDS)} or a path; got {kind!r}")
-    tok = TOKENIZER_KINDS[kind](texts, vocab_size)
+    tok = train_tokenizer(kind, texts, vocab_size, BERT_SPECIAL_TOKENS)
     ids = bert_token_ids(tok)
     # Only Hugging Face's encode adds these (ours passes add_special_tokens=False).
     tok.backend.post_processor = TemplateProcessing(
@@ -281,12 +261,8 @@ class EncoderPretrainer(Trainer):
         self.objective = OBJECTIVES[cfg.objective]()
         self.curves = [(split, m) for m in self.objective.curves for split in ("train", "val")]
         texts = list(read_documents(cfg.data, text_field=cfg.text_field))
-        if (self.out_dir / "tokenizer.json").is_file():
-            self.tokenizer = Tokenizer.load(self.out_dir)
-        elif cfg.tokenizer in TOKENIZER_KINDS:
-            self.tokenizer = train_bert_tokenizer(texts, cfg.tokenizer, cfg.vocab_size)
-        else:
-            self.tokenizer = Tokenizer.load(cfg.tokenizer)
+        train = lambda: train_bert_tokenizer(texts, cfg.tokenizer, cfg.vocab_size)  # noqa: E731
+        self.tokenizer = build_tokenizer(cfg, self.out_dir, train)
         self.ids = bert_token_ids(self.tokenizer)
         self.special_ids = torch.tensor(sorted(set(self.ids.values())))
         try:

@@ -34,9 +34,7 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,6 +64,7 @@ from lmforge.train.distributed import (
     NullMetrics,
     Parallel,
     WholeCopy,
+    handling_signals,
     launched_by_torchrun,
     load_optimizer_state,
     request_stop,
@@ -113,33 +112,18 @@ def split_rows(batch: Any, parts: int) -> list[Any]:
     raise ConfigError(f"grad_accum={parts}: this trainer's batches cannot be split")
 
 
-@contextlib.contextmanager
-def stop_between_steps(hard_stop: bool) -> Iterator[None]:
+def stop_between_steps(hard_stop: bool):
     """While the loop runs, SIGINT and SIGTERM ask for a stop that the loop takes after the
     current step (`request_stop`), so the checkpoint it saves is a step boundary. A second signal
     before that stop is taken raises at once (`hard_stop`; not under torchrun, whose launcher
-    SIGKILLs a worker that does not end). Only the main thread can install signal handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    owner = os.getpid()
+    SIGKILLs a worker that does not end)."""
 
-    def handler(signum, frame) -> None:
-        if os.getpid() != owner:  # a forked child inherited this handler: die as by default
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
+    def handler(signum: int) -> None:
         if hard_stop and stop_pending():
             raise Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
         request_stop(signum)
 
-    signums = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.signal(signum, handler) for signum in signums}
-    try:
-        yield
-    finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)
+    return handling_signals((signal.SIGINT, signal.SIGTERM), handler)
 
 
 def _silent(*args, **kwargs) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
-from lmforge.errors import require_device
+from lmforge.errors import ConfigError, require_device
 from lmforge.eval.perplexity import bits_per_byte, target_bytes, token_bytes_table
 from lmforge.fileio import remove_stale_temps
 from lmforge.lm import LM
@@ -33,20 +34,34 @@ def resolve_device(name: str) -> torch.device:
     return require_device(name, "device")
 
 
-def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:
-    """Reuse the run's tokenizer, load a given one, or train one on the corpus."""
+TOKENIZER_KINDS = ("bpe", "char", "word")
+
+
+def train_tokenizer(kind: str, texts, vocab_size: int, special_tokens=None, **bpe) -> Tokenizer:
+    """A tokenizer of `kind` (TOKENIZER_KINDS) trained on `texts`; `bpe` are train_bpe's own
+    options (min_frequency, show_progress). A char tokenizer ignores vocab_size."""
+    if kind == "bpe":
+        return Tokenizer.train_bpe(texts, vocab_size, special_tokens, **bpe)
+    if kind == "char":
+        return Tokenizer.train_char(texts, special_tokens)
+    if kind == "word":
+        return Tokenizer.train_word(texts, vocab_size, special_tokens)
+    raise ConfigError(f"tokenizer must be {', '.join(TOKENIZER_KINDS)} or a path; got {kind!r}")
+
+
+def build_tokenizer(cfg, out_dir: Path, train: Callable[[], Tokenizer] | None = None) -> Tokenizer:
+    """The run's tokenizer: the one saved in out_dir (a resumed or repeated run), the one at
+    cfg.tokenizer when that is a path, else `train()` or one of that kind trained on cfg.data."""
     if (out_dir / "tokenizer.json").is_file():
         return Tokenizer.load(out_dir)
-    if cfg.tokenizer not in ("bpe", "char", "word"):
+    if cfg.tokenizer not in TOKENIZER_KINDS:
         return Tokenizer.load(cfg.tokenizer)
+    if train is not None:
+        return train()
     from lmforge.data import read_documents
 
     docs = read_documents(cfg.data, text_field=cfg.text_field)
-    if cfg.tokenizer == "bpe":
-        return Tokenizer.train_bpe(docs, vocab_size=cfg.vocab_size)
-    if cfg.tokenizer == "char":
-        return Tokenizer.train_char(docs)
-    return Tokenizer.train_word(docs, vocab_size=cfg.vocab_size)
+    return train_tokenizer(cfg.tokenizer, docs, cfg.vocab_size)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from lmforge.errors import CheckpointError
 from lmforge.fileio import read_json, remove_stale_temps, save_tensors, write_json
+from lmforge.train.checkpoint import fill_skeleton, state_skeleton
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest.json"
@@ -64,41 +63,7 @@ def _barrier() -> None:
         dist.barrier()
 
 
-# ---- nested state <-> JSON skeleton + named tensors ---------------------------------------------
-def _split(obj: Any, prefix: str, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    """A JSON-safe copy of obj with every tensor replaced by {"__tensor__": name}, collecting
-    the tensors by name (the names are the dotted paths, e.g. model.embed.weight)."""
-    if isinstance(obj, torch.Tensor):
-        tensors[prefix] = obj
-        return {"__tensor__": prefix}
-    dot = f"{prefix}." if prefix else ""
-    if isinstance(obj, dict):
-        if not all(isinstance(k, str) for k in obj):
-            raise CheckpointError(f"{where}: state key under {prefix!r} is not a string")
-        return {k: _split(v, dot + k, tensors, where) for k, v in obj.items()}
-    if isinstance(obj, tuple):  # kept a tuple (AdamW's betas), not turned into a list
-        return {"__tuple__": [_split(v, f"{dot}{i}", tensors, where) for i, v in enumerate(obj)]}
-    if isinstance(obj, list):
-        return [_split(v, f"{dot}{i}", tensors, where) for i, v in enumerate(obj)]
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    raise CheckpointError(f"{where}: cannot store {type(obj).__name__} at {prefix!r} as JSON")
-
-
-def _join(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    if isinstance(obj, dict):
-        if set(obj) == {"__tensor__"}:
-            if obj["__tensor__"] not in tensors:
-                raise CheckpointError(f"{where}: unknown tensor {obj['__tensor__']!r}")
-            return tensors[obj["__tensor__"]]
-        if set(obj) == {"__tuple__"} and isinstance(obj["__tuple__"], list):
-            return tuple(_join(v, tensors, where) for v in obj["__tuple__"])
-        return {k: _join(v, tensors, where) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_join(v, tensors, where) for v in obj]
-    return obj
-
-
+# ---- tensors and where they sit --------------------------------------------------------------
 def _tied_names(model: torch.nn.Module, names: set[str]) -> dict[str, str]:
     """{name: canonical name} for state-dict entries that are the same parameter or buffer object
     as an earlier one (tied embeddings); the same on every rank, whatever its slice holds."""
@@ -117,27 +82,24 @@ def _tied_names(model: torch.nn.Module, names: set[str]) -> dict[str, str]:
     return tied
 
 
-def _local_slice(tensor: torch.Tensor, rank: int) -> tuple[torch.Tensor, list[int], bool] | None:
-    """(local data, its global offset, whether this rank writes it) for a DTensor's local shard
-    or a plain (replicated) tensor; None for a shard with no elements."""
+def _local_slice(tensor: torch.Tensor, rank: int) -> tuple[torch.Tensor, list[int], bool]:
+    """(this rank's data, its global offset, whether this rank is the one to write it) for a
+    DTensor's local shard or a plain (replicated) tensor."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(tensor, DTensor):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    if not isinstance(tensor, DTensor):
+        return tensor, [0] * tensor.dim(), rank == 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        if any(p.is_partial() for p in tensor.placements):
-            raise CheckpointError("cannot checkpoint a DTensor with a Partial placement")
-        shape, offset = compute_local_shape_and_global_offset(
-            tensor.shape, tensor.device_mesh, tensor.placements
-        )
-        local = tensor.to_local()
-        if tuple(local.shape) != tuple(shape):
-            raise CheckpointError(f"DTensor local shape {tuple(local.shape)} != expected {shape}")
-        coord = tensor.device_mesh.get_coordinate() or []
-        # a dim replicated over the mesh: every coordinate holds the same data; the first writes
-        owner = all(c == 0 for c, p in zip(coord, tensor.placements) if p.is_replicate())
-        return (local, list(offset), owner) if local.numel() else None
-    return tensor, [0] * tensor.dim(), rank == 0
+    if any(p.is_partial() for p in tensor.placements):
+        raise CheckpointError("cannot checkpoint a DTensor with a Partial placement")
+    _, offset = compute_local_shape_and_global_offset(
+        tensor.shape, tensor.device_mesh, tensor.placements
+    )
+    coord = tensor.device_mesh.get_coordinate() or []
+    # a dim replicated over the mesh: every coordinate holds the same data; the first writes
+    owner = all(c == 0 for c, p in zip(coord, tensor.placements) if p.is_replicate())
+    return tensor.to_local(), list(offset), owner
 
 
 # ---- save --------------------------------------------------------------------------------------
@@ -152,31 +114,33 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
     if rank == 0 and target.exists():  # a half-written save of this step from a killed run
         shutil.rmtree(target)
     _barrier()
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # slow to import
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     tensors: dict[str, torch.Tensor] = {}
-    skeleton = _split({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(target))
+    skeleton = state_skeleton({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(target))
     tied = _tied_names(model, set(tensors))
     for name, tensor in tensors.items():  # a dtype the reader would refuse: fail now, not later
         if str(tensor.dtype).removeprefix("torch.") not in DTYPES:
             raise CheckpointError(f"{target}: {name} has dtype {tensor.dtype}, not storable")
 
-    local: dict[str, torch.Tensor] = {}
+    slices: dict[str, torch.Tensor] = {}
     offsets: dict[str, list[int]] = {}
     seen: dict[tuple, str] = {}
     for name, tensor in tensors.items():
         if name in tied:
             continue
-        part = _local_slice(tensor.detach(), rank)
-        if part is None or not part[2]:
+        local, offset, owner = _local_slice(tensor.detach(), rank)
+        if not owner or local.numel() == 0:  # an empty slice adds nothing to read back
             continue
-        data = part[0].cpu().contiguous()
+        data = local.cpu().contiguous()
         # safetensors refuses two names on one storage; an untied alias is copied
         ident = (data.data_ptr(), data.dtype, tuple(data.shape))
         if data.numel() and ident in seen:
             data = data.clone()
         seen[ident] = name
-        local[name], offsets[name] = data, part[1]
-    save_tensors(target / f"rank{rank}.safetensors", local,
+        slices[name], offsets[name] = data, offset
+    save_tensors(target / f"rank{rank}.safetensors", slices,
                  metadata={"format": FORMAT, "offsets": json.dumps(offsets)})  # fmt: skip
     write_json(target / f"rank{rank}.json", rank_state)
     if rank == 0:
@@ -374,22 +338,6 @@ def read_rank_states(step_dir: Path, world_size: int) -> list[dict[str, Any]]:
 
 
 # ---- load --------------------------------------------------------------------------------------
-def _targets(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor, list[int]]]:
-    """(name, the local tensor to fill in place, its global offset) for each state tensor."""
-    from torch.distributed.tensor import DTensor
-
-    for name, tensor in tensors.items():
-        if isinstance(tensor, DTensor):
-            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-            _, offset = compute_local_shape_and_global_offset(
-                tensor.shape, tensor.device_mesh, tensor.placements
-            )
-            yield name, tensor.to_local(), list(offset)
-        else:
-            yield name, tensor, [0] * tensor.dim()
-
-
 def _fill(step_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     """Fill every tensor (plain, or this rank's shard of a DTensor) from the saved slices."""
     chunks = _Chunks(step_dir, meta)
@@ -398,7 +346,8 @@ def _fill(step_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor]
             handles = chunks.open(stack)
         except (SafetensorError, OSError) as err:
             raise CheckpointError(f"{step_dir}: cannot open the shards ({err})") from err
-        for name, local, offset in _targets(tensors):
+        for name, tensor in tensors.items():
+            local, offset, _ = _local_slice(tensor, 0)
             if local.numel() == 0 and local.dim():
                 continue
             if local.device.type == "cpu":
@@ -416,9 +365,11 @@ def load_sharded(step_dir: Path, model, optimizer) -> None:
     step_dir = Path(step_dir)
     remove_stale_temps(step_dir.parent)  # resuming reopens checkpoints/ for writing
     meta = _check_meta(step_dir)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     tensors: dict[str, torch.Tensor] = {}
-    _split({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(step_dir))
+    state_skeleton({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(step_dir))
     saved = set(meta["tensors"]) | set(meta["tied"])
     if missing := sorted(set(tensors) - saved):
         raise CheckpointError(
@@ -428,7 +379,7 @@ def load_sharded(step_dir: Path, model, optimizer) -> None:
     _fill(step_dir, meta, tensors)
     # the non-tensor values (param groups: lr, betas, ...) come from the checkpoint; tensors
     # are the ones just filled
-    state = _join(meta["state"], tensors, str(step_dir))
+    state = fill_skeleton(meta["state"], tensors, str(step_dir))
     if not (isinstance(state.get("model"), dict) and isinstance(state.get("optimizer"), dict)):
         raise CheckpointError(f"{step_dir / 'meta.json'}: 'state' needs model and optimizer")
     state["model"] = model_sd  # filled in place; its keys are this model's

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -84,8 +85,7 @@ IMAGE_RULE = (
 RGB_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(NamedTuple):
     """`count` shapes of one colour and kind."""
 
     colour: str
@@ -109,8 +109,7 @@ class Scene:
         return f"{self.first.phrase()} {RELATIONS[self.layout]} {self.second.phrase()}"
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     """One drawn shape: its group index (0 = first), top-left corner, size and RGB colour."""
 
     group: int

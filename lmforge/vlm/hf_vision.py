@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lmforge.errors import CheckpointError
-from lmforge.fileio import load_tensors, read_json
+from lmforge.fileio import check_state, load_tensors, read_json
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
 
@@ -117,12 +117,6 @@ def load_hf_vision_tower(path: str | Path) -> VisionEncoder:
     except KeyError as err:
         raise CheckpointError(f"{weights}: missing vision tensor {err}") from err
     encoder = VisionEncoder(config)
-    expected = encoder.state_dict()
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise CheckpointError(
-                f"{weights}: {name} has shape {tuple(tensor.shape)}, config.json implies "
-                f"{tuple(expected[name].shape)}"
-            )
-    encoder.load_state_dict(state, strict=True)
+    check_state(weights, state, encoder.state_dict())
+    encoder.load_state_dict(state)
     return encoder.eval()

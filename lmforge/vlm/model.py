@@ -23,11 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import CheckpointError, ConfigError, DataError
-from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
+from lmforge.fileio import check_state, load_tensors, read_json, save_tensors, write_json
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import DEFAULT_SPECIAL_TOKENS, Tokenizer
 from lmforge.train.checkpoint import model_state
+from lmforge.train.pretrain import TOKENIZER_KINDS, train_tokenizer
 from lmforge.vlm.projector import build_projector
 from lmforge.vlm.vision import VisionConfig, VisionEncoder, upgrade_legacy_names
 
@@ -46,13 +47,9 @@ def build_tokenizer(
     specials = {**DEFAULT_SPECIAL_TOKENS, **IMAGE_TOKENS}
     if kind == "whitespace":
         return _whitespace_tokenizer(texts, specials)
-    if kind == "word":
-        return Tokenizer.train_word(texts, vocab_size, specials)
-    if kind == "char":
-        return Tokenizer.train_char(texts, specials)
-    if kind == "bpe":
-        return Tokenizer.train_bpe(texts, vocab_size, specials, min_frequency=1)
-    raise ConfigError(f"tokenizer must be whitespace, word, char or bpe; got {kind!r}")
+    if kind not in TOKENIZER_KINDS:
+        raise ConfigError(f"tokenizer must be whitespace, word, char or bpe; got {kind!r}")
+    return train_tokenizer(kind, texts, vocab_size, specials, min_frequency=1)
 
 
 def _whitespace_tokenizer(texts: Sequence[str], specials: dict[str, str]) -> Tokenizer:
@@ -68,16 +65,20 @@ def _whitespace_tokenizer(texts: Sequence[str], specials: dict[str, str]) -> Tok
     return Tokenizer(backend, "whitespace", specials)
 
 
+def check_placeholders(count: int, features: torch.Tensor) -> None:
+    """DataError unless `count` image placeholders take exactly the feature vectors of
+    `features` [n_images, N, d_model]."""
+    n, per_image = features.shape[:2]
+    if count != n * per_image:
+        raise DataError(f"the prompts hold {count} image placeholder tokens but the images give "
+                        f"{n} x {per_image} = {n * per_image}")  # fmt: skip
+
+
 @contextmanager
 def spliced_embeddings(lm: Transformer, is_image: torch.Tensor, features: torch.Tensor):
     """While active, lm.embed returns the text embeddings with rows where `is_image` [B, T] is
     True replaced, in row-major order, by `features` [n_images, N, d_model]."""
-    need = int(is_image.sum())
-    if need != features.shape[0] * features.shape[1]:
-        raise DataError(
-            f"the prompts hold {need} image placeholder tokens but the images give "
-            f"{features.shape[0]} x {features.shape[1]} = {features.shape[0] * features.shape[1]}"
-        )
+    check_placeholders(int(is_image.sum()), features)
 
     def hook(module, inputs, out):
         return out.masked_scatter(is_image.unsqueeze(-1), features.to(out.dtype))
@@ -111,9 +112,8 @@ class VisionLanguageModel(nn.Module):
             )
         self.language_model = language_model
         self.vision_tower = vision_tower
-        self.projector = build_projector(
-            projector, vision_tower.d_out, language_model.config.d_model
-        )
+        d_vision, d_text = vision_tower.config.d_model, language_model.config.d_model
+        self.projector = build_projector(projector, d_vision, d_text)
         self.projector_kind = projector
         self.tokenizer = tokenizer
         self.image_id = tokenizer.token_to_id(IMAGE)
@@ -125,18 +125,11 @@ class VisionLanguageModel(nn.Module):
 
     @classmethod
     def build(
-        cls,
-        text_config: ModelConfig,
-        vision_config: VisionConfig,
-        tokenizer: Tokenizer,
-        projector: str = "linear",
-        freeze_vision: bool = False,
+        cls, text_config: ModelConfig, vision_config: VisionConfig, tokenizer: Tokenizer, **kw
     ) -> VisionLanguageModel:
-        """A randomly initialised model (seed torch first for reproducibility)."""
-        return cls(
-            Transformer(text_config), VisionEncoder(vision_config), tokenizer, projector,
-            freeze_vision,
-        )  # fmt: skip
+        """A randomly initialised model (seed torch first for reproducibility); `kw` are the
+        constructor's projector and freeze_vision."""
+        return cls(Transformer(text_config), VisionEncoder(vision_config), tokenizer, **kw)
 
     @property
     def config(self) -> ModelConfig:
@@ -144,7 +137,7 @@ class VisionLanguageModel(nn.Module):
 
     @property
     def tokens_per_image(self) -> int:
-        return self.vision_tower.num_tokens
+        return self.vision_tower.config.num_tokens
 
     # ---------------------------------------------------------------- prompts
 
@@ -270,11 +263,7 @@ class VisionLanguageModel(nn.Module):
         replaced by `features` [n_images, N, d_model], consumed in order, row by row."""
         flat = features.flatten(0, 1)
         counts = [sum(t == self.image_id for t in p) for p in prompts]
-        if sum(counts) != flat.shape[0]:
-            raise DataError(
-                f"the prompts hold {sum(counts)} image placeholder tokens but the images give "
-                f"{features.shape[0]} x {features.shape[1]} = {flat.shape[0]}"
-            )
+        check_placeholders(sum(counts), features)
         out: list[torch.Tensor | None] = []
         offset, device = 0, self.language_model.embed.weight.device
         for prompt, count in zip(prompts, counts):
@@ -331,21 +320,10 @@ class VisionLanguageModel(nn.Module):
         source = str(path / "config.json")
         text = ModelConfig.from_dict(meta["text_config"], source=source)
         vision = VisionConfig.from_dict(meta["vision_config"], source=source)
-        model = cls.build(text, vision, Tokenizer.load(path), meta.get("projector", "linear"))
+        projector = meta.get("projector", "linear")
+        model = cls.build(text, vision, Tokenizer.load(path), projector=projector)
         state = upgrade_legacy_names(load_tensors(path / "model.safetensors"))
-        expected = model_state(model)
-        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{path / 'model.safetensors'}: does not match config.json "
-                f"(missing: {missing[:5] or 'none'}, unexpected: {unexpected[:5] or 'none'})"
-            )
-        for name, tensor in state.items():
-            if tensor.shape != expected[name].shape:
-                raise CheckpointError(
-                    f"{path / 'model.safetensors'}: tensor {name} has shape "
-                    f"{tuple(tensor.shape)}, config.json implies {tuple(expected[name].shape)}"
-                )
+        check_state(path / "model.safetensors", state, model_state(model))
         model.load_state_dict(state, strict=False)  # tied lm_head is stored once
         if meta.get("freeze_vision"):
             model.freeze_vision = True

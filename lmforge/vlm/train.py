@@ -22,7 +22,7 @@ import torch
 from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
-from lmforge.train.config import OptimConfig
+from lmforge.train.config import SmallRunConfig
 from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
 from lmforge.vlm.data import ShapesDataset
@@ -37,11 +37,10 @@ def _default_model() -> dict[str, Any]:
 
 
 @dataclass
-class VLMTrainConfig(OptimConfig):
+class VLMTrainConfig(SmallRunConfig):
     """A run on ShapesDataset. `model` holds ModelConfig fields of the language model."""
 
     out_dir: str = "out/vlm-shapes"
-    seed: int = 0
     image_size: int = 32
     max_count: int = 3  # shapes per group: 1..max_count
     colours: int = 8  # the first n colours of data.COLOURS
@@ -67,20 +66,17 @@ class VLMTrainConfig(OptimConfig):
     # CPU seconds of training steps (process time, evaluation excluded); stop when reached. CPU
     # time, not wall time: on a shared machine the wall time depends on the other users.
     max_time: float | None = None
-    batch_size: int = 32
     lr: float = 2e-3
-    min_lr: float = 1e-4
     warmup_iters: int = 50
-    weight_decay: float = 0.01
+    beta2: float = 0.99
     text_dropout: float = 0.0  # caption input tokens replaced by UNK (targets kept): word dropout
     eval_interval: int = 250  # validation every N steps; the best step is kept
     eval_size: int = 500  # images per split (validation at each evaluation; test, novel at the end)
     report: bool = True  # score test and novel once at the end (a selection sweep turns it off)
-    threads: int | None = None  # torch threads (None: leave torch's default)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive_ints(self, "batch_size", "eval_size")
+        require_positive_ints(self, "eval_size")
         if not 0 <= self.text_dropout < 1:
             raise ConfigError(f"text_dropout must be in [0, 1), got {self.text_dropout}")
 

@@ -268,14 +268,6 @@ class VisionEncoder(nn.Module):
         self.norm = LayerNorm(d, eps=eps) if config.final_norm else nn.Identity()
         self.frozen = False
 
-    @property
-    def d_out(self) -> int:
-        return self.config.d_model
-
-    @property
-    def num_tokens(self) -> int:
-        return self.config.num_tokens
-
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         late = None
         if self.patch_embed.late_colour:  # added after the blocks (LateColourPatchEmbedding)

@@ -7,18 +7,19 @@ import os
 import pytest
 import torch
 
-from lmforge.cli.classify import (
-    NEGATIVE,
-    POSITIVE,
-    ClassifyTrainConfig,
-    demo_dataset,
-    predict,
-    read_labelled,
-    train,
-)
 from lmforge.cli.main import main
 from lmforge.errors import ConfigError, DataError
 from lmforge.model.bert import BertConfig, BertForMaskedLM
+from lmforge.train.classify import (
+    NEGATIVE,
+    POSITIVE,
+    ClassifyTrainConfig,
+    ClassifyTrainer,
+    demo_dataset,
+    encode,
+    predict,
+    read_labelled,
+)
 from lmforge.train.encoder import save_bert, train_bert_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,7 +61,7 @@ def test_fine_tuning_reaches_high_accuracy_and_exports_for_hf(bert_dir):
     cfg = ClassifyTrainConfig(checkpoint=str(bert_dir / "bert"), out_dir=str(bert_dir / "cls"),
                               max_iters=150, lr=1.5e-3, warmup_iters=15, eval_interval=75,
                               progress=False, threads=1)  # fmt: skip
-    result = train(cfg, log=lambda *_: None)
+    result = ClassifyTrainer(cfg, log=lambda *_: None).run()
     assert result["val_acc"] >= 0.9 and result["val_acc"] > result["val_acc_before"] + 0.3, result
     out = bert_dir / "cls"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.csv", "loss.png"):
@@ -73,7 +74,6 @@ def test_fine_tuning_reaches_high_accuracy_and_exports_for_hf(bert_dir):
     assert labels == ["positive", "negative"]
 
     transformers = pytest.importorskip("transformers")
-    from lmforge.cli.classify import encode
     from lmforge.model.bert import BertForSequenceClassification, load_bert
     from lmforge.tokenizer import Tokenizer
 
@@ -124,7 +124,7 @@ def test_bad_input_raises_readable_errors(bert_dir, tmp_path, capsys):
     cfg = ClassifyTrainConfig(checkpoint=str(bert_dir / "bert"), data=str(one_class),
                               out_dir=str(tmp_path / "o"), progress=False)  # fmt: skip
     with pytest.raises(DataError, match="need at least 2 classes"):
-        train(cfg, log=lambda *_: None)
+        ClassifyTrainer(cfg, log=lambda *_: None).run()
     with pytest.raises(ConfigError, match="checkpoint: give a BERT directory"):
         ClassifyTrainConfig()
     with pytest.raises(ConfigError, match="max_len must be >= 3"):

@@ -84,13 +84,13 @@ def build(name: str, out: Path, shared: Path, resume: bool = False):
                                  device="cpu", **LOOP)  # fmt: skip
         return EncoderPretrainer(cfg, resume=resume, log=quiet)
     if name == "classify":
-        from lmforge.cli.classify import ClassifyTrainConfig, ClassifyTrainer
+        from lmforge.train.classify import ClassifyTrainConfig, ClassifyTrainer
 
         cfg = ClassifyTrainConfig(checkpoint=str(shared / "bert"), out_dir=str(out), max_len=16,
                                   batch_size=4, threads=1, **LOOP)  # fmt: skip
         return ClassifyTrainer(cfg, resume=resume, log=quiet)
     if name == "seq2seq":
-        from lmforge.cli.seq2seq import Seq2SeqTrainConfig, Seq2SeqTrainer
+        from lmforge.train.seq2seq import Seq2SeqTrainConfig, Seq2SeqTrainer
 
         cfg = Seq2SeqTrainConfig(out_dir=str(out), max_number=100, batch_size=4, beam=1,
                                  model={"d_model": 16, "d_ff": 32, "n_head": 2},
@@ -114,8 +114,8 @@ TRAINERS = ["pretrain", "sft", "lora", "reward", "dpo", "kto", "orpo", "simpo", 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> Path:
     """A text corpus and a random BERT checkpoint (the classifier's starting point)."""
-    from lmforge.cli.classify import demo_dataset
     from lmforge.model.bert import BertConfig, BertForMaskedLM
+    from lmforge.train.classify import demo_dataset
     from lmforge.train.encoder import save_bert, train_bert_tokenizer
 
     root = tmp_path_factory.mktemp("shared")

@@ -22,7 +22,7 @@ def tiny(pos="rope", use_cls=False, projector="linear", patch_embed="linear", **
     vision = VisionConfig(
         image_size=16, patch_size=8, d_model=16, n_head=2, use_cls=use_cls, patch_embed=patch_embed
     )
-    return VisionLanguageModel.build(text_cfg, vision, tok, projector).eval()
+    return VisionLanguageModel.build(text_cfg, vision, tok, projector=projector).eval()
 
 
 def test_prompt_layout_images_first_or_among_text():

@@ -95,7 +95,7 @@ def test_encoder_tokens(use_cls):
     cfg = VisionConfig(image_size=32, patch_size=8, d_model=16, n_head=2, use_cls=use_cls)
     enc = VisionEncoder(cfg)
     assert enc(torch.randn(3, 3, 32, 32)).shape == (3, 16 + use_cls, 16)
-    assert enc.num_tokens == 16 + use_cls
+    assert enc.config.num_tokens == 16 + use_cls
 
 
 def test_encoder_is_bidirectional():
