@@ -121,21 +121,13 @@ class GRPOTrainer(RLTrainer):
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: GRPOConfig = self.cfg
         self.prepare(rollout)
-        size = cfg.minibatch_size or len(rollout)
-        gen = torch.Generator().manual_seed(cfg.seed + self.step)
-        totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
-        n = 0
-        for _ in range(cfg.num_iterations):
-            for mb in rollout.minibatches(size, gen):
-                # PPO-ptx: + replay_coef x next-token loss on pretraining text (align/replay.py)
-                stats = self.optimizer_step(
-                    [mb], lambda m: with_replay(self, *self.minibatch_loss(m))
-                )
-                for k in totals:
-                    totals[k] += stats[k]
-                n += 1
+        # PPO-ptx: + replay_coef x next-token loss on pretraining text (align/replay.py)
+        stats = self.minibatch_steps(
+            rollout, cfg.num_iterations, cfg.minibatch_size or len(rollout),
+            lambda mb: with_replay(self, *self.minibatch_loss(mb)), ("loss", "kl", "clip_frac"),
+        )  # fmt: skip
         flat = (rollout.rewards.view(-1, cfg.group_size).std(-1) == 0).float().mean().item()
-        return {**{k: v / n for k, v in totals.items()}, "frac_zero_std": flat}
+        return {**stats, "frac_zero_std": flat}
 
     def prepare(self, rollout: Rollout) -> None:
         """Overlong filtering (if asked) and the advantages, in place, before the updates."""

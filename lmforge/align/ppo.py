@@ -128,28 +128,17 @@ CRITICS: dict[str, type[nn.Module]] = {
 
 # ----------------------------------------------------------------------------- KL placement
 
-
-class ShapedKL:
-    """KL in the reward: r_t = -β·KL_t on every token, the score added at the last one."""
-
-    def rewards(self, score: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:
-        return shape_rewards(score, kl, mask, beta)
-
-    def penalty(self, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
-        return logp.new_zeros(())
+# shaped: KL in the reward, r_t = -β·KL_t on every token and the score added at the last one;
+# kl_loss (PPO-KL): the reward is the score alone and β·KL(π‖π_ref) (k3: unbiased, ≥ 0) a loss.
+VARIANTS = ("shaped", "kl_loss")
 
 
-class KLLoss:
-    """PPO-KL: the reward is the score alone; β·KL(π‖π_ref) (k3, unbiased and ≥ 0) is a loss."""
-
-    def rewards(self, score: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:
-        return shape_rewards(score, torch.zeros_like(kl), mask, 0.0)
-
-    def penalty(self, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+def kl_penalty(variant: str, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+    """The KL loss term of the current policy: β·masked mean of KL_k3 for kl_loss, else 0."""
+    if variant == "kl_loss":
         return beta * masked_mean(kl_per_token(logp, ref_logp, "k3"), mask)
+    return logp.new_zeros(())
 
-
-VARIANTS = {"shaped": ShapedKL, "kl_loss": KLLoss}
 
 # ----------------------------------------------------------------------------- score scaling
 
@@ -228,7 +217,7 @@ class PPOConfig(RLConfig):
 def ppo_advantages(
     rollout: Rollout,
     beta: float,
-    variant,
+    variant: str,
     gamma: float,
     lam: float,
     whiten: bool,
@@ -239,7 +228,7 @@ def ppo_advantages(
     mask = rollout.completion_mask
     kl = kl_per_token(rollout.old_logprobs, rollout.ref_logprobs, "k1") * mask
     score = rollout.rewards if scores is None else scores
-    rewards = variant.rewards(score, kl, mask, beta)
+    rewards = shape_rewards(score, kl, mask, beta if variant == "shaped" else 0.0)
     values = rollout.values * mask
     advantages, returns = gae(rewards, values, dones_from_mask(mask), gamma, lam)
     if whiten:
@@ -266,7 +255,6 @@ class PPOTrainer(RLTrainer):
         self.critic = CRITICS[cfg.critic](self.lm.model, self.reward, cfg.value_detach).to(
             self.device
         )
-        self.variant = VARIANTS[cfg.variant]()
         if cfg.kl_target is None:
             self.kl_ctl = FixedKLController(cfg.kl_coef)
         else:
@@ -292,21 +280,15 @@ class PPOTrainer(RLTrainer):
         if cfg.score_clip is not None:
             scores = scores.clamp(-cfg.score_clip, cfg.score_clip)
         adv, ret, kl = ppo_advantages(
-            rollout, beta, self.variant, cfg.gamma, cfg.lam, cfg.whiten_advantages, scores
+            rollout, beta, cfg.variant, cfg.gamma, cfg.lam, cfg.whiten_advantages, scores
         )
         rollout.advantages, rollout.returns = adv, ret
-        gen = torch.Generator().manual_seed(cfg.seed + self.step)
         keys = ("loss", "policy_loss", "value_loss", "entropy", "clip_frac", "approx_kl")
-        totals, n = dict.fromkeys(keys, 0.0), 0
-        for _ in range(cfg.ppo_epochs):
-            for mb in rollout.minibatches(cfg.minibatch_size, gen):
-                stats = self.optimizer_step([mb], lambda mb: self._minibatch_loss(mb, beta))
-                for k in totals:
-                    totals[k] += stats[k]
-                n += 1
+        stats = self.minibatch_steps(rollout, cfg.ppo_epochs, cfg.minibatch_size,
+                                     lambda mb: self._minibatch_loss(mb, beta), keys)  # fmt: skip
         seq_kl = kl.sum(-1).mean().item()  # KL(π_old‖π_ref) per completion, fixed at rollout
         self.kl_ctl.update(seq_kl, len(rollout))
-        return {**{k: v / n for k, v in totals.items()}, "kl": seq_kl, "kl_coef": beta}
+        return {**stats, "kl": seq_kl, "kl_coef": beta}
 
     def _minibatch_loss(self, mb: Rollout, beta: float) -> tuple[Tensor, dict[str, float]]:
         cfg: PPOConfig = self.cfg
@@ -319,7 +301,7 @@ class PPOTrainer(RLTrainer):
         pg, pstats = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mask, cfg.clip_eps)
         vf = ppo_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
         entropy = entropy_from_logits(logits, mask)
-        penalty = self.variant.penalty(logp, mb.ref_logprobs, mask, beta)
+        penalty = kl_penalty(cfg.variant, logp, mb.ref_logprobs, mask, beta)
         loss = cfg.vf_coef * vf
         if self.step >= cfg.critic_warmup:  # during warm-up only the critic learns
             loss = loss + pg - cfg.ent_coef * entropy + penalty

@@ -187,6 +187,21 @@ class RLTrainer(AlignTrainer):
     def update(self, rollout: Rollout) -> dict[str, float]:
         """Learn from one scored rollout through `optimizer_step`; return metrics to log."""
 
+    def minibatch_steps(self, rollout: Rollout, epochs: int, size: int, loss_fn, keys,
+                        gen: torch.Generator | None = None) -> dict[str, float]:  # fmt: skip
+        """`epochs` passes over shuffled minibatches of `size` rows (order drawn from `gen`, by
+        default seeded with the step), one `optimizer_step(loss_fn)` each; the mean of each of
+        the losses' stats in `keys`."""
+        gen = gen or torch.Generator().manual_seed(self.cfg.seed + self.step)
+        totals, n = dict.fromkeys(keys, 0.0), 0
+        for _ in range(epochs):
+            for mb in rollout.minibatches(size, gen):
+                stats = self.optimizer_step([mb], loss_fn)
+                for k in totals:
+                    totals[k] += stats[k]
+                n += 1
+        return {k: v / n for k, v in totals.items()}
+
     def next_batch(self) -> Rollout:
         """The rollout phase: this rank's prompts of the step, sampled and scored."""
         return self.rollout(self.sampler.next())

@@ -98,10 +98,11 @@ class RSFTTrainer(RLTrainer):
     needs_reference = False
     keep_logprobs = False
 
-    def sft_loss(self, mb: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict[str, float]]:
-        """The SFT loss of one minibatch of kept (input ids, attention mask, labels)."""
-        ids, mask, labels = mb
-        return sft_loss(self.lm.model(ids, attention_mask=mask), labels), {}
+    def kept_loss(self, mb: Rollout) -> tuple[Tensor, dict[str, float]]:
+        """The SFT loss of a minibatch of kept samples: on their completion tokens only."""
+        labels = mb.input_ids.masked_fill(mb.attention_mask == 0, -100)
+        labels[:, : mb.prompt_width] = -100
+        return sft_loss(self.lm.model(mb.input_ids, attention_mask=mb.attention_mask), labels), {}
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: RSFTConfig = self.cfg
@@ -112,16 +113,6 @@ class RSFTTrainer(RLTrainer):
         if rows.numel() == 0:
             return {"loss": 0.0, "kept": 0.0, "kept_reward": 0.0}
         kept = rollout.select(rows.cpu())
-        labels = kept.input_ids.masked_fill(kept.attention_mask == 0, -100)
-        labels[:, : kept.prompt_width] = -100  # response tokens only
-        total, n = 0.0, 0
-        for _ in range(cfg.sft_epochs):
-            for idx in torch.randperm(len(kept), generator=gen).split(cfg.minibatch_size):
-                mb = (kept.input_ids[idx], kept.attention_mask[idx], labels[idx])
-                total += self.optimizer_step([mb], self.sft_loss)["loss"]
-                n += 1
-        return {
-            "loss": total / n,
-            "kept": float(len(kept)),
-            "kept_reward": kept.rewards.mean().item(),
-        }
+        stats = self.minibatch_steps(kept, cfg.sft_epochs, cfg.minibatch_size, self.kept_loss,
+                                     ("loss",), gen)  # fmt: skip
+        return {**stats, "kept": float(len(kept)), "kept_reward": kept.rewards.mean().item()}

@@ -6,11 +6,10 @@ import torch
 
 from lmforge.align.ppo import (
     SCORE_NORMS,
-    KLLoss,
     PPOConfig,
     PPOTrainer,
     RunningMoments,
-    ShapedKL,
+    kl_penalty,
     ppo_advantages,
 )
 from lmforge.align.rollout import Rollout
@@ -33,7 +32,7 @@ def hand_rollout(old, ref, values, mask, score):
 def test_spec_gae_vector():
     """γ=λ=1, r=[0,1], V=[0.5,0.5], done=[0,1] → Â=[0.5,0.5], targets [1,1]."""
     r = hand_rollout([[-1.0, -1.0]], [[-1.0, -1.0]], [[0.5, 0.5]], [[1.0, 1.0]], [1.0])
-    adv, ret, kl = ppo_advantages(r, 0.1, ShapedKL(), gamma=1.0, lam=1.0, whiten=False)
+    adv, ret, kl = ppo_advantages(r, 0.1, "shaped", gamma=1.0, lam=1.0, whiten=False)
     assert adv.tolist() == [[0.5, 0.5]] and ret.tolist() == [[1.0, 1.0]]
     assert kl.abs().sum() == 0
 
@@ -46,22 +45,22 @@ def test_kl_shaping_by_hand():
         [[-1.0, -1.0], [-2.0, 0.0]], [[-1.1, -1.2], [-2.0, 0.0]],
         [[0.5, 0.5], [0.25, 9.0]], [[1.0, 1.0], [1.0, 0.0]], [1.0, 2.0],
     )  # fmt: skip
-    adv, ret, kl = ppo_advantages(r, 0.5, ShapedKL(), gamma=1.0, lam=1.0, whiten=False)
+    adv, ret, kl = ppo_advantages(r, 0.5, "shaped", gamma=1.0, lam=1.0, whiten=False)
     torch.testing.assert_close(adv, torch.tensor([[0.35, 0.4], [1.75, 0.0]]))
     torch.testing.assert_close(ret, torch.tensor([[0.85, 0.9], [2.0, 0.0]]))
     torch.testing.assert_close(kl, torch.tensor([[0.1, 0.2], [0.0, 0.0]]))
     # PPO-KL keeps the KL out of the reward: Â = R - V with γ=λ=1
-    adv, _, _ = ppo_advantages(r, 0.5, KLLoss(), gamma=1.0, lam=1.0, whiten=False)
+    adv, _, _ = ppo_advantages(r, 0.5, "kl_loss", gamma=1.0, lam=1.0, whiten=False)
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5], [1.75, 0.0]]))
 
 
 def test_kl_loss_penalty():
     logp, mask = torch.tensor([[-1.0, -2.0]]), torch.ones(1, 2)
-    assert KLLoss().penalty(logp, logp.clone(), mask, 0.3) == 0
+    assert kl_penalty("kl_loss", logp, logp.clone(), mask, 0.3) == 0
     d = torch.tensor([[0.2, -0.1]])  # log π - log π_ref
     k3 = (torch.expm1(-d) + d).mean()
-    torch.testing.assert_close(KLLoss().penalty(logp, logp - d, mask, 0.3), 0.3 * k3)
-    assert ShapedKL().penalty(logp, logp - d, mask, 0.3) == 0
+    torch.testing.assert_close(kl_penalty("kl_loss", logp, logp - d, mask, 0.3), 0.3 * k3)
+    assert kl_penalty("shaped", logp, logp - d, mask, 0.3) == 0
 
 
 def trainer(tmp_path, **kw):
