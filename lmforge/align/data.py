@@ -315,8 +315,10 @@ class UnpairedExample:
 
 
 def unpaired_records(record: Any) -> list[tuple[dict, bool]]:
-    """The (SFT record, desirable) pairs of one KTO line: a labelled completion or conversation,
-    or a preference pair split in two. Raises DataError saying what is missing."""
+    """The (SFT record, desirable) pairs of one KTO line: {"prompt", "completion", "label"} or
+    {"messages", "label"} (the assistant turns are the completion), or a preference pair split in
+    two (chosen desirable). A line with none of these, or a label that is not a boolean, raises
+    DataError saying what is missing."""
     if not isinstance(record, dict):
         raise DataError(f"expected a JSON object, got {type(record).__name__}")
     if "label" not in record:

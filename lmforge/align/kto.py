@@ -9,15 +9,9 @@ step pairs every prompt of the batch with the completion of the previous row (a 
 "x with some other y"), scores those pairs under π and π_ref without gradients, and takes
 max(0, mean(log π - log π_ref)). π_ref log-probs of the real pairs are computed once up front.
 
-Data (`data`): JSONL lines
-  {"prompt": ..., "completion": ..., "label": true|false}
-with prompt/completion as strings or message lists (a message-list prompt with a string
-completion is rendered with the chat template, as the DPO loader does), or a conversation
-{"messages": [...], "label": ...} whose assistant turns are the completion. A paired line
-{"prompt", "chosen", "rejected"} (or an HH dialogue pair) gives two examples, chosen desirable and
-rejected undesirable (TRL's `unpair_preference_dataset`); `task:NAME` sources are unpaired the
-same way. A line with none of these, or a label that is not a boolean, is a DataError naming
-file:line.
+Data (`data`, read by `data.load_unpaired`): JSONL lines {"prompt", "completion", "label":
+true|false} (strings or message lists) or {"messages", "label"}; a paired line or a `task:` pair
+gives two examples, chosen desirable and rejected undesirable (TRL's `unpair_preference_dataset`).
 
 Held-out metric: the KTO reward margin, mean β·r over desirable completions minus mean β·r over
 undesirable ones (0 at the start, since π = π_ref); it should rise as training separates them.
@@ -43,8 +37,6 @@ from lmforge.peft.config import apply_peft
 class KTOConfig(PreferenceConfig):
     """A KTO run (`lmforge kto`). Fields on top of PreferenceConfig:
 
-    - ``data``: unpaired examples (JSONL as in the module docstring) or a ``task:`` source,
-      whose verifier-labelled pairs are split into one desirable and one undesirable example.
     - ``beta``: β, the scale of the implicit reward β·r inside the sigmoid (TRL default 0.1).
     - ``desirable_weight`` / ``undesirable_weight``: λ_D and λ_U. KTO's authors recommend
       λ_D·n_D / (λ_U·n_U) in [1, 4/3]; when the data is imbalanced raise the rarer side's weight

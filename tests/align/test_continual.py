@@ -13,30 +13,18 @@ from lmforge.errors import ConfigError
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
 
 
-def cfg(out, **kw):
-    base = dict(
-        out_dir=str(out),
-        model=TINY,
-        max_len=24,
-        n_train=32,
-        n_eval=16,
-        batch_size=8,
-        max_iters=3,
-        eval_interval=3,
-        progress=False,
-        threads=1,
-        warmup_iters=1,
-    )
-    return ContinualConfig(**{**base, **kw})
+@pytest.fixture
+def cfg(tiny_run):
+    return lambda out, **kw: tiny_run(ContinualConfig, out, **kw)
 
 
-def test_bias_only_trains_biases(tmp_path):
+def test_bias_only_trains_biases(tmp_path, cfg):
     t = ContinualTrainer(cfg(tmp_path, trainable="bias"), log=lambda *a: None)
     names = list(t.trainable_params())
     assert names and all(n.endswith("bias") for n in names)
 
 
-def test_penalties_start_at_zero_and_grow(tmp_path):
+def test_penalties_start_at_zero_and_grow(tmp_path, cfg):
     for reg in ("l2", "ewc", "replay"):
         t = ContinualTrainer(cfg(tmp_path / reg, regularizer=reg), log=lambda *a: None)
         assert t.regularizer.penalty().item() == pytest.approx(0.0, abs=1e-6)
@@ -55,7 +43,7 @@ def sft_eval_loss(model, examples, pad_id):
 
 
 @pytest.mark.parametrize("trainable", ["full", "lora", "mlp"])
-def test_forgetting_report(tmp_path, trainable):
+def test_forgetting_report(tmp_path, trainable, cfg):
     """forgetting.json holds the old/new-task held-out losses of the model before and after
     training (measured here independently), forgetting = old loss after - old loss before; the
     frozen part of the split stays bit-identical and the trainable part moves."""
@@ -84,7 +72,7 @@ def test_forgetting_report(tmp_path, trainable):
     assert (tmp_path / "continual.png").is_file()
 
 
-def test_stop_at_new_loss(tmp_path):
+def test_stop_at_new_loss(tmp_path, cfg):
     r = ContinualTrainer(cfg(tmp_path, max_iters=50, eval_interval=1, stop_at_new_loss=100.0),
                          log=lambda *a: None).run()  # fmt: skip
     assert r["step"] == 1

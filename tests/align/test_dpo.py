@@ -13,26 +13,14 @@ from lmforge.errors import ConfigError
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
 
 
-def cfg(out, **kw):
-    base = dict(
-        out_dir=str(out),
-        model=TINY,
-        max_len=24,
-        n_train=32,
-        n_eval=16,
-        batch_size=8,
-        max_iters=4,
-        eval_interval=4,
-        progress=False,
-        threads=1,
-        warmup_iters=1,
-        lr=1e-3,
-    )
-    return DPOConfig(**{**base, **kw})
+@pytest.fixture
+def cfg(tiny_run):
+    fields = dict(max_iters=4, eval_interval=4, lr=1e-3)
+    return lambda out, **kw: tiny_run(DPOConfig, out, **{**fields, **kw})
 
 
 @pytest.mark.parametrize("beta", [0.01, 0.1, 1.0])
-def test_loss_is_ln2_at_init(tmp_path, beta):
+def test_loss_is_ln2_at_init(tmp_path, beta, cfg):
     t = DPOTrainer(cfg(tmp_path, beta=beta), log=lambda *a: None)
     loss, stats = t.loss(t.batch([0, 1, 2, 3]))
     assert loss.item() == pytest.approx(math.log(2), abs=1e-5)
@@ -54,7 +42,7 @@ def test_logprobs_count_completion_tokens_only():
         assert lp[0].item() == pytest.approx(expect.item(), abs=1e-5)
 
 
-def test_precomputed_reference_equals_per_step(tmp_path):
+def test_precomputed_reference_equals_per_step(tmp_path, cfg):
     pre = DPOTrainer(cfg(tmp_path / "a"), log=lambda *a: None)
     live = DPOTrainer(cfg(tmp_path / "b", precompute_ref=False), log=lambda *a: None)
     assert torch.allclose(pre.batch([3, 1])["ref"], live.batch([3, 1])["ref"], atol=1e-5)
@@ -65,21 +53,21 @@ def test_bad_beta():
         DPOConfig(beta=0)
 
 
-def test_dpo_end_to_end(tmp_path):
+def test_dpo_end_to_end(tmp_path, cfg):
     r = DPOTrainer(cfg(tmp_path, max_iters=6, eval_interval=3, label_smoothing=0.1),
                    log=lambda *a: None).run()  # fmt: skip
     assert math.isfinite(r["loss"]) and r["initial_loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "dpo.png").is_file()
 
 
-def test_dpo_with_lora(tmp_path):
+def test_dpo_with_lora(tmp_path, cfg):
     t = DPOTrainer(cfg(tmp_path, peft="lora"), log=lambda *a: None)
     t.train_step()
     t.export(tmp_path)
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
 
 
-def test_rpo_adds_the_chosen_per_token_nll(tmp_path):
+def test_rpo_adds_the_chosen_per_token_nll(tmp_path, cfg):
     t = DPOTrainer(cfg(tmp_path, rpo_alpha=0.5), log=lambda *a: None)
     b = t.batch([0, 1, 2, 3])
     loss, _ = t.loss(b)

@@ -15,11 +15,10 @@ from lmforge.tasks import synthetic
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
 
 
-def cfg(out, **kw):
-    base = dict(out_dir=str(out), model=TINY, max_len=24, n_train=64, n_eval=16,
-                batch_size=8, max_iters=4, eval_interval=4, eval_generate=8,
-                progress=False, threads=1, warmup_iters=1)  # fmt: skip
-    return SFTConfig(**{**base, **kw})
+@pytest.fixture
+def cfg(tiny_run):
+    fields = dict(n_train=64, max_iters=4, eval_interval=4, eval_generate=8)
+    return lambda out, **kw: tiny_run(SFTConfig, out, **{**fields, **kw})
 
 
 def quiet(*a):
@@ -54,7 +53,7 @@ def test_greedy_accuracy_counts_verified_completions():
 
 
 @pytest.mark.parametrize("peft", ["lora", "qlora"])
-def test_lora_export_merged_equals_wrapped(tmp_path, peft):
+def test_lora_export_merged_equals_wrapped(tmp_path, peft, cfg):
     t = SFTTrainer(cfg(tmp_path, peft=peft, lora_targets="qkv_proj,up_proj"), log=quiet)
     assert lora_modules(t.lm.model) and t.peft_names[0].endswith("qkv_proj")
     for _ in range(3):
@@ -67,7 +66,7 @@ def test_lora_export_merged_equals_wrapped(tmp_path, peft):
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
 
 
-def test_adapter_saved_alone_and_reloads(tmp_path):
+def test_adapter_saved_alone_and_reloads(tmp_path, cfg):
     t = SFTTrainer(cfg(tmp_path, peft="adapter", adapter_bottleneck=8), log=quiet)
     for _ in range(3):
         t.train_step()
@@ -79,12 +78,12 @@ def test_adapter_saved_alone_and_reloads(tmp_path):
     assert torch.allclose(base.model(x), t.lm.model(x), atol=1e-5)
 
 
-def test_dense_copy_has_no_lora(tmp_path):
+def test_dense_copy_has_no_lora(tmp_path, cfg):
     t = SFTTrainer(cfg(tmp_path, peft="lora"), log=quiet)
     assert not lora_modules(dense_copy(t.lm.model))
 
 
-def test_sft_end_to_end(tmp_path):
+def test_sft_end_to_end(tmp_path, cfg):
     r = SFTTrainer(cfg(tmp_path, max_iters=40, eval_interval=20, packing=True), log=quiet).run()
     assert math.isfinite(r["loss"]) and r["loss"] < r["initial_loss"]
     assert "exact_match" in r

@@ -12,11 +12,10 @@ from lmforge.train.config import build_config
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
 
 
-def tiny_cfg(out, **kw):
-    base = dict(out_dir=str(out), model=TINY, max_len=24, n_train=64, n_eval=16,
-                batch_size=8, max_iters=6, eval_interval=3, eval_generate=0,
-                progress=False, threads=1, warmup_iters=1)  # fmt: skip
-    return SFTConfig(**{**base, **kw})
+@pytest.fixture
+def tiny_cfg(tiny_run):
+    fields = dict(n_train=64, max_iters=6, eval_interval=3, eval_generate=0)
+    return lambda out, **kw: tiny_run(SFTConfig, out, **{**fields, **kw})
 
 
 def test_sampler_covers_each_epoch_and_resumes():
@@ -48,7 +47,7 @@ def test_scratch_model_and_missing_checkpoint(tmp_path):
         load_lm(str(tmp_path / "none"), {}, 24, 0, "cpu")
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path):
+def test_resume_matches_an_uninterrupted_run(tmp_path, tiny_cfg):
     straight = SFTTrainer(tiny_cfg(tmp_path / "a"), log=lambda *a: None)
     straight.run()
     half = SFTTrainer(
@@ -65,6 +64,6 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
         assert torch.allclose(p, q, atol=1e-6), n
 
 
-def test_resume_without_state_fails(tmp_path):
+def test_resume_without_state_fails(tmp_path, tiny_cfg):
     with pytest.raises(CheckpointError, match="--resume"):
         SFTTrainer(tiny_cfg(tmp_path), resume=True)
