@@ -94,6 +94,8 @@ def eval_mode(*models: nn.Module | None):
     """Models in eval mode for a generation; their training flags are restored afterwards
     (an RL policy or a model being fine-tuned goes on training)."""
     flags = [(m, m.training) for m in models if m is not None]
+    for m, _ in flags:
+        m.eval()
     try:
         yield
     finally:

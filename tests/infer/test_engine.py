@@ -200,3 +200,23 @@ def test_bad_requests_are_config_errors(lm):
         GenerationParams(logprobs=21)
     with pytest.raises(ConfigError, match="max_seq_len=64"):
         Engine(lm.model, eos_ids=[]).add_request(list(range(64)), greedy(1))
+
+
+def test_generation_runs_in_eval_mode_and_restores_training(make_tiny_lm):
+    """A model being trained (dropout active) is switched to eval mode for a generation and handed
+    back in training mode (an RL policy goes on training)."""
+    import dataclasses
+
+    from lmforge.lm import LM
+
+    lm = make_tiny_lm(64)
+    lm = LM(type(lm.model)(dataclasses.replace(lm.model.config, dropout=0.5)), lm.tokenizer)
+    lm.model.train()
+    seen = []
+    for block in lm.model.modules():
+        block.register_forward_hook(lambda m, args, out: seen.append(m.training))
+    prompt = [lm.tokenizer.encode("The answer is")]
+    first = lm.generate(prompt, max_new_tokens=12, temperature=0.0)
+    assert seen and not any(seen)  # no module ran in training mode
+    assert first == lm.generate(prompt, max_new_tokens=12, temperature=0.0)
+    assert lm.model.training and all(m.training for m in lm.model.modules())
