@@ -38,7 +38,7 @@ from lmforge.align.rl_losses import (
 )
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.align.tools import Calculator, ToolReward, ToolRolloutEngine
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_positive_ints
 
 
 @dataclass
@@ -72,8 +72,7 @@ class GRPOConfig(ReplayConfig, RLConfig):
             raise ConfigError(f"scale must be 'std' or 'none', got {self.scale!r}")
         if self.group_size < 2:
             raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
-        if self.num_iterations < 1:
-            raise ConfigError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        require_positive_ints(self, "num_iterations")
         if self.beta < 0 or self.clip_eps <= 0:
             raise ConfigError(f"need beta >= 0 and clip_eps > 0, got {self.beta}, {self.clip_eps}")
         if self.loss_type not in (*GRPO_LOSS_TYPES, "rloo"):

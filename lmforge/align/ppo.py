@@ -50,7 +50,7 @@ from lmforge.align.rl_losses import (
     shape_rewards,
 )
 from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_logits
-from lmforge.errors import ConfigError, require_choice
+from lmforge.errors import ConfigError, require_choice, require_positive_ints
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.train.checkpoint import model_state
 
@@ -208,8 +208,7 @@ class PPOConfig(RLConfig):
         require_choice("critic", self.critic, CRITICS)
         if self.variant == "kl_loss" and self.kl_target is None:
             raise ConfigError("variant kl_loss (PPO-KL) adapts β toward kl_target: set --kl_target")
-        if self.ppo_epochs < 1 or self.minibatch_size < 1:
-            raise ConfigError("ppo_epochs and minibatch_size must be >= 1")
+        require_positive_ints(self, "ppo_epochs", "minibatch_size")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ConfigError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}")
 

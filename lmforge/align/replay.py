@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align.logprobs import sft_loss
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_positive_ints
 
 
 @dataclass
@@ -48,10 +48,7 @@ class ReplayConfig:
             self.replay_data = None
         if self.replay_coef < 0:
             raise ConfigError(f"replay_coef must be >= 0, got {self.replay_coef}")
-        for name in ("replay_batch_size", "replay_block_size", "replay_max_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_positive_ints(self, "replay_batch_size", "replay_block_size", "replay_max_tokens")
         if self.replay_data is not None and self.replay_data.endswith(".bin"):
             if not Path(self.replay_data).is_file():
                 raise ConfigError(f"replay_data: token shard not found: {self.replay_data}")

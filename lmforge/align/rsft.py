@@ -24,7 +24,7 @@ from torch import Tensor
 from lmforge.align.logprobs import sft_loss
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
-from lmforge.errors import ConfigError, require_choice
+from lmforge.errors import ConfigError, require_choice, require_positive_ints
 
 
 def select_best(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
@@ -86,8 +86,9 @@ class RSFTConfig(RLConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_choice("select", self.select, SELECTORS)
-        if self.top_k < 1 or self.tau <= 0 or self.sft_epochs < 1 or self.minibatch_size < 1:
-            raise ConfigError("need top_k >= 1, tau > 0, sft_epochs >= 1 and minibatch_size >= 1")
+        require_positive_ints(self, "top_k", "sft_epochs", "minibatch_size")
+        if self.tau <= 0:
+            raise ConfigError(f"tau must be > 0, got {self.tau}")
 
 
 class RSFTTrainer(RLTrainer):

@@ -19,7 +19,7 @@ from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.lm import LM
 from lmforge.peft.adapter import AdapterWrapper, apply_adapters
 from lmforge.peft.config import PeftConfig, targets
-from lmforge.peft.lora import load_adapter, merge_lora, save_adapter
+from lmforge.peft.lora import dense_linear, load_adapter, merge_lora, save_adapter
 from lmforge.peft.qlora import NF4Linear
 
 
@@ -29,12 +29,7 @@ def dense_copy(model: nn.Module) -> nn.Module:
     merge_lora(out, replace=True)
     for name, m in list(out.named_modules()):
         if isinstance(m, NF4Linear):
-            linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
-            with torch.no_grad():
-                linear.weight.copy_(m.dequantized_weight())
-                if m.bias is not None:
-                    linear.bias.copy_(m.bias)
-            out.set_submodule(name, linear)
+            out.set_submodule(name, dense_linear(m.dequantized_weight().float(), m.bias))
     return out
 
 

@@ -98,21 +98,23 @@ class LoRALinear(nn.Module):
         """A plain nn.Linear holding W0 + ΔW (dtype of the base weight), for export."""
         base = self.base_weight()
         weight = base.float() if self.merged else base.float() + self.delta_weight().float()
-        linear = nn.Linear(
-            self.in_features,
-            self.out_features,
-            bias=self.bias is not None,
-            device=base.device,
-            dtype=base.dtype,
-        )
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if self.bias is not None:
-                linear.bias.copy_(self.bias)
-        return linear
+        return dense_linear(weight.to(base.dtype), self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, r={self.r}, alpha={self.alpha}"
+
+
+@torch.no_grad()
+def dense_linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    """A plain nn.Linear holding copies of ``weight`` [out, in] and ``bias``, on the weight's
+    device and dtype (what an export writes in place of a LoRA or NF4 layer)."""
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None,
+                       device=weight.device, dtype=weight.dtype)  # fmt: skip
+    linear.weight.copy_(weight)
+    if bias is not None:
+        linear.bias.copy_(bias)
+    return linear
 
 
 def name_matches(name: str, patterns: Iterable[str]) -> bool:
