@@ -266,7 +266,7 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
             raise DataError(f"{source}: expected task:NAME[:LEVEL][:chat], LEVEL an integer")
         kw = {"digits": int(level), "length": int(level)} if level else {}
         make = {"sft": synthetic.sft_records, "preference": synthetic.preference_pairs,
-                "prompts": synthetic.rl_prompts}[kind]  # fmt: skip
+                "prompts": synthetic.problems}[kind]  # fmt: skip
         records = make(name, n, seed, split, **kw)
         if chat:
             records = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in records]

@@ -83,9 +83,13 @@ def gae(
     return advantages, advantages + values
 
 
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps: float = 0.2) -> Tensor:
-    """PPO objective per token: min(o·Â, clip(o, 1-ε, 1+ε)·Â) (to be maximised)."""
-    return torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, eps: float = 0.2, eps_high: float | None = None
+) -> Tensor:
+    """PPO objective per token: min(o·Â, clip(o, 1-ε, 1+ε_high)·Â) (to be maximised); ε_high
+    (DAPO's clip-higher) defaults to ε."""
+    high = eps if eps_high is None else eps_high
+    return torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + high) * advantages)
 
 
 def ppo_policy_loss(
@@ -233,14 +237,13 @@ def grpo_loss(
     require_choice("GRPO loss_type", loss_type, GRPO_LOSS_TYPES)
     if loss_type == "dr_grpo" and not max_completion_length:
         raise ConfigError("loss_type dr_grpo needs max_completion_length")
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     logp = logp.float()
     old = logp.detach() if old_logp is None else old_logp.float()
     adv = advantages.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     ratio = torch.exp(logp - old)
     unclipped = ratio * adv
-    surrogate = torch.minimum(unclipped, ratio.clamp(1 - clip_eps, 1 + high) * adv)
+    surrogate = clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
     per_token = -surrogate
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta != 0:
@@ -328,11 +331,10 @@ def rloo_loss(
     m = mask.to(torch.float32)
     seq = (logp.float() * m).sum(-1)
     old = seq.detach() if old_logp is None else (old_logp.float() * m).sum(-1)
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(seq - old)
     adv = advantages.float()
     unclipped = ratio * adv
-    surrogate = torch.minimum(unclipped, ratio.clamp(1 - clip_eps, 1 + high) * adv)
+    surrogate = clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
     with torch.no_grad():
         stats = {"clip_frac": (surrogate < unclipped).float().mean()}
     return -surrogate.mean(), stats

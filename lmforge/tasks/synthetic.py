@@ -218,11 +218,6 @@ def sft_records(task: str | Task, n: int, seed: int = 0, split: str = "train", *
     ]
 
 
-def rl_prompts(task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int):
-    """RL prompt set: {"task", "prompt", "answer"} (the answer is for the verifier only)."""
-    return problems(task, n, seed, split, **level)
-
-
 def preference_pairs(
     task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int
 ) -> list[Record]:
