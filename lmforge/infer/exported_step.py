@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmforge.infer.cpu_features import cpu_features
 from lmforge.infer.decoder import FastDecoder, fixed_step_unsupported
 from lmforge.model.cache import SlotCache
 
@@ -58,12 +59,7 @@ class _CacheView:
         self.k, self.v, self.key_mask = k, v, key_mask
         self.length = key_mask.shape[1] - 1
 
-    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        n, end = k_new.shape[0], self.length + 1
-        k, v = self.k[layer], self.v[layer]
-        k[:n, :, self.length : end] = k_new
-        v[:n, :, self.length : end] = v_new
-        return k[:n, :, :end], v[:n, :, :end]
+    update = SlotCache.update  # the same in-place write of the running rows' new column
 
     def advance(self, n: int) -> None:
         pass  # the engine's SlotCache advances after the step
@@ -262,7 +258,7 @@ def cache_key(step: nn.Module, cache: SlotCache) -> str:
     meta = {
         "torch": torch.__version__,
         "isa": str(pick_vec_isa()),
-        "cpu": [platform.machine(), _cpu_name()],
+        "cpu": [platform.machine(), cpu_features().model],
         "kv": [[list(t.shape), str(t.dtype)] for t in (*cache.k, *cache.v)],
         "mask": [list(cache.mask.shape), str(cache.positions.dtype)],
         "sources": sources,
@@ -283,15 +279,6 @@ def _source_hash(module: str) -> str:
         return hashlib.sha256(inspect.getsource(sys.modules[module]).encode()).hexdigest()
     except (OSError, TypeError, KeyError):  # no source file (e.g. a frozen build)
         return "?"
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                        platform.processor())  # fmt: skip
-    except OSError:
-        return platform.processor()
 
 
 def _range(ep, size) -> range:

@@ -32,7 +32,7 @@ sequence, whose rounds the engine records like any other tokens (stop strings, l
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -59,8 +59,8 @@ class SpeculativeStats:
 
     def add(self, other: SpeculativeStats) -> SpeculativeStats:
         """Sum other's counters into these (several prompts); returns self."""
-        for name in ("proposed", "accepted", "target_calls", "draft_calls", "new_tokens"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self
 
     @property

@@ -29,8 +29,9 @@ from lmforge.interop.gguf_read import (
 )
 from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
 from lmforge.interop.gguf_write import EXPORT_DTYPES, export_gguf
-from lmforge.interop.hf import build_model, hf_config_to_ours
+from lmforge.interop.hf import hf_config_to_ours
 from lmforge.model.config import ModelConfig
+from lmforge.model.io import build_model
 from lmforge.model.transformer import Transformer
 
 __all__ = [
@@ -81,5 +82,5 @@ def load_gguf(
             f"{f.path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
             f"{config.vocab_size} embedding rows"
         )
-    model: Transformer = build_model(config, state, device, dtype)
+    model: Transformer = build_model(config, state, device, dtype or torch.float32)
     return model, tokenizer, generation_config(f.meta)

@@ -33,8 +33,9 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
-from lmforge.interop.hf import build_model, hf_config_to_ours, to_ours
+from lmforge.interop.hf import hf_config_to_ours, to_ours
 from lmforge.model.config import ModelConfig
+from lmforge.model.io import build_model
 from lmforge.model.positions import rope_inv_freq
 from lmforge.model.transformer import Transformer
 
@@ -382,7 +383,7 @@ def load_gguf_model(
 ) -> Transformer:
     """A Transformer holding a GGUF file's weights (dequantised; fp32 unless `dtype`)."""
     config, state = read_gguf_state(GGUFFile(path))
-    return build_model(config, state, device, dtype)
+    return build_model(config, state, device, dtype or torch.float32)
 
 
 # ---- Q4 blocks onto the int4 inference path ----------------------------------------------------

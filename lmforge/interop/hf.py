@@ -26,7 +26,7 @@ from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.interop.families import FAMILIES, Family, Rule
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import INDEX_FILE, read_tensors, save_model, weight_files
+from lmforge.model.io import INDEX_FILE, build_model, read_tensors, save_model, weight_files
 from lmforge.model.transformer import Transformer
 
 
@@ -135,20 +135,7 @@ def load_hf_model(
     config = hf_config_to_ours(hf, str(directory / "config.json"))
     family = FAMILIES[config.extra["hf_model_type"]]
     state = convert_state(family, config, weight_files(directory), directory)
-    return build_model(config, state, device, dtype)
-
-
-def build_model(config: ModelConfig, state: dict, device, dtype) -> Transformer:
-    """Materialise a Transformer from a converted, checked state dict (HF folder or GGUF file):
-    built on the meta device so no random init is spent on weights about to be replaced."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    model = model.to_empty(device=device)
-    model.load_state_dict(state, strict=False)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model.reset_buffers()  # buffers (rope tables, fixed scales) are not in the state dict
-    return model.to(dtype or torch.float32).eval()
+    return build_model(config, state, device, dtype or torch.float32)
 
 
 def read_generation_config(directory: str | Path) -> dict[str, Any] | None:

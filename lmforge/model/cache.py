@@ -37,7 +37,24 @@ def full_attention(config) -> bool:
     )
 
 
-class KVCache:
+class _Bookkeeping:
+    """What every cache tracks besides its tensors: positions written so far (`length`, the same
+    for every row), the capacity `max_len`, and `key_mask` [B, max_len] (True = real token)."""
+
+    length = 0
+    key_mask: torch.Tensor | None = None
+
+    def set_padding(self, attention_mask: torch.Tensor) -> None:
+        """Record which prompt positions are padding ([B, T] with 1 = real), before prefill."""
+        mask = torch.ones(self.batch_size, self.max_len, dtype=torch.bool, device=self.device)
+        mask[:, : attention_mask.shape[1]] = attention_mask.bool()
+        self.key_mask = mask
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+class KVCache(_Bookkeeping):
     """Keys and values of every layer: k[layer], v[layer] of shape [B, n_kv_head, max_len, D]."""
 
     def __init__(
@@ -54,8 +71,6 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.max_len = max_len
-        self.length = 0  # positions written so far (same for every row)
-        self.key_mask: torch.Tensor | None = None  # [B, max_len] bool, True = real token
 
     @classmethod
     def for_model(cls, config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
@@ -76,6 +91,10 @@ class KVCache:
     def batch_size(self) -> int:
         return self.k[0].shape[0]
 
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write this step's keys/values at the current offset; return every cached position."""
         start, end = self.length, self.length + k_new.shape[2]
@@ -85,16 +104,6 @@ class KVCache:
         k[:, :, start:end] = k_new
         v[:, :, start:end] = v_new
         return k[:, :, :end], v[:, :, :end]
-
-    def set_padding(self, attention_mask: torch.Tensor) -> None:
-        """Record which prompt positions are padding ([B, T] with 1 = real), before prefill."""
-        device = self.k[0].device
-        mask = torch.ones(self.batch_size, self.max_len, dtype=torch.bool, device=device)
-        mask[:, : attention_mask.shape[1]] = attention_mask.bool()
-        self.key_mask = mask
-
-    def advance(self, n: int) -> None:
-        self.length += n
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep / repeat / reorder batch rows: a shared prefix copied per continuation
@@ -295,7 +304,7 @@ class LatentKVCache(KVCache):
         )  # fmt: skip
 
 
-class LinearStateCache:
+class LinearStateCache(_Bookkeeping):
     """Recurrent state of every layer for O(1)-per-token decoding: S [L,B,H,F,D], z [L,B,H,F].
 
     Same bookkeeping as KVCache (`length`, `key_mask`, `set_padding`, `advance`, `reorder`), so
@@ -306,8 +315,6 @@ class LinearStateCache:
         self.s = torch.zeros(n_layer, batch_size, n_head, feat_dim, head_dim, device=device)
         self.z = torch.zeros(n_layer, batch_size, n_head, feat_dim, device=device)
         self.max_len = max_len
-        self.length = 0
-        self.key_mask: torch.Tensor | None = None
 
     @classmethod
     def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu"):
@@ -322,6 +329,10 @@ class LinearStateCache:
         return self.s.shape[1]
 
     @property
+    def device(self) -> torch.device:
+        return self.s.device
+
+    @property
     def visible_start(self) -> int:
         return self.length  # no keys are kept: the state summarises them
 
@@ -330,14 +341,6 @@ class LinearStateCache:
 
     def write(self, layer: int, state: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.s[layer], self.z[layer] = state
-
-    def set_padding(self, attention_mask: torch.Tensor) -> None:
-        mask = torch.ones(self.batch_size, self.max_len, dtype=torch.bool, device=self.s.device)
-        mask[:, : attention_mask.shape[1]] = attention_mask.bool()
-        self.key_mask = mask
-
-    def advance(self, n: int) -> None:
-        self.length += n
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep / repeat / reorder batch rows (the engine's per-kind path)."""

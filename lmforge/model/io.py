@@ -63,31 +63,46 @@ def load_model(
     weights_path = directory / "model.safetensors"
     state = load_tensors(weights_path, device)
     with torch.device("meta"):
-        model = Transformer(config)
-    expected = model.state_dict()
+        expected = Transformer(config).state_dict()
     if config.tie_embeddings:
         expected.pop("lm_head.weight", None)
+    check_state(state, expected, weights_path)
+    return build_model(config, state, device, dtype)
+
+
+def check_state(state: dict[str, torch.Tensor], expected: dict, where: Path | str) -> None:
+    """CheckpointError naming `where` unless `state` holds exactly the tensors of `expected`,
+    each of the shape the config implies."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{weights_path}: does not match config.json "
+            f"{where}: does not match config.json "
             f"(missing: {missing[:5] or 'none'}, unexpected: {unexpected[:5] or 'none'})"
         )
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise CheckpointError(
-                f"{weights_path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"{where}: tensor {name} has shape {tuple(tensor.shape)}, "
                 f"config.json implies {tuple(expected[name].shape)}"
             )
+
+
+def build_model(
+    config: ModelConfig, state: dict[str, torch.Tensor], device="cpu", dtype=None
+) -> Transformer:
+    """Materialise a Transformer from a checked state dict (ours, or converted from an HF folder
+    or a GGUF file): built on the meta device, so no random init is spent on weights about to be
+    replaced. Buffers (rope tables, fixed scales) are not in the state dict: they are refilled.
+    dtype None keeps the state's own."""
+    with torch.device("meta"):
+        model = Transformer(config)
     model = model.to_empty(device=device)
     model.load_state_dict(state, strict=False)
     if config.tie_embeddings:
         model.lm_head.weight = model.embed.weight
     model.reset_buffers()
-    if dtype is not None:
-        model = model.to(dtype)
-    return model.eval()
+    return (model if dtype is None else model.to(dtype)).eval()
 
 
 def weight_files(directory: Path) -> dict[str, Path]:

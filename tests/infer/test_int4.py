@@ -113,29 +113,25 @@ def test_gguf_q4_codes_map_exactly_onto_int4(tmp_path, kind):
 
     from lmforge.interop.gguf_read import GGUFFile, read_q4_codes
 
+    def write(path, data, qtype=None):
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_tensor("w", data, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return GGUFFile(path)
+
     qtype = gguf.GGMLQuantizationType[kind]
     w = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
-    path = tmp_path / "q4.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tensor("w", quantize(w, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    f = GGUFFile(path)
+    f = write(tmp_path / "q4.gguf", quantize(w, qtype), qtype)
     codes, scale, zero = read_q4_codes(f, "w")
     theirs = torch.from_numpy(np.array(dequantize(f.tensors["w"].data, qtype), dtype=np.float32))
     m = Int4Linear.from_codes(codes, scale, zero, dtype=torch.float32, name="w")
     assert torch.allclose(m.dequantize(), theirs.view(48, 96), rtol=1e-6, atol=1e-6)
     assert (m.dequantize() - torch.from_numpy(w)).abs().max() > 0  # it is a lossy format
     with pytest.raises(Exception, match="not Q4_0 or Q4_1"):
-        writer = gguf.GGUFWriter(str(tmp_path / "f.gguf"), "llama")
-        writer.add_tensor("w", w)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        read_q4_codes(GGUFFile(tmp_path / "f.gguf"), "w")
+        read_q4_codes(write(tmp_path / "f.gguf", w), "w")
 
 
 @pytest.mark.real_model

@@ -127,11 +127,21 @@ def test_unrepresentable_model_is_a_clear_error(tmp_path):
 
 
 # ---- bad input: one clear error each, never a half-loaded model --------------------------------
-def test_unsupported_model_type_lists_supported(hf_checkpoint):
+@pytest.mark.parametrize(
+    "edit, error, match",
+    [
+        ({"model_type": "t5"}, CheckpointError, "'t5' is not supported; supported: gpt2, llama, "),
+        (
+            {"rope_parameters": {"rope_type": "warp", "factor": 2.0, "rope_theta": 10000.0}},
+            ConfigError, "unknown rope_scaling type 'warp'; supported: default",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_config_json(hf_checkpoint, edit, error, match):
     _, path = hf_checkpoint("llama")
     data = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**data, "model_type": "t5"}))
-    with pytest.raises(CheckpointError, match="'t5' is not supported; supported: gpt2, llama, "):
+    (path / "config.json").write_text(json.dumps({**data, **edit}))
+    with pytest.raises(error, match=match):
         LM.load(path)
 
 
@@ -143,46 +153,24 @@ def test_missing_shard(hf_checkpoint):
         LM.load(path)
 
 
-def test_wrong_tensor_shape_names_tensor_and_shapes(hf_checkpoint):
-    _, path = hf_checkpoint("llama")
-    state = load_file(path / "model.safetensors")
-    state["model.layers.1.mlp.up_proj.weight"] = torch.zeros(40, 32)
+@pytest.mark.parametrize(
+    "case, changed, dropped, match",
+    [
+        ("llama", {"model.layers.1.mlp.up_proj.weight": torch.zeros(40, 32)}, None,
+         r"model.layers.1.mlp.up_proj.weight has shape \(40, 32\), config.json implies \(48, 32\)"),
+        ("qwen2", {"model.layers.0.self_attn.k_proj.bias": torch.zeros(8)}, None,
+         r"k_proj.bias has shape \(8,\).*implies \(16,\)"),
+        ("llama", {"model.layers.0.self_attn.q_norm.weight": torch.ones(8)}, None,
+         "unexpected tensor.*q_norm"),
+        ("llama", {}, "model.norm.weight", "missing tensor.*model.norm.weight"),
+    ],
+)  # fmt: skip
+def test_bad_tensors_are_named(hf_checkpoint, case, changed, dropped, match):
+    _, path = hf_checkpoint(case)
+    state = {**load_file(path / "model.safetensors"), **changed}
+    state.pop(dropped, None)
     save_file(state, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(
-        CheckpointError, match=r"model.layers.1.mlp.up_proj.weight has shape \(40, 32\), "
-        r"config.json implies \(48, 32\)",
-    ):  # fmt: skip
-        LM.load(path)
-
-
-def test_wrong_qkv_part_shape(hf_checkpoint):
-    _, path = hf_checkpoint("qwen2")
-    state = load_file(path / "model.safetensors")
-    state["model.layers.0.self_attn.k_proj.bias"] = torch.zeros(8)
-    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"k_proj.bias has shape \(8,\).*implies \(16,\)"):
-        LM.load(path)
-
-
-def test_unknown_rope_scaling_type(hf_checkpoint):
-    _, path = hf_checkpoint("llama")
-    data = json.loads((path / "config.json").read_text())
-    data["rope_parameters"] = {"rope_type": "warp", "factor": 2.0, "rope_theta": 10000.0}
-    (path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="unknown rope_scaling type 'warp'; supported: default"):
-        LM.load(path)
-
-
-def test_missing_and_unexpected_tensors(hf_checkpoint):
-    _, path = hf_checkpoint("llama")
-    state = load_file(path / "model.safetensors")
-    extra = {**state, "model.layers.0.self_attn.q_norm.weight": torch.ones(8)}
-    save_file(extra, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="unexpected tensor.*q_norm"):
-        LM.load(path)
-    del state["model.norm.weight"]
-    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="missing tensor.*model.norm.weight"):
+    with pytest.raises(CheckpointError, match=match):
         LM.load(path)
 
 
