@@ -76,11 +76,7 @@ class KVCache(_Bookkeeping):
     def for_model(cls, config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
         """A cache sized for `config` (a ModelConfig), of the kind its attention needs (full,
         rolling window, compressed latent or recurrent state): `new_cache`."""
-        if cls is KVCache:
-            return new_cache(config, batch_size, max_len, dtype, device)
-        return cls(
-            config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim, dtype, device
-        )
+        return new_cache(config, batch_size, max_len, dtype, device)
 
     @property
     def visible_start(self) -> int:
@@ -259,13 +255,6 @@ class RollingKVCache(KVCache):
         super().__init__(n_layer, batch_size, n_kv_head, keep, head_dim, dtype, device)
         self.keep, self.max_len = keep, max_len
 
-    @classmethod
-    def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu", keep=0):
-        return cls(
-            config.n_layer, batch_size, config.n_kv_head, keep, config.head_dim, max_len,
-            dtype, device,
-        )  # fmt: skip
-
     @property
     def visible_start(self) -> int:
         return self.length - min(self.length, self.keep)
@@ -296,13 +285,6 @@ class LatentKVCache(KVCache):
         shape = (batch_size, 1, max_len, rope_dim)
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
 
-    @classmethod
-    def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu"):
-        return cls(
-            config.n_layer, batch_size, max_len, config.kv_lora_rank, config.qk_rope_head_dim,
-            dtype, device,
-        )  # fmt: skip
-
 
 class LinearStateCache(_Bookkeeping):
     """Recurrent state of every layer for O(1)-per-token decoding: S [L,B,H,F,D], z [L,B,H,F].
@@ -315,14 +297,6 @@ class LinearStateCache(_Bookkeeping):
         self.s = torch.zeros(n_layer, batch_size, n_head, feat_dim, head_dim, device=device)
         self.z = torch.zeros(n_layer, batch_size, n_head, feat_dim, device=device)
         self.max_len = max_len
-
-    @classmethod
-    def for_model(cls, config, batch_size, max_len, dtype=torch.float32, device="cpu"):
-        """States are fp32 whatever the model dtype: they are sums over the whole history."""
-        feat = config.head_dim  # every feature map here has head_dim features
-        return cls(
-            config.n_layer, batch_size, config.n_head, feat, config.head_dim, max_len, device
-        )
 
     @property
     def batch_size(self) -> int:
@@ -355,19 +329,25 @@ class LinearStateCache(_Bookkeeping):
 def softmax_cache(config, batch_size, max_len, dtype=torch.float32, device="cpu") -> KVCache:
     """A rolling buffer when the mask pattern bounds how far back a query looks, else full."""
     pattern = pattern_for(config)
-    if pattern is not None and pattern.keep is not None:
-        return RollingKVCache.for_model(config, batch_size, max_len, dtype, device, pattern.keep)
-    return KVCache(
-        config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim, dtype, device
-    )
+    keep = pattern.keep if pattern is not None else None
+    shape = (config.n_layer, batch_size, config.n_kv_head)
+    if keep is not None:
+        return RollingKVCache(*shape, keep, config.head_dim, max_len, dtype, device)
+    return KVCache(*shape, max_len, config.head_dim, dtype, device)
 
 
 # config.attention -> the cache that attention kind decodes with. The keys are those of
 # blocks.ATTENTION_CLASSES (tests/model/test_catalogue.py checks they agree).
 CACHES = {
     "softmax": softmax_cache,
-    "linear": LinearStateCache.for_model,
-    "mla": LatentKVCache.for_model,
+    "mla": lambda c, batch, max_len, dtype=torch.float32, device="cpu": LatentKVCache(
+        c.n_layer, batch, max_len, c.kv_lora_rank, c.qk_rope_head_dim, dtype, device
+    ),
+    # states are fp32 whatever the model dtype (sums over the whole history); every feature map
+    # here has head_dim features
+    "linear": lambda c, batch, max_len, dtype=torch.float32, device="cpu": LinearStateCache(
+        c.n_layer, batch, c.n_head, c.head_dim, c.head_dim, max_len, device
+    ),
 }
 
 
