@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lmforge.errors import CheckpointError
-from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
+from lmforge.fileio import check_state, load_tensors, read_json, save_tensors, write_json
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 
@@ -66,26 +66,8 @@ def load_model(
         expected = Transformer(config).state_dict()
     if config.tie_embeddings:
         expected.pop("lm_head.weight", None)
-    check_state(state, expected, weights_path)
+    check_state(weights_path, state, expected)
     return build_model(config, state, device, dtype)
-
-
-def check_state(state: dict[str, torch.Tensor], expected: dict, where: Path | str) -> None:
-    """CheckpointError naming `where` unless `state` holds exactly the tensors of `expected`,
-    each of the shape the config implies."""
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{where}: does not match config.json "
-            f"(missing: {missing[:5] or 'none'}, unexpected: {unexpected[:5] or 'none'})"
-        )
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise CheckpointError(
-                f"{where}: tensor {name} has shape {tuple(tensor.shape)}, "
-                f"config.json implies {tuple(expected[name].shape)}"
-            )
 
 
 def build_model(
