@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
 from lmforge.interop.chat_template import render_chat
@@ -207,15 +208,8 @@ def encode_preference(
 
 def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded batch: input_ids, labels (IGNORE on padding), attention_mask [B, T]."""
-    width = max(len(e.input_ids) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e.input_ids)
-        ids[i, :n] = torch.tensor(e.input_ids)
-        labels[i, :n] = torch.tensor(e.labels)
-        mask[i, :n] = 1
+    ids, mask = pad_collate([e.input_ids for e in examples], pad_id)
+    labels, _ = pad_collate([e.labels for e in examples], IGNORE)
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align.logprobs import token_logprobs
+from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.engine import Engine, eval_mode
 from lmforge.infer.params import GenerationParams
@@ -36,18 +37,6 @@ from lmforge.infer.params import GenerationParams
 
 class RewardError(LMForgeError):
     """A reward function raised or returned a non-finite value; the message shows the sample."""
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """ids [B, T] and attention mask [B, T] (1 = real token) with padding on the left."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if len(prompt):
-            ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
-    return ids, mask
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -240,7 +229,7 @@ class RolloutEngine:
             return [c.token_ids for c in engine.generate(prompts, params, n)]
 
     def _assemble(self, prompt_rows: list[list[int]], new: list[list[int]]) -> Rollout:
-        ids, mask = left_pad(prompt_rows, self.pad_id)
+        ids, mask = pad_collate(prompt_rows, self.pad_id, side="left")
         width = max(1, max(len(c) for c in new))
         comp = torch.full((len(new), width), self.pad_id, dtype=torch.long)
         comp_mask = torch.zeros((len(new), width), dtype=torch.long)

@@ -113,9 +113,10 @@ ODD = "13579"
 
 def first_token_prob(t: PPOTrainer, targets: list[int]) -> float:
     """Mean π(first completion token in targets) over the training prompts."""
-    from lmforge.align.rollout import completion_logits, left_pad
+    from lmforge.align.rollout import completion_logits
+    from lmforge.data.batches import pad_collate
 
-    ids, mask = left_pad([p for p in t.prompts], t.pad_id)
+    ids, mask = pad_collate([p for p in t.prompts], t.pad_id, side="left")
     ids = torch.cat([ids, torch.full((len(ids), 1), targets[0])], 1)
     mask = torch.cat([mask, torch.ones(len(ids), 1, dtype=mask.dtype)], 1)
     with torch.no_grad():
