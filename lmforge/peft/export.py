@@ -11,15 +11,13 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import torch
 from torch import nn
 
-from lmforge.errors import CheckpointError
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.lm import LM
 from lmforge.peft.adapter import AdapterWrapper, apply_adapters
 from lmforge.peft.config import PeftConfig, targets
-from lmforge.peft.lora import dense_linear, load_adapter, merge_lora, save_adapter
+from lmforge.peft.lora import copy_checked, dense_linear, load_adapter, merge_lora, save_adapter
 from lmforge.peft.qlora import NF4Linear
 
 
@@ -70,11 +68,7 @@ def load_peft(model: nn.Module, directory: str | Path) -> list[str]:
     if meta.get("peft_type", "LORA") == "LORA":
         return load_adapter(model, directory)
     names = apply_adapters(model, meta["targets"], meta["bottleneck"])
-    saved = load_tensors(directory / "adapter_model.safetensors")
-    params = dict(model.named_parameters())
-    if set(saved) - set(params):
-        raise CheckpointError(f"{directory}: adapter tensors do not match this model")
-    with torch.no_grad():
-        for k, v in saved.items():
-            params[k].copy_(v)
+    weights = directory / "adapter_model.safetensors"
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    copy_checked(trainable, load_tensors(weights), weights)
     return names

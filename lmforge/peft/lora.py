@@ -268,20 +268,26 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> list[str]:
                 f"{directory}: {n} has r={m.r}, alpha={m.alpha} but the adapter was saved with "
                 f"r={cfg['r']}, lora_alpha={cfg['lora_alpha']}"
             )
-    expected = lora_state_dict(model)
-    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
-    for k, v in saved.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(
-                f"{path}: {k} has shape {tuple(v.shape)}, model expects {tuple(expected[k].shape)}"
-            )
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for k, v in saved.items():
-            params[k].copy_(v)
+    lora = {n: p for n, p in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    copy_checked(lora, saved, path)
     return sorted(lora_modules(model))
+
+
+@torch.no_grad()
+def copy_checked(params: dict[str, Tensor], saved: dict[str, Tensor], where) -> None:
+    """Copy saved adapter tensors into `params` (the adapter's parameters by name) after checking
+    that names and shapes match exactly; a CheckpointError naming `where` otherwise."""
+    missing, unexpected = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for k, v in saved.items():
+        if v.shape != params[k].shape:
+            raise CheckpointError(
+                f"{where}: {k} has shape {tuple(v.shape)}, model expects {tuple(params[k].shape)}"
+            )
+        params[k].copy_(v)
 
 
 def merge_lora(model: nn.Module, replace: bool = True) -> list[str]:
