@@ -6,12 +6,9 @@ advantages A_i = r_i - mean_group(r) (÷ std for GRPO's `scale: std`). The loss 
 -mean(min(o·A, clip(o)·A)) over each completion's tokens, then over completions, plus
 β·KL_k3(π‖π_ref) when β > 0. No value network: the group mean is the baseline.
 
-`loss_type` picks TRL's reductions of that per-token loss (see `rl_losses.grpo_loss`): `grpo`
-(per-completion mean, then mean), `bnpo` (token mean), `dr_grpo` (÷ B·max_new_tokens), `dapo`
-(÷ the real tokens of the whole rollout), or `rloo`: REINFORCE leave-one-out, a sequence-level
-clipped ratio with A_i = r_i - mean of the other completions of its prompt and, when β > 0, the
-KL charged to the reward (TRL's RLOOTrainer). `clip_eps_high` is DAPO's clip-higher and
-`mask_truncated` its overlong filtering (completions cut at max_new_tokens teach nothing).
+`loss_type` picks TRL's reductions of that per-token loss (grpo, bnpo, dr_grpo, dapo: see
+`rl_losses.grpo_loss`) or `rloo`, REINFORCE leave-one-out (`rl_losses.rloo_loss`, TRL's
+RLOOTrainer). `clip_eps_high` is DAPO's clip-higher, `mask_truncated` its overlong filtering.
 
 With `num_iterations` μ = 1 every update is on-policy (o = 1, the gradient is -A·∇log π and
 π_old log-probs are never computed); μ > 1 reuses each batch μ times, which is what the ratio

@@ -1,13 +1,12 @@
 """Kahneman-Tversky Optimisation (Ethayarajh et al. 2024; TRL's KTOTrainer): learn from
 unpaired thumbs-up / thumbs-down completions against a frozen reference.
 
-Every example is a prompt, one completion and a binary label. With r = log π(y|x) - log π_ref(y|x)
-(sequence sums over completion tokens), a desirable completion costs λ_D·(1 - σ(β(r - z₀))) and an
-undesirable one λ_U·(1 - σ(β(z₀ - r))) (`preference_losses.kto_loss`, checked against TRL in
-tests/align/test_trl_oracle.py). The reference point z₀ estimates KL(π‖π_ref) as TRL does: each
-step pairs every prompt of the batch with the completion of the previous row (a mismatched pair,
-"x with some other y"), scores those pairs under π and π_ref without gradients, and takes
-max(0, mean(log π - log π_ref)). π_ref log-probs of the real pairs are computed once up front.
+Every example is a prompt, one completion and a binary label; the loss is
+`preference_losses.kto_loss` (checked against TRL in tests/align/test_trl_oracle.py). Its
+reference point z₀ estimates KL(π‖π_ref) as TRL does: each step pairs every prompt of the batch
+with the completion of the previous row (a mismatched pair, "x with some other y") and scores
+those pairs under π and π_ref without gradients. π_ref log-probs of the real pairs are computed
+once up front.
 
 Data (`data`, read by `data.load_unpaired`): JSONL lines {"prompt", "completion", "label":
 true|false} (strings or message lists) or {"messages", "label"}; a paired line or a `task:` pair

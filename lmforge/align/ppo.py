@@ -128,9 +128,7 @@ CRITICS: dict[str, type[nn.Module]] = {
 
 # ----------------------------------------------------------------------------- KL placement
 
-# shaped: KL in the reward, r_t = -β·KL_t on every token and the score added at the last one;
-# kl_loss (PPO-KL): the reward is the score alone and β·KL(π‖π_ref) (k3: unbiased, ≥ 0) a loss.
-VARIANTS = ("shaped", "kl_loss")
+VARIANTS = ("shaped", "kl_loss")  # KL in the reward | KL_k3 as a loss term (module docstring)
 
 
 def kl_penalty(variant: str, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:

@@ -2,21 +2,15 @@
 CPOTrainer). Neither keeps a frozen reference model, so a step is one forward + backward of the
 policy on chosen and rejected rows together ([2B, T]) and the memory of a DPO reference is saved.
 
-- ORPO (Hong et al. 2024, `lmforge orpo`): NLL(chosen) - β·log σ(log odds(y⁺) - log odds(y⁻)),
-  odds from length-averaged completion log-probs; the NLL term is TRL's (mean next-token loss
-  over the whole chosen sequence, prompt included). Trains from the base model in one stage, no
-  separate SFT needed.
-- SimPO (Meng et al. 2024, `lmforge simpo`): -log σ(β(avg logπ(y⁺) - avg logπ(y⁻)) - γ); its
-  `loss_type` covers TRL's CPOTrainer family on the same data: ``sigmoid`` is CPO (Xu et al.
-  2024; summed log-probs), ``hinge`` and ``ipo``; ``cpo_alpha`` adds the CPO NLL term
-  (α·NLL of the chosen responses), which is how TRL spells CPO-SimPO.
+- ORPO (`lmforge orpo`, `preference_losses.orpo_loss`) trains from the base model in one stage,
+  no separate SFT needed.
+- SimPO (`lmforge simpo`, `preference_losses.cpo_loss`): its `loss_type` covers TRL's CPOTrainer
+  family on the same data: ``sigmoid`` is CPO, ``hinge`` and ``ipo``; ``cpo_alpha`` adds the CPO
+  NLL term, which is how TRL spells CPO-SimPO.
 
-The formulas are `preference_losses.orpo_loss / cpo_loss`, checked against TRL in
-tests/align/test_trl_oracle.py. Data is the DPO loader's: {"prompt", "chosen", "rejected"} lines
-(strings or message lists) or HH dialogues or `task:NAME`; a line lacking chosen/rejected is a
-DataError naming file:line. The held-out metrics are the loss, preference accuracy of the
-implicit reward (β·log-prob as TRL logs it: averaged for ORPO/SimPO/IPO, summed for CPO/hinge)
-and its chosen - rejected margin.
+Both are checked against TRL in tests/align/test_trl_oracle.py. Data, batches and held-out
+metrics are `dpo.PreferenceTrainer`'s; the implicit reward is β·log-prob as TRL logs it
+(averaged for ORPO/SimPO/IPO, summed for CPO/hinge).
 """
 
 from __future__ import annotations

@@ -188,18 +188,18 @@ class ToolRolloutEngine(RolloutEngine):
         limit = self.policy.config.max_seq_len
         turn = 0
         while True:
-            active = [i for i, s in enumerate(state) if not s["done"]]
-            if not active:
-                break
-            budget = {i: self.max_new_tokens - sum(state[i]["mask"]) for i in active}
-            room = {i: limit - len(rows[i]) - len(state[i]["tokens"]) for i in active}
-            active = [i for i in active if min(budget[i], room[i]) > 0]
-            for i in set(budget) - set(active):
+            # what each unfinished row may still write: the model's token budget, or the room
+            # left in the context window if that is less
+            left = {i: min(self.max_new_tokens - sum(s["mask"]),
+                           limit - len(rows[i]) - len(s["tokens"]))
+                    for i, s in enumerate(state) if not s["done"]}  # fmt: skip
+            active = [i for i, n in left.items() if n > 0]
+            for i in set(left) - set(active):
                 state[i]["done"] = True
             if not active:
                 break
             new = self._generate_turn([rows[i] + state[i]["tokens"] for i in active],
-                                      [min(budget[i], room[i]) for i in active],
+                                      [left[i] for i in active],
                                       [state[i]["calls"] < self.max_tool_calls for i in active],
                                       None if seed is None else seed + 1_000_003 * turn,
                                       greedy)  # fmt: skip
