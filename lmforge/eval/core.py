@@ -103,22 +103,29 @@ def default_data_dir() -> Path:
     return Path(root) / "core"
 
 
-def select_tasks(names: str | Sequence[str] | None) -> list[CoreTask]:
-    """Tasks by label (comma-separated text or a list); None = all 22. Unknown names raise a
-    ConfigError listing the available ones."""
+def task_names(names: str | Sequence[str] | None, available: Sequence[str], key=str) -> list[str]:
+    """The available names asked for (comma-separated text or a list; None = all), in the order
+    given, without repeats; `key` folds a name for comparison (str.lower: any case). No name or
+    an unknown one raises a ConfigError listing the available ones."""
     if names is None:
-        return list(CORE_TASKS)
+        return list(available)
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     if not names:
         raise ConfigError("--tasks: no task named")
-    unknown = [n for n in names if n not in TASKS_BY_LABEL]
+    by_key = {key(t): t for t in available}
+    unknown = [n for n in names if key(n) not in by_key]
     if unknown:
         raise ConfigError(
             f"--tasks: unknown task {', '.join(map(repr, unknown))}; available: "
-            + ", ".join(TASKS_BY_LABEL)
+            + ", ".join(available)
         )
-    return [TASKS_BY_LABEL[n] for n in dict.fromkeys(names)]
+    return list(dict.fromkeys(by_key[key(n)] for n in names))
+
+
+def select_tasks(names: str | Sequence[str] | None) -> list[CoreTask]:
+    """CORE tasks by label (see task_names); None = all 22."""
+    return [TASKS_BY_LABEL[n] for n in task_names(names, list(TASKS_BY_LABEL))]
 
 
 def check_max_per_task(value: int | None) -> None:
@@ -318,10 +325,10 @@ def build_option_sets(
 
 def bos_id(tokenizer) -> int:
     """The id CORE prompts start with: BOS, else EOS (GPT-2's <|endoftext|> plays both)."""
-    for token in (tokenizer.bos_id, tokenizer.eos_id):
-        if token is not None:
-            return token
-    raise ConfigError("the tokenizer has neither a BOS nor an EOS token to start CORE prompts with")
+    token = next((t for t in (tokenizer.bos_id, tokenizer.eos_id) if t is not None), None)
+    if token is None:
+        raise ConfigError("the tokenizer has neither a BOS nor an EOS token to start CORE prompts")
+    return token
 
 
 def centered(accuracy: float, baseline: float) -> float:
@@ -332,6 +339,8 @@ def centered(accuracy: float, baseline: float) -> float:
 # ---- evaluation ---------------------------------------------------------------------------------
 @dataclass
 class CoreResult:
+    """Accuracy and centered accuracy per task; `core` is the mean centered accuracy."""
+
     results: dict[str, float] = field(default_factory=dict)  # accuracy per task
     centered: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # examples scored per task
@@ -343,6 +352,15 @@ class CoreResult:
 
     def to_json(self) -> dict:
         return {"results": self.results, "centered": self.centered, "core": self.core}
+
+    def add(self, label: str, accuracy: float, baseline: float, n: int, log: str = "") -> None:
+        """Record a task's accuracy over `n` items (`baseline` in percent); with `log`, print it
+        followed by the two scores to stderr."""
+        self.results[label], self.counts[label] = accuracy, n
+        self.centered[label] = centered(accuracy, baseline)
+        if log:
+            print(f"{log}  accuracy {accuracy:.4f}  centered {self.centered[label]:+.4f}",
+                  file=sys.stderr)  # fmt: skip
 
 
 def evaluate_task(lm, task: CoreTask, rows: list[dict], max_tokens: int = 16384) -> float:
@@ -381,13 +399,6 @@ def evaluate_core(
             print(f"  {task.label}: {len(rows)} items; few-shot drawn from the {len(rows) - 1} "
                   f"others (fewer than {task.shots})", file=sys.stderr)  # fmt: skip
         acc = evaluate_task(lm, task, rows, max_tokens)
-        result.results[task.label] = acc
-        result.centered[task.label] = centered(acc, task.baseline)
-        result.counts[task.label] = len(rows)
-        if progress:
-            print(
-                f"{task.label:34} {task.shots:2}-shot {len(rows):6} items  accuracy {acc:.4f}  "
-                f"centered {result.centered[task.label]:+.4f}",
-                file=sys.stderr,
-            )
+        log = f"{task.label:34} {task.shots:2}-shot {len(rows):6} items" if progress else ""
+        result.add(task.label, acc, task.baseline, len(rows), log)
     return result

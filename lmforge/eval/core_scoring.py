@@ -25,13 +25,16 @@ skip the cache: their options run as full right-padded sequences, still batched.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 import torch.nn.functional as F
 
 from lmforge.data.batches import pad_collate
+from lmforge.infer.engine import eval_mode
 from lmforge.model.cache import KVCache, full_attention
 
 HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
@@ -52,19 +55,14 @@ class OptionSet:
         return max(0, min(common, min(self.starts) - 1))
 
 
-def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
-    """Length of the longest prefix all sequences share."""
-    shortest = min(len(s) for s in seqs)
-    first = seqs[0]
-    for i in range(shortest):
-        token = first[i]
-        if any(s[i] != token for s in seqs):
-            return i
-    return shortest
+def common_prefix_len(seqs: Sequence[list[int]]) -> int:
+    """Length of the longest prefix all token lists share (os.path.commonprefix compares lists
+    item by item, not only strings)."""
+    return len(os.path.commonprefix(list(seqs)))
 
 
-def common_suffix_len(seqs: Sequence[Sequence[int]]) -> int:
-    """Length of the longest suffix all sequences share."""
+def common_suffix_len(seqs: Sequence[list[int]]) -> int:
+    """Length of the longest suffix all token lists share."""
     return common_prefix_len([s[::-1] for s in seqs])
 
 
@@ -101,20 +99,15 @@ def score_option_sets(
     the argmax at every scored position is the next token). Order of `sets` is kept.
 
     max_tokens bounds rows x padded width of one batch (KV cache and activations)."""
-    was_training = model.training
-    model.eval()
-    try:
-        config = model.config
-        use_cache = full_attention(config)
-        order = sorted(range(len(sets)), key=lambda i: -sets[i].prefix_len())
-        out: list[list[tuple[float, bool]] | None] = [None] * len(sets)
-        for batch in _batches(sets, order, config.max_seq_len, max_tokens):
+    use_cache = full_attention(model.config)
+    order = sorted(range(len(sets)), key=lambda i: -sets[i].prefix_len())
+    out: list[list[tuple[float, bool]] | None] = [None] * len(sets)
+    with eval_mode(model):
+        for batch in _batches(sets, order, model.config.max_seq_len, max_tokens):
             scored = _score_batch(model, [sets[i] for i in batch], use_cache)
             for i, result in zip(batch, scored):
                 out[i] = result
-        return out  # type: ignore[return-value]
-    finally:
-        model.train(was_training)
+    return out  # type: ignore[return-value]
 
 
 def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tuple[float, bool]]]:
@@ -147,16 +140,9 @@ def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tup
             lengths.append(n)
             r += 1
     losses, hits = _score_positions(model, h, rows, cols, targets, device)
-    results, k, o = [], 0, 0
-    for s in sets:
-        per_option = []
-        for _ in s.seqs:
-            n = lengths[o]
-            per_option.append((losses[k : k + n].mean().item(), bool(hits[k : k + n].all().item())))
-            k += n
-            o += 1
-        results.append(per_option)
-    return results
+    scores = iter(zip(losses.split(lengths), hits.split(lengths)))
+    return [[(loss.mean().item(), bool(hit.all())) for loss, hit in islice(scores, len(s.seqs))]
+            for s in sets]  # fmt: skip
 
 
 def _prefill(model, sets, prefixes, width, device) -> KVCache:

@@ -32,10 +32,7 @@ def _tokenizer(lm):
 def prefix_id(lm) -> int:
     """The token that conditions an empty context: BOS, else EOS, else 0."""
     tok = _tokenizer(lm)
-    for i in (tok.bos_id, tok.eos_id):
-        if i is not None:
-            return i
-    return 0
+    return next((i for i in (tok.bos_id, tok.eos_id) if i is not None), 0)
 
 
 def fit_prompt(ids: list[int], room: int) -> list[int]:
