@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lmforge.align import data as D
 from lmforge.align.logprobs import sft_loss
@@ -57,12 +57,6 @@ class ContinualConfig(SFTConfig):
 
 # trainable part -> the PEFT method that makes it (bias-only is plain weights, frozen elsewhere)
 TRAINABLE = {"full": "none", "lora": "lora", "bias": "none", "mlp": "adapter"}
-
-
-def bias_only(model: nn.Module) -> None:
-    """Freeze everything except bias vectors (BitFit)."""
-    for name, p in model.named_parameters():
-        p.requires_grad_(name.endswith("bias"))
 
 
 class Regularizer:
@@ -138,8 +132,9 @@ class ContinualTrainer(SFTTrainer):
     def setup(self) -> None:
         cfg: ContinualConfig = self.cfg
         super().setup()
-        if cfg.trainable == "bias":
-            bias_only(self.lm.model)
+        if cfg.trainable == "bias":  # BitFit: everything frozen but the bias vectors
+            for name, p in self.lm.model.named_parameters():
+                p.requires_grad_(name.endswith("bias"))
         load = lambda split, n, seed: D.load_sft(  # noqa: E731
             cfg.old_data, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, n=n, seed=seed,
             split=split,

@@ -15,7 +15,6 @@ Selection rules, picked by `select`:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,28 +25,7 @@ from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
 
-
-def select_best(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
-    """Index (within each group) of the best completion → [n_prompts, 1]."""
-    return rewards.argmax(-1, keepdim=True)
-
-
-def select_top_k(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
-    """Indices of the k best completions of each group → [n_prompts, k]."""
-    return rewards.topk(min(k, rewards.shape[-1]), dim=-1).indices
-
-
-def select_boltzmann(rewards: Tensor, k: int, tau: float, gen: torch.Generator) -> Tensor:
-    """k draws per group with replacement, P(i) ∝ exp(R_i/τ) → [n_prompts, k]."""
-    probs = torch.softmax(rewards.float().cpu() / tau, dim=-1)
-    return torch.multinomial(probs, k, replacement=True, generator=gen).to(rewards.device)
-
-
-SELECTORS: dict[str, Callable[[Tensor, int, float, torch.Generator], Tensor]] = {
-    "best": select_best,
-    "top_k": select_top_k,
-    "boltzmann": select_boltzmann,
-}
+SELECTORS = ("best", "top_k", "boltzmann")  # the selection rules of the module docstring
 
 
 def select_rows(
@@ -57,7 +35,14 @@ def select_rows(
     """Flat row indices of the kept completions (consecutive groups of ``group_size``)."""
     require_choice("select", rule, SELECTORS)
     grouped = rewards.view(-1, group_size)
-    within = SELECTORS[rule](grouped, k, tau, gen or torch.Generator())
+    if rule == "best":
+        within = grouped.argmax(-1, keepdim=True)
+    elif rule == "top_k":
+        within = grouped.topk(min(k, group_size), dim=-1).indices
+    else:  # boltzmann: k draws per group with replacement, P(i) ∝ exp(R_i/τ)
+        probs = torch.softmax(grouped.float().cpu() / tau, dim=-1)
+        draws = torch.multinomial(probs, k, replacement=True, generator=gen or torch.Generator())
+        within = draws.to(rewards.device)
     rows = within + torch.arange(grouped.shape[0], device=within.device)[:, None] * group_size
     rows = rows.flatten()
     if min_reward is not None:
