@@ -22,12 +22,12 @@ from lmforge.train.metrics import read_series
 Table = tuple[list[str], list[list[str]]]  # header, rows
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
+def _fmt(value: Any, digits: int = 4) -> str:
+    """A finite float with `digits` decimals (whole, with thousands separators, from 1000 up);
+    anything else as str() gives it."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
 
 
 def final_model(out: Path, results: dict[str, Any]) -> Path | None:
@@ -52,8 +52,7 @@ def eval_table(out: Path, readme: bool = False) -> Table | None:
         return None
     table = read_json(path, "eval results")
     cols = [c for c in EVAL_COLUMNS if any(c[0] in row for row in table.values())]
-    cell = (lambda v, c: _num(v, c[2])) if readme else (lambda v, c: _fmt(v))
-    rows = [[stage] + [cell(row[c[0]], c) if c[0] in row else "" for c in cols]
+    rows = [[stage] + [_fmt(row[c[0]], c[2] if readme else 4) if c[0] in row else "" for c in cols]
             for stage, row in table.items()]  # fmt: skip
     return ["model after", *(c[1] if readme else c[0] for c in cols)], rows
 
@@ -89,13 +88,9 @@ def samples_table(out: Path) -> Table | None:
         return None
     by_stage = read_json(path, "chat samples")
     prompts = list(dict.fromkeys(r["prompt"] for replies in by_stage.values() for r in replies))
-    rows = []
-    for prompt in prompts:
-        for stage, replies in by_stage.items():
-            for r in replies:
-                if r["prompt"] == prompt:
-                    reply = " ⏎ ".join(r["reply"].split("\n"))[:200]
-                    rows.append([prompt, stage, reply or "(empty)"])
+    rows = [[prompt, stage, " ⏎ ".join(r["reply"].split("\n"))[:200] or "(empty)"]
+            for prompt in prompts for stage, replies in by_stage.items()
+            for r in replies if r["prompt"] == prompt]  # fmt: skip
     return (["prompt", "model after", "greedy reply"], rows) if rows else None
 
 
@@ -117,12 +112,6 @@ def machine_line(plan: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- README tables
-
-
-def _num(value: Any, digits: int) -> str:
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return str(value)
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
 
 
 def _stage_result(stage: str, n: dict[str, Any]) -> str:

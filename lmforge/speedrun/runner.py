@@ -29,10 +29,9 @@ from lmforge.errors import ConfigError, LMForgeError
 from lmforge.fileio import read_json, write_json
 from lmforge.speedrun.presets import STAGE_ORDER
 from lmforge.speedrun.report import write_report
-from lmforge.speedrun.stages import STAGES, RunContext
+from lmforge.speedrun.stages import MARK, STAGES, RunContext
 
 MANIFEST = "speedrun.json"
-MARK = "stage.json"
 
 
 def _stage_settings(plan: dict[str, Any], stage: str) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from lmforge.train.checkpoint import STATE_FILE
 from lmforge.train.config import build_config
 from lmforge.train.pretrain import Pretrainer, TrainConfig
 
+MARK = "stage.json"  # written by the runner, last, when a stage has finished
+
 
 @dataclass
 class RunContext:
@@ -42,6 +44,10 @@ class RunContext:
 
     def dir(self, stage: str) -> Path:
         return self.out / stage
+
+    def done(self, stage: str) -> Path | None:
+        """The stage's folder once it has finished (the runner wrote its stage.json), else None."""
+        return self.dir(stage) if (self.dir(stage) / MARK).is_file() else None
 
     @property
     def device(self) -> torch.device:
@@ -166,13 +172,11 @@ class EvalStage(Stage):
         from lmforge.speedrun.evaluate import evaluate_models, find_core_data
 
         settings = ctx.plan["eval"]
-        models = {s: ctx.dir(s) for s in POLICIES if (ctx.dir(s) / "stage.json").is_file()}
+        models = {s: ctx.dir(s) for s in POLICIES if ctx.done(s)}
         if not models:
             raise LMForgeError("eval: no finished model stages to evaluate")
         records = load_prompts(ctx.task_source(), settings["n_problems"], seed=4242, split="test")
         val_bin = ctx.dir("pretrain") / "data" / "val.bin"
-        reward_dir = ctx.dir("reward")
-        sft_dir = ctx.dir("sft")
         core_data = find_core_data(settings.get("core_data", "auto"))
         if core_data is None and settings.get("core_data", "auto") == "auto":
             ctx.log("eval: no CORE task files (../shared/data/core or lmforge eval core's cache); "
@@ -180,8 +184,8 @@ class EvalStage(Stage):
         samples: dict[str, list[dict[str, str]]] = {}
         table = evaluate_models(
             models,
-            reference=sft_dir if (sft_dir / "stage.json").is_file() else None,
-            reward_model=reward_dir if (reward_dir / "stage.json").is_file() else None,
+            reference=ctx.done("sft"),
+            reward_model=ctx.done("reward"),
             records=records,
             val_bin=val_bin if val_bin.is_file() else None,
             settings=settings,
