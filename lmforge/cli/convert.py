@@ -1,4 +1,4 @@
-"""`lmforge convert`: Hugging Face checkpoint <-> lmforge checkpoint.
+"""`lmforge convert`: checkpoints between the Hugging Face, GGUF and lmforge layouts.
 
 --from-hf SRC --out DST   read an HF directory (llama, mistral, qwen2, mixtral, gpt2), write ours
 --to-hf SRC --out DST     read any checkpoint LM.load reads, write an HF directory that
@@ -17,11 +17,12 @@ from lmforge.fileio import write_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="convert checkpoints between Hugging Face, GGUF and "
-                       "lmforge layouts", description="Convert a Hugging Face checkpoint "
-                       "directory to lmforge (--from-hf) or an lmforge checkpoint to a Hugging "
-                       "Face directory (--to-hf); read a llama.cpp GGUF file (--from-gguf) or "
-                       "write one (--to-gguf).")  # fmt: skip
+    import argparse
+
+    p = sub.add_parser(
+        "convert", help="convert checkpoints between Hugging Face, GGUF and lmforge layouts",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", metavar="SRC", help="Hugging Face model directory to read")
     src.add_argument("--to-hf", metavar="SRC", help="lmforge checkpoint directory to export")

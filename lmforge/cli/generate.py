@@ -14,11 +14,14 @@ def add_sampling_args(p) -> None:
 
 
 def add_engine_args(p) -> None:
-    """Device and decoding precision for the engine-backed commands (generate, chat, serve)."""
-    from lmforge.cli.precision import add_precision_args
+    """Device and decoding precision for the engine-backed commands (generate, chat, serve):
+    --dtype (default auto: chosen per machine) and --quantize, with the choices
+    lmforge.infer.quantize defines (one list for every command)."""
+    from lmforge.infer.quantize import DTYPE_CHOICES, DTYPE_HELP, QUANTIZE_CHOICES, QUANTIZE_HELP
 
     p.add_argument("--device", default="cpu")
-    add_precision_args(p)
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
+    p.add_argument("--quantize", default=None, choices=QUANTIZE_CHOICES, help=QUANTIZE_HELP)
 
 
 def register(sub) -> None:

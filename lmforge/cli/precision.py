@@ -1,6 +1,6 @@
 """`lmforge precision`: the number-format table (from torch.finfo/iinfo), an FP8 check, and what
-`--dtype auto` picks on this machine; `add_precision_args` gives every engine-backed command
-(chat, serve, generate) the same --dtype/--quantize options."""
+`--dtype auto` picks on this machine (the engine-backed commands' --dtype/--quantize options:
+cli/generate.py's add_engine_args)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,6 @@ def register(sub) -> None:
                        "and kernels --dtype auto chooses from.")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=run)
-
-
-def add_precision_args(p) -> None:
-    """--dtype (default auto: chosen per machine) and --quantize, with the choices
-    lmforge.infer.quantize defines (one list for every command)."""
-    from lmforge.infer.quantize import DTYPE_CHOICES, DTYPE_HELP, QUANTIZE_CHOICES, QUANTIZE_HELP
-
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
-    p.add_argument("--quantize", default=None, choices=QUANTIZE_CHOICES, help=QUANTIZE_HELP)
 
 
 def _fmt(value) -> str:

@@ -61,11 +61,10 @@ def validate(cfg) -> None:
     shards into out_dir: the device, and the model config built from the run's settings (a
     preset name, `model:` fields and their types). The vocabulary size is a stand-in here (the
     tokenizer is not built yet); no model rule depends on its value."""
-    from lmforge.errors import check_field_types
+    from lmforge.errors import check_field_types, require_device
     from lmforge.train.config import TrainConfig
-    from lmforge.train.pretrain import resolve_device
 
-    resolve_device(cfg.device)
+    require_device(cfg.device)
     if isinstance(cfg, TrainConfig):
         from lmforge.model.config import ModelConfig
 

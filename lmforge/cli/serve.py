@@ -151,7 +151,7 @@ def run(args) -> int:
         dtype=args.dtype,
         quantize=args.quantize,
     )
-    name = args.model_name or lm_name(args.checkpoint)
+    name = args.model_name or Path(args.checkpoint).resolve().name
     loopback = args.host in LOOPBACK
     warm_up = None
     if args.compile:
@@ -173,7 +173,3 @@ def run(args) -> int:
     config = uvicorn_config(app, args.host, args.port, args.read_timeout, args.keep_alive_timeout)
     uvicorn.Server(config).run()
     return 0
-
-
-def lm_name(path: str) -> str:
-    return Path(path).resolve().name

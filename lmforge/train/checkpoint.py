@@ -88,6 +88,19 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def check_signature(where: str | Path, saved: Any, current: dict[str, Any]) -> None:
+    """CheckpointError naming the differing keys unless a resumed state was saved with the
+    same model settings (`Trainer.signature`, compared as JSON) as this run."""
+    current = json.loads(json.dumps(current))  # tuples as lists, keys as strings: as saved
+    if saved != current:
+        saved = saved if isinstance(saved, dict) else {}
+        diff = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+        raise CheckpointError(
+            f"{where}: saved with a different model config (differs in: {', '.join(diff)}); "
+            "start a new out_dir or restore the original settings"
+        )
+
+
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """state_dict without tied duplicates (safetensors refuses shared storage)."""
     state = model.state_dict()
@@ -101,9 +114,20 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state()}
+def rng_state(json_safe: bool = False) -> dict[str, Any]:
+    """This process's RNG states (CPU, and CUDA once used), so dropout masks continue exactly
+    on resume; `json_safe`: as byte lists (a sharded checkpoint's per-rank JSON)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return {k: v.tolist() for k, v in state.items()} if json_safe else state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    """Restore the states of `rng_state` (tensors or byte lists); malformed: CheckpointError."""
+    try:
+        torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(torch.as_tensor(state["cuda"], dtype=torch.uint8))
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"the saved RNG state is malformed ({err})") from err

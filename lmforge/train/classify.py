@@ -172,8 +172,6 @@ class ClassifyTrainer(Trainer):
     evaluate_first = True
 
     def __init__(self, cfg: ClassifyTrainConfig, resume: bool = False, log=print):
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         # data and checkpoint first: a bad input fails before out_dir is written
         train_rows, val_rows, self.names = _splits(cfg)

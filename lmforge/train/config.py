@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from lmforge.errors import ConfigError, check_field_types, require_positive_ints
+from lmforge.errors import ConfigError, check_field_types, require_choice, require_positive_ints
 from lmforge.fileio import coerce_numbers, load_yaml
 from lmforge.model.config import ModelConfig
 from lmforge.train.optim import cosine_lr
@@ -129,10 +129,7 @@ class TrainConfig(OptimConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive_ints(self, "batch_size", "block_size")
-        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
-            raise ConfigError(
-                f"dtype must be float32, bfloat16, float16 or auto; got {self.dtype!r}"
-            )
+        require_choice("dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         require_fraction(self, "val_fraction")
 
     def model_config(self, vocab_size: int) -> ModelConfig:

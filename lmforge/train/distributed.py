@@ -44,9 +44,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lmforge.data import BatchSampler, TokenShard
-from lmforge.errors import CheckpointError, ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.train import sharded_checkpoint as dcp_ckpt
-from lmforge.train.checkpoint import STATE_FILE
+from lmforge.train.checkpoint import STATE_FILE, check_signature, rng_state, set_rng_state
 
 # A stop (SIGTERM, Ctrl-C) asked for while the training loop runs. The loop takes it only between
 # two steps, so the checkpoint it saves is the state after a whole step and a resume continues
@@ -342,7 +342,7 @@ class DDPParallel(Parallel):
 
     def save_state(self, out_dir: Path, model, optimizer, sampler, meta: dict[str, Any]) -> None:
         """Collective: a sharded DCP checkpoint of model + optimizer, meta and per-rank JSON."""
-        rank_state = {"sampler": sampler.state_dict(), "rng": dcp_ckpt.rng_json()}
+        rank_state = {"sampler": sampler.state_dict(), "rng": rng_state(json_safe=True)}
         meta = {**meta, "parallel": self.name}
         dcp_ckpt.save_sharded(Path(out_dir) / dcp_ckpt.CHECKPOINT_DIR, model, optimizer, meta,
                              rank_state)  # fmt: skip
@@ -352,18 +352,13 @@ class DDPParallel(Parallel):
         model, optimizer, this rank's data lanes and RNG, and return meta (step, ...)."""
         step_dir = dcp_ckpt.resolve_checkpoint(path)
         meta = dcp_ckpt.check_checkpoint(step_dir)
-        if meta["model_config"] != model_config:
-            diff = sorted(k for k in model_config if meta["model_config"].get(k) != model_config[k])
-            raise CheckpointError(
-                f"{step_dir}: saved with a different model config (differs in: "
-                f"{', '.join(diff)}); start a new out_dir or restore the original settings"
-            )
+        check_signature(step_dir, meta["model_config"], model_config)
         ranks = dcp_ckpt.read_rank_states(step_dir, meta["world_size"])
         lanes = {k: v for r in ranks for k, v in r["sampler"]["lanes"].items()}
         sampler.load_state_dict({"lanes": lanes})
         dcp_ckpt.load_sharded(step_dir, model, optimizer)
         if meta["world_size"] == self.world_size:  # else: no per-rank stream to continue
-            dcp_ckpt.set_rng_json(ranks[self.rank]["rng"])
+            set_rng_state(ranks[self.rank]["rng"])
         return meta
 
 
@@ -404,19 +399,11 @@ class FSDPParallel(DDPParallel):
     def full_model(self, model: nn.Module) -> nn.Module | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from lmforge.model.transformer import Transformer
+        from lmforge.model.io import build_model
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=opts)  # full tensors on rank 0 only
-        if not self.is_main:
-            return None
-        with torch.device("meta"):
-            full = Transformer(model.config)
-        full.load_state_dict(state, assign=True, strict=False)
-        full.reset_buffers()  # RoPE/sinusoid tables are not in the state dict
-        if full.config.tie_embeddings:
-            full.lm_head.weight = full.embed.weight
-        return full
+        return build_model(model.config, state) if self.is_main else None
 
 
 PARALLEL: dict[str, type[DDPParallel]] = {"ddp": DDPParallel, "fsdp": FSDPParallel}
@@ -447,19 +434,11 @@ def setup_parallel(cfg, device: torch.device) -> Parallel:
     Checks the configuration before any step: cfg.parallel is known and the world size divides
     cfg.grad_accum (see the batch convention above).
     """
-    if cfg.parallel not in PARALLEL:
-        raise ConfigError(f"parallel must be one of {', '.join(PARALLEL)}; got {cfg.parallel!r}")
-    if not launched_by_torchrun():
-        return Parallel(device, cfg.activation_checkpointing)
-    world = int(os.environ["WORLD_SIZE"])
-    if cfg.grad_accum % world:
-        raise ConfigError(
-            f"grad_accum={cfg.grad_accum} is not divisible by the world size {world}: grad_accum "
-            f"counts the micro-batches of one step across all ranks (global batch = batch_size "
-            f"x grad_accum = {cfg.batch_size * cfg.grad_accum} sequences); set grad_accum to a "
-            f"multiple of {world}"
-        )
-    if cfg.parallel == "fsdp" and cfg.dtype == "float16":
+    require_choice("parallel", cfg.parallel, PARALLEL)
+    torchrun = launched_by_torchrun()
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else 1
+    check_world_size(cfg.grad_accum, world, "grad_accum", "micro-batches")
+    if torchrun and cfg.parallel == "fsdp" and cfg.dtype == "float16":
         raise ConfigError("parallel=fsdp does not support float16 loss scaling; use bfloat16")
     return init_parallel(cfg.parallel, device, cfg.activation_checkpointing)
 
@@ -582,13 +561,16 @@ class WholeCopy:
                 self.copy.to("cpu")  # GPU memory holds only the shards between uses
 
 
-def check_world_size(batch_size: int, world_size: int, what: str = "batch_size") -> None:
-    """The global batch must split evenly over the ranks (before any step)."""
-    if batch_size % world_size:
+def check_world_size(
+    count: int, world_size: int, what: str = "batch_size", unit: str = "examples"
+) -> None:
+    """The global batch (`count` `unit` of one step) must split evenly over the ranks (checked
+    before any step)."""
+    if count % world_size:
         raise ConfigError(
-            f"{what}={batch_size} is not divisible by the world size {world_size}: it is the "
-            f"global batch of one step across all ranks (each rank takes {what} / world size); "
-            f"set it to a multiple of {world_size}"
+            f"{what}={count} is not divisible by the world size {world_size}: it counts the "
+            f"{unit} of one step across all ranks (each rank takes {what} / world size); set it "
+            f"to a multiple of {world_size}"
         )
 
 

@@ -20,8 +20,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
-from lmforge.errors import ConfigError, DataError, LMForgeError, require_positive_ints
+from lmforge.errors import (
+    ConfigError,
+    DataError,
+    LMForgeError,
+    require_choice,
+    require_device,
+    require_positive_ints,
+)
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.model.bert import (
     BertConfig,
@@ -36,7 +44,7 @@ from lmforge.train.checkpoint import model_state
 from lmforge.train.config import SmallRunConfig, require_fraction
 from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
-from lmforge.train.pretrain import build_tokenizer, resolve_device, train_tokenizer
+from lmforge.train.pretrain import build_tokenizer, train_tokenizer
 
 # BERT's spellings; "pad" first so that [PAD] gets id 0, BERT's padding id.
 BERT_SPECIAL_TOKENS = {
@@ -72,9 +80,7 @@ class EncoderTrainConfig(SmallRunConfig):
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
-                              f"{self.objective!r}")  # fmt: skip
+        require_choice("objective", self.objective, OBJECTIVES)
         super().__post_init__()
         require_positive_ints(self, "eval_iters")
         require_fraction(self, "mask_prob")
@@ -159,10 +165,8 @@ def mlm_rows(
 
 def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded input_ids and the attention_mask (1 on real tokens) for id lists."""
-    x = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(x)
-    for r, row in enumerate(rows):
-        x[r, : len(row)], mask[r, : len(row)] = torch.tensor(row, dtype=torch.long), 1
+    x = pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], True, pad_id)
+    mask = pad_sequence([torch.ones(len(r), dtype=torch.long) for r in rows], True)
     return {"input_ids": x, "attention_mask": mask}
 
 
@@ -254,9 +258,7 @@ class EncoderPretrainer(Trainer):
         from lmforge.data import read_documents
 
         self.name = cfg.objective
-        self.open_run(cfg, Parallel(resolve_device(cfg.device)), resume, log)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.open_run(cfg, Parallel(require_device(cfg.device)), resume, log)
         torch.manual_seed(cfg.seed)
         self.objective = OBJECTIVES[cfg.objective]()
         self.curves = [(split, m) for m in self.objective.curves for split in ("train", "val")]

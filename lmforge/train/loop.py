@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import signal
 import time
@@ -49,10 +48,12 @@ from lmforge.errors import (
     LMForgeError,
     NonFiniteLoss,
     Terminated,
+    require_choice,
 )
 from lmforge.fileio import remove_stale_temps, write_json
 from lmforge.train.checkpoint import (
     STATE_FILE,
+    check_signature,
     load_training_state,
     rng_state,
     save_training_state,
@@ -84,8 +85,7 @@ def training_dtype(name: str, device: torch.device) -> str:
     one: bf16 where the hardware does bf16 matmuls natively (CUDA with bf16, CPUs with AMX), fp16
     on older GPUs, fp32 otherwise. Any other name must be one of DTYPES (ConfigError if not)."""
     if name != "auto":
-        if name not in DTYPES:
-            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+        require_choice("dtype", name, DTYPES)
         return name
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
@@ -155,7 +155,10 @@ class Trainer:
 
     # ---- setup -------------------------------------------------------------------------------
     def open_run(self, cfg: OptimConfig, dist: Parallel, resume: bool, log=print) -> None:
-        """Settings, device and output folder; checks that --resume has a state to resume."""
+        """Settings, device, torch threads (a `threads` setting) and output folder; checks that
+        --resume has a state to resume."""
+        if getattr(cfg, "threads", None):
+            torch.set_num_threads(cfg.threads)
         self.cfg, self.dist, self.resume = cfg, dist, resume
         self.log = log if dist.is_main else _silent
         self.device = dist.device
@@ -440,17 +443,14 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         """Restore a state written by save_checkpoint, after checking it fits this run."""
         if self.dcp_state and self.dist.sharded:
-            signature = json.loads(json.dumps(self.signature()))
-            state = self.dist.load_state(path, self.module, self.optimizer, self.sampler, signature)
+            state = self.dist.load_state(
+                path, self.module, self.optimizer, self.sampler, self.signature()
+            )
         else:
             state = load_training_state(path)
             if "trainable" not in state:
                 raise CheckpointError(f"{path}: written by an earlier lmforge; start a new out_dir")
-            if state.get("model_config") != json.loads(json.dumps(self.signature())):
-                raise CheckpointError(
-                    f"{path}: saved with a different model config; start a new out_dir or "
-                    "restore the original settings"
-                )
+            check_signature(path, state.get("model_config"), self.signature())
             params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
             differ = sorted(set(state["trainable"]) ^ set(params))
             if differ:

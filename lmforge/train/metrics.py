@@ -3,9 +3,9 @@ and a PNG plot of the curves at the end of a run."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from pathlib import Path
-from typing import Any
 
 
 def read_series(path: str | Path, split: str, metric: str) -> tuple[list[int], list[float]]:
@@ -28,24 +28,17 @@ class MetricsLog:
     def __init__(self, out_dir: str | Path, tensorboard: bool = False, resume: bool = False):
         self.path = Path(out_dir) / "metrics.csv"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not resume and self.path.exists():
-            self.path.unlink()
-        self.rows: list[dict[str, Any]] = []
-        if resume and self.path.exists():
-            with open(self.path, newline="") as fh:
-                self.rows = list(csv.DictReader(fh))
+        if not resume:
+            self.path.unlink(missing_ok=True)
         self.writer = None
         if tensorboard:
-            try:
+            with contextlib.suppress(ImportError):  # tensorboard not installed: the CSV only
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
-            except ImportError:
-                self.writer = None
 
     def log(self, step: int, split: str, **values: float) -> None:
-        row = {"step": step, "split": split, **values}
-        self.rows.append(row)
+        """Append one row per value to metrics.csv (and TensorBoard when on)."""
         new_file = not self.path.exists()
         with open(self.path, "a", newline="") as fh:
             writer = csv.writer(fh)

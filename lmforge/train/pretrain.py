@@ -27,13 +27,6 @@ from lmforge.train.config import TrainConfig
 from lmforge.train.distributed import micro_batch_seed, setup_parallel
 from lmforge.train.loop import Trainer, training_dtype
 
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device for a run's `device` setting (`auto` = CUDA when available, else CPU).
-    An unknown name, or a GPU this machine lacks, is a ConfigError naming the setting."""
-    return require_device(name, "device")
-
-
 TOKENIZER_KINDS = ("bpe", "char", "word")
 
 
@@ -123,7 +116,7 @@ class Pretrainer(Trainer):
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
         # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/distributed.py)
-        self.open_run(cfg, setup_parallel(cfg, resolve_device(cfg.device)), resume, log)
+        self.open_run(cfg, setup_parallel(cfg, require_device(cfg.device)), resume, log)
         self.dtype = training_dtype(cfg.dtype, self.device)
         remove_stale_temps(self.out_dir / "data")
         with self.dist.rank_zero_first():  # the other ranks then reuse rank 0's files

@@ -15,7 +15,7 @@ from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.model.seq2seq import NumberTask, Seq2Seq, Seq2SeqConfig
 from lmforge.train.config import SmallRunConfig, require_fraction
 from lmforge.train.distributed import Parallel
-from lmforge.train.loop import Trainer, split_rows
+from lmforge.train.loop import Trainer
 
 
 @dataclass
@@ -49,8 +49,6 @@ class Seq2SeqTrainer(Trainer):
     plot_file = "loss.png"
 
     def __init__(self, cfg: Seq2SeqTrainConfig, resume: bool = False, log=print):
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.task = NumberTask(cfg.max_number, cfg.test_fraction, cfg.seed, cfg.reverse)
         try:
@@ -65,9 +63,6 @@ class Seq2SeqTrainer(Trainer):
 
     def next_batch(self):
         return self.task.batch(self.rng.sample(self.task.train, self.cfg.batch_size))
-
-    def micro_batches(self, batch):
-        return split_rows(tuple(batch), self.cfg.grad_accum)
 
     def loss(self, batch):
         return self.model.loss(*batch), {}

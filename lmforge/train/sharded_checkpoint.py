@@ -39,12 +39,12 @@ from lmforge.train.checkpoint import fill_skeleton, state_skeleton
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest.json"
 FORMAT = "lmforge-sharded-safetensors/1"
-# The dtypes a checkpoint may name (a name outside this table is refused, never looked up).
-DTYPES = {
-    str(dt).removeprefix("torch."): dt
-    for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
-}  # fmt: skip
+# The dtypes a checkpoint may name (a name outside this table is refused, never looked up), each
+# with safetensors' name for it (what a shard's header reports).
+ST_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+            torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}  # fmt: skip
+DTYPES = {str(dt).removeprefix("torch."): dt for dt in ST_NAMES}
 _OLD_FORMAT = (
     "was written by an older lmforge in torch.distributed.checkpoint format, whose .metadata is "
     "a pickle and cannot be read safely; start a new out_dir, or consolidate it with the lmforge "
@@ -264,8 +264,7 @@ class _Chunks:
             raise CheckpointError(f"{path}: tensor {name!r} has a bad offset {offset!r}")
         if any(o + s > f for o, s, f in zip(offset, shape, full)):
             raise CheckpointError(f"{path}: slice of {name!r} lies outside its shape {full}")
-        expected = torch.empty(0, dtype=DTYPES[info["dtype"]])
-        if _st_dtype(expected.dtype) != dtype:
+        if ST_NAMES[DTYPES[info["dtype"]]] != dtype:
             raise CheckpointError(f"{path}: {name!r} is {dtype}, meta.json says {info['dtype']}")
         self.chunks.setdefault(name, []).append((index, offset, shape))
 
@@ -301,13 +300,6 @@ class _Chunks:
 
     def open(self, stack: ExitStack) -> list:
         return [stack.enter_context(safe_open(str(p), framework="pt")) for p in self.files]
-
-
-def _st_dtype(dtype: torch.dtype) -> str:
-    """safetensors' name of a torch dtype (as get_dtype() reports it)."""
-    return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-            torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}[dtype]  # fmt: skip
 
 
 def check_checkpoint(step_dir: Path) -> dict[str, Any]:
@@ -411,21 +403,3 @@ def consolidate(path: str | Path, out_dir: str | Path | None = None) -> Path:
     out = Path(out_dir) if out_dir is not None else run_dir
     LM(model, tokenizer).save(out)
     return out / "model.safetensors"
-
-
-def rng_json() -> dict[str, list[int]]:
-    """This rank's RNG states as JSON-safe byte lists (dropout masks continue exactly)."""
-    state = {"torch": torch.get_rng_state().tolist()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state().tolist()
-    return state
-
-
-def set_rng_json(state: dict[str, list[int]]) -> None:
-    """Restore the RNG states saved by rng_json (a malformed entry is a CheckpointError)."""
-    try:
-        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"per-rank RNG state is malformed ({err})") from err

@@ -10,10 +10,10 @@ their relation:
 
 Shapes have random sizes (min_size..max_size pixels) at random pixel positions: nothing lines up
 with a patch grid, so shapes straddle patch borders and many patches hold parts of two shapes,
-often of two colours (`patch_mixing` measures it). Every shape of the first group lies strictly
-left of (above) every shape of the second, the two groups' extents overlap in the other
-direction (so "left of" never also reads as "above"), and shapes never touch (a one-pixel gap),
-so the caption is a function of the image and exact match is a fair score.
+often of two colours (tests/vlm/test_shapes_data.py measures how often). Every shape of the
+first group lies strictly left of (above) every shape of the second, the two groups' extents
+overlap in the other direction (so "left of" never also reads as "above"), and shapes never touch
+(a one-pixel gap), so the caption is a function of the image and exact match is a fair score.
 
 Splits (SPLITS): "train" (what the model learns from), "validation" (for every choice: stem,
 layers, learning rate, steps), "test" (held-out images of the pairs seen in training) and
@@ -290,36 +290,6 @@ class ShapesDataset:
             _draw_shape(draw, kind, shape.x, shape.y, shape.size, shape.rgb)
             _draw_shape(label_draw, kind, shape.x, shape.y, shape.size, k)
         return np.asarray(image, dtype=np.uint8).copy(), np.asarray(labels, dtype=np.int64)
-
-
-def patch_mixing(
-    data: ShapesDataset, patch_size: int, split: str = "train", n: int = 200
-) -> dict[str, float]:
-    """How often the first n images of `split` put more than one thing in a patch of a
-    patch_size grid (the vision encoder's):
-    straddling:  share of shapes whose pixels fall in two or more patches;
-    two_shapes:  share of occupied patches (any shape pixel) holding pixels of two or more shapes;
-    two_colours: share of occupied patches holding shapes of two different colour names.
-    The previous generator (one shape per 8-pixel cell) gave 0% two_colours on its 8-pixel grid."""
-    straddling = shapes = two_shapes = two_colours = occupied = 0
-    grid = data.image_size // patch_size
-    for i in range(n):
-        _, labels, scene = data.sample_with_labels(split, i)
-        colour = (scene.first.colour, scene.second.colour)
-        count = scene.first.count  # labels 1..count are the first group's shapes
-        tiles = labels[: grid * patch_size, : grid * patch_size].reshape(
-            grid, patch_size, grid, patch_size
-        )
-        owners = [set(np.unique(tiles[r, :, c, :])) - {0} for r in range(grid) for c in range(grid)]
-        for k in range(1, int(labels.max()) + 1):
-            shapes += 1
-            straddling += sum(k in o for o in owners) > 1
-        for o in filter(None, owners):
-            occupied += 1
-            two_shapes += len(o) > 1
-            two_colours += len({colour[int(k > count)] for k in o}) > 1
-    return {"straddling": straddling / shapes, "two_shapes": two_shapes / occupied,
-            "two_colours": two_colours / occupied}  # fmt: skip
 
 
 def _draw_shape(draw, shape: str, x: int, y: int, size: int, colour) -> None:

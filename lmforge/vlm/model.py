@@ -15,12 +15,13 @@ model.safetensors (language_model.* / vision_tower.* / projector.*), tokenizer.j
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.errors import CheckpointError, ConfigError, DataError
 from lmforge.fileio import check_state, load_tensors, read_json, save_tensors, write_json
@@ -172,14 +173,10 @@ class VisionLanguageModel(nn.Module):
 
     def collate(self, examples: Sequence[tuple[list[int], list[int]]]):
         """Right-padded ids [B, T] and labels [B, T] (padding labelled -100)."""
-        width = max(len(ids) for ids, _ in examples)
         pad = self.tokenizer.pad_id or 0
-        ids = torch.full((len(examples), width), pad, dtype=torch.long)
-        labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-        for row, (x, y) in enumerate(examples):
-            ids[row, : len(x)] = torch.tensor(x)
-            labels[row, : len(y)] = torch.tensor(y)
-        return ids, labels
+        ids = pad_sequence([torch.tensor(x, dtype=torch.long) for x, _ in examples], True, pad)
+        labels = [torch.tensor(y, dtype=torch.long) for _, y in examples]
+        return ids, pad_sequence(labels, True, IGNORE)
 
     # ---------------------------------------------------------------- forward and loss
 
@@ -201,11 +198,12 @@ class VisionLanguageModel(nn.Module):
         is_image = input_ids == self.image_id
         if features is None and pixels is not None:
             features = self.image_features(pixels)
-        if features is None:
-            if bool(is_image.any()):
-                raise DataError("the ids hold image placeholders but no images were given")
-            return self.language_model(input_ids, attention_mask, cache=cache, last_only=last_only)
-        with spliced_embeddings(self.language_model, is_image, features):
+        if features is None and bool(is_image.any()):
+            raise DataError("the ids hold image placeholders but no images were given")
+        splice = nullcontext() if features is None else spliced_embeddings(
+            self.language_model, is_image, features
+        )  # fmt: skip
+        with splice:
             return self.language_model(input_ids, attention_mask, cache=cache, last_only=last_only)
 
     def loss(self, input_ids: torch.Tensor, labels: torch.Tensor, pixels: torch.Tensor):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmforge.errors import ConfigError
+from lmforge.errors import require_choice
 
 
 class LinearProjector(nn.Module):
@@ -40,6 +40,5 @@ PROJECTORS: dict[str, type[nn.Module]] = {"linear": LinearProjector, "mlp2": MLP
 
 
 def build_projector(kind: str, d_vision: int, d_model: int) -> nn.Module:
-    if kind not in PROJECTORS:
-        raise ConfigError(f"projector must be one of {sorted(PROJECTORS)}, got {kind!r}")
+    require_choice("projector", kind, PROJECTORS)
     return PROJECTORS[kind](d_vision, d_model)

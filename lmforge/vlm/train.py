@@ -170,8 +170,6 @@ class VLMTrainer(Trainer):
     plot_file = "loss.png"
 
     def __init__(self, cfg: VLMTrainConfig, resume: bool = False, log=print):
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         self.start_time, self.start_cpu = time.perf_counter(), time.process_time()
         self.data = build_data(cfg)
         self.vlm = build_model(cfg, self.data)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.model.config import ModelConfig
 from lmforge.model.norms import LayerNorm
 from lmforge.model.transformer import Block
@@ -72,13 +72,8 @@ class VisionConfig:
             raise ConfigError(
                 f"vision.d_model={self.d_model} is not divisible by vision.n_head={self.n_head}"
             )
-        if self.patch_embed not in PATCH_EMBEDDINGS:
-            raise ConfigError(
-                f"vision.patch_embed must be one of {sorted(PATCH_EMBEDDINGS)}, "
-                f"got {self.patch_embed!r}"
-            )
-        if self.act not in ACTIVATIONS:
-            raise ConfigError(f"vision.act must be one of {list(ACTIVATIONS)}, got {self.act!r}")
+        require_choice("vision.patch_embed", self.patch_embed, PATCH_EMBEDDINGS)
+        require_choice("vision.act", self.act, ACTIVATIONS)
         p = self.patch_size
         if self.patch_embed == "conv" and (p < 2 or p & (p - 1)):
             raise ConfigError(
@@ -130,8 +125,6 @@ def check_pixels(pixels: torch.Tensor, image_size: int, channels: int = 3) -> No
 class PatchEmbedding(nn.Module):
     """[B, C, H, W] -> [B, (H/P)(W/P), d]: a linear map of each flattened P x P x C patch."""
 
-    late_colour = False
-
     def __init__(self, config: VisionConfig):
         super().__init__()
         self.image_size, self.channels = config.image_size, config.channels
@@ -154,8 +147,6 @@ class ConvPatchEmbedding(nn.Module):
     that straddles a patch border, or a patch that holds parts of two shapes, is not cut into
     pieces that no single token sees whole.
     """
-
-    late_colour = False
 
     def __init__(self, config: VisionConfig):
         super().__init__()
@@ -200,8 +191,6 @@ class FactorisedPatchEmbedding(nn.Module):
         self.channels = config.channels
         self.shape = nn.Linear(self.p * self.p, config.d_model)
         self.colour = nn.Linear(2 * config.channels, config.d_model, bias=False)
-
-    late_colour = False
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         shape, colour = self.codes(pixels)
@@ -270,7 +259,7 @@ class VisionEncoder(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         late = None
-        if self.patch_embed.late_colour:  # added after the blocks (LateColourPatchEmbedding)
+        if getattr(self.patch_embed, "late_colour", False):  # added after the blocks
             x, late = self.patch_embed.codes(pixels)
         else:
             x = self.patch_embed(pixels)
@@ -300,7 +289,6 @@ PATCH_EMBEDDINGS: dict[str, type[nn.Module]] = {
     "factorised": FactorisedPatchEmbedding,
     "late_colour": LateColourPatchEmbedding,
 }
-VISION_ENCODERS = {"vit": VisionEncoder}
 
 
 # Tensor names of the encoder blocks before they became lmforge's shared Block.

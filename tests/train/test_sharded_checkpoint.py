@@ -23,6 +23,7 @@ from lmforge.errors import CheckpointError
 from lmforge.fileio import load_tensors, save_tensors
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
+from lmforge.train.checkpoint import rng_state
 from lmforge.train.config import TrainConfig
 from lmforge.train.pretrain import Pretrainer
 from lmforge.train.sharded_checkpoint import (
@@ -31,7 +32,6 @@ from lmforge.train.sharded_checkpoint import (
     consolidate,
     load_sharded,
     resolve_checkpoint,
-    rng_json,
     save_sharded,
 )
 
@@ -232,8 +232,9 @@ from torch.distributed.fsdp import fully_shard
 from lmforge.fileio import load_tensors, save_tensors
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
+from lmforge.train.checkpoint import rng_state
 from lmforge.train.sharded_checkpoint import (check_checkpoint, load_sharded, resolve_checkpoint,
-                                              rng_json, save_sharded)
+                                              save_sharded)
 
 src, dst, expected_file, after_file = map(Path, sys.argv[1:5])
 dist.init_process_group("gloo")
@@ -269,7 +270,7 @@ assert model.embed.weight.to_local().shape[0] == (26 if dist.get_rank() == 0 els
 x = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(7))
 F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
 optimizer.step()
-rank_state = {"sampler": {"lanes": {}}, "rng": rng_json()}
+rank_state = {"sampler": {"lanes": {}}, "rng": rng_state(json_safe=True)}
 save_sharded(dst / "checkpoints", model, optimizer, {"step": 2, "model_config": cfg.to_dict()},
              rank_state)
 after, _ = flat(model, optimizer)
@@ -301,7 +302,7 @@ def test_resume_on_two_fsdp_ranks_and_back_on_one(tmp_path):
     model = Transformer(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     one_step(model, optimizer)  # moments are not zero
-    rank_state = {"sampler": {"lanes": {}}, "rng": rng_json()}
+    rank_state = {"sampler": {"lanes": {}}, "rng": rng_state(json_safe=True)}
     save_sharded(tmp_path / "one" / CHECKPOINT_DIR, model, optimizer,
                  {"step": 1, "model_config": cfg.to_dict()}, rank_state)  # fmt: skip
     save_tensors(tmp_path / "expected.safetensors", flat_state(model, optimizer))

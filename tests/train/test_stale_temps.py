@@ -20,8 +20,8 @@ from lmforge.fileio import (
 )
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
-from lmforge.train.checkpoint import load_training_state, save_training_state
-from lmforge.train.sharded_checkpoint import CHECKPOINT_DIR, rng_json, save_sharded
+from lmforge.train.checkpoint import load_training_state, rng_state, save_training_state
+from lmforge.train.sharded_checkpoint import CHECKPOINT_DIR, save_sharded
 
 # A writer SIGKILLed in the middle of an atomic save: its temp file is all that is left.
 KILLED_WRITER = """
@@ -171,7 +171,9 @@ def test_sharded_save_removes_orphans_of_killed_saves(tmp_path):
     model = Transformer(ModelConfig(vocab_size=11, n_layer=1, n_head=1, d_model=8, max_seq_len=8))
     optimizer = torch.optim.AdamW(model.parameters())
     meta = {"step": 1, "model_config": model.config.to_dict()}
-    save_sharded(root, model, optimizer, meta, {"sampler": {"lanes": {}}, "rng": rng_json()})
+    save_sharded(
+        root, model, optimizer, meta, {"sampler": {"lanes": {}}, "rng": rng_state(json_safe=True)}
+    )
     assert not orphan.exists()
     assert sorted(p.name for p in root.iterdir()) == ["latest.json", "step_00000001"]
 

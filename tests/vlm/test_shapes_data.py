@@ -11,10 +11,39 @@ from lmforge.vlm.data import (
     ShapesDataset,
     latin_square_pairs,
     load_image,
-    patch_mixing,
     save_image,
     to_pixels,
 )
+
+
+def patch_mixing(
+    data: ShapesDataset, patch_size: int, split: str = "train", n: int = 200
+) -> dict[str, float]:
+    """How often the first n images of `split` put more than one thing in a patch of a
+    patch_size grid (the vision encoder's):
+    straddling:  share of shapes whose pixels fall in two or more patches;
+    two_shapes:  share of occupied patches (any shape pixel) holding pixels of two or more shapes;
+    two_colours: share of occupied patches holding shapes of two different colour names.
+    The previous generator (one shape per 8-pixel cell) gave 0% two_colours on its 8-pixel grid."""
+    straddling = shapes = two_shapes = two_colours = occupied = 0
+    grid = data.image_size // patch_size
+    for i in range(n):
+        _, labels, scene = data.sample_with_labels(split, i)
+        colour = (scene.first.colour, scene.second.colour)
+        count = scene.first.count  # labels 1..count are the first group's shapes
+        tiles = labels[: grid * patch_size, : grid * patch_size].reshape(
+            grid, patch_size, grid, patch_size
+        )
+        owners = [set(np.unique(tiles[r, :, c, :])) - {0} for r in range(grid) for c in range(grid)]
+        for k in range(1, int(labels.max()) + 1):
+            shapes += 1
+            straddling += sum(k in o for o in owners) > 1
+        for o in filter(None, owners):
+            occupied += 1
+            two_shapes += len(o) > 1
+            two_colours += len({colour[int(k > count)] for k in o}) > 1
+    return {"straddling": straddling / shapes, "two_shapes": two_shapes / occupied,
+            "two_colours": two_colours / occupied}  # fmt: skip
 
 
 def pairs_of(scene):
