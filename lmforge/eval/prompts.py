@@ -10,7 +10,7 @@ the continuation it finds most likely is the answer in that format:
     Output:
 
 Chain-of-thought asks for the reasoning before the answer ("Let's think step by step."), and
-few-shot CoT shows worked rationales. Each style is a small class in PROMPT_STYLES.
+few-shot CoT shows worked rationales. PROMPT_STYLES names the five styles.
 """
 
 from __future__ import annotations
@@ -64,58 +64,13 @@ LINEAR = (
 FIXTURES = {"squares": SQUARES, "addition": ADDITION, "linear": LINEAR}
 
 
-def _join(parts: Sequence[str], separator: str, instruction: str) -> str:
-    head = f"{instruction.strip()}{separator}" if instruction.strip() else ""
-    return head + separator.join(parts)
-
-
-class ICLPrompt:
-    """Zero-, one- or few-shot: the first `shots` examples, then the query."""
-
-    def __init__(self, shots: int | None = None):
-        self.shots = shots
-
-    def build(
-        self, query: str, examples: Sequence[Example] = (), instruction: str = "", template=None
-    ) -> str:
-        template = template or Template()
-        shots = len(examples) if self.shots is None else self.shots
-        if shots < 0:
-            raise ConfigError(f"shots must be >= 0, got {shots}")
-        if shots > len(examples):
-            raise ConfigError(f"{shots}-shot prompt needs {shots} examples, got {len(examples)}")
-        parts = [template.example(ex) for ex in examples[:shots]] + [template.query(query)]
-        return _join(parts, template.separator, instruction)
-
-
-class CoTPrompt:
-    """Chain-of-thought: worked rationales (if any) and the trigger after the query."""
-
-    def __init__(self, shots: int | None = None, trigger: str = COT_TRIGGER):
-        self.shots, self.trigger = shots, trigger
-
-    def build(
-        self, query: str, examples: Sequence[Example] = (), instruction: str = "", template=None
-    ) -> str:
-        template = template or QA
-        shots = len(examples) if self.shots is None else self.shots
-        if shots > len(examples):
-            raise ConfigError(f"{shots}-shot prompt needs {shots} examples, got {len(examples)}")
-        parts = []
-        for ex in examples[:shots]:
-            reasoning = f"{self.trigger} {ex.rationale}".strip() if ex.rationale else self.trigger
-            body = f"{reasoning} The answer is {ex.output}."
-            parts.append(f"{template.input_prefix}{ex.input}\n{template.output_prefix} {body}")
-        parts.append(f"{template.query(query)} {self.trigger}")
-        return _join(parts, template.separator, instruction)
-
-
+# style -> (shots, chain of thought); shots None = every example given
 PROMPT_STYLES = {
-    "zero-shot": lambda: ICLPrompt(0),
-    "one-shot": lambda: ICLPrompt(1),
-    "few-shot": lambda: ICLPrompt(None),
-    "cot": lambda: CoTPrompt(0),
-    "few-shot-cot": lambda: CoTPrompt(None),
+    "zero-shot": (0, False),
+    "one-shot": (1, False),
+    "few-shot": (None, False),
+    "cot": (0, True),
+    "few-shot-cot": (None, True),
 }
 
 
@@ -126,7 +81,22 @@ def build_prompt(
     instruction: str = "",
     template: Template | None = None,
 ) -> str:
-    """The prompt for `query` in one of PROMPT_STYLES."""
+    """The prompt for `query` in one of PROMPT_STYLES: the instruction (if any), the first
+    `shots` examples, then the query. Chain of thought shows each example's rationale after the
+    trigger and ends the query with the trigger; its default template is Q:/A:."""
     if style not in PROMPT_STYLES:
         raise ConfigError(f"prompt style {style!r}: expected one of {sorted(PROMPT_STYLES)}")
-    return PROMPT_STYLES[style]().build(query, examples, instruction, template)
+    shots, cot = PROMPT_STYLES[style]
+    template = template or (QA if cot else Template())
+    shots = len(examples) if shots is None else shots
+    if shots > len(examples):
+        raise ConfigError(f"{shots}-shot prompt needs {shots} examples, got {len(examples)}")
+    parts = []
+    for ex in examples[:shots]:
+        if cot:
+            reasoning = f"{COT_TRIGGER} {ex.rationale}".strip() if ex.rationale else COT_TRIGGER
+            ex = Example(ex.input, f"{reasoning} The answer is {ex.output}.")
+        parts.append(template.example(ex))
+    parts.append(f"{template.query(query)} {COT_TRIGGER}" if cot else template.query(query))
+    head = f"{instruction.strip()}{template.separator}" if instruction.strip() else ""
+    return head + template.separator.join(parts)

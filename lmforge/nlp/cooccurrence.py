@@ -86,29 +86,24 @@ class PMI:
         if self.n_tokens == 0:
             raise LMForgeError("PMI: the corpus has no tokens (after stopword removal)")
 
-    def _p(self, word: str) -> float:
-        w = word.lower() if self.lowercase else word
-        if w not in self.unigrams:
-            raise LMForgeError(f"PMI: the word {word!r} does not occur in the corpus")
-        return self.unigrams[w] / self.n_tokens
-
-    def _key(self, *words: str) -> tuple[str, ...]:
-        return tuple(w.lower() if self.lowercase else w for w in words)
-
-    def _log(self, ratio: float) -> float:
+    def _pmi(self, counts: Counter, total: int, words: tuple[str, ...]) -> float:
+        """log p(words) / prod p(word), -inf when the n-gram never occurs."""
+        key = tuple(w.lower() if self.lowercase else w for w in words)
+        for word, w in zip(words, key):
+            if w not in self.unigrams:
+                raise LMForgeError(f"PMI: the word {word!r} does not occur in the corpus")
+        ratio = counts[key] / total if total else 0.0
+        for w in key:
+            ratio /= self.unigrams[w] / self.n_tokens
         return math.log(ratio) / math.log(self.base) if ratio > 0 else -math.inf
 
     def pmi(self, x: str, y: str) -> float:
         """PMI of the ordered adjacent pair "x y"; -inf when the pair never occurs."""
-        px, py = self._p(x), self._p(y)
-        pxy = self.pairs[self._key(x, y)] / self.n_pairs if self.n_pairs else 0.0
-        return self._log(pxy / (px * py))
+        return self._pmi(self.pairs, self.n_pairs, (x, y))
 
     def pmi3(self, x: str, y: str, z: str) -> float:
         """PMI of the ordered adjacent triple "x y z"; -inf when the triple never occurs."""
-        px, py, pz = self._p(x), self._p(y), self._p(z)
-        pxyz = self.triples[self._key(x, y, z)] / self.n_triples if self.n_triples else 0.0
-        return self._log(pxyz / (px * py * pz))
+        return self._pmi(self.triples, self.n_triples, (x, y, z))
 
     def top_pairs(self, k: int = 10, *, min_count: int = 1) -> list[tuple[tuple[str, str], float]]:
         """The k observed pairs with the highest PMI (seen at least `min_count` times).

@@ -65,9 +65,10 @@ def pagerank(
     raise LMForgeError(f"PageRank did not converge to tol={tol} in {max_iter} iterations")
 
 
-def _undirected(edges: Counter) -> dict[Hashable, dict[Hashable, float]]:
-    """A symmetric {node: {neighbour: weight}} graph from counted (a, b) pairs."""
-    graph: dict[Hashable, dict[Hashable, float]] = {}
+def _undirected(edges: Counter, nodes: Iterable[Hashable]) -> dict[Hashable, dict[Hashable, float]]:
+    """A symmetric {node: {neighbour: weight}} graph from counted (a, b) pairs; every one of
+    `nodes` is in it, so isolated ones still get the random-jump share."""
+    graph: dict[Hashable, dict[Hashable, float]] = {node: {} for node in nodes}
     for (a, b), weight in edges.items():
         for u, v in ((a, b), (b, a)):
             nbrs = graph.setdefault(u, {})
@@ -108,10 +109,7 @@ def textrank_keywords(
                     edges[(a, b)] += 1
     if not words:
         return []
-    graph = _undirected(edges)
-    for word in words:
-        graph.setdefault(word, {})  # isolated words still get the random-jump share
-    scores = pagerank(graph, damping=damping)
+    scores = pagerank(_undirected(edges, sorted(words)), damping=damping)
     return sorted(scores.items(), key=lambda ws: (-ws[1], ws[0]))[:k]
 
 
@@ -152,9 +150,6 @@ def textrank_sentences(
             sim = sentence_similarity(tokens[i], tokens[j])
             if sim > 0:
                 edges[(i, j)] = sim
-    graph = _undirected(edges)
-    for i in range(len(sentences)):
-        graph.setdefault(i, {})
-    scores = pagerank(graph, damping=damping)
+    scores = pagerank(_undirected(edges, range(len(sentences))), damping=damping)
     best = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:k]
     return [(i, sentences[i], scores[i]) for i in sorted(best)]

@@ -80,10 +80,6 @@ def _context_block(n: int, hit: Hit, text: str) -> str:
     return f"[{n}] {hit.chunk.title}\n{text.strip()}\n\n"
 
 
-def _user_message(question: str, context: str) -> str:
-    return f"{INSTRUCTION}\n\n{context}Question: {question.strip()}"
-
-
 class LMAnswerer:
     """Generates answers with an lmforge LM (any checkpoint `LM.load` reads: an lmforge or Hugging
     Face folder, a .gguf file) from chat prompts that fit its context window."""
@@ -105,8 +101,8 @@ class LMAnswerer:
         """The chat prompt: one user turn (instruction, passages, question) + the reply header."""
         from lmforge.interop.chat_template import render_chat
 
-        message = {"role": "user", "content": _user_message(question, context)}
-        return render_chat(self.lm.tokenizer, [message], add_generation_prompt=True)
+        content = f"{INSTRUCTION}\n\n{context}Question: {question.strip()}"
+        return render_chat(self.lm.tokenizer, [{"role": "user", "content": content}], True)
 
     def build_prompt(self, question: str, hits: list[Hit]) -> tuple[str, list[Hit], list[str]]:
         """(prompt, hits placed in it, notes) with prompt tokens + max_new_tokens <= window."""
@@ -152,9 +148,6 @@ class LMAnswerer:
                 f"context window of {window} tokens: kept {len(placed)} of {len(hits)} chunks"
             )
         return prompt, placed, notes
-
-    def answer(self, question: str, hits: list[Hit]) -> Answer:
-        return self.answer_many([question], [hits])[0]
 
     def answer_many(self, questions: list[str], hits: list[list[Hit]]) -> list[Answer]:
         """Answer every question from its hits in one batched Engine run (greedy by default)."""
@@ -221,6 +214,10 @@ class ExtractiveAnswerer:
             lines.append(f"{sentence} [{cited.index(i) + 1}]")
         return Answer("\n".join(lines), [hits[i] for i in cited], kind="extractive")
 
+    def answer_many(self, questions: list[str], hits: list[list[Hit]]) -> list[Answer]:
+        """`answer` for each question, as LMAnswerer.answer_many is called."""
+        return [self.answer(q, h) for q, h in zip(questions, hits)]
+
 
 class RAG:
     """Retrieve the top `k` chunks for a question, then answer from them with citations.
@@ -263,11 +260,7 @@ class RAG:
 
     def ask_many(self, questions: list[str]) -> list[Answer]:
         """`ask` for each question; with an LM, all answers come from one batched generation."""
-        hits = [self.retrieve(q) for q in questions]
-        if isinstance(self.answerer, LMAnswerer):
-            answers = self.answerer.answer_many(list(questions), hits)
-        else:
-            answers = [self.answerer.answer(q, h) for q, h in zip(questions, hits)]
+        answers = self.answerer.answer_many(questions, [self.retrieve(q) for q in questions])
         if self._fallback:
             for answer in answers:
                 answer.notes.append(self._fallback)

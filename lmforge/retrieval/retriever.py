@@ -36,10 +36,6 @@ class Hit:
     rank: int  # 1 = best
 
 
-def _bm25_ranks(r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
-    return r.bm25.search(query, n)
-
-
 def _dense_ranks(r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
     """Cosine similarity of unit embeddings (a dot product)."""
     if r.embeddings is None:
@@ -52,14 +48,19 @@ def _hybrid_ranks(r: Retriever, query: str, n: int) -> list[tuple[int, float]]:
     """Weighted RRF over the top `depth` of each ranking: RRF(d) = sum w / (rrf_k + rank), with
     w = `fusion_weights` (BM25, dense); equal weights are plain RRF."""
     depth = max(n, r.fusion_depth)
-    runs = [_bm25_ranks(r, query, depth), _dense_ranks(r, query, depth)]
+    runs = [r.bm25.search(query, depth), _dense_ranks(r, query, depth)]
     fused = reciprocal_rank_fusion(
         [[i for i, _ in run] for run in runs], k=r.rrf_k, weights=list(r.fusion_weights)
     )
     return fused[:n]
 
 
-SEARCH_MODES = {"bm25": _bm25_ranks, "dense": _dense_ranks, "hybrid": _hybrid_ranks}
+# mode -> (retriever, query, n) -> the n best (chunk index, score), best first
+SEARCH_MODES = {
+    "bm25": lambda r, query, n: r.bm25.search(query, n),
+    "dense": _dense_ranks,
+    "hybrid": _hybrid_ranks,
+}
 
 
 class Retriever:
