@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.data.shards import TokenShard
 from lmforge.errors import ConfigError, DataError
@@ -23,12 +24,9 @@ def _gather(shard: TokenShard, starts: np.ndarray, width: int) -> torch.Tensor:
 def _split_xy(buf: torch.Tensor, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # contiguous so callers can .view(-1) the targets, as nanoGPT's loss does
     x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
-    if torch.device(device).type == "cuda":
-        # pinned host memory lets the copy overlap with compute
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(
-            device, non_blocking=True
-        )
-    return x.to(device), y.to(device)
+    if torch.device(device).type == "cuda":  # pinned host memory lets the copy overlap compute
+        x, y = x.pin_memory(), y.pin_memory()
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 def _check_block(shard: TokenShard, batch_size: int, block_size: int) -> None:
@@ -129,14 +127,7 @@ def pad_collate(
         raise ConfigError(f"pad_collate side must be 'left' or 'right', got {side!r}")
     if not sequences:
         raise DataError("pad_collate got no sequences")
-    t_max = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), t_max), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), t_max), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        n = len(seq)
-        if n == 0:
-            continue
-        cols = slice(0, n) if side == "right" else slice(t_max - n, t_max)
-        ids[row, cols] = torch.as_tensor(seq, dtype=torch.long)
-        mask[row, cols] = 1
+    rows = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
+    ids = pad_sequence(rows, batch_first=True, padding_value=pad_id, padding_side=side)
+    mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side=side)
     return ids, mask

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError
@@ -84,9 +84,6 @@ class SweepRow:
     rag: bool
     rate: float
     n: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def sweep(

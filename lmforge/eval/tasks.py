@@ -7,7 +7,7 @@ exactly with the reference; extraction, normalisation and the GSM8K loader live 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from lmforge.errors import DataError
 from lmforge.eval.prompts import COT_TRIGGER, qa_prompt
@@ -25,9 +25,6 @@ class TaskResult:
 
     def __str__(self) -> str:
         return f"{self.task}: accuracy {self.accuracy:.4f} ({self.correct}/{self.total})"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ---- GSM8K -----------------------------------------------------------------------------------

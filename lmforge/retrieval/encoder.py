@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import LMForgeError
 from lmforge.fileio import read_json
 from lmforge.model.bert import BertModel, load_bert
@@ -146,13 +147,9 @@ class SentenceEncoder:
         return out
 
     def _embed(self, ids: list[list[int]], normalize: bool) -> torch.Tensor:
-        lengths = torch.tensor([len(x) for x in ids])
-        T = int(lengths.max())
-        input_ids = torch.tensor(
-            [x + [self.pad_id] * (T - len(x)) for x in ids], device=self.device
-        )
-        mask = (torch.arange(T) < lengths[:, None]).to(self.device)
-        h, _ = self.model(input_ids, mask)
+        input_ids, mask = pad_collate(ids, self.pad_id)
+        mask = mask.bool().to(self.device)
+        h, _ = self.model(input_ids.to(self.device), mask)
         if self.pooling == "cls":
             v = h[:, 0]
         elif self.pooling == "max":

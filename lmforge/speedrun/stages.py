@@ -209,6 +209,11 @@ def smollm2_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
+ANSWER_FIELDS = {"question": "question", "topic": "expected_source", "answer": "gold_answer",
+                 "kind": "kind", "sources": "sources", "cited": "cited", "em": "exact_match",
+                 "f1": "f1"}  # fmt: skip
+
+
 class RAGStage(Stage):
     name, title = "rag", "RAG: retrieve from the built-in docs, a chat model answers citing them"
 
@@ -261,23 +266,14 @@ class RAGStage(Stage):
                   max_new_tokens=settings.get("max_new_tokens", 48))  # fmt: skip
         summary, rows = answer_scores(rag, questions)
         recall = retrieval_scores(retriever, questions, mode, (settings["k"],))
+        # answer_scores' row keys -> answers.json's; extractive output is retrieved sentences,
+        # never passed off as an answer, and `sources` are the passages given to the model
         answers = [
-            {
-                "question": r["question"],
-                "expected_source": r["topic"],
-                "gold_answer": r["answer"],
-                # extractive output is retrieved sentences, never passed off as an answer
-                "answer": r["prediction"]
-                if r["kind"] == "generated"
-                else "[extractive, no model] " + r["prediction"],
-                "kind": r["kind"],
-                "sources": r["sources"],  # the passages the model was given, [1] first
-                "cited": r["cited"],
-                "exact_match": r["em"],
-                "f1": r["f1"],
-            }
+            {new: r[old] for old, new in ANSWER_FIELDS.items()}
+            | {"answer": r["prediction"] if r["kind"] == "generated"
+               else "[extractive, no model] " + r["prediction"]}
             for r in rows
-        ]
+        ]  # fmt: skip
         write_json(ctx.dir(self.name) / "answers.json", answers)
         return {
             "questions": len(answers),
