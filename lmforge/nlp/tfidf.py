@@ -183,8 +183,7 @@ class TfidfVectorizer:
                 raise LMForgeError("sparse=True needs scipy; install it or use sparse=False") from e
             return csr_matrix((data, cols, indptr), shape=shape)
         dense = np.zeros(shape)
-        for r in range(shape[0]):
-            dense[r, cols[indptr[r] : indptr[r + 1]]] = data[indptr[r] : indptr[r + 1]]
+        dense[np.repeat(np.arange(shape[0]), np.diff(indptr)), cols] = data
         return dense
 
     def fit_transform(

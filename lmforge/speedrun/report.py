@@ -171,6 +171,13 @@ def write_plots(out: Path, eval_rows: Table | None) -> list[Path]:
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     written = []
+
+    def save(fig, name: str, title: str) -> None:
+        fig.gca().set_title(title)
+        fig.tight_layout()
+        fig.savefig(plots / name, dpi=100)
+        written.append(plots / name)
+
     panels = {
         "loss.png": [("pretrain", "train", "loss"), ("pretrain", "val", "loss"),
                      ("sft", "train", "loss"), ("sft", "eval", "loss")],
@@ -180,33 +187,24 @@ def write_plots(out: Path, eval_rows: Table | None) -> list[Path]:
     }  # fmt: skip
     for name, curves in panels.items():
         fig, ax = plt.subplots(figsize=(7, 4))
-        drawn = 0
         for stage, split, metric in curves:
             steps, values = read_series(out / stage / "metrics.csv", split, metric)
             if steps:
                 ax.plot(steps, values, label=f"{stage} {split} {metric}")
-                drawn += 1
-        if drawn:
+        if ax.lines:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            ax.set_title(name.removesuffix(".png"))
-            fig.tight_layout()
-            fig.savefig(plots / name, dpi=100)
-            written.append(plots / name)
+            save(fig, name, name.removesuffix(".png"))
         plt.close(fig)
     if eval_rows is not None and "accuracy" in eval_rows[0]:
         col = eval_rows[0].index("accuracy")
         fig, ax = plt.subplots(figsize=(7, 4))
-        stages = [r[0] for r in eval_rows[1]]
-        ax.bar(stages, [float(r[col]) for r in eval_rows[1]], color="tab:blue")
+        ax.bar([r[0] for r in eval_rows[1]], [float(r[col]) for r in eval_rows[1]])
         ax.set_ylabel("held-out exact match")
         ax.set_ylim(0, 1)
-        ax.set_title("accuracy by stage")
-        fig.tight_layout()
-        fig.savefig(plots / "accuracy.png", dpi=100)
+        save(fig, "accuracy.png", "accuracy by stage")
         plt.close(fig)
-        written.append(plots / "accuracy.png")
     return written
 
 

@@ -17,6 +17,7 @@ escape those strings first.
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from collections.abc import Iterable, Sequence
@@ -157,15 +158,10 @@ class Tokenizer:
     def train_char(cls, texts: Iterable[str], special_tokens: Specials | None = None) -> Tokenizer:
         """Build a character tokenizer: specials first, then each character seen, sorted."""
         specials = cls._specials(special_tokens, need_unk=True)
-        seen: set[str] = set()
-        for text in texts:
-            seen.update(text)
-        seen.difference_update(specials.values())
+        seen = set(itertools.chain.from_iterable(texts)) - set(specials.values())
         if not seen:
             raise DataError("train_char: the training texts contain no characters")
-        vocab = {t: i for i, t in enumerate(specials.values())}
-        for ch in sorted(seen):
-            vocab[ch] = len(vocab)
+        vocab = {t: i for i, t in enumerate([*specials.values(), *sorted(seen)])}
         # [\s\S] matches any single code point, newlines included, in every regex dialect.
         backend = cls._split_backend(specials["unk"], r"[\s\S]", vocab)
         backend.add_special_tokens(cls._added(specials))
