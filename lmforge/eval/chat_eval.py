@@ -147,13 +147,12 @@ def load_chat_data(
 ) -> dict[str, list[dict]]:
     """Every task's rows, read and checked before any model work."""
     check_max_per_task(max_per_task)
-    data = {}
-    for name in tasks:
-        if name == "GSM8K":
-            data[name] = load_gsm8k(gsm8k, max_per_task)
-        else:
-            data[name] = load_arc(core_dir, name, max_per_task)
-    return data
+    return {
+        name: load_gsm8k(gsm8k, max_per_task)
+        if name == "GSM8K"
+        else load_arc(core_dir, name, max_per_task)
+        for name in tasks
+    }
 
 
 def evaluate_chat(

@@ -41,7 +41,7 @@ from lmforge.eval.core_scoring import (
     common_suffix_len,
     score_option_sets,
 )
-from lmforge.fileio import read_rows
+from lmforge.fileio import atomic_write, read_rows
 
 # The published eval bundle nanochat downloads (all 22 task files, in category folders).
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -150,8 +150,6 @@ def fetch_bundle(folder: Path, files: Sequence[str]) -> None:
     if absent:
         raise DataError(f"{EVAL_BUNDLE_URL}: the bundle has no {', '.join(absent)}")
     folder.mkdir(parents=True, exist_ok=True)
-    from lmforge.fileio import atomic_write
-
     for name in files:
         data = archive.read(by_name[name])
         atomic_write(folder / name, lambda tmp, data=data: Path(tmp).write_bytes(data))

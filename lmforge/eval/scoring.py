@@ -77,9 +77,8 @@ def _score_rows(lm, rows: list[tuple[list[int], int]]) -> list[tuple[float, bool
     model = lm.model
     model.eval()
     device = next(model.parameters()).device
-    x, _ = pad_collate(
-        [t[:-1] for t, _ in rows], 0
-    )  # right padding: causal attention never sees it
+    # right padding: causal attention never lets a real token see it
+    x, _ = pad_collate([t[:-1] for t, _ in rows], 0)
     logp = F.log_softmax(model(x.to(device)).float(), dim=-1)
     out = []
     for i, (t, n) in enumerate(rows):

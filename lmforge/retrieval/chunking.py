@@ -69,11 +69,8 @@ def _decode(path: Path) -> tuple[str | None, str]:
 
 
 def _first_line_title(text: str, fallback: str) -> str:
-    for line in text.splitlines():
-        line = line.strip().lstrip("#").strip()
-        if line:
-            return line[:80]
-    return fallback
+    lines = (line.strip().lstrip("#").strip() for line in text.splitlines())
+    return next((line[:80] for line in lines if line), fallback)
 
 
 def _read_pydoc() -> Corpus:

@@ -114,6 +114,11 @@ def machine_line(plan: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- README tables
 
 
+# what each training stage's held-out number measures (exact_match, or accuracy for pairs)
+HELD_OUT = {"sft": "exact match", "grpo": "exact match", "ppo": "exact match",
+            "reward": "pair accuracy", "dpo": "preference accuracy (implicit reward)"}  # fmt: skip
+
+
 def _stage_result(stage: str, n: dict[str, Any]) -> str:
     """One README line for a stage's own numbers (keys as the trainers write them)."""
     g = n.get
@@ -123,15 +128,12 @@ def _stage_result(stage: str, n: dict[str, Any]) -> str:
         extra = f", {n['val_bpb']:.2f} bits per byte" if "val_bpb" in n else ""
         return (f"{g('step', '?')} steps, val loss {n['val_loss']:.2f} (perplexity "
                 f"{math.exp(n['val_loss']):.1f}{extra})")  # fmt: skip
-    if stage in ("sft", "grpo", "ppo") and "exact_match" in n:
-        start = g("initial_exact_match")
+    key = "accuracy" if stage in ("reward", "dpo") else "exact_match"
+    if stage in HELD_OUT and key in n:
+        start = g(f"initial_{key}")
         head = f"{start:.3f} → " if isinstance(start, int | float) else ""
-        return f"held-out exact match {head}{n['exact_match']:.3f} in {g('step', '?')} steps"
-    if stage in ("reward", "dpo") and "accuracy" in n:
-        start = g("initial_accuracy")
-        head = f"{start:.3f} → " if isinstance(start, int | float) else ""
-        what = "pair accuracy" if stage == "reward" else "preference accuracy (implicit reward)"
-        return f"held-out {what} {head}{n['accuracy']:.3f}"
+        steps = f" in {g('step', '?')} steps" if key == "exact_match" else ""
+        return f"held-out {HELD_OUT[stage]} {head}{n[key]:.3f}{steps}"
     if stage == "eval":
         return "the table above"
     if stage == "rag" and "questions" in n:
