@@ -1,7 +1,7 @@
 """BM25 ranking: a scorer written from the formula, and a fast index built on `bm25s`.
 
     score(D, Q) = sum_{q in Q} IDF(q) * f(q,D) (k1 + 1) / (f(q,D) + k1 (1 - b + b |D| / avgdl))
-    IDF(q)      = ln((N - df + 0.5) / (df + 0.5) + 1)
+    IDF(q)      = ln((N - df + 0.5) / (df + 0.5) + 1)     (tfidf.inverse_document_frequency "bm25")
 
 This is the classic Robertson/Sparck Jones weighting with the "+1" inside the log that Lucene
 uses so IDF stays positive. bm25s implements it as method="lucene" but drops the constant
@@ -10,7 +10,6 @@ return the same numbers. Query terms are summed with repetition, as in the formu
 """
 
 import json
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,16 +19,10 @@ import numpy as np
 
 from lmforge.errors import LMForgeError
 from lmforge.nlp.text import doc_tokens, resolve_stopwords
+from lmforge.nlp.tfidf import inverse_document_frequency
 
 Doc = str | Sequence[str]
 _CONFIG = "lmforge_bm25.json"
-
-
-def bm25_idf(df: float, n_docs: float) -> float:
-    """ln((N - df + 0.5) / (df + 0.5) + 1): the BM25 IDF of a term found in df of N documents."""
-    if n_docs <= 0 or not 0 <= df <= n_docs:
-        raise LMForgeError(f"need 0 <= df <= n_docs and n_docs > 0, got df={df}, n_docs={n_docs}")
-    return math.log((n_docs - df + 0.5) / (df + 0.5) + 1.0)
 
 
 class _BM25:
@@ -94,7 +87,8 @@ class BM25Scorer(_BM25):
         for q in self._tokens(query):
             f = counts.get(q, 0)
             if f:
-                total += bm25_idf(self.doc_freqs[q], n) * f * (self.k1 + 1) / (f + norm)
+                idf = inverse_document_frequency(self.doc_freqs[q], n, "bm25")
+                total += idf * f * (self.k1 + 1) / (f + norm)
         return total
 
     def scores(self, query: Doc) -> np.ndarray:
