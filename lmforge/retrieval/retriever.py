@@ -224,11 +224,10 @@ class Retriever:
         if len(bm25) != n:
             raise CheckpointError(f"{path / 'bm25'}: {len(bm25)} documents, index.json says {n}")
         embeddings = None
-        if meta.get("encoder") is not None:
-            tensors = load_tensors(path / "embeddings.safetensors")
-            embeddings = tensors.get("embeddings")
-            if embeddings is None or tuple(embeddings.shape) != (n, meta["dim"]):
-                shape = None if embeddings is None else tuple(embeddings.shape)
+        if saved is not None:
+            embeddings = load_tensors(path / "embeddings.safetensors").get("embeddings")
+            shape = None if embeddings is None else tuple(embeddings.shape)
+            if shape != (n, meta["dim"]):
                 raise CheckpointError(
                     f"{path / 'embeddings.safetensors'}: embeddings of shape {shape}, "
                     f"index.json says ({n}, {meta['dim']})"

@@ -225,14 +225,12 @@ class Tokenizer:
         config = cls._read_json(file.parent / "tokenizer_config.json")
         token_map = cls._read_json(file.parent / "special_tokens_map.json")
 
-        specials: dict[str, str] = {}
         if isinstance(config.get("lmforge_special_tokens"), dict):
             specials = dict(config["lmforge_special_tokens"])
         else:
             # A foreign tokenizer: take our default tokens if present, then the HF role names.
-            for role, token in DEFAULT_SPECIAL_TOKENS.items():
-                if backend.token_to_id(token) is not None:
-                    specials[role] = token
+            specials = {role: token for role, token in DEFAULT_SPECIAL_TOKENS.items()
+                        if backend.token_to_id(token) is not None}  # fmt: skip
             for role in _HF_ROLES:
                 token = _token_content(config.get(f"{role}_token", token_map.get(f"{role}_token")))
                 if token is not None:
