@@ -32,9 +32,7 @@ def gsm8k_prompt(question: str, shots: list[dict] = (), cot: bool = False) -> st
     """Few-shot prompt: solved examples (full solutions with CoT, else only '#### n'), then Q."""
     parts = []
     for ex in shots:
-        solution = ex["answer"].strip() if cot else f"#### {ex['reference']}"
-        if cot:
-            solution = f"{COT_TRIGGER} {solution}"
+        solution = f"{COT_TRIGGER} {ex['answer'].strip()}" if cot else f"#### {ex['reference']}"
         parts.append(f"{qa_prompt(ex['question'])} {solution}")
     parts.append(f"{qa_prompt(question)} {COT_TRIGGER}" if cot else qa_prompt(question))
     return "\n\n".join(parts)

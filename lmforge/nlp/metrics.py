@@ -95,29 +95,25 @@ def entropy(p: Sequence[float], *, base: float = math.e) -> float:
     return float(-(nz * np.log(nz)).sum() / math.log(base))
 
 
-def _on_support(p: Sequence[float], q: Sequence[float]) -> tuple[np.ndarray, np.ndarray] | None:
-    """P and Q where P > 0, or None when Q is 0 somewhere there (the sums below are infinite)."""
+def _sum_on_support(p: Sequence[float], q: Sequence[float], term, base: float) -> float:
+    """sum over x with P(x) > 0 of term(P(x), Q(x)), in log `base`; infinite when Q is 0 there."""
     pa, qa = _as_distribution(p, "p"), _as_distribution(q, "q")
     if pa.shape != qa.shape:
         raise LMForgeError(f"p and q differ in size ({pa.size} vs {qa.size})")
     support = pa > 0
-    return None if (qa[support] == 0).any() else (pa[support], qa[support])
+    if (qa[support] == 0).any():
+        return math.inf
+    return float(term(pa[support], qa[support]).sum() / math.log(base))
 
 
 def kl_divergence(p: Sequence[float], q: Sequence[float], *, base: float = math.e) -> float:
     """KL(P||Q) = sum_x P(x) log(P(x)/Q(x)); infinite when Q(x) = 0 < P(x)."""
-    if (pq := _on_support(p, q)) is None:
-        return math.inf
-    ps, qs = pq
-    return float((ps * (np.log(ps) - np.log(qs))).sum() / math.log(base))
+    return _sum_on_support(p, q, lambda ps, qs: ps * (np.log(ps) - np.log(qs)), base)
 
 
 def cross_entropy(p: Sequence[float], q: Sequence[float], *, base: float = math.e) -> float:
     """Cross-entropy H(P,Q) = -sum_x P(x) log Q(x), which equals H(P) + KL(P||Q)."""
-    if (pq := _on_support(p, q)) is None:
-        return math.inf
-    ps, qs = pq
-    return float(-(ps * np.log(qs)).sum() / math.log(base))
+    return _sum_on_support(p, q, lambda ps, qs: -ps * np.log(qs), base)
 
 
 def label_smoothing(target: int, num_classes: int, epsilon: float) -> np.ndarray:

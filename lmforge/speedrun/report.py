@@ -30,6 +30,11 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
 
 
+def _read(out: Path, name: str, what: str) -> Any:
+    """A JSON file a stage wrote under `out` (None when that stage did not run)."""
+    return read_json(out / name, what) if (out / name).is_file() else None
+
+
 def final_model(out: Path, results: dict[str, Any]) -> Path | None:
     """The last policy the run produced (what to chat with)."""
     for stage in reversed(POLICIES):
@@ -47,10 +52,8 @@ EVAL_COLUMNS = (("perplexity", "docs perplexity", 1), ("bpb", "bits per byte", 2
 def eval_table(out: Path, readme: bool = False) -> Table | None:
     """Every model's yardstick numbers: the report's columns (metric keys, 4 decimals), or with
     `readme` the README's (plain names, fewer decimals)."""
-    path = out / "eval" / "eval.json"
-    if not path.is_file():
+    if (table := _read(out, "eval/eval.json", "eval results")) is None:
         return None
-    table = read_json(path, "eval results")
     cols = [c for c in EVAL_COLUMNS if any(c[0] in row for row in table.values())]
     rows = [[stage] + [_fmt(row[c[0]], c[2] if readme else 4) if c[0] in row else "" for c in cols]
             for stage, row in table.items()]  # fmt: skip
@@ -69,11 +72,10 @@ def stage_tables(results: dict[str, Any]) -> list[tuple[str, Table]]:
 
 
 def rag_table(out: Path) -> Table | None:
-    path = out / "rag" / "answers.json"
-    if not path.is_file():
+    if (answers := _read(out, "rag/answers.json", "RAG answers")) is None:
         return None
     rows = []
-    for a in read_json(path, "RAG answers"):
+    for a in answers:
         first = a["answer"].strip().split("\n")[0][:160]
         right = "yes" if a["expected_source"] in a["sources"] else "no"
         rows.append([a["question"], first, ", ".join(a["sources"]), a["expected_source"], right])
@@ -83,10 +85,8 @@ def rag_table(out: Path) -> Table | None:
 def samples_table(out: Path) -> Table | None:
     """Every model's greedy reply to each fixed chat prompt (eval stage's samples.json), grouped
     by prompt so the stages read one after another."""
-    path = out / "eval" / "samples.json"
-    if not path.is_file():
+    if (by_stage := _read(out, "eval/samples.json", "chat samples")) is None:
         return None
-    by_stage = read_json(path, "chat samples")
     prompts = list(dict.fromkeys(r["prompt"] for replies in by_stage.values() for r in replies))
     rows = [[prompt, stage, " ⏎ ".join(r["reply"].split("\n"))[:200] or "(empty)"]
             for prompt in prompts for stage, replies in by_stage.items()
