@@ -51,6 +51,7 @@ from lmforge.errors import (
     require_choice,
 )
 from lmforge.fileio import remove_stale_temps, write_json
+from lmforge.infer.engine import eval_mode
 from lmforge.train.checkpoint import (
     STATE_FILE,
     check_signature,
@@ -395,13 +396,8 @@ class Trainer:
         return result
 
     def _evaluate_here(self) -> dict[str, float]:
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            with torch.no_grad():
-                return self.evaluate()
-        finally:
-            self.module.train(was_training)
+        with eval_mode(self.module), torch.no_grad():
+            return self.evaluate()
 
     # ---- state -------------------------------------------------------------------------------
     def progress_state(self) -> dict[str, Any]:
@@ -478,11 +474,11 @@ class Trainer:
         """Train to max_iters (or until should_stop / out_of_time) with periodic evaluation and
         checkpoints; then final evaluations, metrics and plot. Returns the final metrics."""
         cfg = self.cfg
-        bar = None
-        if cfg.progress and self.dist.is_main:
-            from tqdm import tqdm
+        from tqdm import tqdm
 
-            bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True)
+        show = cfg.progress and self.dist.is_main
+        bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True,
+                   disable=not show)  # fmt: skip
         result: dict[str, Any] = {}
         evaluated_any = False
         every = cfg.checkpoint_interval or cfg.eval_interval
@@ -500,9 +496,8 @@ class Trainer:
                     in_step = False
                     self.elapsed += time.perf_counter() - t0
                     self.cpu_elapsed += time.process_time() - c0
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
+                    bar.update(1)
+                    bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
                     if self.tokens_per_step:
                         window_tokens += self.tokens_per_step
                     if self.step % cfg.log_interval == 0 or self.step == 1:
@@ -518,7 +513,7 @@ class Trainer:
                         evaluated_any = True
                         result.update(evaluated)
                         stop = self.dist.broadcast_flag(self.should_stop(evaluated)) or stop
-                        if bar is not None and evaluated:
+                        if show and evaluated:
                             bar.write(self.eval_line(evaluated))
                     if self.step % every == 0 or last or stop:
                         self.save_checkpoint()
@@ -537,8 +532,7 @@ class Trainer:
             self.log(f"\ninterrupted: checkpoint saved at step {self.step}; continue with --resume")
             raise
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             self.metrics.close()
         if not evaluated_any:  # resumed at max_iters: nothing trained, still report
             result.update(self._evaluate())

@@ -20,6 +20,7 @@ from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
 from lmforge.errors import ConfigError, require_device
 from lmforge.eval.perplexity import bits_per_byte, target_bytes, token_bytes_table
 from lmforge.fileio import remove_stale_temps
+from lmforge.infer.engine import eval_mode
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
@@ -79,27 +80,25 @@ def evaluate(
     (logits capped at ~64M floats): the same tokens as eval_iters training-sized batches,
     with less per-call overhead.
     """
-    was_training = model.training
-    model.eval()
     blocks = cfg.eval_iters * cfg.batch_size
     vocab = model.config.vocab_size
     per_pass = min(blocks, max(cfg.batch_size, 64_000_000 // (cfg.block_size * vocab)))
     # sums over the passes (few: each is large) on the host, in float64
     nats, n_bytes, n_targets, count = 0.0, 0, 0, 0
-    for x, y in iterate_eval_batches(shard, per_pass, cfg.block_size):
-        x, y = x[: blocks - count].to(device), y[: blocks - count].to(device)
-        with autocast():
-            logits = model(x)
-        nats += F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
-        ).item()  # ignore_index=-100, as in training: those positions are not scored
-        n_targets += int((y != -100).sum())
-        if token_bytes is not None:
-            n_bytes += int(target_bytes(y, token_bytes))
-        count += len(x)
-        if count >= blocks:
-            break
-    model.train(was_training)
+    with eval_mode(model):
+        for x, y in iterate_eval_batches(shard, per_pass, cfg.block_size):
+            x, y = x[: blocks - count].to(device), y[: blocks - count].to(device)
+            with autocast():
+                logits = model(x)
+            nats += F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
+            ).item()  # ignore_index=-100, as in training: those positions are not scored
+            n_targets += int((y != -100).sum())
+            if token_bytes is not None:
+                n_bytes += int(target_bytes(y, token_bytes))
+            count += len(x)
+            if count >= blocks:
+                break
     bpb = bits_per_byte(nats, n_bytes) if token_bytes is not None else math.nan
     return nats / max(1, n_targets), bpb
 

@@ -142,9 +142,6 @@ class VisionLanguageModel(nn.Module):
 
     # ---------------------------------------------------------------- prompts
 
-    def image_block(self) -> list[int]:
-        return [self.start_id, *[self.image_id] * self.tokens_per_image, self.end_id]
-
     def encode_prompt(self, text: str = "", n_images: int = 1, add_bos: bool = True) -> list[int]:
         """Token ids with one image block per image. Each literal `<|image|>` in `text` is an
         image slot; with no slot in the text, the images come before it."""
@@ -158,8 +155,8 @@ class VisionLanguageModel(nn.Module):
             raise DataError(f"the prompt has {slots} image slot(s) but {n_images} image(s) given")
         ids = [self.tokenizer.bos_id] if add_bos else []
         for i, piece in enumerate(pieces):
-            if i:
-                ids += self.image_block()
+            if i:  # an image block: <|im_start|> <|image|> x N <|im_end|>
+                ids += [self.start_id, *[self.image_id] * self.tokens_per_image, self.end_id]
             if piece:
                 ids += self.tokenizer.encode(piece)
         return ids
@@ -318,12 +315,10 @@ class VisionLanguageModel(nn.Module):
         source = str(path / "config.json")
         text = ModelConfig.from_dict(meta["text_config"], source=source)
         vision = VisionConfig.from_dict(meta["vision_config"], source=source)
+        tokenizer, freeze = Tokenizer.load(path), bool(meta.get("freeze_vision"))
         projector = meta.get("projector", "linear")
-        model = cls.build(text, vision, Tokenizer.load(path), projector=projector)
+        model = cls.build(text, vision, tokenizer, projector=projector, freeze_vision=freeze)
         state = upgrade_legacy_names(load_tensors(path / "model.safetensors"))
         check_state(path / "model.safetensors", state, model_state(model))
         model.load_state_dict(state, strict=False)  # tied lm_head is stored once
-        if meta.get("freeze_vision"):
-            model.freeze_vision = True
-            model.vision_tower.freeze()
         return model.to(device).eval()

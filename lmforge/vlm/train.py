@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from lmforge.errors import ConfigError, require_positive_ints
+from lmforge.infer.engine import eval_mode
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 from lmforge.train.config import SmallRunConfig
@@ -140,18 +141,14 @@ def caption_loss(
 ) -> float:
     """Mean next-token cross entropy of the reference captions of the first n images of `split`
     (teacher forcing; eval mode), weighted by caption tokens."""
-    was_training = vlm.training
-    vlm.eval()
     total = tokens = 0.0
-    try:
+    with eval_mode(vlm):
         for lo in range(0, n, batch):
             pixels, captions = data.batch(split, range(lo, min(n, lo + batch)))
             ids, labels = vlm.collate([vlm.encode_example(c) for c in captions])
             count = int((labels[:, 1:] != IGNORE).sum())
             total += vlm.loss(ids, labels, pixels).item() * count
             tokens += count
-    finally:
-        vlm.train(was_training)
     return total / tokens
 
 
