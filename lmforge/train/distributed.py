@@ -193,19 +193,6 @@ class LaneSampler:
         self._calls = 0
 
 
-class NullMetrics:
-    """What ranks other than 0 log to: nothing (rank 0 writes metrics.csv and the plot)."""
-
-    def log(self, step: int, split: str, **values: float) -> None:
-        pass
-
-    def plot(self, curves, path: str | Path, title: str = "") -> Path:
-        return Path(path)
-
-    def close(self) -> None:
-        pass
-
-
 class Parallel:
     """One process, no process group: rank 0 of a world of one. Communication is the identity;
     the data lanes and the batch split are the general rule with world_size 1."""

@@ -63,7 +63,6 @@ from lmforge.train.checkpoint import (
 from lmforge.train.config import OptimConfig
 from lmforge.train.distributed import (
     LossModule,
-    NullMetrics,
     Parallel,
     WholeCopy,
     handling_signals,
@@ -193,12 +192,11 @@ class Trainer:
             self.scaler = LossScaler()
         if self.resume:
             self.load_checkpoint(self.state_path)
-        if self.dist.is_main:
-            tensorboard = getattr(cfg, "tensorboard", False)
-            self.metrics = MetricsLog(self.out_dir, tensorboard, resume=self.resume)
+        main = self.dist.is_main
+        tensorboard = getattr(cfg, "tensorboard", False)
+        self.metrics = MetricsLog(self.out_dir if main else None, tensorboard, self.resume)
+        if main:
             write_json(self.out_dir / self.config_file, dataclasses.asdict(cfg))
-        else:
-            self.metrics = NullMetrics()
 
     def model_spec(self) -> Any:
         """The model's config object (DDP looks for MoE in it, a resume compares it)."""

@@ -23,14 +23,17 @@ def read_series(path: str | Path, split: str, metric: str) -> tuple[list[int], l
 
 
 class MetricsLog:
-    """Rows of {step, split, name: value...} to metrics.csv; plot(...) draws them."""
+    """Rows of {step, split, name: value...} to metrics.csv; plot(...) draws them. Without an
+    out_dir it records nothing (the ranks other than 0: rank 0 writes the CSV and the plot)."""
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = False, resume: bool = False):
-        self.path = Path(out_dir) / "metrics.csv"
+    def __init__(self, out_dir: str | Path | None, tensorboard: bool = False, resume: bool = False):
+        self.path = None if out_dir is None else Path(out_dir) / "metrics.csv"
+        self.writer = None
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             self.path.unlink(missing_ok=True)
-        self.writer = None
         if tensorboard:
             with contextlib.suppress(ImportError):  # tensorboard not installed: the CSV only
                 from torch.utils.tensorboard import SummaryWriter
@@ -39,6 +42,8 @@ class MetricsLog:
 
     def log(self, step: int, split: str, **values: float) -> None:
         """Append one row per value to metrics.csv (and TensorBoard when on)."""
+        if self.path is None:
+            return
         new_file = not self.path.exists()
         with open(self.path, "a", newline="") as fh:
             writer = csv.writer(fh)
@@ -55,7 +60,10 @@ class MetricsLog:
         return read_series(self.path, split, metric)
 
     def plot(self, curves: list[tuple[str, str]], path: str | Path, title: str = "") -> Path:
-        """One panel per metric name; each (split, metric) a line. Writes a PNG."""
+        """One panel per metric name; each (split, metric) a line. Writes a PNG (not without
+        an out_dir)."""
+        if self.path is None:
+            return Path(path)
         import matplotlib
 
         matplotlib.use("Agg")

@@ -32,11 +32,6 @@ from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_tokenizer
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
 
-def _default_model() -> dict[str, Any]:
-    return {"n_layer": 2, "n_head": 4, "d_model": 128, "pos": "rope", "norm": "rmsnorm",
-            "mlp": "swiglu", "bias": False}  # fmt: skip
-
-
 @dataclass
 class VLMTrainConfig(SmallRunConfig):
     """A run on ShapesDataset. `model` holds ModelConfig fields of the language model."""
@@ -62,7 +57,10 @@ class VLMTrainConfig(SmallRunConfig):
     vision_tower: str | None = None
     projector: str = "linear"  # linear | mlp2
     tokenizer: str = "whitespace"  # whitespace | word | char
-    model: dict[str, Any] = field(default_factory=_default_model)
+    model: dict[str, Any] = field(
+        default_factory=lambda: {"n_layer": 2, "n_head": 4, "d_model": 128, "pos": "rope",
+                                 "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
+    )  # fmt: skip
     max_iters: int = 1500
     # CPU seconds of training steps (process time, evaluation excluded); stop when reached. CPU
     # time, not wall time: on a shared machine the wall time depends on the other users.
