@@ -14,6 +14,7 @@ accuracy is the headline metric.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,7 @@ def completion_logprobs(model, batch: dict[str, Tensor]) -> Tensor:
     return sequence_logprobs(logits[:, :-1], batch["labels"][:, 1:])
 
 
-class PreferenceTrainer(AlignTrainer):
+class PreferenceTrainer(AlignTrainer, abc.ABC):
     """Pairwise preference training: the pairs (chosen rows then rejected rows, one [2B, T]
     batch), metrics, evaluation and export that DPO and the reference-free ORPO / SimPO share. A
     subclass gives `pair_loss(batch) -> (loss, r⁺, r⁻)`; `setup_reference` is DPO's hook."""
@@ -99,9 +100,9 @@ class PreferenceTrainer(AlignTrainer):
         """The held-out pairs start..stop as one batch."""
         return self.collate(self.eval_examples[start:stop], D.collate_preferences)
 
+    @abc.abstractmethod
     def pair_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, chosen rewards, rejected rewards) of a batch of pairs."""
-        raise NotImplementedError
 
     def loss(self, batch):
         loss, rc, rr = self.pair_loss(batch)

@@ -34,6 +34,7 @@ weights are dequantised and requantised per channel.
 
 from __future__ import annotations
 
+import abc
 import copy
 import functools
 import sys
@@ -200,7 +201,7 @@ def _cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if dtype == torch.float16 else torch.bfloat16
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(nn.Module, abc.ABC):
     """A frozen Linear with quantised weights. `matmul` picks the kernel by the number of rows:
     the weight-only GEMV below `gemm_rows`, a GEMM with dequantised weights at or above."""
 
@@ -228,13 +229,13 @@ class QuantizedLinear(nn.Module):
         bias = self._buffers["bias"]  # a plain dict lookup: nn.Module.__getattr__ is slow
         return y if bias is None else y + bias
 
+    @abc.abstractmethod
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         """Few-row product through the weight format's own kernel (int8 / int4 subclasses)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Output rows start:stop of the weight, dequantised to the activation dtype."""
-        raise NotImplementedError
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         """Many rows: the activation dtype's GEMM over the dequantised weights, a chunk of
