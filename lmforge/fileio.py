@@ -53,9 +53,7 @@ def temp_file_beside(path: str | Path) -> tuple[int, str]:
 def _pid_alive(pid: int) -> bool:
     """Whether a process `pid` exists on this host and is not a zombie (a killed child that its
     parent has not reaped yet writes nothing). Unknown answers count as alive."""
-    if pid == os.getpid():
-        return True
-    if pid <= 0 or not hasattr(os, "kill"):
+    if pid == os.getpid() or pid <= 0 or not hasattr(os, "kill"):
         return True
     try:
         os.kill(pid, 0)

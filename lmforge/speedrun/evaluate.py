@@ -75,14 +75,11 @@ def chat_samples(lm: LM, prompts: list[str], max_new_tokens: int) -> list[str]:
     return [tok.decode(o, skip_special_tokens=True).strip() for o in outs]
 
 
-def _engine(lm: LM, max_new_tokens: int, reference=None) -> RolloutEngine:
-    return RolloutEngine(lm.model, lm.tokenizer, max_new_tokens, 1.0, reference=reference)
-
-
 @torch.no_grad()
 def mean_reward(lm: LM, records: list[dict], rm, max_new_tokens: int) -> float:
     """The reward model's mean score of the policy's greedy answers to `records`."""
-    engine, score = _engine(lm, max_new_tokens), ModelReward(rm)
+    engine = RolloutEngine(lm.model, lm.tokenizer, max_new_tokens, 1.0)
+    score = ModelReward(rm)
     prompts = [D.prompt_ids(r, lm.tokenizer) for r in records]
     scores = [
         score(engine.sample(prompts[i : i + 128], records[i : i + 128], greedy=True))
@@ -96,7 +93,7 @@ def kl_to_reference(
     lm: LM, reference: LM, records: list[dict], max_new_tokens: int, seed: int = 0
 ) -> float:
     """Monte-Carlo KL(π ‖ π_ref): mean over sampled completions of Σ_t log π - log π_ref."""
-    engine = _engine(lm, max_new_tokens, reference=reference.model)
+    engine = RolloutEngine(lm.model, lm.tokenizer, max_new_tokens, 1.0, reference=reference.model)
     prompts = [D.prompt_ids(r, lm.tokenizer) for r in records]
     rollout = engine.sample(prompts, records, seed=seed, keep_logprobs=True)
     mask = rollout.completion_mask
@@ -114,11 +111,10 @@ def evaluate_models(
     device: torch.device,
     log=print,
     core_data: Path | None = None,
-    samples: dict[str, list[dict[str, str]]] | None = None,
-) -> dict[str, dict[str, float]]:
-    """{stage: {perplexity, bpb, accuracy, reward, kl, core}} for each checkpoint in `models`
-    (core when `core_data` is a folder of CORE task files); with `samples` a dict, each stage's
-    greedy replies to settings["chat_prompts"] are put in it."""
+) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, str]]]]:
+    """({stage: {perplexity, bpb, accuracy, reward, kl, core}}, {stage: greedy replies}) for each
+    checkpoint in `models` (core when `core_data` is a folder of CORE task files; replies to
+    settings["chat_prompts"])."""
     from lmforge.align.reward import RewardModel
 
     rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
@@ -126,6 +122,7 @@ def evaluate_models(
     new_tokens = settings["max_new_tokens"]
     kl_records = records[: settings["kl_samples"]]
     out: dict[str, dict[str, float]] = {}
+    samples: dict[str, list[dict[str, str]]] = {}
     for stage, path in models.items():
         lm = LM.load(path, device=device)
         lm.model.eval()
@@ -141,7 +138,7 @@ def evaluate_models(
         if core_data is not None:
             row["core"] = core_score(lm, core_data, settings["core_tasks"],
                                      settings["core_per_task"])  # fmt: skip
-        if samples is not None and settings.get("chat_prompts"):
+        if settings.get("chat_prompts"):
             prompts = settings["chat_prompts"]
             replies = chat_samples(lm, prompts, settings.get("sample_tokens", 48))
             samples[stage] = [{"prompt": p, "reply": r} for p, r in zip(prompts, replies)]
@@ -149,4 +146,4 @@ def evaluate_models(
             log(f"warning: {stage} has a non-finite metric: {row}")
         log("  " + f"{stage:<9}" + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))
         out[stage] = row
-    return out
+    return out, samples

@@ -181,8 +181,7 @@ class EvalStage(Stage):
         if core_data is None and settings.get("core_data", "auto") == "auto":
             ctx.log("eval: no CORE task files (../shared/data/core or lmforge eval core's cache); "
                     "CORE skipped")  # fmt: skip
-        samples: dict[str, list[dict[str, str]]] = {}
-        table = evaluate_models(
+        table, samples = evaluate_models(
             models,
             reference=ctx.done("sft"),
             reward_model=ctx.done("reward"),
@@ -192,7 +191,6 @@ class EvalStage(Stage):
             device=ctx.device,
             log=ctx.log,
             core_data=core_data,
-            samples=samples,
         )
         write_json(ctx.dir(self.name) / "eval.json", table)
         write_json(ctx.dir(self.name) / "samples.json", samples)
