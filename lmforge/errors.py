@@ -69,10 +69,10 @@ def check_field_types(cls: type, data: dict[str, Any], source: str) -> dict[str,
         if hint is None:
             continue
         ok = _accepts(hint, value)
-        if ok is False and _accepts(hint, "") and isinstance(value, (int, float)):
-            if not isinstance(value, bool):
-                out[key] = str(value)
-                continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok is False and number and _accepts(hint, ""):
+            out[key] = str(value)
+            continue
         if ok is False:
             raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):

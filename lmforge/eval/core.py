@@ -294,13 +294,12 @@ def spans(kind: str, tokens: list[list[int]]) -> tuple[list[list[int]], list[int
 def crop(seqs, starts, ends, max_len: int):
     """Keep the last max_len tokens of each sequence and shift its span; the span keeps at
     least one token before it (only a continuation as long as the context would lose it)."""
-    out = ([], [], [])
-    for seq, s, e in zip(seqs, starts, ends):
-        cut = max(0, len(seq) - max_len)
-        out[0].append(seq[cut:])
-        out[1].append(max(1, s - cut))
-        out[2].append(max(1, e - cut))
-    return out
+    cuts = [max(0, len(seq) - max_len) for seq in seqs]
+    return (
+        [seq[cut:] for seq, cut in zip(seqs, cuts)],
+        [max(1, s - cut) for s, cut in zip(starts, cuts)],
+        [max(1, e - cut) for e, cut in zip(ends, cuts)],
+    )
 
 
 def build_option_sets(
