@@ -561,26 +561,17 @@ class Engine:
         for j, (prompt, e) in enumerate(zip(prompts, embeds)):
             p = params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
             rids.append(self.add_request(prompt, p, n, prompt_embeds=e))
-        tokens = {(r, i): [] for r in rids for i in range(n)}
-        texts = {k: [] for k in tokens}
-        lps = {k: [] for k in tokens}
-        reasons = {}
+        outs: dict[tuple[str, int], list[StepOutput]] = {(r, i): [] for r in rids for i in range(n)}
         with torch.inference_mode():
             while self.has_work():
                 for out in self.step():
-                    key = (out.request_id, out.index)
-                    if key not in tokens:
-                        continue
-                    tokens[key] += out.token_ids
-                    texts[key].append(out.text)
-                    lps[key] += out.logprobs or []
-                    if out.finished:
-                        reasons[key] = out.finish_reason
+                    outs.get((out.request_id, out.index), []).append(out)
         want_lp = params.logprobs is not None
         return [
-            Completion(self.encode(prompts[j]), tokens[k], "".join(texts[k]), reasons[k],
-                       lps[k] if want_lp else None)
-            for j, r in enumerate(rids) for k in [(r, i) for i in range(n)]
+            Completion(self.encode(prompts[j]), [t for o in got for t in o.token_ids],
+                       "".join(o.text for o in got), got[-1].finish_reason,
+                       [lp for o in got for lp in o.logprobs or []] if want_lp else None)
+            for j, r in enumerate(rids) for got in [outs[r, i] for i in range(n)]
         ]  # fmt: skip
 
     def stream(

@@ -258,9 +258,3 @@ class RotaryEmbedding(nn.Module):
             half = x.shape[-1] // 2
             rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
-
-
-def sinusoid_rotation(omega: float, k: int) -> torch.Tensor:
-    """R(k) with PE(p + k) = R(k) PE(p) for one [sin, cos] pair of frequency omega (SPEC §3)."""
-    c, s = math.cos(omega * k), math.sin(omega * k)
-    return torch.tensor([[c, s], [-s, c]], dtype=torch.float64)

@@ -2,7 +2,13 @@ import math
 
 import torch
 
-from lmforge.model.positions import RotaryEmbedding, sinusoid_rotation, sinusoidal_table
+from lmforge.model.positions import RotaryEmbedding, sinusoidal_table
+
+
+def sinusoid_rotation(omega: float, k: int) -> torch.Tensor:
+    """R(k) with PE(p + k) = R(k) PE(p) for one [sin, cos] pair of frequency omega (SPEC §3)."""
+    c, s = math.cos(omega * k), math.sin(omega * k)
+    return torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
 
 
 def test_sinusoidal_spec_values():
