@@ -1,6 +1,6 @@
 """KV-cache bytes per token for MHA / GQA / MQA / MLA (and window / linear) at one model size.
 
-Read from the cache objects lmforge actually allocates (KVCache.for_model), not a formula, and
+Read from the cache objects lmforge actually allocates (new_cache), not a formula, and
 checked against the SPEC vector (B=1, H=32, L=4096, d_head=128: MHA 64 MiB, MQA 2 MiB per layer
 in bf16). Also times a 256-token cached decode of each variant at a small size.
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from lmforge.model.cache import KVCache
+from lmforge.model.cache import KVCache, new_cache
 from lmforge.model.config import ModelConfig
 
 SIZE = dict(
@@ -46,7 +46,7 @@ def main() -> None:
     base = None
     for name, kw in VARIANTS.items():
         config = ModelConfig(**SIZE, **kw)
-        cache = KVCache.for_model(config, 1, length, torch.bfloat16)
+        cache = new_cache(config, 1, length, torch.bfloat16)
         per_token = cache.nbytes() / length
         base = base or per_token
         print(f"  {name:<30} {per_token:>10,.0f} B/token  {base / per_token:>7.1f}x smaller "

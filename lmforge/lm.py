@@ -11,6 +11,7 @@ lm.save("out/copy")
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -181,30 +182,31 @@ class LM:
         tok = self._require_tokenizer()
         params = GenerationParams(max_new_tokens, stop=[s for s in stop or [] if s], **sampling)
         ids = tok.encode(text)
-        with eval_mode(self.model, draft.model if draft is not None else None):
-            engine = self._engine([ids], params, 1, tok, draft, draft_tokens)
+        with self._engine([ids], params, 1, tok, draft, draft_tokens) as engine:
             for out in engine.stream(ids, params):
                 if out.text:
                     yield out.text
-        self.speculative_stats = engine.speculative_stats if draft is not None else None
 
-    def _engine(self, rows, params, n, tokenizer, draft, draft_tokens) -> Engine:
-        """An engine sized for this call: every sample in one batch, a context just long
-        enough for the longest prompt and its new tokens."""
+    @contextmanager
+    def _engine(self, rows, params, n, tokenizer, draft, draft_tokens) -> Iterator[Engine]:
+        """An engine sized for this call (every sample in one batch, a context just long
+        enough for the longest prompt and its new tokens), used with the models in eval mode;
+        afterwards speculative_stats holds its draft counters."""
         if not rows:
             raise ConfigError("no prompts given")
         longest = max(len(r) for r in rows)
-        return Engine(self.model, tokenizer, max_batch=len(rows) * n,
-                      max_len=min(self.config.max_seq_len, longest + params.max_new_tokens),
-                      eos_ids=self._eos_ids(None), draft=None if draft is None else draft.model,
-                      draft_tokens=draft_tokens)  # fmt: skip
+        with eval_mode(self.model, draft.model if draft is not None else None):
+            engine = Engine(self.model, tokenizer, max_batch=len(rows) * n,
+                            max_len=min(self.config.max_seq_len, longest + params.max_new_tokens),
+                            eos_ids=self._eos_ids(None),
+                            draft=None if draft is None else draft.model,
+                            draft_tokens=draft_tokens)  # fmt: skip
+            yield engine
+        self.speculative_stats = engine.speculative_stats if draft is not None else None
 
     def _run(self, rows, params, n, tokenizer, draft, draft_tokens) -> list[Completion]:
-        with eval_mode(self.model, draft.model if draft is not None else None):
-            engine = self._engine(rows, params, n, tokenizer, draft, draft_tokens)
-            done = engine.generate(rows, params, n)
-        self.speculative_stats = engine.speculative_stats if draft is not None else None
-        return done
+        with self._engine(rows, params, n, tokenizer, draft, draft_tokens) as engine:
+            return engine.generate(rows, params, n)
 
     def _require_tokenizer(self):
         if self.tokenizer is None:

@@ -77,11 +77,8 @@ class _Layer:
         self.attn_norm, self.mlp_norm = plain_norm(block.attn_norm), plain_norm(block.mlp_norm)
         self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
         self.qkv, self.o = plain_linear(attn.qkv_proj), plain_linear(attn.o_proj)
-        self.act, self.down, self.up = (
-            mlp.act,
-            plain_linear(mlp.down_proj),
-            plain_linear(mlp.up_proj),
-        )
+        self.act = mlp.act
+        self.down, self.up = plain_linear(mlp.down_proj), plain_linear(mlp.up_proj)
         self.gate = plain_linear(mlp.gate_proj) if isinstance(mlp, GatedMLP) else None
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:

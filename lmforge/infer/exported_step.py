@@ -178,12 +178,10 @@ class ExportedDecodeStep:
 
     def _entry(self, n: int) -> dict | None:
         """The cache folder's record of a compiled step whose rows hold n, if any."""
-        if self.dir is None:
-            return None
-        for entry in _read_index(self.dir):
-            if entry["rows"][0] <= n < entry["rows"][1] and (self.dir / entry["file"]).is_file():
-                return entry
-        return None
+        entries = _read_index(self.dir) if self.dir is not None else []
+        return next((e for e in entries
+                     if e["rows"][0] <= n < e["rows"][1] and (self.dir / e["file"]).is_file()),
+                    None)  # fmt: skip
 
     @torch.no_grad()
     def _compile(self, ids, positions, key_mask):

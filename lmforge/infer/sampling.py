@@ -86,9 +86,7 @@ def request_uniforms(
 ) -> torch.Tensor:
     """[n, steps] uniforms for the n samples of one request: from a generator seeded with
     `seed`, else from torch's global generator (so torch.manual_seed reproduces a run)."""
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     return torch.rand(n, steps, generator=generator, dtype=torch.float64, device=device)
 
 
@@ -204,11 +202,8 @@ class RowSampler:
         k = max(w for w in wanted if w is not None)
         top_v, top_i = logp.topk(k, dim=-1) if k else (logp[:, :0], tokens[:, None][:, :0])
         top_v, top_i, toks = top_v.tolist(), top_i.tolist(), tokens.tolist()
-        out: list[TokenLogprobs | None] = []
-        for row, w in enumerate(wanted):
-            if w is None:
-                out.append(None)
-                continue
-            top = list(zip(top_i[row][:w], top_v[row][:w]))
-            out.append(TokenLogprobs(toks[row], chosen[row], top))
-        return out
+        return [
+            None if w is None
+            else TokenLogprobs(toks[row], chosen[row], list(zip(top_i[row][:w], top_v[row][:w])))
+            for row, w in enumerate(wanted)
+        ]  # fmt: skip

@@ -32,7 +32,7 @@ sequence, whose rounds the engine records like any other tokens (stop strings, l
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -56,12 +56,6 @@ class SpeculativeStats:
     target_calls: int = 0
     draft_calls: int = 0
     new_tokens: int = 0
-
-    def add(self, other: SpeculativeStats) -> SpeculativeStats:
-        """Sum other's counters into these (several prompts); returns self."""
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
 
     @property
     def acceptance_rate(self) -> float:

@@ -13,10 +13,10 @@ slices of one shared 5-D buffer were functionalised into full copies.
     LatentKVCache    MLA (mla.py): the compressed latent and shared RoPE key per token
     LinearStateCache linear attention (linear_attention.py): two running sums, fixed size
 
-Every kind lives here, below the attention modules that fill it, so `new_cache(config)` (and
-`KVCache.for_model`) can pick one without importing upwards. `full_attention(config)` says
-whether a config's keys may sit in any column of a KVCache (the one place that decides between
-the engine's slot batching and its per-kind path).
+Every kind lives here, below the attention modules that fill it, so `new_cache(config)` can pick
+one without importing upwards. `full_attention(config)` says whether a config's keys may sit in
+any column of a KVCache (the one place that decides between the engine's slot batching and its
+per-kind path).
 """
 
 from __future__ import annotations
@@ -71,12 +71,6 @@ class KVCache(_Bookkeeping):
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.max_len = max_len
-
-    @classmethod
-    def for_model(cls, config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
-        """A cache sized for `config` (a ModelConfig), of the kind its attention needs (full,
-        rolling window, compressed latent or recurrent state): `new_cache`."""
-        return new_cache(config, batch_size, max_len, dtype, device)
 
     @property
     def visible_start(self) -> int:

@@ -52,7 +52,7 @@ from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest
 __all__ = ["APIError", "create_app", "error_response"]
 
 STATIC = Path(__file__).parent / "static"
-WARMING_RETRY_AFTER = 10  # seconds: one compile of a range takes a minute or more
+WARMING_HEADERS = {"Retry-After": "10"}  # seconds: one compile of a range takes a minute or more
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -183,7 +183,11 @@ def create_app(
             raise APIError(400, message, field, "context_length_exceeded")
         return tok.encode(text)
 
-    def check_model(name: str | None) -> None:
+    def check_request(name: str | None) -> None:
+        """503 while warming up; 404 for a model this server does not have."""
+        if not state["ready"]:
+            message = "the server is warming up (compiling the decode step); retry shortly"
+            raise APIError(503, message, None, "warming_up", "server_error", WARMING_HEADERS)
         if name is not None and name != model_name:
             raise APIError(404, f"model {name!r} does not exist; this server has {model_name!r}",
                            "model", "model_not_found")  # fmt: skip
@@ -206,12 +210,6 @@ def create_app(
             logprobs=logprobs,
         )  # fmt: skip
 
-    def check_ready() -> None:
-        if not state["ready"]:
-            raise APIError(503, "the server is warming up (compiling the decode step); retry "
-                           "shortly", None, "warming_up", "server_error",
-                           {"Retry-After": str(WARMING_RETRY_AFTER)})  # fmt: skip
-
     async def respond(request: Request, req, ids, params, fmt):
         admission.admit(request.scope, req.n)  # given back by RequestGuard when this ends
         outputs = runner.generate(ids, params, req.n)
@@ -232,8 +230,7 @@ def create_app(
     @app.get("/health")
     async def health():
         if not state["ready"]:
-            headers = {"Retry-After": str(WARMING_RETRY_AFTER)}
-            return JSONResponse({"status": "warming up"}, status_code=503, headers=headers)
+            return JSONResponse({"status": "warming up"}, status_code=503, headers=WARMING_HEADERS)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -243,8 +240,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        check_ready()
-        check_model(req.model)
+        check_request(req.model)
         text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         ids = await asyncio.to_thread(encode, text, "prompt")
         params = params_for(req, ids, req.max_tokens, 16, req.logprobs, None, "prompt")
@@ -255,15 +251,11 @@ def create_app(
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         from lmforge.interop.chat_template import render_chat
 
-        check_ready()
-        check_model(req.model)
+        check_request(req.model)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-
-        def render_and_encode() -> list[int]:
-            text = render_chat(tok, messages, add_generation_prompt=True)
-            return encode(text, "messages")
-
-        ids = await asyncio.to_thread(render_and_encode)
+        ids = await asyncio.to_thread(
+            lambda: encode(render_chat(tok, messages, add_generation_prompt=True), "messages")
+        )
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = params_for(req, ids, max_tokens, limit, top, chat_stop_ids, "messages")

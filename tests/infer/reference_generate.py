@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from lmforge.infer.params import GenerationParams
-from lmforge.model.cache import KVCache
+from lmforge.model.cache import new_cache
 from lmforge.model.transformer import Transformer
 
 
@@ -92,7 +92,7 @@ def generate(
     cache = None
     if use_cache:
         dtype = next(model.parameters()).dtype
-        cache = KVCache.for_model(config, batch, width + budget, dtype, device)
+        cache = new_cache(config, batch, width + budget, dtype, device)
         if not bool(mask.all()):
             cache.set_padding(mask)
         logits = model(ids, cache=cache, last_only=True)[:, -1]

@@ -8,7 +8,7 @@ from lmforge.errors import ConfigError
 from lmforge.infer.decoder import FastDecoder, decode_attention
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.lm import LM
-from lmforge.model.cache import KVCache
+from lmforge.model.cache import new_cache
 from lmforge.model.config import ModelConfig
 
 COVERED = {
@@ -44,7 +44,7 @@ def test_matches_transformer_forward(name):
     mask[2, :7] = 0
     caches = []
     for _ in range(2):
-        cache = KVCache.for_model(model.config, 3, 16)
+        cache = new_cache(model.config, 3, 16)
         cache.set_padding(mask)
         caches.append(cache)
     assert torch.allclose(fast(ids, cache=caches[0]), model(ids, cache=caches[1]), atol=1e-5)

@@ -15,6 +15,7 @@ from lmforge.model.cache import (
     LatentKVCache,
     LinearStateCache,
     RollingKVCache,
+    new_cache,
 )
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
@@ -87,7 +88,7 @@ def test_cached_logits_equal_full_forward(name):
     model = tiny(**VARIANTS[name])
     ids = torch.randint(0, 40, (2, 14))
     full = model(ids)
-    cache = KVCache.for_model(model.config, 2, 14)
+    cache = new_cache(model.config, 2, 14)
     pieces = [model(ids[:, :6], cache=cache)]
     pieces += [model(ids[:, t : t + 1], cache=cache) for t in range(6, 14)]
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
@@ -124,7 +125,7 @@ def test_one_training_step_lowers_the_loss(name):
     ],
 )
 def test_each_attention_gets_the_cache_it_needs(kw, cache_type):
-    cache = KVCache.for_model(ModelConfig(**kw), 2, 64)
+    cache = new_cache(ModelConfig(**kw), 2, 64)
     assert type(cache) is cache_type
 
 
@@ -134,10 +135,10 @@ def test_every_attention_kind_has_a_cache():
 
 def test_rolling_and_state_caches_do_not_grow_with_length():
     window = ModelConfig(sliding_window=8)  # a query needs its 7 predecessors: 7 slots
-    full = KVCache.for_model(ModelConfig(), 1, 4096).nbytes()
-    assert KVCache.for_model(window, 1, 4096).nbytes() == full * 7 // 4096
+    full = new_cache(ModelConfig(), 1, 4096).nbytes()
+    assert new_cache(window, 1, 4096).nbytes() == full * 7 // 4096
     linear = ModelConfig(attention="linear")
-    assert KVCache.for_model(linear, 1, 64).nbytes() == KVCache.for_model(linear, 1, 4096).nbytes()
+    assert new_cache(linear, 1, 64).nbytes() == new_cache(linear, 1, 4096).nbytes()
 
 
 def test_prefix_lm_with_cache_equals_full_forward():
@@ -145,7 +146,7 @@ def test_prefix_lm_with_cache_equals_full_forward():
     model = tiny(**LLAMA)
     ids = torch.randint(0, 40, (1, 10))
     full = model(ids, prefix_len=4)
-    cache = KVCache.for_model(model.config, 1, 10)
+    cache = new_cache(model.config, 1, 10)
     pieces = [model(ids[:, :4], cache=cache, prefix_len=4)]
     pieces += [model(ids[:, t : t + 1], cache=cache, prefix_len=4) for t in range(4, 10)]
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lmforge.model.cache import KVCache
+from lmforge.model.cache import new_cache
 from lmforge.model.config import ModelConfig
 from lmforge.model.linear_attention import (
     FEATURE_MAP_NAMES,
@@ -63,7 +63,7 @@ def test_state_cache_is_constant_size_and_decodes_like_the_full_pass():
     config = ModelConfig(vocab_size=30, n_layer=2, d_model=32, n_head=4, attention="linear")
     model = Transformer(config).eval()
     ids = torch.randint(0, 30, (1, 20))
-    cache = KVCache.for_model(config, 1, 20)
+    cache = new_cache(config, 1, 20)
     size = cache.nbytes()
     steps = [model(ids[:, :1], cache=cache)] + [
         model(ids[:, t : t + 1], cache=cache) for t in range(1, 20)

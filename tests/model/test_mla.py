@@ -1,6 +1,6 @@
 import torch
 
-from lmforge.model.cache import KVCache, LatentKVCache
+from lmforge.model.cache import LatentKVCache, new_cache
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 
@@ -10,11 +10,11 @@ MLA = dict(vocab_size=50, n_layer=2, d_model=64, n_head=4, attention="mla", pos=
 
 def test_cache_stores_latent_plus_rope_key_per_token():
     config = ModelConfig(**MLA)
-    cache = KVCache.for_model(config, batch_size=1, max_len=100)
+    cache = new_cache(config, batch_size=1, max_len=100)
     assert isinstance(cache, LatentKVCache)
     per_token_layer = cache.nbytes() / (100 * config.n_layer * 4)
     assert per_token_layer == 16 + 8  # vs MHA: 2 * n_head * head_dim = 128
-    mha = KVCache.for_model(ModelConfig(**{**MLA, "attention": "softmax"}), 1, 100)
+    mha = new_cache(ModelConfig(**{**MLA, "attention": "softmax"}), 1, 100)
     assert mha.nbytes() / cache.nbytes() == 128 / 24
 
 

@@ -142,12 +142,12 @@ def test_engine_generation_with_image_prefix_equals_the_uncached_reference(
 
 def test_cached_prefill_logits_match_full_recompute():
     vlm = tiny()
-    from lmforge.model.cache import KVCache
+    from lmforge.model.cache import new_cache
 
     pixels = torch.randn(1, 3, 16, 16)
     ids = torch.tensor([vlm.encode_prompt("two red", 1)])
     full = vlm(ids, pixels)
-    cache = KVCache.for_model(vlm.config, 1, ids.shape[1])
+    cache = new_cache(vlm.config, 1, ids.shape[1])
     prefix = vlm(ids[:, :-2], pixels, cache=cache)  # image prefix into the cache once
     rest = [vlm(ids[:, t : t + 1], cache=cache) for t in range(ids.shape[1] - 2, ids.shape[1])]
     torch.testing.assert_close(torch.cat([prefix, *rest], 1), full, atol=1e-5, rtol=1e-5)
