@@ -25,6 +25,7 @@ import yaml
 from lmforge.align.methods import METHODS
 from lmforge.errors import LMForgeError, require_device
 from lmforge.fileio import read_json, write_json, write_text
+from lmforge.lm import LM
 from lmforge.train.checkpoint import STATE_FILE
 from lmforge.train.config import build_config
 from lmforge.train.pretrain import Pretrainer, TrainConfig
@@ -254,11 +255,7 @@ class RAGStage(Stage):
         check_gold_topics(questions, retriever, str(PYDOC_QUESTIONS))
         retriever.save(ctx.dir(self.name) / "index")
         model_path = self.model(ctx, settings.get("model", "auto"))
-        lm = None
-        if model_path is not None:
-            from lmforge.lm import LM
-
-            lm = LM.load(model_path, device=ctx.device)
+        lm = LM.load(model_path, device=ctx.device) if model_path is not None else None
         mode = "hybrid" if encoder else "bm25"
         rag = RAG(retriever, lm, k=settings["k"], mode=mode,
                   max_new_tokens=settings.get("max_new_tokens", 48))  # fmt: skip
