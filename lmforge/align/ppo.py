@@ -312,8 +312,7 @@ class PPOTrainer(RLTrainer):
 
     def save_checkpoint(self) -> None:
         super().save_checkpoint()
-        moments = {"mean": self.moments.mean, "var": self.moments.var, "count": self.moments.count}
-        state = {"kl_coef": self.kl_ctl.value, "score_moments": moments}
+        state = {"kl_coef": self.kl_ctl.value, "score_moments": vars(self.moments)}
         write_json(self.out_dir / "ppo_state.json", state)
 
     def export(self, path: Path) -> None:

@@ -313,13 +313,11 @@ class RewardTrainer(AlignTrainer):
         return loss, stats
 
     def evaluate(self) -> dict[str, float]:
-        rcs, rrs = [], []
+        pairs = []  # (chosen, rejected) rewards of each batch
         for i in range(0, len(self.eval_examples), self.cfg.batch_size):
             b = self.collate(self.eval_examples[i : i + self.cfg.batch_size], D.collate_preferences)
-            rc, rr = self.rm(b["input_ids"], b["attention_mask"]).chunk(2)
-            rcs.append(rc)
-            rrs.append(rr)
-        rc, rr = torch.cat(rcs), torch.cat(rrs)
+            pairs.append(self.rm(b["input_ids"], b["attention_mask"]).chunk(2))
+        rc, rr = (torch.cat(side) for side in zip(*pairs))
         loss = REWARD_LOSSES[self.cfg.loss](rc, rr, self.cfg.margin, self.cfg.target_gap)
         return {"loss": loss.item(), "accuracy": preference_accuracy(rc, rr).item()}
 

@@ -31,7 +31,7 @@ from lmforge.align.rollout import (
     build_reward,
     rollout_stats,
 )
-from lmforge.align.trainer import AlignConfig, AlignTrainer, eval_source, frozen_copy
+from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy, split_dataset
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.tasks.answers import verify
@@ -104,15 +104,9 @@ class RLTrainer(AlignTrainer):
     def setup(self) -> None:
         cfg: RLConfig = self.cfg
         records = D.load_prompts(cfg.data, n=cfg.n_train, seed=cfg.seed, split="train")
-        source, split = eval_source(cfg)
-        if source is not None:
-            eval_records = D.load_prompts(source, cfg.n_eval, cfg.seed + 1, split)
-        else:
-            if len(records) < 2:
-                raise DataError(f"{cfg.data}: need at least 2 prompts to hold some out")
-            n_eval = max(1, len(records) // 20)
-            records, eval_records = records[:-n_eval], records[-n_eval:]
-        self.records = records
+        self.records, eval_records = split_dataset(
+            records, cfg, lambda src, split: D.load_prompts(src, cfg.n_eval, cfg.seed + 1, split)
+        )
         self.eval_records = eval_records[: cfg.n_eval]
         self.prompts = [self._encode(r, i) for i, r in enumerate(self.records)]
         self.eval_prompts = [self._encode(r, i) for i, r in enumerate(self.eval_records)]

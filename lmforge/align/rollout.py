@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from lmforge.align.logprobs import token_logprobs
 from lmforge.data.batches import pad_collate
@@ -230,12 +231,9 @@ class RolloutEngine:
 
     def _assemble(self, prompt_rows: list[list[int]], new: list[list[int]]) -> Rollout:
         ids, mask = pad_collate(prompt_rows, self.pad_id, side="left")
-        width = max(1, max(len(c) for c in new))
-        comp = torch.full((len(new), width), self.pad_id, dtype=torch.long)
-        comp_mask = torch.zeros((len(new), width), dtype=torch.long)
-        for row, tokens in enumerate(new):
-            comp[row, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
-            comp_mask[row, : len(tokens)] = 1
+        comp, comp_mask = pad_collate(new, self.pad_id)
+        if comp.shape[1] == 0:  # every completion empty: keep one padding column
+            comp, comp_mask = F.pad(comp, (0, 1), value=self.pad_id), F.pad(comp_mask, (0, 1))
         device = self.device
         return Rollout(
             input_ids=torch.cat([ids, comp], 1).to(device),
@@ -251,10 +249,8 @@ class RolloutEngine:
         args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_width, self.temperature)
         labels = rollout.completion_ids.masked_fill(rollout.completion_mask == 0, -100)
         if keep_logprobs or self.value_fn is not None:
-            was_training = self.policy.training
-            self.policy.eval()
-            logits, hidden = completion_logits(self.policy, *args)
-            self.policy.train(was_training)
+            with eval_mode(self.policy):
+                logits, hidden = completion_logits(self.policy, *args)
             if keep_logprobs:
                 rollout.old_logprobs = token_logprobs(logits, labels)
             if self.value_fn is not None:

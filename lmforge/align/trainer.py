@@ -32,9 +32,7 @@ from the policy every step (GRPO) keep such a copy on every rank.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
-import string
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +46,7 @@ from lmforge.align import data as D
 from lmforge.errors import (
     CheckpointError,
     ConfigError,
+    DataError,
     require_choice,
     require_device,
     require_positive_ints,
@@ -55,6 +54,7 @@ from lmforge.errors import (
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.peft.export import export_peft
+from lmforge.tasks.synthetic import ALPHABET
 from lmforge.train.config import OptimConfig
 from lmforge.train.distributed import (
     PARALLEL,
@@ -65,9 +65,6 @@ from lmforge.train.distributed import (
 )
 from lmforge.train.loop import Trainer, split_rows
 
-# printable ASCII: the characters of the built-in tasks and of most small JSONL demos
-PRINTABLE = string.ascii_letters + string.digits + string.punctuation + " \n"
-
 
 @dataclass
 class AlignConfig(OptimConfig):
@@ -76,7 +73,7 @@ class AlignConfig(OptimConfig):
     out_dir: str = "out/align"
     init: str = "scratch"  # checkpoint directory, or "scratch" (random model, char tokenizer)
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields for init=scratch
-    alphabet: str = PRINTABLE  # init=scratch: the characters of its char tokenizer
+    alphabet: str = ALPHABET  # init=scratch: the characters of its char tokenizer
     data: str = "task:add"  # JSONL file or task:NAME[:LEVEL] (built-in, see tasks/synthetic.py)
     eval_data: str | None = None  # None: held-out split of a task:, else a 5% slice of data
     n_train: int = 2000  # examples drawn from a task: source
@@ -99,12 +96,9 @@ class AlignConfig(OptimConfig):
         require_positive_ints(self, "batch_size", "max_len")
         require_choice("parallel", self.parallel, PARALLEL)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def load_lm(
-    init: str, model: dict[str, Any], max_len: int, seed: int, device, alphabet: str = PRINTABLE
+    init: str, model: dict[str, Any], max_len: int, seed: int, device, alphabet: str = ALPHABET
 ) -> LM:
     """The starting model: a checkpoint directory, or a random one with a char tokenizer over
     `alphabet` (`scratch`)."""
@@ -135,17 +129,18 @@ def eval_source(cfg: AlignConfig) -> tuple[str | None, str]:
     return None, "train"
 
 
-def split_dataset(train: D.Dataset, cfg: AlignConfig, loader) -> tuple[list, list]:
-    """(train examples, eval examples): a separate eval source, or the last 5% of the data."""
+def split_dataset(
+    train: list, cfg: AlignConfig, load_eval: Callable[[str, str], list]
+) -> tuple[list, list]:
+    """(train items, eval items): `load_eval(source, split)` of a separate eval source
+    (`eval_source`), or the last 5% of `train`."""
     source, split = eval_source(cfg)
     if source is not None:
-        kw = {"n": cfg.n_eval, "seed": cfg.seed + 1, "split": split}
-        ev = loader(source, skip_invalid=cfg.skip_invalid, **kw)
-        return train.examples, ev.examples
-    n_eval = max(1, len(train.examples) // 20)
-    if len(train.examples) < 2:
-        raise ConfigError("need at least 2 examples to hold some out for evaluation")
-    return train.examples[:-n_eval], train.examples[-n_eval:]
+        return train, load_eval(source, split)
+    if len(train) < 2:
+        raise DataError(f"{cfg.data}: need at least 2 records to hold some out for evaluation")
+    n_eval = max(1, len(train) // 20)
+    return train[:-n_eval], train[-n_eval:]
 
 
 class AlignTrainer(Trainer, ABC):
@@ -176,8 +171,6 @@ class AlignTrainer(Trainer, ABC):
         self.config_file = f"{self.name}_config.json"
         self.open_run(cfg, dist, resume, log)
         torch.manual_seed(cfg.seed)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         self.lm = load_lm(cfg.init, cfg.model, cfg.max_len, cfg.seed, self.device, cfg.alphabet)
         self.tokenizer = self.lm.tokenizer
         self.pad_id = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
@@ -212,7 +205,11 @@ class AlignTrainer(Trainer, ABC):
         train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
         if train.skipped:
             self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
-        self.train_examples, self.eval_examples = split_dataset(train, cfg, loader)
+        self.train_examples, self.eval_examples = split_dataset(
+            train.examples, cfg, lambda src, split: loader(
+                src, skip_invalid=cfg.skip_invalid, n=cfg.n_eval, seed=cfg.seed + 1, split=split
+            ).examples
+        )  # fmt: skip
 
     def collate(self, rows: list, collate=D.collate_sft) -> dict[str, Tensor]:
         """`collate(rows, pad_id)` (SFT rows by default) moved to the training device."""

@@ -326,6 +326,20 @@ def permute_qk(w: torch.Tensor, n_head: int, reverse: bool = False) -> torch.Ten
     return w.reshape(n_head, *split, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _unpermute(f: GGUFFile, config: ModelConfig, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (read from GGUF tensor `name`) with llama.cpp's q/k row permutation undone."""
+    if f.architecture not in PERMUTED_QK or not (".attn_q." in name or ".attn_k." in name):
+        return tensor
+    heads = config.n_head if ".attn_q." in name else config.n_kv_head
+    return permute_qk(tensor, heads, reverse=True)
+
+
+def _config(f: GGUFFile) -> tuple[ModelConfig, Family]:
+    """(our ModelConfig, its HF family) from the GGUF metadata."""
+    hf = hf_config_from_gguf(f)
+    return hf_config_to_ours(hf, str(f.path)), FAMILIES[hf["model_type"]]
+
+
 def _join(rule, parts: list[torch.Tensor]) -> torch.Tensor:
     """Our tensor from its GGUF parts: as from an HF file, but GPT-2's projections are already
     stored [out, in] (no Conv1D transpose)."""
@@ -334,10 +348,8 @@ def _join(rule, parts: list[torch.Tensor]) -> torch.Tensor:
 
 def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(our ModelConfig, our state dict in float32) for a GGUF file, all checks done first."""
-    hf = hf_config_from_gguf(f)
-    config = hf_config_to_ours(hf, str(f.path))
+    config, family = _config(f)
     config.extra["gguf_architecture"] = f.architecture
-    family = FAMILIES[hf["model_type"]]
     name_map = _name_map(f, family, config)
     expected = _expected_shapes(family, config)
     bad_types = sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES))
@@ -362,15 +374,7 @@ def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                 f"{f.path}: tensor {gguf_name} has shape {f.shape(gguf_name)}, the GGUF metadata "
                 f"implies {expected[hf_name]}"
             )
-    permute = f.architecture in PERMUTED_QK
-    hf_tensors = {}
-    for gguf_name, hf_name in name_map.items():
-        tensor = f.read(gguf_name)
-        if permute and ".attn_q." in gguf_name:
-            tensor = permute_qk(tensor, config.n_head, reverse=True)
-        elif permute and ".attn_k." in gguf_name:
-            tensor = permute_qk(tensor, config.n_kv_head, reverse=True)
-        hf_tensors[hf_name] = tensor
+    hf_tensors = {hf: _unpermute(f, config, g, f.read(g)) for g, hf in name_map.items()}
     state = {
         ours: _join(rule, [hf_tensors[k] for k in rule.hf_keys])
         for ours, rule in family.key_map(config).items()
@@ -420,11 +424,8 @@ def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, tor
     concatenated: both act on whole rows, which carry their own block scales). For
     `to_inference_precision(..., quantize="int4", int4_codes=...)`: those layers keep the file's
     codes instead of being dequantised and quantised again."""
-    hf = hf_config_from_gguf(f)
-    config = hf_config_to_ours(hf, str(f.path))
-    family = FAMILIES[hf["model_type"]]
+    config, family = _config(f)
     to_gguf = {h: g for g, h in _name_map(f, family, config).items()}
-    permute = f.architecture in PERMUTED_QK
     out = {}
     for ours, rule in family.key_map(config).items():
         names = [to_gguf.get(h) for h in rule.hf_keys]
@@ -432,13 +433,7 @@ def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, tor
             continue
         if any(n is None or n not in f.tensors or f.type_name(n) not in Q4_TYPES for n in names):
             continue
-        parts = []
-        for name in names:
-            tensors = read_q4_codes(f, name)
-            heads = config.n_head if ".attn_q." in name else config.n_kv_head
-            if permute and (".attn_q." in name or ".attn_k." in name):
-                tensors = tuple(permute_qk(t, heads, reverse=True) for t in tensors)
-            parts.append(tensors)
+        parts = [[_unpermute(f, config, n, t) for t in read_q4_codes(f, n)] for n in names]
         joined = (_join(rule, [p[i] for p in parts]).contiguous() for i in range(3))
         out[ours.removesuffix(".weight")] = tuple(joined)
     return out

@@ -118,7 +118,7 @@ def _byte_level_backend(meta: dict[str, Any]) -> Backend:
     return backend
 
 
-def _sentencepiece_backend(meta: dict[str, Any], architecture: str) -> Backend:
+def _sentencepiece_backend(meta: dict[str, Any]) -> Backend:
     tokens = meta["tokenizer.ggml.tokens"]
     vocab = {}
     for i, token in enumerate(tokens):
@@ -131,7 +131,7 @@ def _sentencepiece_backend(meta: dict[str, Any], architecture: str) -> Backend:
             raise CheckpointError("tokenizer.ggml.scores is missing or not one score per token")
         merges = generate_merges(vocab, dict(zip(tokens, scores)))
     backend = Backend(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True))
-    if architecture == "phi3":
+    if meta.get("general.architecture") == "phi3":
         # Phi-3 prepends the word marker with a normalizer, not a Metaspace pre-tokenizer (this
         # only differs on text starting with a space); transformers chooses it by architecture.
         backend.normalizer = normalizers.Sequence(
@@ -161,17 +161,14 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> tuple[Tokenizer, b
             f"{source}: tokenizer.ggml.model {kind!r} is not supported; supported: "
             f"{', '.join(SUPPORTED_TOKENIZERS)}"
         )
-    architecture = meta.get("general.architecture", "")
-    if kind == "gpt2":
-        backend = _byte_level_backend(meta)
-    else:
-        backend = _sentencepiece_backend(meta, architecture)
+    byte_level = kind == "gpt2"
+    backend = _byte_level_backend(meta) if byte_level else _sentencepiece_backend(meta)
     types = meta.get("tokenizer.ggml.token_type") or []
     if types and len(types) != len(tokens):
         raise CheckpointError(
             f"{source}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
         )
-    alphabet = set(bytes_to_unicode().values()) if kind == "gpt2" else None
+    alphabet = set(bytes_to_unicode().values()) if byte_level else None
     # Control tokens (<|im_start|>, <s>) are matched whole in text and skippable on decode;
     # in a byte-level vocabulary a "control" token outside the byte alphabet is a llama.cpp
     # mislabel that transformers skips, and so do we.
@@ -202,10 +199,8 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> tuple[Tokenizer, b
         if all(a.content != token for a in control):
             # transformers registers bos/eos/unk/pad as special tokens too (matched whole in text).
             control.append(AddedToken(token, normalized=False, special=True))
-    if control:
-        backend.add_special_tokens(control)
-    if user:
-        backend.add_tokens(user)
+    backend.add_special_tokens(control)
+    backend.add_tokens(user)
     default_bos = kind == "llama"  # llama.cpp prepends BOS to a SentencePiece vocabulary by default
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)) and "bos" in specials
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and "eos" in specials
@@ -270,14 +265,12 @@ def tokenizer_to_gguf(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
     tokens, types = [], []
     for i in range(n_vocab):
         token = tok.backend.id_to_token(i)
+        tokens.append(f"[PAD{i}]" if token is None else token)
         if token is None:
-            tokens.append(f"[PAD{i}]")
             types.append(UNUSED)
         elif i in added:
-            tokens.append(token)
             types.append(CONTROL if added[i].get("special") else USER_DEFINED)
         else:
-            tokens.append(token)
             types.append(NORMAL)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     meta: dict[str, Any] = {

@@ -30,18 +30,14 @@ from lmforge.model.io import INDEX_FILE, build_model, read_tensors, save_model, 
 from lmforge.model.transformer import Transformer
 
 
-def family_for(model_type: str | None, source: str = "config.json") -> Family:
-    if model_type not in FAMILIES:
-        raise CheckpointError(
-            f"{source}: model_type {model_type!r} is not supported; supported: "
-            f"{', '.join(sorted(FAMILIES))} (and lmforge's own 'lmforge')"
-        )
-    return FAMILIES[model_type]
-
-
 def hf_config_to_ours(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
     """The ModelConfig for an HF config dict; the original is kept in extra["hf_config"]."""
-    family = family_for(hf.get("model_type"), source)
+    family = FAMILIES.get(hf.get("model_type"))
+    if family is None:
+        raise CheckpointError(
+            f"{source}: model_type {hf.get('model_type')!r} is not supported; supported: "
+            f"{', '.join(sorted(FAMILIES))} (and lmforge's own 'lmforge')"
+        )
     try:
         data = family.config_from_hf(hf)
     except KeyError as err:
@@ -199,7 +195,8 @@ def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
 
 def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_bytes: int | None):
     """model.safetensors, or numbered shards plus the index transformers reads."""
-    if max_shard_bytes is None or sum(t.nbytes for t in state.values()) <= max_shard_bytes:
+    total = sum(t.nbytes for t in state.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
         save_tensors(directory / "model.safetensors", state, metadata={"format": "pt"})
         # an index left by an earlier sharded save would be read instead of the new file
         (directory / INDEX_FILE).unlink(missing_ok=True)
@@ -217,7 +214,6 @@ def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_byt
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_tensors(directory / fname, shard, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, fname))
-    total = sum(t.nbytes for t in state.values())
     write_json(
         directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map}
     )
@@ -236,16 +232,15 @@ def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> 
         preserved = {}
     hf = {**preserved, **family.config_to_hf(config)}
     hf.pop("rope_parameters", None)  # written in the legacy form by config_to_hf
-    special = {}
-    if tok is not None:
-        special = {f"{r}_token_id": getattr(tok, f"{r}_id") for r in ("bos", "eos", "pad")}
-    hf.update({k: v for k, v in special.items() if v is not None})
+    ids = {f"{r}_token_id": getattr(tok, f"{r}_id", None) for r in ("bos", "eos", "pad")}
+    special = {k: v for k, v in ids.items() if v is not None}
+    hf.update(special)
     hf.update(model_type=family.model_type, architectures=[family.architecture], torch_dtype=dtype)
     directory.mkdir(parents=True, exist_ok=True)
     write_weights(directory, state, max_shard_bytes)
     write_json(directory / "config.json", hf)
     generation = dict(getattr(lm, "generation_config", None) or {})
-    generation.update({k: v for k, v in special.items() if v is not None})
+    generation.update(special)
     write_json(directory / "generation_config.json", generation)
     if tok is not None:
         tok.save(directory)
@@ -392,10 +387,8 @@ def lora_from_hf(
             continue
         pieces = []
         for index, size in enumerate(rule.sizes):
-            if index in by_index:
-                piece = tensors[by_index[index] + LORA_B]
-            else:
-                piece = a.new_zeros(size, a.shape[0])
+            missing = a.new_zeros(size, a.shape[0])  # a projection the adapter left out
+            piece = tensors[by_index[index] + LORA_B] if index in by_index else missing
             if piece.shape != (size, a.shape[0]):
                 raise CheckpointError(
                     f"{where}: {names[index]}{LORA_B} has shape {tuple(piece.shape)}, the model "

@@ -25,6 +25,8 @@ from lmforge.tasks.answers import verify
 
 Record = dict[str, Any]
 TEST_FRACTION = 0.2  # share of the problem space (by prompt hash) reserved for evaluation
+# printable ASCII: the characters of the built-in tasks and of most small JSONL demos (the
+# default alphabet of a post-training run's char tokenizer)
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 

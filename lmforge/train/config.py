@@ -71,6 +71,10 @@ class OptimConfig:
         decay = self.lr_decay_iters or self.max_iters
         return cosine_lr(step, self.lr, self.min_lr, self.warmup_iters, decay)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain data (the run's saved config)."""
+        return dataclasses.asdict(self)
+
 
 @dataclass
 class SmallRunConfig(OptimConfig):
@@ -140,9 +144,6 @@ class TrainConfig(OptimConfig):
         if self.preset:
             return ModelConfig.from_preset(self.preset, **overrides)
         return ModelConfig.from_dict(overrides, source="model")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
