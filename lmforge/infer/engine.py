@@ -459,16 +459,11 @@ class Engine:
         return self._emit(logits, lo=0)
 
     def _speculative_round(self) -> list[StepOutput]:
-        outputs, done = [], []
-        for row, seq in enumerate(self.rows):
-            out = self._push(seq, next(seq.rounds, []), None)
+        outputs = [self._push(seq, next(seq.rounds, []), None) for seq in self.rows]
+        for out in outputs:
             if not out.finished and not out.token_ids:  # the round found nothing more to do
                 out.finish_reason = "length"
-            outputs.append(out)
-            if out.finished:
-                done.append(row)
-        self._remove(done)
-        return outputs
+        return self._retire(outputs, lo=0)
 
     def _emit(self, logits: torch.Tensor, greedy: torch.Tensor | None = None, lo: int = 0):
         """Sample rows lo.. (greedy: their argmax, if already known), record tokens, build
@@ -477,14 +472,15 @@ class Engine:
         self.next_tokens[lo : lo + len(tokens)] = tokens_t
         # the per-kind cache has a fixed width: no column left means no next token
         full = not self.slots and self.cache.length >= self.cache.max_len
-        outputs, done = [], []
-        for i, token in enumerate(tokens):
-            lp = [logprobs[i]] if logprobs[i] is not None else None
-            out = self._push(self.rows[lo + i], [token], lp, full)
-            outputs.append(out)
-            if out.finished:
-                done.append(lo + i)
-        self._remove(done)
+        outputs = [
+            self._push(self.rows[lo + i], [token], None if lp is None else [lp], full)
+            for i, (token, lp) in enumerate(zip(tokens, logprobs))
+        ]
+        return self._retire(outputs, lo)
+
+    def _retire(self, outputs: list[StepOutput], lo: int) -> list[StepOutput]:
+        """Remove the rows (lo + i for outputs[i]) whose output finished them; returns outputs."""
+        self._remove([lo + i for i, out in enumerate(outputs) if out.finished])
         return outputs
 
     def _push(

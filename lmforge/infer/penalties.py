@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from lmforge.infer.params import GenerationParams
+
 
 def apply_repetition_penalty(
     logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor
@@ -41,16 +43,14 @@ class PenaltyState:
         self.presence = torch.zeros(rows, device=device)
         self.frequency = torch.zeros(rows, device=device)
 
-    def start_row(self, row: int, prompt: list[int], repetition, presence, frequency) -> None:
-        """Reset `row` for a new sequence whose prompt is `prompt`."""
+    def start_row(self, row: int, prompt: list[int], params: GenerationParams) -> None:
+        """Reset `row` for a new sequence whose prompt is `prompt`, with `params`' penalties."""
         self.seen[row] = False
         self.seen[row, torch.as_tensor(prompt, dtype=torch.long, device=self.seen.device)] = True
         self.counts[row] = 0
-        self.repetition[row], self.presence[row], self.frequency[row] = (
-            repetition,
-            presence,
-            frequency,
-        )
+        self.repetition[row] = params.repetition_penalty
+        self.presence[row] = params.presence_penalty
+        self.frequency[row] = params.frequency_penalty
 
     def move_row(self, src: int, dst: int) -> None:
         for t in (self.seen, self.counts, self.repetition, self.presence, self.frequency):

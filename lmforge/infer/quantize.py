@@ -311,8 +311,7 @@ class Int4Linear(QuantizedLinear):
     ):
         check_int4_shape(name, linear.in_features, group_size)
         q, scale, zero = quantize_int4(linear.weight, group_size)
-        self._setup(linear.in_features, linear.out_features, linear.bias, dtype, group_size)
-        self._pack(q, scale, zero, linear.weight.device)
+        self._pack(q, scale, zero, linear.bias, dtype, group_size)
 
     @classmethod
     def from_codes(
@@ -330,16 +329,15 @@ class Int4Linear(QuantizedLinear):
         group_size = k // scale.shape[1]
         check_int4_shape(name, k, group_size)
         self = cls.__new__(cls)
-        self._setup(k, n, bias, dtype, group_size)
-        self._pack(codes.to(torch.uint8), scale.float(), zero.float(), codes.device)
+        self._pack(codes.to(torch.uint8), scale.float(), zero.float(), bias, dtype, group_size)
         return self
 
-    def _setup(self, k: int, n: int, bias, dtype: torch.dtype, group_size: int) -> None:
+    def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias,
+              dtype: torch.dtype, group_size: int) -> None:  # fmt: skip
+        """Set the module up from codes q [N, K] and their group scales and zeros."""
+        n, k = q.shape
         QuantizedLinear.__init__(self, k, n, bias, dtype)
         self.group_size = group_size
-
-    def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device) -> None:
-        n, k = q.shape
         self.padded = -(-n // 32) * 32
         if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0
             pad = self.padded - n
@@ -348,7 +346,7 @@ class Int4Linear(QuantizedLinear):
             zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
         sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
         self.register_buffer("scale_zeros", sz.to(self.dtype))
-        cuda = torch.device(device).type == "cuda"
+        cuda = q.device.type == "cuda"
         kernel = self.dtype if cuda else _cpu_kernel_dtype(self.dtype)
         self.register_buffer("kernel_scale_zeros", sz.to(kernel), persistent=False)
         if cuda:
@@ -411,17 +409,12 @@ def _cpu_layout_known() -> bool:
 
 
 # ---- conversion --------------------------------------------------------------------------------
-def swap_linears(module: nn.Module, make, prefix: str = "") -> int:
-    """Replace every nn.Linear under `module` by make(linear, name); returns how many."""
-    count = 0
-    for name, child in module.named_children():
-        full = f"{prefix}{name}"
-        if type(child) is nn.Linear:
-            setattr(module, name, make(child, full))
-            count += 1
-        else:
-            count += swap_linears(child, make, full + ".")
-    return count
+def swap_linears(module: nn.Module, make) -> None:
+    """Replace every nn.Linear under `module` by make(linear, qualified name)."""
+    found = module.named_modules(remove_duplicate=False)  # a module used twice: swapped twice
+    for name, linear in [(n, m) for n, m in found if type(m) is nn.Linear]:
+        parent, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(parent), attr, make(linear, name))
 
 
 def linear_names(module: nn.Module) -> list[tuple[str, nn.Linear]]:

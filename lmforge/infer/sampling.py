@@ -129,10 +129,7 @@ class RowSampler:
             rows = self.temperature.shape[0]
             self.penalties = PenaltyState(rows, self.vocab_size, self.device)
         if self.penalties is not None:
-            p = params
-            self.penalties.start_row(
-                row, prompt, p.repetition_penalty, p.presence_penalty, p.frequency_penalty
-            )
+            self.penalties.start_row(row, prompt, params)
 
     def move_row(self, src: int, dst: int) -> None:
         for t in (self.temperature, self.top_k, self.top_p, self.uniforms, self.drawn):

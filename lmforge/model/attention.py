@@ -59,11 +59,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head, self.head_dim = (
-            config.n_head,
-            config.n_kv_head,
-            config.head_dim,
-        )
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.attention_out_bias)

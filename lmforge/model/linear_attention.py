@@ -65,15 +65,6 @@ def build_feature_map(name: str, head_dim: int, layer_idx: int = 0) -> nn.Module
     return ElementwiseMap(FEATURE_MAPS[name], head_dim)
 
 
-def quadratic_linear_attention(fq, fk, v, causal: bool = True, eps: float = EPS) -> torch.Tensor:
-    """The explicit normalised quadratic form (A V) / (A 1 + ε), A = φ(Q)φ(K)ᵀ (masked if
-    causal). O(T²): for tests and teaching."""
-    a = fq @ fk.transpose(-2, -1)
-    if causal:
-        a = a.tril()
-    return (a @ v.float()) / (a.sum(-1, keepdim=True) + eps)
-
-
 def linear_attention(fq, fk, v, eps: float = EPS) -> torch.Tensor:
     """Bidirectional: every query sees every key through the two global sums."""
     s_v = fk.transpose(-2, -1) @ v.float()  # [.., F, D]

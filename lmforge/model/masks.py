@@ -86,13 +86,6 @@ def build_pattern(spec: dict | None):
     return cls(size)
 
 
-def prefix_lm_mask(length: int, prefix_len: int, device=None) -> torch.Tensor:
-    """[L, L] bool: j <= max(i, m) (1-indexed, SPEC §6): the prefix is bidirectional, the rest
-    causal. L=5, m=2 -> rows 11000/11000/11100/11110/11111."""
-    pos = torch.arange(length, device=device)
-    return build_mask(pos, pos, prefix_len=prefix_len)
-
-
 def build_mask(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,

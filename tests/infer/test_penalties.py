@@ -2,6 +2,7 @@
 
 import torch
 
+from lmforge.infer.params import GenerationParams
 from lmforge.infer.penalties import (
     PenaltyState,
     apply_presence_frequency_penalty,
@@ -38,7 +39,7 @@ def test_presence_and_frequency_penalties():
 
 def test_state_tracks_prompt_and_generated_tokens():
     state = PenaltyState(rows=2, vocab_size=5)
-    state.start_row(1, [0, 0, 3], repetition=2.0, presence=1.0, frequency=0.0)
+    state.start_row(1, [0, 0, 3], GenerationParams(repetition_penalty=2.0, presence_penalty=1.0))
     state.observe(torch.tensor([4]), lo=1)
     state.observe(torch.tensor([4]), lo=1)
     assert state.seen[1].tolist() == [True, False, False, True, True]
@@ -50,7 +51,6 @@ def test_state_tracks_prompt_and_generated_tokens():
 def test_sampler_ignores_a_precomputed_argmax_on_penalised_rows():
     """The compiled decode step hands the sampler its argmax: greedy rows take it as given,
     but once a row is penalised the tokens come from the penalised logits."""
-    from lmforge.infer.params import GenerationParams
     from lmforge.infer.sampling import RowSampler
 
     sampler = RowSampler(2, 4, steps=4)

@@ -4,13 +4,22 @@ import torch
 from lmforge.model.cache import new_cache
 from lmforge.model.config import ModelConfig
 from lmforge.model.linear_attention import (
+    EPS,
     FEATURE_MAP_NAMES,
     build_feature_map,
     causal_linear_attention,
     linear_attention,
-    quadratic_linear_attention,
 )
 from lmforge.model.transformer import Transformer
+
+
+def quadratic_linear_attention(fq, fk, v, causal: bool = True, eps: float = EPS) -> torch.Tensor:
+    """The explicit normalised quadratic form (A V) / (A 1 + ε), A = φ(Q)φ(K)ᵀ (masked if
+    causal). O(T²): for tests and teaching."""
+    a = fq @ fk.transpose(-2, -1)
+    if causal:
+        a = a.tril()
+    return (a @ v.float()) / (a.sum(-1, keepdim=True) + eps)
 
 
 def features(name, shape=(2, 3, 11, 8), seed=0):

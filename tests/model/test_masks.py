@@ -8,8 +8,14 @@ from lmforge.model.masks import (
     Window,
     build_mask,
     build_pattern,
-    prefix_lm_mask,
 )
+
+
+def prefix_lm_mask(length: int, prefix_len: int, device=None) -> torch.Tensor:
+    """[L, L] bool: j <= max(i, m) (1-indexed, SPEC §6): the prefix is bidirectional, the rest
+    causal. L=5, m=2 -> rows 11000/11000/11100/11110/11111."""
+    pos = torch.arange(length, device=device)
+    return build_mask(pos, pos, prefix_len=prefix_len)
 
 
 def rows(mask):
