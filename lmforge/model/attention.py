@@ -85,15 +85,7 @@ class CausalSelfAttention(nn.Module):
         """x [B, T, d_model] -> [B, T, d_model]. `mask`/`is_causal` come from the model, which
         knows about padding and how many positions the cache already holds."""
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            cos, sin = rope_tables
-            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        q, k, v = self.project(x, rope, rope_tables)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         dropout = self.dropout if self.training else 0.0
@@ -105,6 +97,21 @@ class CausalSelfAttention(nn.Module):
         else:
             y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=dropout)
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)))
+
+    def project(self, x: torch.Tensor, rope=None, rope_tables=None) -> tuple[torch.Tensor, ...]:
+        """x [B, T, d_model] -> q [B, n_head, T, D], k and v [B, n_kv_head, T, D] (q and k
+        normed and rotated where the config asks)."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            cos, sin = rope_tables
+            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        return q, k, v
 
 
 def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.model.attention import CausalSelfAttention
+
 EPS = 1e-6
 
 
@@ -96,35 +98,21 @@ def causal_linear_attention(fq, fk, v, state=None, chunk: int = 64, eps: float =
     return torch.cat(outs, dim=2), (s, z)
 
 
-class LinearAttention(nn.Module):
-    """Drop-in for CausalSelfAttention (config attention="linear"): same projections and RoPE,
-    causal linear attention instead of softmax. Masks other than key padding do not apply."""
+class LinearAttention(CausalSelfAttention):
+    """Drop-in for CausalSelfAttention (config attention="linear"): the same projections and
+    RoPE (`project`), causal linear attention instead of softmax. Masks other than key padding
+    do not apply."""
 
     supports_masks = False
 
     def __init__(self, config, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.head_dim
-        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        in_bias = getattr(config, "attention_bias", config.bias)
-        out_bias = getattr(config, "attention_out_bias", config.bias)
-        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=in_bias)
-        self.o_proj = nn.Linear(q_dim, config.d_model, bias=out_bias)
-        self.split_sizes = (q_dim, kv_dim, kv_dim)
+        super().__init__(config, layer_idx)
+        self.q_norm = self.k_norm = None  # qk_norm is a softmax-attention option
         self.feature_map = build_feature_map(config.linear_feature_map, self.head_dim, layer_idx)
-        self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, rope=None, rope_tables=None, mask=None, is_causal=True, cache=None):
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if rope is not None:
-            cos, sin = rope_tables
-            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        q, k, v = self.project(x, rope, rope_tables)
         groups = self.n_head // self.n_kv_head
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

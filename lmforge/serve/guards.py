@@ -103,10 +103,8 @@ def host_allowed(host: str | None) -> bool:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
+    """The first value of header `name` (lower-case bytes, as ASGI gives them)."""
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
 class _BodyTooLarge(Exception):
