@@ -112,13 +112,12 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss, implicit-reward preference accuracy and reward margin."""
-        losses, rcs, rrs = [], [], []
+        losses, pairs = [], []  # per batch: loss x pairs, (chosen rewards, rejected rewards)
         for i in range(0, len(self.eval_examples), 64):
             loss, rc, rr = self.pair_loss(self.eval_batch(i, i + 64))
             losses.append(loss.item() * len(rc))
-            rcs.append(rc)
-            rrs.append(rr)
-        rc, rr = torch.cat(rcs), torch.cat(rrs)
+            pairs.append((rc, rr))
+        rc, rr = (torch.cat(side) for side in zip(*pairs))
         return {"loss": sum(losses) / len(rc), "accuracy": preference_accuracy(rc, rr).item(),
                 "margin": (rc - rr).mean().item()}  # fmt: skip
 

@@ -25,6 +25,7 @@ import torch
 from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rl_losses import (
+    ADVANTAGE_SCALES,
     GRPO_LOSS_TYPES,
     group_advantages,
     grpo_loss,
@@ -35,7 +36,7 @@ from lmforge.align.rl_losses import (
 )
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.align.tools import Calculator, ToolReward, ToolRolloutEngine
-from lmforge.errors import ConfigError, require_positive_ints
+from lmforge.errors import ConfigError, require_choice, require_positive_ints
 
 
 @dataclass
@@ -65,17 +66,13 @@ class GRPOConfig(ReplayConfig, RLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.scale not in ("std", "none"):
-            raise ConfigError(f"scale must be 'std' or 'none', got {self.scale!r}")
+        require_choice("scale", self.scale, ADVANTAGE_SCALES)
         if self.group_size < 2:
             raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         require_positive_ints(self, "num_iterations")
         if self.beta < 0 or self.clip_eps <= 0:
             raise ConfigError(f"need beta >= 0 and clip_eps > 0, got {self.beta}, {self.clip_eps}")
-        if self.loss_type not in (*GRPO_LOSS_TYPES, "rloo"):
-            raise ConfigError(
-                f"loss_type must be grpo, bnpo, dr_grpo, dapo or rloo, got {self.loss_type!r}"
-            )
+        require_choice("loss_type", self.loss_type, (*GRPO_LOSS_TYPES, "rloo"))
         if self.max_tool_calls < 0 or self.tool_cpu_seconds < 1 or self.tool_memory_mb < 64:
             raise ConfigError("need max_tool_calls >= 0, tool_cpu_seconds >= 1 and "
                               f"tool_memory_mb >= 64, got {self.max_tool_calls}, "
@@ -89,12 +86,7 @@ class GRPOTrainer(RLTrainer):
 
     name = "grpo"
     fsdp_own_loop = True  # losses through optimizer_step, rollouts from whole copies
-    curves = [
-        ("train", "reward"),
-        ("eval", "exact_match"),
-        ("train", "loss"),
-        ("train", "kl"),
-    ]
+    curves = [("train", "reward"), ("eval", "exact_match"), ("train", "loss"), ("train", "kl")]
 
     def __init__(self, cfg: GRPOConfig, resume: bool = False, log=print, reward=None):
         self.needs_reference = cfg.beta > 0

@@ -13,8 +13,7 @@ from lmforge.errors import ConfigError, LMForgeError, require_choice
 
 
 def _reduce(losses: Tensor, reduction: str) -> Tensor:
-    if reduction not in ("mean", "sum", "none"):
-        raise ConfigError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    require_choice("reduction", reduction, ("mean", "sum", "none"))
     return losses if reduction == "none" else getattr(losses, reduction)()
 
 
@@ -142,9 +141,8 @@ def dpo_loss(
     else:  # ipo
         if chosen_lengths is None or rejected_lengths is None:
             raise ConfigError("IPO needs chosen_lengths and rejected_lengths (completion tokens)")
-        h = chosen / chosen_lengths.float().clamp_min(
-            1
-        ) - rejected / rejected_lengths.float().clamp_min(1)
+        c_len, r_len = chosen_lengths.float().clamp_min(1), rejected_lengths.float().clamp_min(1)
+        h = chosen / c_len - rejected / r_len
         losses = (h - 1 / (2 * beta)) ** 2
     return losses.mean(), (beta * chosen).detach(), (beta * rejected).detach()
 
@@ -233,10 +231,8 @@ def kto_loss(
     if kl_logps is not None and ref_kl_logps is not None:
         z0 = (kl_logps.float() - ref_kl_logps.float()).mean().detach().clamp(min=0)
     if loss_type == "kto":
-        chosen, rejected = (
-            1 - torch.sigmoid(beta * (r[good] - z0)),
-            1 - torch.sigmoid(beta * (z0 - r[~good])),
-        )
+        chosen = 1 - torch.sigmoid(beta * (r[good] - z0))
+        rejected = 1 - torch.sigmoid(beta * (z0 - r[~good]))
     else:
         chosen, rejected = 1 - torch.sigmoid(beta * r[good]), torch.sigmoid(beta * r[~good])
     losses = torch.cat([desirable_weight * chosen, undesirable_weight * rejected])

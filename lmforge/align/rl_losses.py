@@ -169,6 +169,9 @@ class AdaptiveKLController:
 # ----------------------------------------------------------------------------- GRPO / RLVR
 
 
+ADVANTAGE_SCALES = ("std", "none")
+
+
 def group_advantages(
     rewards: Tensor, group_size: int | None = None, scale: str = "std", eps: float = 1e-4
 ) -> Tensor:
@@ -177,8 +180,7 @@ def group_advantages(
     ``rewards`` is [n_prompts, G], or flat [n_prompts·G] with consecutive groups of ``group_size``.
     The std is Bessel-corrected like TRL; a group of one gets advantage 0.
     """
-    if scale not in ("std", "none"):
-        raise ConfigError(f"scale must be 'std' or 'none', got {scale!r}")
+    require_choice("scale", scale, ADVANTAGE_SCALES)
     if rewards.dim() == 1:
         if not group_size or rewards.numel() % group_size:
             raise ConfigError(f"{rewards.numel()} rewards do not split into groups of {group_size}")

@@ -380,9 +380,8 @@ class Qwen3(Qwen2):
         m = super().key_map(config)
         for i in range(config.n_layer):
             for x in "qk":
-                m[f"blocks.{i}.attn.{x}_norm.weight"] = Rule(
-                    (f"model.layers.{i}.self_attn.{x}_norm.weight",)
-                )
+                hf = f"model.layers.{i}.self_attn.{x}_norm.weight"
+                m[f"blocks.{i}.attn.{x}_norm.weight"] = Rule((hf,))
         return m
 
 
@@ -409,6 +408,7 @@ class Phi3(Mistral):
         return problems + (["interleaved RoPE"] if config.rope_interleaved else [])
 
 
+# in export preference order (hf.choose_family tries them in turn)
 FAMILIES: dict[str, Family] = {
-    f.model_type: f for f in (Llama(), Mistral(), Qwen2(), Mixtral(), GPT2(), Qwen3(), Phi3())
+    f.model_type: f for f in (Llama(), Mistral(), Qwen2(), Qwen3(), Mixtral(), GPT2(), Phi3())
 }

@@ -25,11 +25,11 @@ from lmforge.interop.gguf_read import (
     GGUFFile,
     hf_config_from_gguf,
     is_gguf,
+    read_config,
     read_gguf_state,
 )
 from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
 from lmforge.interop.gguf_write import EXPORT_DTYPES, export_gguf
-from lmforge.interop.hf import hf_config_to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.io import build_model
 from lmforge.model.transformer import Transformer
@@ -42,8 +42,7 @@ __all__ = [
 
 def gguf_config(path: str | Path) -> ModelConfig:
     """The ModelConfig a GGUF file's metadata describes (no tensor is read)."""
-    f = GGUFFile(path)
-    return hf_config_to_ours(hf_config_from_gguf(f), str(f.path))
+    return read_config(GGUFFile(path))[0]
 
 
 def generation_config(meta: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
-from lmforge.interop.hf import hf_config_to_ours, to_ours
+from lmforge.interop.hf import hf_config_to_ours, hf_shapes, to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.io import build_model
 from lmforge.model.positions import rope_inv_freq
@@ -78,7 +78,6 @@ class GGUFFile:
             raise CheckpointError(
                 f"{self.path}: truncated or corrupt GGUF file ({type(err).__name__}: {err})"
             ) from err
-        self.reader = reader
         if int(self.meta.get("split.count", 1)) > 1:
             raise CheckpointError(
                 f"{self.path}: one shard of a {self.meta['split.count']}-file split GGUF; merge "
@@ -300,23 +299,6 @@ def _name_map(f: GGUFFile, family: Family, config: ModelConfig) -> dict[str, str
     return {g: hf for hf, g in gguf_names(f.architecture, config.n_layer, wanted).items()}
 
 
-def _expected_shapes(family: Family, config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> the shape it must have in the GGUF (torch order) for this config."""
-    with torch.device("meta"):
-        ours = Transformer(config).state_dict()
-    shapes = {}
-    for name, rule in family.key_map(config).items():
-        shape = tuple(ours[name].shape)
-        if rule.transform == "cat":
-            for key, size in zip(rule.hf_keys, rule.sizes):
-                shapes[key] = (size, *shape[1:])
-        elif rule.transform == "slice":
-            shapes[rule.hf_keys[0]] = (sum(rule.sizes), *shape[1:])
-        else:  # copy, and GPT-2's Conv1D weights, which GGUF stores [out, in] like us
-            shapes[rule.hf_keys[0]] = shape
-    return shapes
-
-
 def permute_qk(w: torch.Tensor, n_head: int, reverse: bool = False) -> torch.Tensor:
     """llama.cpp's q/k row permutation (convert_hf_to_gguf.py's LlamaModel.permute): within each
     head the rotate-half pair (i, i + d/2) becomes the adjacent pair (2i, 2i + 1) its interleaved
@@ -326,16 +308,19 @@ def permute_qk(w: torch.Tensor, n_head: int, reverse: bool = False) -> torch.Ten
     return w.reshape(n_head, *split, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _unpermute(f: GGUFFile, config: ModelConfig, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` (read from GGUF tensor `name`) with llama.cpp's q/k row permutation undone."""
-    if f.architecture not in PERMUTED_QK or not (".attn_q." in name or ".attn_k." in name):
+def permute_named(
+    name: str, tensor: torch.Tensor, config: ModelConfig, arch: str = "llama", reverse=False
+) -> torch.Tensor:
+    """`permute_qk` on the tensor GGUF stores as `name` when it is a q/k projection of an
+    architecture llama.cpp permutes (with that projection's head count); else `tensor`."""
+    if arch not in PERMUTED_QK or not (".attn_q." in name or ".attn_k." in name):
         return tensor
     heads = config.n_head if ".attn_q." in name else config.n_kv_head
-    return permute_qk(tensor, heads, reverse=True)
+    return permute_qk(tensor, heads, reverse)
 
 
-def _config(f: GGUFFile) -> tuple[ModelConfig, Family]:
-    """(our ModelConfig, its HF family) from the GGUF metadata."""
+def read_config(f: GGUFFile) -> tuple[ModelConfig, Family]:
+    """(our ModelConfig, its HF family) from the GGUF metadata (no tensor is read)."""
     hf = hf_config_from_gguf(f)
     return hf_config_to_ours(hf, str(f.path)), FAMILIES[hf["model_type"]]
 
@@ -348,10 +333,11 @@ def _join(rule, parts: list[torch.Tensor]) -> torch.Tensor:
 
 def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(our ModelConfig, our state dict in float32) for a GGUF file, all checks done first."""
-    config, family = _config(f)
+    config, family = read_config(f)
     config.extra["gguf_architecture"] = f.architecture
     name_map = _name_map(f, family, config)
-    expected = _expected_shapes(family, config)
+    with torch.device("meta"):
+        expected = hf_shapes(family, config, Transformer(config).state_dict(), conv1d=False)
     bad_types = sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES))
     if bad_types:
         raise CheckpointError(
@@ -374,7 +360,8 @@ def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                 f"{f.path}: tensor {gguf_name} has shape {f.shape(gguf_name)}, the GGUF metadata "
                 f"implies {expected[hf_name]}"
             )
-    hf_tensors = {hf: _unpermute(f, config, g, f.read(g)) for g, hf in name_map.items()}
+    arch = f.architecture
+    hf_tensors = {hf: permute_named(g, f.read(g), config, arch, True) for g, hf in name_map.items()}
     state = {
         ours: _join(rule, [hf_tensors[k] for k in rule.hf_keys])
         for ours, rule in family.key_map(config).items()
@@ -424,7 +411,7 @@ def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, tor
     concatenated: both act on whole rows, which carry their own block scales). For
     `to_inference_precision(..., quantize="int4", int4_codes=...)`: those layers keep the file's
     codes instead of being dequantised and quantised again."""
-    config, family = _config(f)
+    config, family = read_config(f)
     to_gguf = {h: g for g, h in _name_map(f, family, config).items()}
     out = {}
     for ours, rule in family.key_map(config).items():
@@ -433,7 +420,10 @@ def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, tor
             continue
         if any(n is None or n not in f.tensors or f.type_name(n) not in Q4_TYPES for n in names):
             continue
-        parts = [[_unpermute(f, config, n, t) for t in read_q4_codes(f, n)] for n in names]
+        parts = [
+            [permute_named(n, t, config, f.architecture, True) for t in read_q4_codes(f, n)]
+            for n in names
+        ]
         joined = (_join(rule, [p[i] for p in parts]).contiguous() for i in range(3))
         out[ours.removesuffix(".weight")] = tuple(joined)
     return out

@@ -19,7 +19,7 @@ import torch
 from lmforge.errors import ConfigError
 from lmforge.fileio import temp_file_beside
 from lmforge.interop.families import FAMILIES
-from lmforge.interop.gguf_read import gguf_names, permute_qk
+from lmforge.interop.gguf_read import gguf_names, permute_named
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
 from lmforge.interop.hf import export_state
 from lmforge.model.config import ModelConfig
@@ -111,13 +111,10 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
     vocab_meta = tokenizer_to_gguf(tok, config.vocab_size)
 
     hf_state = export_state(FAMILIES["llama"], model)
-    tensors = []
-    for hf_name, name in gguf_names("llama", config.n_layer, hf_state).items():
-        tensor = hf_state[hf_name]
-        if ".attn_q." in name or ".attn_k." in name:
-            heads = config.n_head if ".attn_q." in name else config.n_kv_head
-            tensor = permute_qk(tensor, heads)
-        tensors.append((name, tensor))
+    tensors = [
+        (name, permute_named(name, hf_state[hf_name], config))
+        for hf_name, name in gguf_names("llama", config.n_layer, hf_state).items()
+    ]
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temp_file_beside(path)  # named for remove_stale_temps if this process dies

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_choice
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.interop.families import FAMILIES, Family, Rule
 from lmforge.model.config import ModelConfig
@@ -68,6 +68,24 @@ def _to_hf(rule: Rule, tensor: torch.Tensor) -> list[torch.Tensor]:
     return [tensor]
 
 
+def hf_shapes(
+    family: Family, config: ModelConfig, ours: dict[str, torch.Tensor], conv1d: bool = True
+) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> the shape the family's key map implies from our state dict `ours` (meta
+    tensors will do). `conv1d`: GPT-2's Conv1D weights are stored [in, out] (GGUF: [out, in])."""
+    shapes = {}
+    for name, rule in family.key_map(config).items():
+        shape = tuple(ours[name].shape)
+        if rule.transform == "cat":
+            shapes.update({key: (size, *shape[1:]) for key, size in zip(rule.hf_keys, rule.sizes)})
+        elif rule.transform == "slice":
+            shapes[rule.hf_keys[0]] = (sum(rule.sizes), *shape[1:])
+        else:
+            transposed = rule.transform == "transpose" and conv1d
+            shapes[rule.hf_keys[0]] = shape[::-1] if transposed else shape
+    return shapes
+
+
 def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], where: Path):
     """Our state dict from an HF checkpoint, every name and shape checked before returning."""
     with torch.device("meta"):
@@ -94,32 +112,16 @@ def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], w
             f"{family.model_type} with this config.json"
         )
     raw = read_tensors(files, [canonical[k] for k in wanted])
-    state = {}
-    for ours, rule in key_map.items():
-        parts = [raw[canonical[k]] for k in rule.hf_keys]
-        if rule.transform == "slice" and parts[0].shape[0] != sum(rule.sizes):
+    for key, shape in hf_shapes(family, config, expected).items():
+        found = tuple(raw[canonical[key]].shape)
+        if found != shape:
             raise CheckpointError(
-                f"{where}: tensor {rule.hf_keys[0]} has shape {tuple(parts[0].shape)}, "
-                f"config.json implies {(sum(rule.sizes), *parts[0].shape[1:])}"
+                f"{where}: tensor {key} has shape {found}, config.json implies {shape}"
             )
-        if rule.transform == "cat":
-            for key, part, size in zip(rule.hf_keys, parts, rule.sizes):
-                if part.shape[0] != size:
-                    raise CheckpointError(
-                        f"{where}: tensor {key} has shape {tuple(part.shape)}, config.json "
-                        f"implies {(size, *part.shape[1:])}"
-                    )
-        tensor = to_ours(rule, parts)
-        if tensor.shape != expected[ours].shape:
-            shape = tuple(expected[ours].shape)
-            if rule.transform == "transpose":
-                shape = shape[::-1]
-            raise CheckpointError(
-                f"{where}: tensor {rule.hf_keys[0]} has shape {tuple(parts[0].shape)}, "
-                f"config.json implies {shape}"
-            )
-        state[ours] = tensor
-    return state
+    return {
+        ours: to_ours(rule, [raw[canonical[k]] for k in rule.hf_keys])
+        for ours, rule in key_map.items()
+    }
 
 
 def load_hf_model(
@@ -144,8 +146,7 @@ def choose_family(config: ModelConfig) -> Family:
     """The family a config exports as: the one it came from, else the first that fits."""
     origin = config.extra.get("hf_model_type")
     order = [origin] if origin in FAMILIES else []
-    preference = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gpt2", "phi3")
-    order += [t for t in preference if t not in order]
+    order += [t for t in FAMILIES if t not in order]  # FAMILIES lists the preferred first
     reasons = {}
     for model_type in order:
         problems = FAMILIES[model_type].export_problems(config)
@@ -266,8 +267,7 @@ def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
     `origin_family`), so transformers loads the folder as written, else lmforge's own format;
     "hf": the HF layout whatever the origin (ConfigError if no family fits); "lmforge": ours.
     Both layouts are read back by `LM.load`."""
-    if format not in SAVE_FORMATS:
-        raise ConfigError(f"save format must be one of {', '.join(SAVE_FORMATS)}, got {format!r}")
+    require_choice("save format", format, SAVE_FORMATS)
     if format == "hf" or (format == "auto" and origin_family(lm.model.config) is not None):
         return export_hf(lm, directory)
     directory = Path(directory)

@@ -3,6 +3,7 @@ prompt / chosen / rejected records, or as role/content messages."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,7 @@ def parse_hh(chosen: str, rejected: str) -> Record:
     """Split an HH pair into the shared prompt (their common prefix, cut after its last
     `\\n\\nAssistant:`) and the two replies. A few real pairs diverge before the final turn;
     the replies then hold the rest of each dialogue."""
-    common = 0
-    for a, b in zip(chosen, rejected):
-        if a != b:
-            break
-        common += 1
+    common = len(os.path.commonprefix([chosen, rejected]))
     cut = chosen.rfind(ASSISTANT, 0, common)  # the whole marker lies inside the shared prefix
     if cut < 0:
         raise DataError("HH chosen and rejected dialogues share no '\\n\\nAssistant:' prompt")
@@ -34,12 +31,10 @@ def parse_hh(chosen: str, rejected: str) -> Record:
 def hh_messages(dialogue: str) -> list[dict[str, str]]:
     """An HH dialogue as role/content messages (user/assistant)."""
     parts = re.split(r"\n\n(Human|Assistant):", dialogue)
-    messages = []
-    for role, content in zip(parts[1::2], parts[2::2]):
-        messages.append(
-            {"role": "user" if role == "Human" else "assistant", "content": content.strip()}
-        )
-    return messages
+    return [
+        {"role": "user" if role == "Human" else "assistant", "content": content.strip()}
+        for role, content in zip(parts[1::2], parts[2::2])
+    ]
 
 
 def load_hh(path: str | Path, limit: int | None = None) -> list[Record]:

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.tasks.answers import verify
 
 Record = dict[str, Any]
@@ -32,10 +32,9 @@ ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 def in_split(prompt: str, split: str) -> bool:
     """Whether a prompt belongs to `split` ("train", "test" or "all"), by a stable hash."""
+    require_choice("split", split, ("train", "test", "all"))
     if split == "all":
         return True
-    if split not in ("train", "test"):
-        raise ConfigError(f"split must be 'train', 'test' or 'all', got {split!r}")
     bucket = zlib.crc32(prompt.encode("utf-8")) % 1000
     return (bucket < TEST_FRACTION * 1000) == (split == "test")
 
