@@ -157,15 +157,13 @@ class KTOTrainer(AlignTrainer):
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss, reference point z₀ and the desirable - undesirable reward margin."""
-        losses, kls, rewards, labels = [], [], [], []
+        batches = []  # (loss x rows, z0 x rows, rewards, labels) of each batch
         for i in range(0, len(self.eval_examples), 64):
             part = self.eval_examples[i : i + 64]
             b = self._make_batch(part, self.ref_eval[i : i + 64])
             loss, z0, r = self._loss(b)
-            losses.append(loss.item() * len(part))
-            kls.append(z0.item() * len(part))
-            rewards.append(r)
-            labels.append(b["desirable"])
+            batches.append((loss.item() * len(part), z0.item() * len(part), r, b["desirable"]))
+        losses, kls, rewards, labels = zip(*batches)
         n = len(self.eval_examples)
         return {"loss": sum(losses) / n, "kl": sum(kls) / n,
                 **self._stats(torch.cat(rewards), torch.cat(labels))}  # fmt: skip

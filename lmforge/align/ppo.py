@@ -238,14 +238,8 @@ class PPOTrainer(RLTrainer):
 
     name = "ppo"
     fsdp_own_loop = True  # losses through optimizer_step, rollouts from whole copies (rl.py)
-    curves = [
-        ("train", "reward"),
-        ("eval", "reward"),
-        ("train", "kl"),
-        ("train", "entropy"),
-        ("train", "clip_frac"),
-        ("train", "value_loss"),
-    ]
+    curves = [("train", "reward"), ("eval", "reward"), ("train", "kl"), ("train", "entropy"),
+              ("train", "clip_frac"), ("train", "value_loss")]  # fmt: skip
 
     def setup_rl(self) -> None:
         cfg: PPOConfig = self.cfg

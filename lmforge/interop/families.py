@@ -66,12 +66,8 @@ class Family:
 # HF hidden_act of a gated MLP -> our MLP kind, and back.
 _GLU_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu_tanh",
              "gelu_pytorch_tanh": "geglu_tanh"}  # fmt: skip
-_GLU_ACTS_BACK = {
-    "swiglu": "silu",
-    "geglu": "gelu",
-    "geglu_tanh": "gelu_pytorch_tanh",
-    "moe": "silu",
-}
+_GLU_ACTS_BACK = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_pytorch_tanh",
+                  "moe": "silu"}  # fmt: skip
 
 
 class Llama(Family):

@@ -10,14 +10,13 @@ tokenizer are checked before the file is opened, and the file appears only when 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.fileio import temp_file_beside
+from lmforge.fileio import atomic_write
 from lmforge.interop.families import FAMILIES
 from lmforge.interop.gguf_read import gguf_names, permute_named
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
@@ -116,10 +115,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
         for hf_name, name in gguf_names("llama", config.n_layer, hf_state).items()
     ]
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_file_beside(path)  # named for remove_stale_temps if this process dies
-    os.close(fd)
-    try:
+    def write(tmp: str) -> None:
         writer = gguf.GGUFWriter(tmp, arch="llama")
         writer.add_name(str(config.extra.get("name") or path.stem))
         writer.add_context_length(config.max_seq_len)
@@ -159,8 +155,6 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)  # the file appears only when complete
     return path

@@ -130,13 +130,9 @@ class NF4Linear(nn.Module):
 
     def quantized(self) -> NF4Weight:
         """The buffers as an ``NF4Weight``."""
+        shape = torch.Size((self.out_features, self.in_features))
         return NF4Weight(
-            self.qweight,
-            self.absmax,
-            torch.Size((self.out_features, self.in_features)),
-            self.block_size,
-            self.absmax_scale,
-            self.absmax_offset,
+            self.qweight, self.absmax, shape, self.block_size, self.absmax_scale, self.absmax_offset
         )
 
     def dequantized_weight(self) -> Tensor:
