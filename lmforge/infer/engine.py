@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.errors import ConfigError
 from lmforge.infer.compiled_step import compile_decode_step, warm_up_by_decoding
@@ -375,12 +376,9 @@ class Engine:
         ordered = list(firsts.values()) + [s for s in seqs if firsts[s.prefix_key] is not s]
         prompts = [s.prompt for s in firsts.values()]
         width = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        pad = torch.zeros(len(prompts), width, dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.as_tensor(p)
-            pad[i, width - len(p) :] = True
-        ids = ids.to(self.device)
+        rows = [torch.as_tensor(p) for p in prompts]
+        ids = pad_sequence(rows, batch_first=True, padding_side="left").to(self.device)
+        pad = torch.arange(width) >= width - torch.as_tensor([len(p) for p in prompts])[:, None]
         source = [unique[s.prefix_key] for s in ordered]  # the prefilled row of each sequence
         embeds = [s.embeds for s in firsts.values()]
         lo = len(self.rows)

@@ -180,11 +180,8 @@ class SpeculativeDecoder:
             draft.commit(base, drafts[:n], last)
             stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + n
             stats.target_calls, stats.draft_calls = stats.target_calls + 1, stats.draft_calls + k
-            new = []
-            for token in [*drafts[:n], last]:
-                new.append(token)
-                if token in eos:
-                    break
+            new = [*drafts[:n], last]
+            new = new[: next((i + 1 for i, token in enumerate(new) if token in eos), len(new))]
             produced += len(new)
             stats.new_tokens += len(new)
             yield new

@@ -200,12 +200,11 @@ def create_app(
             raise APIError(400, message, field, "context_length_exceeded")
         if max_tokens is not None and max_tokens > limit:
             raise APIError(400, f"max_tokens must be <= {limit}, got {max_tokens}", "max_tokens")
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         return GenerationParams(
             max_new_tokens=max_tokens or min(default, limit),
             temperature=req.temperature, top_k=req.top_k, seed=req.seed,
             top_p=None if req.top_p == 1 else req.top_p,  # 1 keeps all: skip the sort
-            stop=stop, stop_token_ids=stop_ids, repetition_penalty=req.repetition_penalty,
+            stop=req.stop or [], stop_token_ids=stop_ids, repetition_penalty=req.repetition_penalty,
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             logprobs=logprobs,
         )  # fmt: skip

@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 from lmforge.infer.async_engine import EngineFailure
 from lmforge.infer.engine import StepOutput
@@ -24,14 +23,6 @@ def new_id(prefix: str) -> str:
 
 def sse(data) -> str:
     return f"data: {json.dumps(data)}\n\n"
-
-
-@dataclass
-class _Choice:
-    text: list[str] = field(default_factory=list)
-    tokens: int = 0
-    logprobs: list = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 class _Format:
@@ -78,9 +69,8 @@ class CompletionFormat(_Format):
                   "finish_reason": out.finish_reason}  # fmt: skip
         return {**self.head(self.chunk_object), "choices": [choice]}
 
-    def choice(self, index: int, c: _Choice) -> dict:
-        lp = self.logprobs(index, c.logprobs) if self.top is not None else None
-        return {"index": index, "text": "".join(c.text), "logprobs": lp,
+    def choice(self, c: StepOutput) -> dict:
+        return {"index": c.index, "text": c.text, "logprobs": self.logprobs(c.index, c.logprobs),
                 "finish_reason": c.finish_reason}  # fmt: skip
 
 
@@ -107,25 +97,18 @@ class ChatFormat(_Format):
                   "finish_reason": out.finish_reason}  # fmt: skip
         return {**self.head(self.chunk_object), "choices": [choice]}
 
-    def choice(self, index: int, c: _Choice) -> dict:
-        message = {"role": "assistant", "content": "".join(c.text)}
-        return {"index": index, "message": message, "logprobs": self.logprobs(c.logprobs),
+    def choice(self, c: StepOutput) -> dict:
+        message = {"role": "assistant", "content": c.text}
+        return {"index": c.index, "message": message, "logprobs": self.logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}  # fmt: skip
 
 
 async def collect(outputs: AsyncIterator[list], fmt: _Format, n: int) -> dict:
-    """The whole (non-streamed) response."""
-    choices = [_Choice() for _ in range(n)]
-    async for outs in outputs:
-        for out in outs:
-            c = choices[out.index]
-            c.text.append(out.text)
-            c.tokens += len(out.token_ids)
-            c.logprobs += out.logprobs or []
-            c.finish_reason = out.finish_reason or c.finish_reason
-    body = [fmt.choice(i, c) for i, c in enumerate(choices)]
-    return {**fmt.head(fmt.object), "choices": body,
-            "usage": fmt.usage(sum(c.tokens for c in choices))}  # fmt: skip
+    """The whole (non-streamed) response: each sample's outputs merged into one choice."""
+    merged = {m.index: m for m in merge([out async for outs in outputs for out in outs])}
+    choices = [merged.get(i) or StepOutput("", i, [], "", None) for i in range(n)]
+    return {**fmt.head(fmt.object), "choices": [fmt.choice(c) for c in choices],
+            "usage": fmt.usage(sum(len(c.token_ids) for c in choices))}  # fmt: skip
 
 
 def merge(outs: list[StepOutput]) -> list[StepOutput]:
