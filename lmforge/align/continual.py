@@ -158,10 +158,8 @@ class ContinualTrainer(SFTTrainer):
     def loss(self, batch):
         new, _ = super().loss(batch)
         penalty = self.regularizer.penalty()
-        return new + self.cfg.reg_weight * penalty, {
-            "new_loss": new.item(),
-            "penalty": penalty.item(),
-        }
+        stats = {"new_loss": new.item(), "penalty": penalty.item()}
+        return new + self.cfg.reg_weight * penalty, stats
 
     def evaluate(self) -> dict[str, float]:
         return {**super().evaluate(), "old_loss": self.eval_loss(self.old_eval)}

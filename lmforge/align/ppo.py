@@ -243,9 +243,8 @@ class PPOTrainer(RLTrainer):
 
     def setup_rl(self) -> None:
         cfg: PPOConfig = self.cfg
-        self.critic = CRITICS[cfg.critic](self.lm.model, self.reward, cfg.value_detach).to(
-            self.device
-        )
+        critic = CRITICS[cfg.critic](self.lm.model, self.reward, cfg.value_detach)
+        self.critic = critic.to(self.device)
         if cfg.kl_target is None:
             self.kl_ctl = FixedKLController(cfg.kl_coef)
         else:

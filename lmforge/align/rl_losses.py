@@ -105,11 +105,10 @@ def ppo_policy_loss(
         advantages = advantages.unsqueeze(-1)  # one advantage per sequence
     d = logp.float() - old_logp.float()
     ratio = torch.exp(d)
-    unclipped = ratio * advantages
     surrogate = clipped_surrogate(ratio, advantages, clip_eps)
     loss = masked_mean(-surrogate, mask)
     with torch.no_grad():
-        clip_frac = masked_mean((surrogate < unclipped).float(), mask)
+        clip_frac = masked_mean((surrogate < ratio * advantages).float(), mask)
         approx_kl = 0.5 * masked_mean(d**2, mask)
     return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl}
 
@@ -244,7 +243,6 @@ def grpo_loss(
     adv = advantages.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     ratio = torch.exp(logp - old)
-    unclipped = ratio * adv
     surrogate = clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
     per_token = -surrogate
     kl = torch.zeros_like(logp)
@@ -266,7 +264,7 @@ def grpo_loss(
     with torch.no_grad():
         stats = {
             "kl": masked_mean(kl, m),
-            "clip_frac": masked_mean((surrogate < unclipped).float(), m),
+            "clip_frac": masked_mean((surrogate < ratio * adv).float(), m),
         }
     return loss, stats
 
@@ -335,8 +333,7 @@ def rloo_loss(
     old = seq.detach() if old_logp is None else (old_logp.float() * m).sum(-1)
     ratio = torch.exp(seq - old)
     adv = advantages.float()
-    unclipped = ratio * adv
     surrogate = clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
     with torch.no_grad():
-        stats = {"clip_frac": (surrogate < unclipped).float().mean()}
+        stats = {"clip_frac": (surrogate < ratio * adv).float().mean()}
     return -surrogate.mean(), stats

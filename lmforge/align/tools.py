@@ -193,9 +193,7 @@ class ToolRolloutEngine(RolloutEngine):
             left = {i: min(self.max_new_tokens - sum(s["mask"]),
                            limit - len(rows[i]) - len(s["tokens"]))
                     for i, s in enumerate(state) if not s["done"]}  # fmt: skip
-            active = [i for i, n in left.items() if n > 0]
-            for i in set(left) - set(active):
-                state[i]["done"] = True
+            active = [i for i, n in left.items() if n > 0]  # a row out of room stays out
             if not active:
                 break
             new = self._generate_turn([rows[i] + state[i]["tokens"] for i in active],

@@ -254,11 +254,8 @@ class Mixtral(Mistral):
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         hf = super().config_to_hf(config)
-        return {
-            **hf,
-            "num_local_experts": config.n_experts,
-            "num_experts_per_tok": config.experts_top_k,
-        }
+        hf.update(num_local_experts=config.n_experts, num_experts_per_tok=config.experts_top_k)
+        return hf
 
     def export_problems(self, config: ModelConfig) -> list[str]:
         problems = [p for p in super().export_problems(config) if not p.startswith("mlp=")]

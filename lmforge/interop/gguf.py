@@ -49,11 +49,8 @@ def generation_config(meta: dict[str, Any]) -> dict[str, Any]:
     """HF-style generation settings from the metadata: stop on EOS and on llama.cpp's
     end-of-turn / end-of-message tokens (Llama 3's <|eot_id|>, <|eom_id|>)."""
     out: dict[str, Any] = {}
-    stops = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        value = meta.get(f"tokenizer.ggml.{key}")
-        if value is not None and int(value) not in stops:
-            stops.append(int(value))
+    values = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    stops = list(dict.fromkeys(int(v) for v in values if v is not None))  # distinct, in order
     if stops:
         out["eos_token_id"] = stops[0] if len(stops) == 1 else stops
     for role, key in (("bos", "bos_token_id"), ("pad", "padding_token_id")):

@@ -232,12 +232,8 @@ def gguf_pre_name(backend: Backend) -> str:
         return "gpt-2"
     if pre.get("type") == "Sequence":
         steps = pre.get("pretokenizers", [])
-        if (
-            len(steps) == 2
-            and steps[0].get("type") == "Split"
-            and steps[1].get("type") == "ByteLevel"
-            and not steps[1].get("use_regex", True)
-        ):
+        kinds = [step.get("type") for step in steps]
+        if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
             regex = steps[0].get("pattern", {}).get("Regex")
             for name in ("llama-bpe", "qwen2", "tekken", "gpt-4o"):
                 if PRE_TOKENIZER_SPLITS[name] == regex:

@@ -344,12 +344,9 @@ def _hf_linear_modules(family: Family, config: ModelConfig) -> dict[str, tuple[s
         model = Transformer(config)
     found = {}
     for module, layer in model.named_modules():
-        if not isinstance(layer, torch.nn.Linear):
-            continue
-        parts = _lora_parts(family, config, module)
-        if parts is not None:
-            for index, name in enumerate(parts[1]):
-                found[name] = (module, index)
+        parts = _lora_parts(family, config, module) if isinstance(layer, torch.nn.Linear) else None
+        for index, name in enumerate(parts[1] if parts else ()):
+            found[name] = (module, index)
     return found
 
 

@@ -193,22 +193,19 @@ def problems(
     """`n` distinct problems {"task", "prompt", "answer"} from `split`, deterministic in `seed`."""
     task = get_task(task, **level) if isinstance(task, str) else task
     rng = random.Random(seed)
-    out: list[Record] = []
-    seen: set[str] = set()
-    tries = 0
-    while len(out) < n:
-        tries += 1
-        if tries > 100 * n + 1000:
-            raise ConfigError(
-                f"task {task.name!r}: only {len(out)} distinct {split} problems found for n={n}; "
-                "raise digits/length or ask for fewer"
-            )
+    found: dict[str, Record] = {}  # prompt -> its first record, in drawing order
+    for _ in range(100 * n + 1000):
+        if len(found) == n:
+            break
         record = task.record(rng)
-        if record["prompt"] in seen or not in_split(record["prompt"], split):
-            continue
-        seen.add(record["prompt"])
-        out.append(record)
-    return out
+        if in_split(record["prompt"], split):
+            found.setdefault(record["prompt"], record)
+    if len(found) < n:
+        raise ConfigError(
+            f"task {task.name!r}: only {len(found)} distinct {split} problems found for n={n}; "
+            "raise digits/length or ask for fewer"
+        )
+    return list(found.values())
 
 
 def sft_records(task: str | Task, n: int, seed: int = 0, split: str = "train", **level: int):
