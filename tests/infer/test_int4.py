@@ -87,11 +87,12 @@ def test_int4_engine_computes_its_dequantised_model():
     ids = torch.randint(0, 97, (4, 40), generator=torch.Generator().manual_seed(0))
     engine = Engine(lm.model, max_batch=4, eos_ids=[], dtype="float32", quantize="int4")
     assert engine.precision == "int4 weights, float32 activations"
-    assert isinstance(engine.model.lm_head, Int4Linear)
+    assert isinstance(engine.model.blocks[0].mlp.down_proj, Int4Linear)
+    assert isinstance(engine.model.lm_head, Int8Linear)  # the head stays at 8 bits
     back = LM.from_config(config, seed=0)
     with torch.no_grad():
         for name, m in engine.model.named_modules():
-            if isinstance(m, Int4Linear):
+            if isinstance(m, (Int4Linear, Int8Linear)):
                 back.model.get_submodule(name).weight.copy_(m.dequantize())
     with torch.inference_mode():
         ref, out, orig = back.model(ids), engine.forward(ids), lm.model(ids)
