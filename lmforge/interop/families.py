@@ -70,6 +70,12 @@ _GLU_ACTS_BACK = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_pytorch
                   "moe": "silu"}  # fmt: skip
 
 
+# Llama-family shape fields: our ModelConfig name -> HF config.json name (both directions).
+_LLAMA_SHAPE = {"vocab_size": "vocab_size", "n_layer": "num_hidden_layers",
+                "n_head": "num_attention_heads", "d_model": "hidden_size",
+                "d_ff": "intermediate_size"}  # fmt: skip
+
+
 class Llama(Family):
     """Llama and its close relatives: RMSNorm, RoPE (rotate-half), SwiGLU, optional biases."""
 
@@ -88,12 +94,8 @@ class Llama(Family):
         rope_base, rope_scaling, max_len = rope_from_hf(hf, self.default_theta)
         attention_bias = bool(hf.get("attention_bias", False))
         return dict(
-            vocab_size=hf["vocab_size"],
-            n_layer=hf["num_hidden_layers"],
-            n_head=n_head,
+            {ours: hf[key] for ours, key in _LLAMA_SHAPE.items()},
             n_kv_head=hf.get("num_key_value_heads") or n_head,
-            d_model=hidden,
-            d_ff=hf["intermediate_size"],
             head_dim=hf.get("head_dim") or hidden // n_head,
             max_seq_len=max_len,
             norm="rmsnorm",
@@ -111,12 +113,8 @@ class Llama(Family):
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         hf = dict(
-            vocab_size=config.vocab_size,
-            num_hidden_layers=config.n_layer,
-            num_attention_heads=config.n_head,
+            {key: getattr(config, ours) for ours, key in _LLAMA_SHAPE.items()},
             num_key_value_heads=config.n_kv_head,
-            hidden_size=config.d_model,
-            intermediate_size=config.d_ff,
             head_dim=config.head_dim,
             rms_norm_eps=config.norm_eps,
             hidden_act=_GLU_ACTS_BACK[config.mlp],
