@@ -54,11 +54,8 @@ class LoRALinear(nn.Module):
         self.merged = False
 
     def _init_base(self, base: nn.Module) -> None:
-        self.weight = base.weight
-        self.bias = base.bias
-        self.weight.requires_grad_(False)
-        if self.bias is not None:
-            self.bias.requires_grad_(False)
+        base.requires_grad_(False)
+        self.weight, self.bias = base.weight, base.bias
 
     def base_forward(self, x: Tensor) -> Tensor:
         """The frozen layer alone (includes the update only while merged)."""
@@ -139,8 +136,7 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
 
 def mark_only_lora_trainable(model: nn.Module) -> None:
     """Freeze everything, then unfreeze the LoRA A/B matrices."""
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     for m in lora_modules(model).values():
         m.lora_A.weight.requires_grad_(True)
         m.lora_B.weight.requires_grad_(True)

@@ -104,13 +104,11 @@ def check_signature(where: str | Path, saved: Any, current: dict[str, Any]) -> N
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """state_dict without tied duplicates (safetensors refuses shared storage)."""
     state = model.state_dict()
-    seen: dict[int, str] = {}
-    for name in list(state):
-        ptr = state[name].data_ptr()
-        if ptr in seen and state[name].numel() > 0:
+    seen: set[int] = set()
+    for name, tensor in list(state.items()):
+        if tensor.data_ptr() in seen and tensor.numel() > 0:
             del state[name]
-        else:
-            seen[ptr] = name
+        seen.add(tensor.data_ptr())
     return state
 
 

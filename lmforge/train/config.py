@@ -149,19 +149,13 @@ class TrainConfig(OptimConfig):
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """`--key value` / `--key=value` pairs -> dict; values parsed as YAML scalars (1e-3, true)."""
     out: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
+    rest = iter(args)
+    for arg in rest:
         if not arg.startswith("--"):
             raise ConfigError(f"expected --key value, got {arg!r}")
-        if "=" in arg:
-            key, raw = arg[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError(f"missing value for {arg}")
-            key, raw = arg[2:], args[i + 1]
-            i += 2
+        key, eq, raw = arg[2:].partition("=")
+        if not eq and (raw := next(rest, None)) is None:  # --key value: the value is next
+            raise ConfigError(f"missing value for {arg}")
         out[key.replace("-", "_")] = yaml.safe_load(raw) if raw != "" else ""
     return out
 

@@ -12,6 +12,7 @@ The result is a Hugging Face BERT directory (config.json, model.safetensors, tok
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,11 +185,8 @@ def nsp_rows(texts: list[str], tok: Tokenizer, ids: dict[str, int], block_size: 
     if len(texts) == 1:
         texts = [p for p in re.split(r"\n\s*\n", texts[0]) if p.strip()]
     sentences = [split_sentences(t) for t in texts]
-    flat = tok.encode_batch([s for doc in sentences for s in doc])
-    docs, i = [], 0
-    for doc in sentences:
-        docs.append([s for s in flat[i : i + len(doc)] if s])
-        i += len(doc)
+    flat = iter(tok.encode_batch([s for doc in sentences for s in doc]))
+    docs = [[s for s in itertools.islice(flat, len(doc)) if s] for doc in sentences]
     g = torch.Generator().manual_seed(seed)
     return make_nsp_pairs(docs, ids["cls"], ids["sep"], ids["pad"], block_size, g)
 

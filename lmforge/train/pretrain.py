@@ -150,8 +150,7 @@ class Pretrainer(Trainer):
     # ---- what the loop asks for --------------------------------------------------------------
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         """This rank's share of the global batch: one (x, y, lane) per data lane it draws."""
-        lanes = self.sampler.lanes
-        return [(*self.sampler.next_batch(), lanes[i]) for i in range(len(lanes))]
+        return [(*self.sampler.next_batch(), lane) for lane in self.sampler.lanes]
 
     def micro_batches(self, batch: list) -> list:
         return batch  # already one micro-batch per lane

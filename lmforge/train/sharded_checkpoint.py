@@ -73,12 +73,8 @@ def _tied_names(model: torch.nn.Module, names: set[str]) -> dict[str, str]:
                *model.named_buffers(remove_duplicate=False)]  # fmt: skip
     for name, tensor in members:
         key = f"model.{name}"
-        if key not in names:
-            continue
-        if id(tensor) in first:
-            tied[key] = first[id(tensor)]
-        else:
-            first[id(tensor)] = key
+        if key in names and (canonical := first.setdefault(id(tensor), key)) != key:
+            tied[key] = canonical
     return tied
 
 
@@ -342,11 +338,11 @@ def _fill(step_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor]
             local, offset, _ = _local_slice(tensor, 0)
             if local.numel() == 0 and local.dim():
                 continue
-            if local.device.type == "cpu":
-                chunks.fill(name, local, offset, handles)
-            else:  # read on the host, then one copy to the device
-                host = torch.empty(local.shape, dtype=local.dtype)
-                chunks.fill(name, host, offset, handles)
+            # a device tensor is read on the host, then copied to the device in one go
+            on_cpu = local.device.type == "cpu"
+            host = local if on_cpu else torch.empty(local.shape, dtype=local.dtype)
+            chunks.fill(name, host, offset, handles)
+            if not on_cpu:
                 local.copy_(host)
 
 
