@@ -23,8 +23,7 @@ SOURCE_FORMS = (
 
 def shared_data_dir() -> Path:
     """The ../shared/data folder beside the checkout, or $LMFORGE_SHARED_DATA when set."""
-    env = os.environ.get("LMFORGE_SHARED_DATA")
-    if env:
+    if env := os.environ.get("LMFORGE_SHARED_DATA"):
         return Path(env)
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -86,9 +85,8 @@ def _read_folder(folder: Path) -> Iterator[str]:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            skipped += 1
-            continue
-        if "\x00" in text:  # valid UTF-8 but binary content
+            text = None
+        if text is None or "\x00" in text:  # not UTF-8, or valid UTF-8 but binary content
             skipped += 1
             continue
         yield text

@@ -63,8 +63,7 @@ def _flatten(encoded: list[list[int]], dtype: str) -> tuple[np.ndarray, np.ndarr
     """(all ids in one array, one length per document)."""
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     ids = itertools.chain.from_iterable(encoded)
-    flat = np.fromiter(ids, dtype=dtype, count=int(lengths.sum()))
-    return flat, lengths
+    return np.fromiter(ids, dtype=dtype, count=int(lengths.sum())), lengths
 
 
 _WORKER: dict[str, Any] = {}

@@ -178,9 +178,8 @@ class Tokenizer:
                 f"vocab_size={vocab_size} leaves no room for words after {len(specials)} specials"
             )
         backend = cls._split_backend(specials["unk"], WORD_PATTERN)
-        added = cls._added(specials)
         trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size, special_tokens=added, show_progress=False
+            vocab_size=vocab_size, special_tokens=cls._added(specials), show_progress=False
         )
         backend.train_from_iterator(texts, trainer)
         if backend.get_vocab_size() <= len(specials):
@@ -194,12 +193,11 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(directory)  # temps of a save that was killed before its rename
-        roles = set(_HF_ROLES)
         config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             **{f"{r}_token": self.special_tokens.get(r) for r in _HF_ROLES},
             "additional_special_tokens": [
-                t for r, t in self.special_tokens.items() if r not in roles
+                t for r, t in self.special_tokens.items() if r not in _HF_ROLES
             ],
             "model_max_length": self.model_max_length or HF_NO_MAX_LENGTH,
             "clean_up_tokenization_spaces": False,

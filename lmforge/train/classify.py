@@ -50,12 +50,11 @@ def demo_review(rng: random.Random) -> tuple[str, int]:
 
 def demo_dataset(n_train: int = 2000, n_test: int = 400, seed: int = 0):
     """(train, test) lists of (text, label); no test text occurs in train."""
-    rng, seen, rows = random.Random(seed), set(), []
-    while len(rows) < n_train + n_test:
+    rng, labels = random.Random(seed), {}
+    while len(labels) < n_train + n_test:
         text, label = demo_review(rng)
-        if text not in seen:
-            seen.add(text)
-            rows.append((text, label))
+        labels.setdefault(text, label)  # a repeated text keeps its first draw
+    rows = list(labels.items())
     return rows[:n_train], rows[n_train:]
 
 
@@ -182,11 +181,8 @@ class ClassifyTrainer(Trainer):
         self.vx, self.vmask = encode(self.tokenizer, [t for t, _ in val_rows], max_len)
         self.vy = torch.tensor([label for _, label in val_rows])
         self.open_run(cfg, Parallel(torch.device("cpu")), resume, log)
-        tok = self.tokenizer
-        if (
-            tok.unk_id is not None
-            and (unk := (self.x == tok.unk_id).sum() / self.mask.sum()) > 0.05
-        ):
+        unk_id = self.tokenizer.unk_id
+        if unk_id is not None and (unk := (self.x == unk_id).sum() / self.mask.sum()) > 0.05:
             log(f"warning: {unk:.0%} of the training tokens are unknown to {cfg.checkpoint}'s "
                 "tokenizer")  # fmt: skip
         self.generator = torch.Generator().manual_seed(cfg.seed)

@@ -522,19 +522,18 @@ class WholeCopy:
         self.copy = copy.deepcopy(module).to("cpu" if offload else device) if keep else None
         self.version: Any = None  # what the copy holds (the trainer's step), None: stale
 
+    @torch.no_grad()
     def refresh(self, module: nn.Module, full_tensor: Callable, version: Any) -> None:
         """Collective: unless the copy already holds `version`, every rank joins the gather of
         `module`'s trainable parameters (one at a time, in the same order on every rank, so the
         peak is one whole parameter beyond the copy) and the keeping ranks write them in."""
         if self.version == version:
             return
-        params = dict(self.copy.named_parameters()) if self.copy is not None else {}
         for name, p in module.named_parameters():
             if p.requires_grad:
-                whole = full_tensor(p)
-                if params:
-                    with torch.no_grad():
-                        params[name].copy_(whole)
+                whole = full_tensor(p)  # on every rank, keeping or not
+                if self.copy is not None:
+                    self.copy.get_parameter(name).copy_(whole)
         self.version = version
 
     @contextlib.contextmanager

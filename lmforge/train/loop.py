@@ -496,8 +496,7 @@ class Trainer:
                     self.cpu_elapsed += time.process_time() - c0
                     bar.update(1)
                     bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
-                    if self.tokens_per_step:
-                        window_tokens += self.tokens_per_step
+                    window_tokens += self.tokens_per_step  # 0: no throughput to report
                     if self.step % cfg.log_interval == 0 or self.step == 1:
                         if self.tokens_per_step:
                             now = time.perf_counter()

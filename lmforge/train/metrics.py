@@ -72,10 +72,8 @@ class MetricsLog:
         metrics = sorted({m for _, m in curves}, key=[m for _, m in curves].index)
         fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), squeeze=False)
         for ax, metric in zip(axes[0], metrics):
-            for split, m in curves:
-                if m != metric or not self.path.exists():
-                    continue
-                steps, values = self.series(split, m)
+            for split in [s for s, m in curves if m == metric]:
+                steps, values = self.series(split, metric)  # none while the CSV is absent
                 if steps:
                     ax.plot(steps, values, label=split, marker="." if len(steps) < 30 else None)
             ax.set_xlabel("step")

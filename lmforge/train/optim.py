@@ -51,13 +51,11 @@ class LossScaler:
         for g in grads:
             g.div_(self.scale)
         finite = all(bool(torch.isfinite(g).all()) for g in grads)
-        if finite:
-            self._clean_steps += 1
-            if self._clean_steps >= self.growth_interval:
-                self.scale *= 2.0
-                self._clean_steps = 0
-        else:
+        self._clean_steps = self._clean_steps + 1 if finite else 0
+        if not finite:
             self.scale /= 2.0
+        elif self._clean_steps >= self.growth_interval:
+            self.scale *= 2.0
             self._clean_steps = 0
         return finite
 

@@ -202,9 +202,8 @@ class Pretrainer(Trainer):
         model = self.dist.full_model(self.model)  # under torchrun: rank 0 samples, others []
         if model is None:
             return []
-        lm = LM(model, self.tokenizer)
         tokens = min(max_new_tokens or self.cfg.sample_tokens, self.model_config.max_seq_len - 1)
-        return lm.complete(
+        return LM(model, self.tokenizer).complete(
             [self.cfg.sample_prompt] * n, max_new_tokens=tokens, temperature=0.8, top_k=200,
             seed=self.cfg.seed,
         )  # fmt: skip
