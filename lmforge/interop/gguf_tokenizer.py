@@ -64,14 +64,8 @@ PRE_TOKENIZER_SPLITS = {
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the alphabet byte-level BPE vocabularies use)."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+    rest = [b for b in range(256) if b not in bs]  # spelled as the characters from 256 on
+    return dict(zip(bs + rest, map(chr, bs + list(range(256, 256 + len(rest))))))
 
 
 def generate_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
@@ -120,9 +114,7 @@ def _byte_level_backend(meta: dict[str, Any]) -> Backend:
 
 def _sentencepiece_backend(meta: dict[str, Any]) -> Backend:
     tokens = meta["tokenizer.ggml.tokens"]
-    vocab = {}
-    for i, token in enumerate(tokens):
-        vocab.setdefault(token, i)
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # a repeated token: first id
     if meta.get("tokenizer.ggml.merges"):
         merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
     else:
