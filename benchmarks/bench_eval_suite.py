@@ -151,7 +151,7 @@ def main() -> int:
     folder, tasks, missing = core.resolve_tasks(core.select_tasks(None), args.data, False)
     for task in tasks:
         core.load_task_rows(folder, task)
-    from lmforge.speedrun.stages import smollm2_gguf
+    from lmforge.interop.gguf import smollm2_gguf
 
     gguf = smollm2_gguf()
     if gguf is None:

