@@ -10,6 +10,11 @@ Message lists are rendered by `lmforge.interop.chat_template.render_chat` (the t
 template as transformers renders it, else a built-in one of the role tokens:
 `<|user|>hi<|end|><|assistant|>yo<|end|>`).
 
+A source is a JSONL file, a list of dicts, a built-in `task:NAME[:LEVEL][:chat]`, or
+`file:PATH[:train|validation|test][:chat]`: the first n records of one split of a JSONL file,
+drawn by a hash of each record's prompt (test 10%, validation 10%, train the rest; so a prompt
+and its duplicates never cross splits), `:chat` making a string prompt one user message.
+
 A record becomes segments of (text, trainable); every assistant reply is trainable, and the model
 learns to stop on EOS: appended (and trained on) unless the template already ended the reply with
 it, as ChatML's `<|im_end|>` does — then nothing is appended and the formatting after that final
@@ -21,6 +26,9 @@ context — raise DataError naming file:line, or are skipped and counted when `s
 
 from __future__ import annotations
 
+import json
+import re
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,7 +251,8 @@ def pack_sft(examples: Sequence[SFTExample], max_len: int) -> list[SFTExample]:
 
 def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int = 0,
                  split: str = "train") -> list[tuple[str, dict]]:  # fmt: skip
-    """(location, record) pairs from a JSONL file, a list of dicts, or `task:NAME[:LEVEL][:chat]`.
+    """(location, record) pairs from a JSONL file, a list of dicts, `task:NAME[:LEVEL][:chat]` or
+    `file:PATH[:SPLIT][:chat]` (see the module docstring).
 
     kind: "sft" | "preference" | "prompts" picks what a built-in task generates. A `:chat` task
     wraps each prompt as one user message, so it is rendered with the chat template (what
@@ -252,6 +261,13 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
     if isinstance(source, list):
         return [(f"records[{i}]", r) for i, r in enumerate(source)]
     source = str(source)
+    if spec := re.fullmatch(r"file:(.+?)(?::(train|validation|test))?(:chat)?", source):
+        path, part, chat = spec.groups()
+        rows = [(f"{path}:{line}", as_chat(r) if chat else r) for line, r in read_jsonl(Path(path))
+                if part is None or file_split(r) == part]  # fmt: skip
+        if not rows:
+            raise DataError(f"{source}: no records in this split")
+        return rows[:n]
     if source.startswith("task:"):
         name, *rest = source[len("task:") :].split(":")
         chat = rest[-1:] == ["chat"]
@@ -263,9 +279,28 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
                 "prompts": synthetic.problems}[kind]  # fmt: skip
         records = make(name, n, seed, split, **kw)
         if chat:
-            records = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in records]
+            records = [as_chat(r) for r in records]
         return [(f"{source}[{i}]", r) for i, r in enumerate(records)]
     return [(f"{source}:{line}", r) for line, r in read_jsonl(Path(source))]
+
+
+def as_chat(record: Any) -> Any:
+    """The record with its string prompt (first of PROMPT_KEYS) as one user message."""
+    keys = [k for k in PROMPT_KEYS if isinstance(record, dict) and isinstance(record.get(k), str)]
+    return {**record, keys[0]: [{"role": "user", "content": record[keys[0]]}]} if keys else record
+
+
+def file_split(record: Any) -> str:
+    """The split of a `file:` source's record (train / validation / test) by a hash of its
+    prompt: a preference pair's (HH: the shared dialogue), a conversation's turns before the
+    last, else the first of PROMPT_KEYS; a record without one is hashed whole."""
+    try:
+        key = (preference_parts(record)[0] if "chosen" in record else record["messages"][:-1]
+               if "messages" in record else _first(record, PROMPT_KEYS, ""))  # fmt: skip
+    except (DataError, TypeError):
+        key = record
+    bucket = zlib.crc32(json.dumps(key, sort_keys=True).encode("utf-8")) % 1000
+    return "test" if bucket < 100 else "validation" if bucket < 200 else "train"
 
 
 def _load(source, kind: str, encode, skip_invalid: bool, **task_kw) -> Dataset:

@@ -26,7 +26,7 @@ class SFTConfig(ReplayConfig, PeftConfig, AlignConfig):
     out_dir: str = "out/sft"
     packing: bool = False
     label_smoothing: float = 0.0
-    eval_generate: int = 100  # held-out task prompts scored by greedy exact match (0 = off)
+    eval_generate: int = 100  # held-out task:/file: prompts scored by greedy exact match
     max_new_tokens: int = 16
 
 
@@ -66,7 +66,7 @@ class SFTTrainer(AlignTrainer):
             self.train_examples = D.pack_sft(self.train_examples, cfg.max_len)
         source, split = eval_source(cfg)
         self.eval_records = []
-        if cfg.eval_generate > 0 and source is not None and str(source).startswith("task:"):
+        if cfg.eval_generate > 0 and str(source).startswith(("task:", "file:")):
             self.eval_records = D.load_prompts(source, cfg.eval_generate, cfg.seed + 1, split)
         self.peft_names = apply_peft(self.lm.model, cfg)
 

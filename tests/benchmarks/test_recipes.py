@@ -1,0 +1,65 @@
+"""benchmarks/recipes.py end to end on a tiny model (`--smoke`): the protocol checks, the
+starting model, the recipe and its compute-matched SFT baseline each run through the CLI verb
+in their own process, and the report carries before / after / baseline, paired bootstrap
+intervals, wall times and peak memory."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = {"lora-sft-gsm8k": ["pass@1"], "grpo-gsm8k": ["pass@1"],
+           "dpo-hh": ["implicit_reward_accuracy", "likelihood_accuracy"]}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(METRICS))
+def test_recipe_smoke(recipe, tmp_path, shared_data):
+    run = subprocess.run(
+        [sys.executable, "benchmarks/recipes.py", "--recipe", recipe, "--smoke", "--out",
+         str(tmp_path), "--resamples", "500"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    name = f"{recipe}-cpu"
+    report = json.loads((tmp_path / f"{name}.json").read_text())
+    assert (tmp_path / f"{name}.md").read_text().startswith(f"# {recipe} (cpu, smoke)")
+    assert sorted(report["metrics"]) == sorted(METRICS[recipe])
+    for m in report["metrics"].values():
+        for key in ("before", "after", "baseline"):
+            assert 0.0 <= m[key] <= 1.0
+        for key in ("after_minus_baseline", "after_minus_before"):
+            diff = m[key]
+            assert diff["low"] <= diff["diff"] + 1e-9 and diff["diff"] <= diff["high"] + 1e-9
+            assert diff["confidence"] == 0.95 and diff["n"] == report["test"]["scored"] >= 2
+    assert set(report["stages"]) == {"before-test", "recipe", "baseline", "after-test",
+                                     "baseline-test"}  # fmt: skip
+    for s in report["stages"].values():
+        assert s["wall_s"] > 0 and s["peak_rss_mb"] > 50
+    assert report["machine"]["cpu"] and report["machine"]["threads"] == 1
+
+    # the protocol: the runs choose on validation; test is read only by the scoring stages
+    cfg, base = report["config"], report["baseline_config"]
+    test_source = report["test"]["source"]
+    assert re.search(r":validation(:chat)?$", cfg["eval_data"])
+    for c in (cfg, base):
+        assert test_source not in (c["data"], c["eval_data"])
+    assert report["validation"]["recipe"], "the recipe's periodic evaluation left no curve"
+    # compute-matched: the same steps, from the same start
+    assert base["max_iters"] == cfg["max_iters"] and base["init"] == cfg["init"]
+    if recipe == "grpo-gsm8k":
+        assert base["batch_size"] == cfg["batch_size"] * cfg["group_size"]
+    else:
+        assert base["batch_size"] == cfg["batch_size"]
+    if recipe == "lora-sft-gsm8k":
+        assert base["peft"] == "none" and cfg["peft"] == "lora"
+    if recipe == "dpo-hh":
+        first = json.loads(Path(base["data"]).read_text().splitlines()[0])
+        assert set(first) == {"prompt", "response"}
+    saved = yaml.safe_load((tmp_path / f"{name}-baseline.yaml").read_text())
+    assert saved == base
