@@ -86,8 +86,7 @@ class BatchSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the exact random stream saved by `state_dict`."""
         try:
-            gen_state = torch.as_tensor(state["generator_state"], dtype=torch.uint8)
-            self.generator.set_state(gen_state)
+            self.generator.set_state(torch.as_tensor(state["generator_state"], dtype=torch.uint8))
             self.batches_drawn = int(state["batches_drawn"])
             self.seed = int(state.get("seed", self.seed))
         except (KeyError, TypeError, ValueError, RuntimeError) as e:

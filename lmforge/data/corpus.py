@@ -54,8 +54,7 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
     for lineno, row in read_jsonl(path):
         if text_field not in row:
             raise DataError(f"{path}:{lineno}: missing field {text_field!r}")
-        text = row[text_field]
-        if not isinstance(text, str):
+        if not isinstance(text := row[text_field], str):
             raise DataError(
                 f"{path}:{lineno}: field {text_field!r} must be a string, got {type(text).__name__}"
             )

@@ -299,15 +299,13 @@ def prepare_corpus(
     (plus size/mtime of local files), val_fraction, split_by and text_field.
     """
     source = str(source)
-    out = Path(out_dir)
     fingerprint = corpus_fingerprint(source, tokenizer, val_fraction, split_by, text_field)
-    if (meta := _cached_meta(out, fingerprint)) is not None:
+    if (meta := _cached_meta(Path(out_dir), fingerprint)) is not None:
         return meta
-    docs = read_documents(source, text_field=text_field)
     return build_token_shards(
-        docs,
+        read_documents(source, text_field=text_field),
         tokenizer,
-        out,
+        out_dir,
         val_fraction=val_fraction,
         split_by=split_by,
         progress=progress,
