@@ -84,10 +84,8 @@ class Llama(Family):
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         n_head = hf["num_attention_heads"]
-        hidden = hf["hidden_size"]
         act = hf.get("hidden_act", "silu")
-        mlp = _GLU_ACTS.get(act)
-        if mlp is None:
+        if (mlp := _GLU_ACTS.get(act)) is None:
             raise ConfigError(
                 f"hidden_act {act!r} is not supported (supported: {', '.join(_GLU_ACTS)})"
             )
@@ -96,7 +94,7 @@ class Llama(Family):
         return dict(
             {ours: hf[key] for ours, key in _LLAMA_SHAPE.items()},
             n_kv_head=hf.get("num_key_value_heads") or n_head,
-            head_dim=hf.get("head_dim") or hidden // n_head,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // n_head,
             max_seq_len=max_len,
             norm="rmsnorm",
             norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -154,8 +152,7 @@ class Llama(Family):
             ours, hf = f"blocks.{i}", f"model.layers.{i}"
             m[f"{ours}.attn_norm.weight"] = Rule((f"{hf}.input_layernorm.weight",))
             m[f"{ours}.mlp_norm.weight"] = Rule((f"{hf}.post_attention_layernorm.weight",))
-            kinds = ("weight", "bias") if config.attention_bias else ("weight",)
-            for kind in kinds:
+            for kind in ("weight", "bias") if config.attention_bias else ("weight",):
                 parts = tuple(f"{hf}.self_attn.{x}_proj.{kind}" for x in "qkv")
                 m[f"{ours}.attn.qkv_proj.{kind}"] = Rule(parts, "cat", (q, kv, kv))
             _linear(m, f"{ours}.attn.o_proj", f"{hf}.self_attn.o_proj", config.attention_out_bias)
@@ -193,10 +190,9 @@ class Qwen2(Llama):
     model_type, architecture = "qwen2", "Qwen2ForCausalLM"
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
-        data = {**super().config_from_hf(hf), "attention_bias": True}
-        data.update(attention_out_bias=False, mlp_bias=False)
-        data["sliding_window"] = _uniform_window(hf)
-        return data
+        data = super().config_from_hf(hf)
+        data.update(attention_bias=True, attention_out_bias=False, mlp_bias=False)
+        return {**data, "sliding_window": _uniform_window(hf)}
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         hf = super().config_to_hf(config)
@@ -218,14 +214,10 @@ class Qwen2(Llama):
 
 def _uniform_window(hf: dict[str, Any]) -> int | None:
     """Qwen2's per-layer window as one value; a mix of windowed and full layers is rejected."""
-    n = hf["num_hidden_layers"]
-    types = hf.get("layer_types")
-    if types is None:
-        if not hf.get("use_sliding_window", False):
-            types = ["full_attention"] * n
-        else:
-            first = hf.get("max_window_layers", n)
-            types = ["full_attention" if i < first else "sliding_attention" for i in range(n)]
+    if (types := hf.get("layer_types")) is None:
+        n = hf["num_hidden_layers"]
+        first = hf.get("max_window_layers", n) if hf.get("use_sliding_window", False) else n
+        types = ["full_attention" if i < first else "sliding_attention" for i in range(n)]
     kinds = set(types)
     if kinds == {"full_attention"}:
         return None
@@ -355,8 +347,7 @@ class Qwen3(Qwen2):
         return {**data, "qk_norm": True, "sliding_window": _uniform_window(hf)}
 
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        hf = super().config_to_hf(config)
-        return {**hf, "attention_bias": config.attention_bias}
+        return {**super().config_to_hf(config), "attention_bias": config.attention_bias}
 
     def export_problems(self, config: ModelConfig) -> list[str]:
         problems = [p for p in Llama.export_problems(self, config) if p not in ("qk_norm",)]
