@@ -156,12 +156,7 @@ class BM25Index(_BM25):
             raise LMForgeError(f"{path}: not a saved BM25Index ({e})") from e
         if config.get("format") != "lmforge.bm25/1":
             raise LMForgeError(f"{path / _CONFIG}: unknown format {config.get('format')!r}")
-        index = cls(
-            k1=config["k1"],
-            b=config["b"],
-            lowercase=config["lowercase"],
-            stopwords=config["stopwords"],
-        )
+        index = cls(**{k: config[k] for k in ("k1", "b", "lowercase", "stopwords")})
         try:
             # allow_pickle=False: a tampered .npy holding Python objects is refused, not executed.
             index._bm25 = bm25s.BM25.load(path, allow_pickle=False, mmap=mmap, show_progress=False)

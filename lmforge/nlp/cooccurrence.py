@@ -39,10 +39,8 @@ def cooccurrence_counts(
     corpus: Corpus, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
 ) -> Counter[tuple[str, str]]:
     """Counts of forward adjacent pairs (x, y) within sentences."""
-    counts: Counter[tuple[str, str]] = Counter()
-    for toks in tokenize_sentences(corpus, lowercase=lowercase, stopwords=stopwords):
-        counts.update(zip(toks, toks[1:]))
-    return counts
+    sentences = tokenize_sentences(corpus, lowercase=lowercase, stopwords=stopwords)
+    return Counter(pair for toks in sentences for pair in zip(toks, toks[1:]))
 
 
 def cooccurrence_matrix(

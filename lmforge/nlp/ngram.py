@@ -50,9 +50,8 @@ class BigramLM:
                 if t in (BOS, EOS, UNK):
                     raise LMForgeError(f"the token {t!r} is reserved for the model's markers")
             padded = [BOS, *toks, EOS]
-            for v, w in zip(padded, padded[1:]):
-                self.bigram_counts[(v, w)] += 1
-                self.history_counts[v] += 1
+            self.bigram_counts.update(zip(padded, padded[1:]))
+            self.history_counts.update(padded[:-1])
             self.vocab.update(toks)
             n += 1
         if n == 0:

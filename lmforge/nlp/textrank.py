@@ -13,6 +13,7 @@ co-occur within a window (keywords), or sentences linked by word overlap (extrac
 import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import combinations
 
 import numpy as np
 
@@ -103,10 +104,9 @@ def textrank_keywords(
             if t not in stop and len(t) >= min_length and any(c.isalpha() for c in t)
         ]
         words.update(cands)
-        for i, a in enumerate(cands):
-            for b in cands[i + 1 : i + window]:
-                if a != b:
-                    edges[(a, b)] += 1
+        edges.update(
+            (a, b) for i, a in enumerate(cands) for b in cands[i + 1 : i + window] if a != b
+        )
     if not words:
         return []
     scores = pagerank(_undirected(edges, sorted(words)), damping=damping)
@@ -144,12 +144,9 @@ def textrank_sentences(
     if not sentences:
         return []
     tokens = [tokenize(s, stopwords=resolve_stopwords(stopwords)) for s in sentences]
-    edges: Counter = Counter()
-    for i in range(len(sentences)):
-        for j in range(i + 1, len(sentences)):
-            sim = sentence_similarity(tokens[i], tokens[j])
-            if sim > 0:
-                edges[(i, j)] = sim
+    pairs = combinations(range(len(sentences)), 2)
+    sims = {(i, j): sentence_similarity(tokens[i], tokens[j]) for i, j in pairs}
+    edges = Counter({pair: sim for pair, sim in sims.items() if sim > 0})
     scores = pagerank(_undirected(edges, range(len(sentences))), damping=damping)
     best = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:k]
     return [(i, sentences[i], scores[i]) for i in sorted(best)]

@@ -153,12 +153,11 @@ class TfidfVectorizer:
         indptr = [0]
         for c in counts:
             length, top = sum(c.values()), max(c.values(), default=0)
-            row = [
+            row = sorted(
                 (self.vocabulary[t], term_frequency(f, length, top, self.tf, base=self.base))
                 for t, f in c.items()
                 if t in self.vocabulary
-            ]
-            row.sort()
+            )
             vals = np.array([w * self.idf_weights[j] for j, w in row], dtype=np.float64)
             if self.norm == "l2" and vals.size and np.linalg.norm(vals) > 0:
                 vals /= np.linalg.norm(vals)
