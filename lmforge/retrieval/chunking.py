@@ -138,13 +138,9 @@ def windows(text: str, size: int, overlap: int, unit: str = "word") -> list[tupl
     if size < 1 or not 0 <= overlap < size:
         raise ConfigError(f"need size >= 1 and 0 <= overlap < size, got {size=} {overlap=}")
     spans = SPLITTERS[unit](text)
-    out = []
-    step = size - overlap
-    for start in range(0, max(1, len(spans) - overlap), step):
-        piece = spans[start : start + size]
-        if piece:
-            out.append((start, text[piece[0][0] : piece[-1][1]]))
-    return out
+    starts = range(0, max(1, len(spans) - overlap), size - overlap)
+    pieces = ((start, spans[start : start + size]) for start in starts)
+    return [(start, text[piece[0][0] : piece[-1][1]]) for start, piece in pieces if piece]
 
 
 def chunk_documents(

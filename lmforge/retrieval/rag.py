@@ -40,12 +40,8 @@ _CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")  # [1] or [1, 3]
 
 def citations(text: str) -> list[int]:
     """Passage numbers cited in `text`, in first-cited order: "[2] ... [1, 3]" -> [2, 1, 3]."""
-    out: list[int] = []
-    for m in _CITATION.finditer(text):
-        for n in m.group(1).split(","):
-            if int(n) not in out:
-                out.append(int(n))
-    return out
+    numbers = (int(n) for m in _CITATION.finditer(text) for n in m.group(1).split(","))
+    return list(dict.fromkeys(numbers))
 
 
 def strip_citations(text: str) -> str:
@@ -165,10 +161,9 @@ class LMAnswerer:
         engine = Engine.from_lm(self.lm, max_batch=min(self.max_batch, len(ids)), max_len=max_len)
         stop_ids = tok.chat_stop_ids(engine.eos_ids)
         params = GenerationParams(self.max_new_tokens, stop_token_ids=stop_ids, **self.sampling)
-        outs = engine.generate(ids, params)
         return [
             Answer(out.text.strip(), placed, prompt, notes)
-            for out, (prompt, placed, notes) in zip(outs, built)
+            for out, (prompt, placed, notes) in zip(engine.generate(ids, params), built)
         ]
 
 
@@ -205,13 +200,9 @@ class ExtractiveAnswerer:
         scores = self._scores(question, [s for _, s in pool])
         by_match = sorted(range(len(pool)), key=lambda j: (-scores[j], j))
         fused = reciprocal_rank_fusion([by_match, list(range(len(pool)))], k=self.rrf_k)
-        cited: list[int] = []  # hit indices in first-cited order -> source numbers
-        lines = []
-        for j, _ in fused[: self.n_sentences]:
-            i, sentence = pool[j]
-            if i not in cited:
-                cited.append(i)
-            lines.append(f"{sentence} [{cited.index(i) + 1}]")
+        picked = [pool[j] for j, _ in fused[: self.n_sentences]]
+        cited = list(dict.fromkeys(i for i, _ in picked))  # in first-cited order -> source numbers
+        lines = [f"{sentence} [{cited.index(i) + 1}]" for i, sentence in picked]
         return Answer("\n".join(lines), [hits[i] for i in cited], kind="extractive")
 
     def answer_many(self, questions: list[str], hits: list[list[Hit]]) -> list[Answer]:
