@@ -32,8 +32,7 @@ from lmforge.model.transformer import Transformer
 
 def hf_config_to_ours(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
     """The ModelConfig for an HF config dict; the original is kept in extra["hf_config"]."""
-    family = FAMILIES.get(hf.get("model_type"))
-    if family is None:
+    if (family := FAMILIES.get(hf.get("model_type"))) is None:
         raise CheckpointError(
             f"{source}: model_type {hf.get('model_type')!r} is not supported; supported: "
             f"{', '.join(sorted(FAMILIES))} (and lmforge's own 'lmforge')"
@@ -98,8 +97,7 @@ def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], w
         raise LMForgeError(f"{family.model_type} converter does not cover {uncovered}")
     canonical = family.normalize_keys(list(files))
     wanted = {hf for rule in key_map.values() for hf in rule.hf_keys}
-    missing = sorted(wanted - set(canonical))
-    if missing:
+    if missing := sorted(wanted - set(canonical)):
         raise CheckpointError(f"{where}: missing tensor(s) {', '.join(missing[:5])}")
     unexpected = sorted(
         k for k in set(canonical) - wanted
@@ -113,8 +111,7 @@ def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], w
         )
     raw = read_tensors(files, [canonical[k] for k in wanted])
     for key, shape in hf_shapes(family, config, expected).items():
-        found = tuple(raw[canonical[key]].shape)
-        if found != shape:
+        if (found := tuple(raw[canonical[key]].shape)) != shape:
             raise CheckpointError(
                 f"{where}: tensor {key} has shape {found}, config.json implies {shape}"
             )
@@ -149,8 +146,7 @@ def choose_family(config: ModelConfig) -> Family:
     order += [t for t in FAMILIES if t not in order]  # FAMILIES lists the preferred first
     reasons = {}
     for model_type in order:
-        problems = FAMILIES[model_type].export_problems(config)
-        if not problems:
+        if not (problems := FAMILIES[model_type].export_problems(config)):
             return FAMILIES[model_type]
         reasons[model_type] = "; ".join(problems)
     detail = " | ".join(f"{t}: {r}" for t, r in reasons.items())
@@ -161,8 +157,7 @@ def _unpermute_interleaved(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Reorder each head's rows from interleaved RoPE pairs (0,1),(2,3).. to rotate-half
     pairs (0, d/2),(1, d/2+1).., so HF's rotate_half computes what our interleaved RoPE did."""
     order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
-    heads = rows.unflatten(0, (-1, head_dim))
-    return heads[:, order].flatten(0, 1)
+    return rows.unflatten(0, (-1, head_dim))[:, order].flatten(0, 1)
 
 
 def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
@@ -172,8 +167,7 @@ def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     key_map = family.key_map(config)
     tied = {"lm_head.weight"} if config.tie_embeddings else set()
-    leftover = sorted(set(state) - set(key_map) - tied)
-    if leftover:
+    if leftover := sorted(set(state) - set(key_map) - tied):
         raise ConfigError(
             f"cannot write this model as {family.model_type}: tensor(s) {', '.join(leftover[:3])} "
             "have no Hugging Face name (merge LoRA/adapter layers before saving)"
@@ -185,8 +179,7 @@ def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
             continue
         parts = _to_hf(rule, state[ours].detach())
         if config.rope_interleaved and rule.transform == "cat":
-            parts[0] = _unpermute_interleaved(parts[0], config.head_dim)  # q
-            parts[1] = _unpermute_interleaved(parts[1], config.head_dim)  # k
+            parts[:2] = [_unpermute_interleaved(p, config.head_dim) for p in parts[:2]]  # q, k
         for key, tensor in zip(rule.hf_keys, parts):
             out[key] = tensor.contiguous().cpu()
     for key, by_index in pieces.items():
@@ -240,8 +233,7 @@ def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> 
     directory.mkdir(parents=True, exist_ok=True)
     write_weights(directory, state, max_shard_bytes)
     write_json(directory / "config.json", hf)
-    generation = dict(getattr(lm, "generation_config", None) or {})
-    generation.update(special)
+    generation = {**(getattr(lm, "generation_config", None) or {}), **special}
     write_json(directory / "generation_config.json", generation)
     if tok is not None:
         tok.save(directory)
@@ -255,9 +247,7 @@ def origin_family(config: ModelConfig) -> Family | None:
     """The transformers family a model came from (recorded by the HF and GGUF importers in
     `config.extra["hf_model_type"]`) when the config still fits it; None for lmforge-born models."""
     family = FAMILIES.get(config.extra.get("hf_model_type"))
-    if family is None or family.export_problems(config):
-        return None
-    return family
+    return None if family is None or family.export_problems(config) else family
 
 
 def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
@@ -311,8 +301,7 @@ def lora_to_hf(
     module has no HF nn.Linear. A fused qkv_proj becomes q_proj/k_proj/v_proj: its B matrix is
     split by output rows and the shared A copied to each, which gives each projection exactly
     the update the fused layer applied to its rows."""
-    family = _lora_family(config)
-    if family is None:
+    if (family := _lora_family(config)) is None:
         return None
     modules = sorted({k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)})
     out: dict[str, torch.Tensor] = {}
@@ -357,8 +346,7 @@ def lora_from_hf(
     or None when the names are not HF ones (an adapter in lmforge's own names). q/k/v LoRAs are
     fused back into qkv_proj, which has ONE A matrix: they must share it (as `lora_to_hf`
     writes them); a projection left out gets zero B rows. CheckpointError otherwise."""
-    family = _lora_family(config)
-    if family is None:
+    if (family := _lora_family(config)) is None:
         return None
     modules = {k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)}
     known = _hf_linear_modules(family, config)
