@@ -60,8 +60,7 @@ def generation_config(meta: dict[str, Any]) -> dict[str, Any]:
     end-of-turn / end-of-message tokens (Llama 3's <|eot_id|>, <|eom_id|>)."""
     out: dict[str, Any] = {}
     values = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    stops = list(dict.fromkeys(int(v) for v in values if v is not None))  # distinct, in order
-    if stops:
+    if stops := list(dict.fromkeys(int(v) for v in values if v is not None)):  # distinct, in order
         out["eos_token_id"] = stops[0] if len(stops) == 1 else stops
     for role, key in (("bos", "bos_token_id"), ("pad", "padding_token_id")):
         if meta.get(f"tokenizer.ggml.{key}") is not None:

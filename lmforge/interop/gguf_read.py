@@ -338,18 +338,15 @@ def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     name_map = _name_map(f, family, config)
     with torch.device("meta"):
         expected = hf_shapes(family, config, Transformer(config).state_dict(), conv1d=False)
-    bad_types = sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES))
-    if bad_types:
+    if bad_types := sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES)):
         raise CheckpointError(
             f"{f.path}: tensor type(s) {', '.join(bad_types)} are not supported; supported: "
             f"{', '.join(SUPPORTED_TYPES)}"
         )
-    missing = sorted(g for g in name_map if g not in f.tensors)
-    if missing:
+    if missing := sorted(g for g in name_map if g not in f.tensors):
         raise CheckpointError(f"{f.path}: missing tensor(s) {', '.join(missing[:5])}")
     extra = {"rope_freqs.weight"} | ({"output.weight"} if config.tie_embeddings else set())
-    unexpected = sorted(n for n in f.tensors if n not in name_map and n not in extra)
-    if unexpected:
+    if unexpected := sorted(n for n in f.tensors if n not in name_map and n not in extra):
         raise CheckpointError(
             f"{f.path}: unexpected tensor(s) {', '.join(unexpected[:5])} for {f.architecture} "
             "with this metadata"
@@ -362,11 +359,10 @@ def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             )
     arch = f.architecture
     hf_tensors = {hf: permute_named(g, f.read(g), config, arch, True) for g, hf in name_map.items()}
-    state = {
+    return config, {
         ours: _join(rule, [hf_tensors[k] for k in rule.hf_keys])
         for ours, rule in family.key_map(config).items()
     }
-    return config, state
 
 
 def load_gguf_model(

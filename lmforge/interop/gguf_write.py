@@ -56,17 +56,14 @@ def _rope_metadata(writer, config: ModelConfig) -> np.ndarray | None:
         d = config.head_dim
         base = base * scaling["factor"] ** (d / (d - 2))
     writer.add_rope_freq_base(float(base))
-    if kind == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    if kind in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType[kind.upper()])
         writer.add_rope_scaling_factor(float(scaling["factor"]))
-    elif kind == "yarn":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    if kind == "yarn":
         writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
-        if scaling.get("beta_fast") is not None:
-            writer.add_rope_scaling_yarn_beta_fast(float(scaling["beta_fast"]))
-        if scaling.get("beta_slow") is not None:
-            writer.add_rope_scaling_yarn_beta_slow(float(scaling["beta_slow"]))
+        for beta in ("beta_fast", "beta_slow"):
+            if scaling.get(beta) is not None:
+                getattr(writer, f"add_rope_scaling_yarn_{beta}")(float(scaling[beta]))
     elif kind == "llama3":  # llama.cpp divides each frequency by a stored factor
         d = config.head_dim
         plain = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
@@ -100,8 +97,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
         raise ConfigError(f"GGUF dtype {dtype!r} is not supported; supported: {EXPORT_DTYPES}")
     model, tok = lm.model, lm.tokenizer
     config = model.config
-    problems = export_problems(config)
-    if problems:
+    if problems := export_problems(config):
         raise ConfigError(
             f"this model cannot be written as a llama.cpp 'llama' GGUF: {'; '.join(problems)}"
         )
@@ -130,9 +126,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
             writer.add_value_length(config.head_dim)
         writer.add_layer_norm_rms_eps(float(config.norm_eps))
         writer.add_vocab_size(config.vocab_size)
-        file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]  # fmt: skip
-        writer.add_file_type(file_type)
+        writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{dtype.upper()}"))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         rope_freqs = _rope_metadata(writer, config)
         writer.add_tokenizer_model(vocab_meta["model"])
