@@ -96,8 +96,7 @@ def kl_to_reference(
     engine = RolloutEngine(lm.model, lm.tokenizer, max_new_tokens, 1.0, reference=reference.model)
     prompts = [D.prompt_ids(r, lm.tokenizer) for r in records]
     rollout = engine.sample(prompts, records, seed=seed, keep_logprobs=True)
-    mask = rollout.completion_mask
-    per_sample = ((rollout.old_logprobs - rollout.ref_logprobs) * mask).sum(-1)
+    per_sample = ((rollout.old_logprobs - rollout.ref_logprobs) * rollout.completion_mask).sum(-1)
     return per_sample.mean().item()
 
 
@@ -138,8 +137,7 @@ def evaluate_models(
         if core_data is not None:
             row["core"] = core_score(lm, core_data, settings["core_tasks"],
                                      settings["core_per_task"])  # fmt: skip
-        if settings.get("chat_prompts"):
-            prompts = settings["chat_prompts"]
+        if prompts := settings.get("chat_prompts"):
             replies = chat_samples(lm, prompts, settings.get("sample_tokens", 48))
             samples[stage] = [{"prompt": p, "reply": r} for p, r in zip(prompts, replies)]
         if not all(math.isfinite(v) for v in row.values()):

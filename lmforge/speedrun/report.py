@@ -37,10 +37,7 @@ def _read(out: Path, name: str, what: str) -> Any:
 
 def final_model(out: Path, results: dict[str, Any]) -> Path | None:
     """The last policy the run produced (what to chat with)."""
-    for stage in reversed(POLICIES):
-        if stage in results:
-            return out / stage
-    return None
+    return next((out / stage for stage in reversed(POLICIES) if stage in results), None)
 
 
 # eval.json's metrics in table order: (key, README header, README decimals)
@@ -151,8 +148,7 @@ def readme_tables(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> s
     total = sum(float(d["seconds"]) for d in results.values())
     lines = [f"A {plan['preset']} run (`lmforge speedrun --preset {plan['preset']}`) on "
              f"{machine_line(plan)}: {total / 60:.1f} minutes of stages.", ""]  # fmt: skip
-    evals = eval_table(out, readme=True)
-    if evals is not None:
+    if (evals := eval_table(out, readme=True)) is not None:
         lines += [_md_table(evals, right=len(evals[0]) - 1), ""]
     stages = [[stage, _stage_result(stage, done["numbers"]), f"{float(done['seconds']):.0f}"]
               for stage, done in results.items()]  # fmt: skip
@@ -243,12 +239,10 @@ def write_report(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> Pa
              f"stages took {total / 60:.1f} min in all on {machine_line(plan)}.")  # fmt: skip
     if evals is not None:
         sections.append(("Every model on one yardstick", evals))
-    samples = samples_table(out)
-    if samples is not None:
+    if (samples := samples_table(out)) is not None:
         sections.append(("Chat samples: every model's greedy reply to the same prompts", samples))
     sections += stage_tables(results)
-    rag = rag_table(out)
-    if rag is not None:
+    if (rag := rag_table(out)) is not None:
         sections.append(("RAG answers over the built-in docs", rag))
     model = final_model(out, results)
     usage = (

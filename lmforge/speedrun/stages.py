@@ -144,8 +144,7 @@ class TrainerStage(Stage):
         if ctx.plan["nproc"] > 1:
             self._torchrun(ctx, command, cfg, resume)
         else:
-            config = build_config(config_class, None, cfg)
-            trainer_class(config, resume=resume, log=ctx.log).run()
+            trainer_class(build_config(config_class, None, cfg), resume=resume, log=ctx.log).run()
         metrics = read_json(out_dir / "final_metrics.json", "stage metrics")
         return {k: v for k, v in metrics.items() if isinstance(v, int | float)}  # scalars only
 
