@@ -153,8 +153,7 @@ class ShapesDataset:
                 f"got {colours}, {shapes}"
             )
         self.colours, self.shapes = tuple(COLOURS)[:colours], SHAPES[:shapes]
-        if held_out is None:
-            held_out = latin_square_pairs(self.colours, self.shapes)
+        held_out = latin_square_pairs(self.colours, self.shapes) if held_out is None else held_out
         pairs = [(c, s) for c in self.colours for s in self.shapes]
         unknown = [p for p in held_out if tuple(p) not in pairs]
         if unknown:
@@ -180,9 +179,7 @@ class ShapesDataset:
         scene of sample `index`: the ground truth behind the caption, for tests and analysis."""
         rng = self._rng(split, index)
         scene = self._draw_scene(rng, split)
-        placed = self._place(scene, rng)
-        image, labels = self._render(scene, placed, rng)
-        return image, labels, scene
+        return *self._render(scene, self._place(scene, rng), rng), scene
 
     def batch(self, split: str, indices) -> tuple[torch.Tensor, list[str]]:
         """Pixel tensor [B, 3, H, W] (see `to_pixels`) and the captions."""
@@ -191,10 +188,8 @@ class ShapesDataset:
 
     def vocabulary_texts(self) -> list[str]:
         """Every caption word, for building the word tokenizer (held-out words included)."""
-        words = [*self.colours, *self.shapes, *map(plural, self.shapes)]
-        words += list(COUNT_WORDS.values())
-        words += [w for r in RELATIONS.values() for w in r.split()]
-        return [" ".join(words)]
+        words = [*self.colours, *self.shapes, *map(plural, self.shapes), *COUNT_WORDS.values()]
+        return [" ".join([*words, *RELATIONS.values()])]  # "left of" joins as its two words
 
     def _rng(self, split: str, index: int) -> np.random.Generator:
         if split not in SPLITS:
@@ -253,8 +248,7 @@ class ShapesDataset:
         placed = []
         for g, along, across, size in boxes:
             jitter = rng.integers(-25, 26, size=3)
-            name = groups[g].colour
-            rgb = tuple(int(v) for v in np.clip(np.add(COLOURS[name], jitter), 0, 255))
+            rgb = tuple(int(v) for v in np.clip(np.add(COLOURS[groups[g].colour], jitter), 0, 255))
             x, y = (across, along) if flip else (along, across)
             placed.append(Placed(g, x, y, size, rgb))
         return placed

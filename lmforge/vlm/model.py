@@ -242,7 +242,6 @@ class VisionLanguageModel(nn.Module):
         params = GenerationParams(max_new_tokens, temperature, top_k, top_p, seed,
                                   suppress_token_ids=[self.image_id])  # fmt: skip
         with eval_mode(self):
-            self.eval()
             embeds = self.prompt_embeddings(prompts, self.image_features(pixels))
             max_len = min(self.config.max_seq_len, width + max_new_tokens)
             engine = Engine(self.language_model, max_batch=len(prompts), max_len=max_len,
