@@ -190,8 +190,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> ModelConfig:
         """Build from a dict, rejecting unknown keys with the list of valid ones."""
         valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - valid)
-        if unknown:
+        if unknown := sorted(set(data) - valid):
             raise ConfigError(
                 f"{source}: unknown model config key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(sorted(valid))}"

@@ -44,8 +44,7 @@ def load_config(directory: str | Path) -> ModelConfig:
     read by lmforge.interop.checkpoint, which sits above this package and calls it for ours."""
     path = Path(directory) / "config.json"
     data = read_config_json(path)
-    model_type = data.pop("model_type", MODEL_TYPE)
-    if model_type != MODEL_TYPE:
+    if (model_type := data.pop("model_type", MODEL_TYPE)) != MODEL_TYPE:
         raise CheckpointError(
             f"{path}: model_type {model_type!r} is not an lmforge checkpoint; load it with "
             "lmforge.interop.checkpoint.load_model (as LM.load and --checkpoint do)"
@@ -125,8 +124,7 @@ def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Te
     for path, keys in by_file.items():
         try:
             with safe_open(str(path), "pt") as f:
-                for key in keys:
-                    out[key] = f.get_tensor(key)
+                out.update({key: f.get_tensor(key) for key in keys})
         except (SafetensorError, OSError) as err:
             raise CheckpointError(f"{path}: corrupt safetensors file ({err})") from err
     return out

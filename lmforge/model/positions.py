@@ -175,8 +175,7 @@ def check_rope_scaling(scaling: dict | None) -> None:
         raise ConfigError(
             f"unknown rope_scaling type {kind!r}; supported: {', '.join(ROPE_SCALINGS)}"
         )
-    missing = [k for k in ROPE_SCALINGS[kind][1] if (scaling or {}).get(k) is None]
-    if missing:
+    if missing := [k for k in ROPE_SCALINGS[kind][1] if (scaling or {}).get(k) is None]:
         raise ConfigError(f"rope_scaling type {kind!r} needs {', '.join(missing)}")
 
 

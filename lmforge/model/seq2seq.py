@@ -257,8 +257,7 @@ class NumberTask:
         return src, tgt
 
     def decode(self, ids: list[int]) -> str:
-        sep = "" if not self.reverse else " "
-        return sep.join(self.vocab[i] for i in ids)
+        return (" " if self.reverse else "").join(self.vocab[i] for i in ids)
 
     def translation_accuracy(self, model: Seq2Seq, numbers: list[int], beam: int = 1) -> float:
         """Fraction of `numbers` translated exactly (greedy, or beam search if beam > 1)."""
