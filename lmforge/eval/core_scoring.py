@@ -114,9 +114,7 @@ def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tup
     device = model.embed.weight.device
     prefixes = [s.prefix_len() if use_cache else 0 for s in sets]
     width = max(prefixes)
-    cache = None
-    if width > 0:
-        cache = _prefill(model, sets, prefixes, width, device)
+    cache = _prefill(model, sets, prefixes, width, device) if width > 0 else None
     # Phase 2: one row per option with the tokens after its example's prefix, right-padded
     # (padding comes after every real token, so causal attention never lets a real token see it).
     row_of, tails = [], []
