@@ -78,9 +78,8 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
 
 
 def _read_folder(folder: Path) -> Iterator[str]:
-    files = sorted(p for p in folder.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
     skipped = 0
-    for path in files:
+    for path in sorted(p for p in folder.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()):
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:

@@ -172,9 +172,8 @@ def build_token_shards(
         os.replace(tmp, out / "train.bin")
         os.replace(val_tmp, out / "val.bin")
     except BaseException:
-        for path in (tmp, val_tmp):
-            if path is not None:
-                Path(path).unlink(missing_ok=True)
+        for path in filter(None, (tmp, val_tmp)):
+            Path(path).unlink(missing_ok=True)
         raise
     finally:
         Path(ends_tmp).unlink(missing_ok=True)
