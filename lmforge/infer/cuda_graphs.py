@@ -42,10 +42,8 @@ class StaticCacheView:
 
 def buckets(max_batch: int) -> list[int]:
     """Batch sizes that get a graph: powers of two up to max_batch, and max_batch itself."""
-    sizes = [1]
-    while sizes[-1] * 2 < max_batch:
-        sizes.append(sizes[-1] * 2)
-    return sorted({*sizes, max_batch})
+    below = [1 << i for i in range((max_batch - 1).bit_length())]  # 1, 2, 4, ... < max_batch
+    return sorted({1, *below, max_batch})
 
 
 class StaticDecodeStep:

@@ -40,14 +40,13 @@ def plain_linear(m: nn.Module):
 
 def plain_norm(m: nn.Module):
     """The model's norm as one fused op; same formula (fp32 inside, cast back)."""
+    if type(m) not in (RMSNorm, LayerNorm):
+        return m
+    w, shape, eps = m.weight.float(), m.weight.shape, m.eps
     if type(m) is RMSNorm:
-        w, shape, eps = m.weight.float(), m.weight.shape, m.eps
         return lambda x: F.rms_norm(x.float(), shape, w, eps).to(x.dtype)
-    if type(m) is LayerNorm:
-        w, shape, eps = m.weight.float(), m.weight.shape, m.eps
-        b = None if m.bias is None else m.bias.float()
-        return lambda x: F.layer_norm(x.float(), shape, w, b, eps).to(x.dtype)
-    return m
+    b = None if m.bias is None else m.bias.float()
+    return lambda x: F.layer_norm(x.float(), shape, w, b, eps).to(x.dtype)
 
 
 def decode_attention(q, k, v, mask=None) -> torch.Tensor:

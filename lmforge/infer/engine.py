@@ -123,8 +123,7 @@ class Engine:
         draft_tokens: int = 4,
     ):
         config = model.config
-        self.tokenizer, self.config = tokenizer, config
-        self.quantize = quantize
+        self.tokenizer, self.config, self.quantize = tokenizer, config, quantize
         self.model, self.forward = inference_forward(model.eval(), dtype, quantize)
         self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -274,9 +273,8 @@ class Engine:
                             None if uniforms is None else uniforms[i], decoder,
                             StopMatcher(params.stop), prompt_embeds)  # fmt: skip
             if self.speculative is not None and params.temperature > 0:
-                seed = params.seed + i if params.seed is not None else None
-                if seed is None:  # follow torch.manual_seed, like the rest of lmforge
-                    seed = int(torch.randint(2**62, ()))
+                # without a seed: follow torch.manual_seed, like the rest of lmforge
+                seed = params.seed + i if params.seed is not None else int(torch.randint(2**62, ()))
                 seq.generator = torch.Generator(device=self.device).manual_seed(seed)
             seqs.append(seq)
         with self._lock:
@@ -491,14 +489,13 @@ class Engine:
         """Record a sequence's new tokens up to the first that finishes it (stop token or
         string, max_new_tokens, the context)."""
         taken, text, reason = [], "", None
+        limit = min(seq.params.max_new_tokens, self.max_len - len(seq.prompt))  # new tokens
         for token in tokens:
             seq.output.append(token)
             taken.append(token)
             if token in seq.stop_ids:
                 reason = "stop"
-            elif len(seq.output) >= seq.params.max_new_tokens:
-                reason = "length"
-            elif len(seq.prompt) + len(seq.output) >= self.max_len or full:
+            elif len(seq.output) >= limit or full:
                 reason = "length"
             if seq.decoder is not None:
                 delta = seq.decoder.push(token)

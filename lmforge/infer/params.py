@@ -41,9 +41,7 @@ class GenerationParams:
     suppress_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop)
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         checks = [
             (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
             (0 <= self.temperature < float("inf"), "temperature", "a finite number >= 0"),
@@ -65,11 +63,8 @@ class GenerationParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
+        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        return penalties != (1.0, 0.0, 0.0)
 
 
 def _is_int(x) -> bool:
