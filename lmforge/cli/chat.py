@@ -43,8 +43,7 @@ def run(args, stdin=None, stdout=None) -> int:
     if tok is None:
         raise ConfigError(f"{args.checkpoint}: chat needs a tokenizer (tokenizer.json)")
     engine = Engine.from_lm(lm, max_batch=1, dtype=args.dtype, quantize=args.quantize)
-    end = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
-    stop_ids = sorted(engine.eos_ids | ({end} if end is not None else set()))
+    stop_ids = tok.chat_stop_ids(engine.eos_ids)
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)
     print(HELP, file=stdout)

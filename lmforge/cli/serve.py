@@ -124,8 +124,7 @@ def api_key(args) -> str | None:
         if not args.api_key.strip():
             raise ConfigError("--api-key is empty")
         return args.api_key
-    key = os.environ.get(KEY_ENV, "").strip()
-    return key or None
+    return os.environ.get(KEY_ENV, "").strip() or None
 
 
 def run(args) -> int:
@@ -145,11 +144,7 @@ def run(args) -> int:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     lm = LM.load(args.checkpoint, device=args.device)
     engine = Engine.from_lm(
-        lm,
-        max_batch=args.max_batch,
-        compile=args.compile,
-        dtype=args.dtype,
-        quantize=args.quantize,
+        lm, max_batch=args.max_batch, compile=args.compile, dtype=args.dtype, quantize=args.quantize
     )
     name = args.model_name or Path(args.checkpoint).resolve().name
     loopback = args.host in LOOPBACK

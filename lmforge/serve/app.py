@@ -126,8 +126,7 @@ def create_app(
     tok = engine.tokenizer
     max_chars = engine.max_len * max_token_chars(tok)
     admission = Admission(engine.max_batch, max_queue)
-    end_id = tok.token_to_id(tok.special_tokens.get("end", "<|end|>"))
-    chat_stop_ids = sorted(engine.eos_ids | ({end_id} if end_id is not None else set()))
+    chat_stop_ids = tok.chat_stop_ids(engine.eos_ids)
 
     state = {"ready": warm_up is None, "stopping": False}
 

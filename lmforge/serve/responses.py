@@ -64,10 +64,7 @@ class CompletionFormat(_Format):
         return out
 
     def chunk(self, out, first: bool) -> dict:
-        choice = {"index": out.index, "text": out.text,
-                  "logprobs": self.logprobs(out.index, out.logprobs),
-                  "finish_reason": out.finish_reason}  # fmt: skip
-        return {**self.head(self.chunk_object), "choices": [choice]}
+        return {**self.head(self.chunk_object), "choices": [self.choice(out)]}
 
     def choice(self, c: StepOutput) -> dict:
         return {"index": c.index, "text": c.text, "logprobs": self.logprobs(c.index, c.logprobs),
