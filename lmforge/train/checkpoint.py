@@ -80,8 +80,7 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
         if not isinstance(state, dict):
             raise TypeError("expected a JSON object")
         # JSON turns int dict keys (optimizer state indices) into strings; restore them.
-        optim = state.get("optimizer")
-        if isinstance(optim, dict) and "state" in optim:
+        if isinstance(optim := state.get("optimizer"), dict) and "state" in optim:
             optim["state"] = {int(k): v for k, v in optim["state"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as err:  # incl. JSONDecodeError
         raise CheckpointError(f"{path}: malformed lmforge_state metadata ({err})") from err

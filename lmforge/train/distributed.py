@@ -310,8 +310,8 @@ class DDPParallel(Parallel):
                          device=self.device)  # fmt: skip
         dist.all_reduce(t)  # SUM: gloo has no AVG
         *sums, stops = t.tolist()
-        if stops:  # some rank was asked to stop: every rank stops after this step (take_stop)
-            _stop_agreed = True
+        # some rank was asked to stop: every rank stops after this step (take_stop)
+        _stop_agreed = _stop_agreed or bool(stops)
         return sums
 
     def broadcast_flag(self, flag: bool) -> bool:

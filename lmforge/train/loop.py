@@ -192,10 +192,9 @@ class Trainer:
             self.scaler = LossScaler()
         if self.resume:
             self.load_checkpoint(self.state_path)
-        main = self.dist.is_main
-        tensorboard = getattr(cfg, "tensorboard", False)
-        self.metrics = MetricsLog(self.out_dir if main else None, tensorboard, self.resume)
-        if main:
+        out = self.out_dir if self.dist.is_main else None
+        self.metrics = MetricsLog(out, getattr(cfg, "tensorboard", False), self.resume)
+        if self.dist.is_main:
             write_json(self.out_dir / self.config_file, dataclasses.asdict(cfg))
 
     def model_spec(self) -> Any:
@@ -446,8 +445,7 @@ class Trainer:
                 raise CheckpointError(f"{path}: written by an earlier lmforge; start a new out_dir")
             check_signature(path, state.get("model_config"), self.signature())
             params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-            differ = sorted(set(state["trainable"]) ^ set(params))
-            if differ:
+            if differ := sorted(set(state["trainable"]) ^ set(params)):
                 raise CheckpointError(f"{path}: saved for a different model (trainable "
                                       f"parameters differ: {', '.join(differ[:3])})")  # fmt: skip
             with torch.no_grad():
@@ -516,8 +514,7 @@ class Trainer:
                         self.save_checkpoint()
                     if stop:
                         break
-                    signum = take_stop(self.dist.world_size)
-                    if signum is not None:
+                    if (signum := take_stop(self.dist.world_size)) is not None:
                         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         except KeyboardInterrupt:
             if in_step:
@@ -539,9 +536,7 @@ class Trainer:
             result["tokens_per_s"] = self.tokens_seen / max(1e-9, self.elapsed)
         if self.dist.is_main:
             write_json(self.out_dir / "final_metrics.json", result)
-        plot = self.metrics.plot(
-            self.curves, self.out_dir / (self.plot_file or f"{self.name}.png"),
-            title=f"{self.name} {self.out_dir.name}",
-        )  # fmt: skip
+        path = self.out_dir / (self.plot_file or f"{self.name}.png")
+        plot = self.metrics.plot(self.curves, path, title=f"{self.name} {self.out_dir.name}")
         result["plot"] = str(plot)
         return result

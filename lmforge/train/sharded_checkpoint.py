@@ -358,8 +358,7 @@ def load_sharded(step_dir: Path, model, optimizer) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     tensors: dict[str, torch.Tensor] = {}
     state_skeleton({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(step_dir))
-    saved = set(meta["tensors"]) | set(meta["tied"])
-    if missing := sorted(set(tensors) - saved):
+    if missing := sorted(set(tensors) - set(meta["tensors"]) - set(meta["tied"])):
         raise CheckpointError(
             f"{step_dir}: no saved state for {missing[0]!r} ({len(missing)} missing); it was "
             "written for another model or optimizer"
@@ -370,9 +369,8 @@ def load_sharded(step_dir: Path, model, optimizer) -> None:
     state = fill_skeleton(meta["state"], tensors, str(step_dir))
     if not (isinstance(state.get("model"), dict) and isinstance(state.get("optimizer"), dict)):
         raise CheckpointError(f"{step_dir / 'meta.json'}: 'state' needs model and optimizer")
-    state["model"] = model_sd  # filled in place; its keys are this model's
-    try:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
+    try:  # the model's own state dict, filled in place (its keys are this model's)
+        set_state_dict(model, optimizer, model_state_dict=model_sd,
                        optim_state_dict=state["optimizer"])  # fmt: skip
     except (KeyError, ValueError, RuntimeError, TypeError) as err:
         raise CheckpointError(
