@@ -141,7 +141,7 @@ class ContinualTrainer(SFTTrainer):
         )  # fmt: skip
         is_task = str(cfg.old_data).startswith("task:")
         self.old_train = load("train", cfg.n_train, cfg.seed + 2).examples
-        self.old_eval = load("test", cfg.n_eval, cfg.seed + 3).examples if is_task else (
+        self.old_eval = load("validation", cfg.n_eval, cfg.seed + 3).examples if is_task else (
             self.old_train[-max(1, len(self.old_train) // 20) :])  # fmt: skip
         with torch.no_grad():
             self.before = {"old_loss": self.eval_loss(self.old_eval),

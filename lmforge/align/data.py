@@ -10,7 +10,8 @@ Message lists are rendered by `lmforge.interop.chat_template.render_chat` (the t
 template as transformers renders it, else a built-in one of the role tokens:
 `<|user|>hi<|end|><|assistant|>yo<|end|>`).
 
-A source is a JSONL file, a list of dicts, a built-in `task:NAME[:LEVEL][:chat]`, or
+A source is a JSONL file, a list of dicts, a built-in `task:NAME[:LEVEL][:SPLIT][:chat]` (its
+split by a prompt hash too, see lmforge/tasks/synthetic.py), or
 `file:PATH[:train|validation|test][:chat]`: the first n records of one split of a JSONL file,
 drawn by a hash of each record's prompt (test 10%, validation 10%, train the rest; so a prompt
 and its duplicates never cross splits), `:chat` making a string prompt one user message.
@@ -251,8 +252,9 @@ def pack_sft(examples: Sequence[SFTExample], max_len: int) -> list[SFTExample]:
 
 def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int = 0,
                  split: str = "train") -> list[tuple[str, dict]]:  # fmt: skip
-    """(location, record) pairs from a JSONL file, a list of dicts, `task:NAME[:LEVEL][:chat]` or
-    `file:PATH[:SPLIT][:chat]` (see the module docstring).
+    """(location, record) pairs from a JSONL file, a list of dicts, `task:NAME[:LEVEL][:SPLIT]
+    [:chat]` or `file:PATH[:SPLIT][:chat]` (see the module docstring); a source naming its SPLIT
+    reads that one, else `split`.
 
     kind: "sft" | "preference" | "prompts" picks what a built-in task generates. A `:chat` task
     wraps each prompt as one user message, so it is rendered with the chat template (what
@@ -269,15 +271,15 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
             raise DataError(f"{source}: no records in this split")
         return rows[:n]
     if source.startswith("task:"):
-        name, *rest = source[len("task:") :].split(":")
-        chat = rest[-1:] == ["chat"]
-        level = rest[0] if rest and rest[0] != "chat" else ""
-        if len(rest) > 1 + chat or not (level == "" or level.isdigit()):
-            raise DataError(f"{source}: expected task:NAME[:LEVEL][:chat], LEVEL an integer")
+        if not (spec := re.fullmatch(r"task:(\w+)(?::(\d+))?(?::(train|validation|test))?"
+                                     r"(:chat)?", source)):  # fmt: skip
+            raise DataError(f"{source}: expected task:NAME[:LEVEL][:SPLIT][:chat], LEVEL an "
+                            "integer")  # fmt: skip
+        name, level, part, chat = spec.groups()
         kw = {"digits": int(level), "length": int(level)} if level else {}
         make = {"sft": synthetic.sft_records, "preference": synthetic.preference_pairs,
                 "prompts": synthetic.problems}[kind]  # fmt: skip
-        records = make(name, n, seed, split, **kw)
+        records = make(name, n, seed, part or split, **kw)
         if chat:
             records = [as_chat(r) for r in records]
         return [(f"{source}[{i}]", r) for i, r in enumerate(records)]

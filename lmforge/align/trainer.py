@@ -123,11 +123,12 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def eval_source(cfg: AlignConfig) -> tuple[str | None, str]:
-    """(source, split) of the evaluation data: eval_data, else the held-out split of a task."""
+    """(source, split) of the evaluation data: eval_data, else a task's validation split (what
+    steps and checkpoints are chosen on; its test split is left to report)."""
     if cfg.eval_data:
         return cfg.eval_data, "all"
     if str(cfg.data).startswith("task:"):
-        return cfg.data, "test"
+        return cfg.data, "validation"
     return None, "train"
 
 

@@ -5,8 +5,10 @@ Each task draws problems from a seeded RNG: arithmetic (`add`, `sub`, `mul`, `ar
 = a mix). A problem is a record {"task", "prompt", "answer"}; prompts are short ("12+34=",
 "reverse abc:") so a tiny character-level model can learn them in CPU minutes.
 
-The train / test split is by a hash of the prompt, so a held-out problem can never appear in
-training data whatever the seed. `lmforge.tasks.answers.verify(record, completion)` is the reward.
+The train / validation / test split is by a hash of the prompt (test and validation 20% each), so
+a held-out problem can never appear in training data whatever the seed: choose steps and
+checkpoints on validation (the trainers' periodic evaluation), read test only to report.
+`lmforge.tasks.answers.verify(record, completion)` is the reward.
 Preference pairs pair the right answer (chosen) with a plausible wrong one (rejected, e.g. off by
 one or ten, two letters swapped), and the verifier checks both labels.
 """
@@ -24,19 +26,18 @@ from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.tasks.answers import verify
 
 Record = dict[str, Any]
-TEST_FRACTION = 0.2  # share of the problem space (by prompt hash) reserved for evaluation
+TEST_FRACTION = 0.2  # share of the problem space (by prompt hash) for test, as much for validation
 # printable ASCII: the characters of the built-in tasks and of most small JSONL demos (the
 # default alphabet of a post-training run's char tokenizer)
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
 def in_split(prompt: str, split: str) -> bool:
-    """Whether a prompt belongs to `split` ("train", "test" or "all"), by a stable hash."""
-    require_choice("split", split, ("train", "test", "all"))
-    if split == "all":
-        return True
-    bucket = zlib.crc32(prompt.encode("utf-8")) % 1000
-    return (bucket < TEST_FRACTION * 1000) == (split == "test")
+    """Whether a prompt belongs to `split` ("train", "validation", "test" or "all"), by a stable
+    hash: test and validation are disjoint buckets of TEST_FRACTION each, train the rest."""
+    require_choice("split", split, ("train", "validation", "test", "all"))
+    part = zlib.crc32(prompt.encode("utf-8")) % 1000 // int(TEST_FRACTION * 1000)
+    return split in ("all", ("test", "validation")[part] if part < 2 else "train")
 
 
 # ---------------------------------------------------------------------------- tasks

@@ -48,11 +48,12 @@ RUNS = {
     "lora": (SFTConfig, SFTTrainer, dict(data="task:add", eval_generate=0, lr=3e-3, peft="lora")),
     "dpo": (DPOConfig, DPOTrainer, dict(data="task:add", lr=3e-3)),
     "reward": (RewardConfig, RewardTrainer, dict(data="task:add", lr=3e-3)),
-    "grpo": (GRPOConfig, GRPOTrainer, dict(data="task:add:1", batch_size=4, group_size=4,
-                                           max_new_tokens=4, max_iters=3, n_eval=8)),
-    "ppo": (PPOConfig, PPOTrainer, dict(data="task:add:1", batch_size=4, group_size=2,
-                                        max_new_tokens=4, max_iters=3, n_eval=8, lr=1e-3,
-                                        minibatch_size=2, ppo_epochs=2, value_detach=False)),
+    "grpo": (GRPOConfig, GRPOTrainer, dict(data="task:add:1", n_train=48, batch_size=4,
+                                           group_size=4, max_new_tokens=4, max_iters=3, n_eval=8)),
+    "ppo": (PPOConfig, PPOTrainer, dict(data="task:add:1", n_train=48, batch_size=4,
+                                        group_size=2, max_new_tokens=4, max_iters=3, n_eval=8,
+                                        lr=1e-3, minibatch_size=2, ppo_epochs=2,
+                                        value_detach=False)),
 }  # fmt: skip
 quiet = lambda *args, **kwargs: None  # noqa: E731
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from lmforge.align.sft import SFTConfig, SFTTrainer
-from lmforge.align.trainer import EpochSampler, load_lm
+from lmforge.align.trainer import EpochSampler, eval_source, load_lm
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.lm import LM
+from lmforge.tasks.synthetic import in_split
 from lmforge.train.config import build_config
 
 TINY = {"n_layer": 1, "d_model": 32, "n_head": 2}
@@ -67,3 +68,16 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, tiny_cfg):
 def test_resume_without_state_fails(tmp_path, tiny_cfg):
     with pytest.raises(CheckpointError, match="--resume"):
         SFTTrainer(tiny_cfg(tmp_path), resume=True)
+
+
+def test_task_runs_evaluate_on_validation(tmp_path, tiny_cfg):
+    """A built-in task's periodic evaluation reads its validation split (where steps are chosen),
+    never test; test stays selectable as eval_data `task:NAME:LEVEL:test`."""
+    cfg = tiny_cfg(tmp_path, data="task:add:2", eval_generate=8)
+    assert eval_source(cfg) == ("task:add:2", "validation")
+    trainer = SFTTrainer(cfg, log=lambda *a: None)
+    assert len(trainer.eval_records) == 8
+    assert all(in_split(r["prompt"], "validation") for r in trainer.eval_records)
+    cfg = tiny_cfg(tmp_path, data="task:add:2", eval_data="task:add:2:test", eval_generate=8)
+    records = SFTTrainer(cfg, log=lambda *a: None).eval_records
+    assert all(in_split(r["prompt"], "test") for r in records)

@@ -1,9 +1,13 @@
 """Built-in verifiable tasks, the answer normaliser and verifier, GSM8K and HH parsing."""
 
+from collections import Counter
+
 import pytest
 
 from lmforge.errors import ConfigError, DataError
 from lmforge.tasks import answers, gsm8k, hh, synthetic
+
+SPLITS = ("train", "validation", "test")
 
 
 @pytest.mark.parametrize("name", list(synthetic.TASKS))
@@ -46,9 +50,14 @@ def test_deterministic_and_split_disjoint():
     a = synthetic.problems("add", 300, seed=5)
     assert a == synthetic.problems("add", 300, seed=5)
     assert a != synthetic.problems("add", 300, seed=6)
-    test = synthetic.problems("add", 300, seed=5, split="test")
-    assert not {r["prompt"] for r in a} & {r["prompt"] for r in test}
     assert len({r["prompt"] for r in a}) == 300  # distinct
+    parts = {s: {r["prompt"] for r in synthetic.problems("add", 300, 5, s)} for s in SPLITS}
+    assert not parts["train"] & (parts["validation"] | parts["test"])
+    assert not parts["validation"] & parts["test"]
+    counts = Counter(s for p in synthetic.problems("add", 5000, 0, "all", digits=3)
+                     for s in SPLITS if synthetic.in_split(p["prompt"], s))  # fmt: skip
+    assert counts["train"] + counts["validation"] + counts["test"] == 5000  # one split each
+    assert all(0.17 < counts[s] / 5000 < 0.23 for s in ("validation", "test"))
 
 
 def test_too_many_problems_is_a_clear_error():
