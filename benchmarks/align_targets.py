@@ -63,6 +63,11 @@ def keep_best(trainer_cls):
     class KeepBest(trainer_cls):
         best = None
 
+        def __init__(self, cfg, resume: bool = False, **kw):
+            super().__init__(cfg, resume=resume, **kw)
+            if resume and (chosen := self.out_dir / "best" / "chosen.json").is_file():
+                self.best = json.loads(chosen.read_text())[metric]  # the best before resuming
+
         def should_stop(self, evaluated: dict[str, float]) -> bool:
             if (value := evaluated.get(metric)) is not None and (
                 self.best is None or sign * value > sign * self.best

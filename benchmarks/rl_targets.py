@@ -1,46 +1,27 @@
-"""Acceptance figures for the RL trainers on the built-in 2-digit addition task (CPU).
+"""Acceptance figures for the RL trainers on the built-in 2-digit addition task (CPU), under the
+honest protocol of issue 20.
 
 Stages (each cached in --out): SFT from scratch with lmforge's SFTTrainer (the 4-layer d_model 128
-model of configs/align/sft_add.yaml, stopped at 900 steps so RL has room); a reward model on
-verifier-labelled pairs of that model's own samples (backbone: the same SFT run to 1500
-steps); then GRPO (held-out greedy exact match before/after, on the trainer's 200-problem eval
-and on 1000 held-out problems), PPO against the reward model (mean reward and KL per step) and
-RSFT (mean reward of each round's samples). Times are CPU seconds of this process
-(threads=1) and wall seconds, which on a shared machine are several times larger.
+model of configs/align/sft_add.yaml, stopped at a step fixed in advance, 900, so RL has room); a
+reward model on verifier-labelled pairs of that model's own samples (backbone: the same SFT run
+to 1500 steps); then GRPO, PPO against the reward model and RSFT, each from the SFT model.
+
+Protocol. Every run evaluates periodically on the task's validation split, and the checkpoint
+reported is the one with the best validation exact match (align_targets.keep_best: OUT/NAME/best).
+Each method has a compute-matched baseline, the SFT model trained further with plain SFT on the
+same train prompts (gold answers) for as many optimizer steps and sequences per step as the
+method backpropagates through (`sft_baseline`; RSFT's kept samples are at most its prompts, so
+its baseline is an upper bound), chosen the same way. The test split (1000 problems) is read only
+afterwards: greedy exact match per problem, method - baseline, method - start and baseline -
+start with paired 95% bootstrap intervals (protocol.paired_bootstrap); protocol.check_held_out
+asserts no test prompt was trained or chosen on. Times are CPU seconds of this process
+(threads=1) and wall seconds. No figures are quoted here: the README takes them from the next full
+run (earlier figures were read off the test split while choosing, and are dropped).
 
     python benchmarks/rl_targets.py --stage all
     python benchmarks/rl_targets.py --stage grpo --grpo.lr 2.0e-4    # override any config field
     python benchmarks/rl_targets.py --stage grpo --resume --grpo.max_iters 1000   # run on
-
-Measured (2 shared cores, torch CPU). SFT: 32.5% on the 200-problem eval, 23.9% on the 1000.
-GRPO (binary exact-match reward, 64 prompts x G=8 at T=1.0, std-scaled group advantages, β=0,
-one on-policy update per batch, full fine-tuning, Adam lr 1e-4 constant after 10 warm-up steps),
-run as 250 steps then --resume to 550 (identical to one run at a constant lr): 324 CPU s
-(5.4 CPU minutes; 1053 s wall). Held-out exact match on 1000 problems 0.239 -> 0.400 (+16.1
-points; after 250 steps / 149 CPU s 0.297); on the trainer's 200-problem eval 0.325 -> 0.365
-(curve 0.32..0.41 over steps 275-550, ±3.3 points sampling noise); sampled train reward
-0.16 -> 0.34. Continued with --resume --grpo.max_iters 1000 (596 CPU s in all, 2009 s wall):
-1000 problems 0.239 -> 0.508 (+26.9 points); 200-problem eval 0.325 -> 0.475 (+15.0); sampled
-train reward 0.16 -> 0.47..0.52. A fresh run reproduces the eval curve exactly (checked to 400).
-Reward model (configs/align/reward_onpolicy.yaml, InstructGPT-style): the SFT model samples 8
-completions per prompt at T=1, the verifier labels them, up to 2 (right, wrong) pairs per prompt
-(3903 train pairs from 3000 prompts, 501 held out); backbone = the same SFT recipe run to 1500
-steps (stage sft_rm, 87% exact match): 98.4% held-out on-policy pair accuracy; on 128 test
-prompts x 8 fresh policy samples the within-prompt corr(score, correct) is 0.60 and the top-
-scored sample is right on 94.7% of mixed prompts (random 29.6%). The older near-miss RM
-(reward_add.yaml, 86.5% on its own pairs) has corr 0.37 there; an on-policy RM on the 900-step
-backbone 82.2% / 0.37 (the backbone knows no more than the policy).
-PPO against the on-policy RM (64 prompts x 4 samples, 2 epochs of 128-row minibatches, lr 1e-4,
-RM-initialised critic with 5 warm-up steps, scores whitened with running moments, β 0.05, 80
-steps, 97 CPU s): sampled train reward, mean of the first 10 -> last 10 steps, 0.497 -> 0.535
-(seed 1337) and 0.502 -> 0.539 (seed 1), +0.04 = ~0.35 within-prompt std; per-completion KL
-0.66 / 0.84 over the last 10 steps (bounded; β fixed). Greedy held-out reward 0.566 -> 0.585 /
-0.558 -> 0.553 and exact match 0.325 -> 0.32 / 0.305 -> 0.295: the gain is mostly sharpening
-(entropy 0.72 -> 0.47), greedy answers do not improve yet. Against reward_add.yaml's RM every
-setting tried stayed flat (0.42 -> 0.42), GRPO too; see configs/align/ppo.yaml.
-RSFT (512 prompts x 8 samples, keep the best correct one, 3 SFT epochs at lr 1e-4,
-8 rounds, 25 CPU s): mean reward of each round's samples 0.150, 0.168, 0.190, 0.195, 0.205,
-0.219, 0.207, 0.223; held-out exact match (1000) 0.239 -> 0.323.
+    python benchmarks/rl_targets.py --smoke --out /tmp/rl     # every stage, a few steps
 """
 
 from __future__ import annotations
@@ -50,12 +31,23 @@ import csv
 import time
 from pathlib import Path
 
+from align_targets import SEEN, claim, exact_matches, keep_best, note_seen
+from protocol import check_held_out
+
+from lmforge.align import data as D
+from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.train.config import parse_overrides
 
-# The configs/align/sft_add.yaml model, stopped early (900 of its 1500 steps, about 30% held-out
-# exact match) so RL has room to move it.
+# The configs/align/sft_add.yaml model, stopped early (900 of its 1500 steps) so RL has room.
 SFT_MODEL = {"n_layer": 4, "n_head": 4, "d_model": 128, "max_seq_len": 24}
 COMMON = {"data": "task:add:2", "threads": 1, "progress": False, "max_len": 32}
+SMOKE = {"sft": {"max_iters": 4, "eval_interval": 2, "n_train": 64, "eval_generate": 8},
+         "reward": {"n_train": 16, "n_eval": 8, "max_iters": 2, "eval_interval": 1,
+                    "pairs_from": "data"},  # a 4-step policy has no right samples to pair
+         "grpo": {"max_iters": 2, "eval_interval": 1, "batch_size": 4, "n_train": 16, "n_eval": 8},
+         "ppo": {"max_iters": 2, "eval_interval": 1, "batch_size": 4, "minibatch_size": 8,
+                 "n_train": 16, "n_eval": 8},
+         "rsft": {"max_iters": 2, "batch_size": 8, "n_train": 16, "n_eval": 8}}  # fmt: skip
 
 
 def series(out: Path, split: str, metric: str) -> list[tuple[int, float]]:
@@ -68,8 +60,6 @@ def series(out: Path, split: str, metric: str) -> list[tuple[int, float]]:
 
 
 def run_sft(root: Path, kw: dict, name: str = "sft") -> Path:
-    from lmforge.align.sft import SFTConfig, SFTTrainer
-
     out = root / name
     if not (out / "final_metrics.json").is_file():
         cfg = SFTConfig(**{**COMMON, "out_dir": str(out), "init": "scratch", "model": SFT_MODEL,
@@ -77,12 +67,13 @@ def run_sft(root: Path, kw: dict, name: str = "sft") -> Path:
                            "n_train": 3000, "batch_size": 32, "max_iters": 900, "lr": 2e-3,
                            "min_lr": 1e-4, "warmup_iters": 50, "eval_interval": 300,
                            "eval_generate": 200, **kw})  # fmt: skip
+        note_seen(cfg)
         SFTTrainer(cfg, log=lambda *a: None).run()
-    print(f"{name} exact match:", series(out, "eval", "exact_match"))
+    print(f"{name} validation exact match:", series(out, "eval", "exact_match"))
     return out
 
 
-def run_reward(root: Path, sft: Path, kw: dict) -> Path:
+def run_reward(root: Path, sft: Path, kw: dict, backbone_kw: dict) -> Path:
     """configs/align/reward_onpolicy.yaml: pairs of the PPO start's own samples (`sft`, 8 per
     prompt, verifier-labelled right vs wrong), scored by a backbone SFT'd to 1500 steps."""
     from lmforge.align.reward import RewardConfig, RewardTrainer
@@ -90,28 +81,47 @@ def run_reward(root: Path, sft: Path, kw: dict) -> Path:
 
     out = root / "reward"
     if not (out / "final_metrics.json").is_file():
-        backbone = run_sft(root, {"max_iters": 1500}, name="sft_rm")
+        backbone = run_sft(root, {"max_iters": 1500, **backbone_kw}, name="sft_rm")
         config = Path(__file__).resolve().parents[1] / "configs" / "align" / "reward_onpolicy.yaml"
         over = {"progress": False, "out_dir": str(out), "init": str(backbone),
                 "pair_policy": str(sft), **kw}  # fmt: skip
         RewardTrainer(build_config(RewardConfig, config, over), log=lambda *a: None).run()
-    print("reward model on-policy pair accuracy:", series(out, "eval", "accuracy"))
+    print("reward model validation on-policy pair accuracy:", series(out, "eval", "accuracy"))
     return out
 
 
-def heldout_exact_match(checkpoint: Path, n: int = 1000) -> float:
-    """Greedy exact match on n held-out test-split problems (the trainers' periodic eval uses
-    200, whose ±3-point sampling noise hides changes of a few points)."""
-    from lmforge.align import data as D
-    from lmforge.align.sft import greedy_accuracy
-    from lmforge.lm import LM
+def test_records(n: int = 1000) -> list[dict]:
+    """n test-split problems: read only to report, after every choice is made."""
+    return D.load_prompts(COMMON["data"], n, seed=1338, split="test")
 
-    records = D.load_prompts(COMMON["data"], n, seed=1338, split="test")
-    return greedy_accuracy(LM.load(checkpoint), records, max_new_tokens=6)
+
+def sft_baseline(name: str, fields: dict) -> dict:
+    """The compute-matched plain-SFT baseline of an RL run: from the same start, the same train
+    prompts with their gold answers, as many optimizer steps of as many sequences as the method
+    (rows sampled per step, split into minibatches, times its epochs over them)."""
+    rows = fields["batch_size"] * (1 if name == "rsft" else fields["group_size"])
+    batch = min(rows, fields.get("minibatch_size") or rows)
+    epochs = fields.get(
+        {"grpo": "num_iterations", "ppo": "ppo_epochs", "rsft": "sft_epochs"}[name], 1
+    )
+    per_step = epochs * -(-rows // batch)
+    keep = ("data", "threads", "progress", "init", "n_train", "n_eval", "lr", "min_lr", "seed",
+            "max_new_tokens")  # fmt: skip
+    return {**{k: fields[k] for k in keep if k in fields}, "batch_size": batch,
+            "max_iters": fields["max_iters"] * per_step, "out_dir": fields["out_dir"] + "_sft",
+            "eval_interval": fields.get("eval_interval", 1) * per_step,
+            "warmup_iters": fields.get("warmup_iters", 0) * per_step,
+            "eval_generate": fields["n_eval"], "max_len": SFT_MODEL["max_seq_len"]}  # fmt: skip
 
 
 def run_rl(
-    name: str, root: Path, sft: Path, kw: dict, reward: Path | None = None, resume: bool = False
+    name: str,
+    root: Path,
+    sft: Path,
+    kw: dict,
+    reward: Path | None = None,
+    resume: bool = False,
+    n_test: int = 1000,
 ) -> None:
     import importlib
 
@@ -131,9 +141,10 @@ def run_rl(
     fields = {**COMMON, "out_dir": str(out), "init": str(sft), "n_train": 5000, "n_eval": 200,
               "max_new_tokens": 6, **defaults, **extra, **kw}  # fmt: skip
     cfg = getattr(module, f"{cls}Config")(**fields)
+    note_seen(cfg)
     t0, c0 = time.perf_counter(), time.process_time()
     resume = resume and (out / "training_state.safetensors").is_file()
-    getattr(module, f"{cls}Trainer")(cfg, resume=resume, log=lambda *a: None).run()
+    keep_best(getattr(module, f"{cls}Trainer"))(cfg, resume=resume, log=lambda *a: None).run()
     # CPU seconds of this process (threads=1): the "minutes of CPU" the targets are stated in,
     # and what stays meaningful on a shared machine where wall time includes waiting for a core.
     print(f"{name}: {time.process_time() - c0:.0f} s CPU, {time.perf_counter() - t0:.0f} s wall")
@@ -143,10 +154,18 @@ def run_rl(
         if values:
             shown = [(s, round(v, 3)) for s, v in values][:: max(1, len(values) // 12)]
             print(f"  {split} {metric}: {shown}")
-    if name != "ppo":
-        before, after = heldout_exact_match(sft), heldout_exact_match(out)
-        print(f"  held-out exact match (1000 problems): {before:.3f} -> {after:.3f} "
-              f"({100 * (after - before):+.1f} points)")  # fmt: skip
+    base = SFTConfig(**sft_baseline(name, fields))
+    note_seen(base)
+    keep_best(SFTTrainer)(base, log=lambda *a: None).run()
+    chosen = {"method": out / "best", "baseline": Path(base.out_dir) / "best"}
+    for m, path in chosen.items():
+        print(f"  {m} chosen on validation: {(path / 'chosen.json').read_text()}")
+    test = test_records(n_test)
+    check_held_out([r["prompt"] for r in test], **SEEN)
+    em = {m: exact_matches(p, test) for m, p in {"start": sft, **chosen}.items()}
+    claim(f"  {name} - SFT baseline, test exact match", em["method"], em["baseline"])
+    claim(f"  {name} - start, test exact match", em["method"], em["start"])
+    claim("  SFT baseline - start, test exact match", em["baseline"], em["start"])
 
 
 def main() -> None:
@@ -161,22 +180,24 @@ def main() -> None:
         help="continue RL stages from their saved state "
         "(e.g. to a larger --grpo.max_iters; with a constant lr this equals one longer run)",
     )
+    p.add_argument("--smoke", action="store_true", help="a few steps and examples per stage")
     args, rest = p.parse_known_args()
     overrides = parse_overrides(rest)
-    per = {k: {} for k in ("sft", "reward", "grpo", "ppo", "rsft")}
+    per = {k: dict(SMOKE[k]) if args.smoke else {} for k in SMOKE}
+    n_test = 40 if args.smoke else 1000
     for key, value in overrides.items():
         stage, _, field = key.partition(".")
         per[stage][field] = value
     root = Path(args.out)
     sft = run_sft(root, per["sft"])
     if args.stage in ("all", "grpo"):
-        run_rl("grpo", root, sft, per["grpo"], resume=args.resume)
+        run_rl("grpo", root, sft, per["grpo"], resume=args.resume, n_test=n_test)
     if args.stage in ("all", "reward", "ppo"):
-        reward = run_reward(root, sft, per["reward"])
+        reward = run_reward(root, sft, per["reward"], per["sft"] if args.smoke else {})
         if args.stage != "reward":
-            run_rl("ppo", root, sft, per["ppo"], reward, resume=args.resume)
+            run_rl("ppo", root, sft, per["ppo"], reward, resume=args.resume, n_test=n_test)
     if args.stage in ("all", "rsft"):
-        run_rl("rsft", root, sft, per["rsft"], resume=args.resume)
+        run_rl("rsft", root, sft, per["rsft"], resume=args.resume, n_test=n_test)
 
 
 if __name__ == "__main__":
