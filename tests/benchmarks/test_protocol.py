@@ -48,6 +48,21 @@ def test_paired_bootstrap_equals_scipy(n, confidence, seed, kind):
     assert ours.low <= ours.high and ours.n == n and ours.confidence == confidence
 
 
+@pytest.mark.parametrize("n, seed", [(64, 0), (9, 4)])
+def test_win_rate_interval_equals_scipy_one_sample(n, seed):
+    """A win rate against 0.5 (benchmarks/recipes.py: paired_bootstrap(wins, [0.5] * n)) is the
+    one-sample percentile bootstrap of the mean win, shifted by 0.5."""
+    wins = np.random.default_rng(n).choice([0.0, 0.5, 1.0], size=n, p=[0.4, 0.1, 0.5])
+    ours = paired_bootstrap(wins.tolist(), [0.5] * n, n_resamples=4000, seed=seed)
+    low, high = scipy_stats.bootstrap(
+        (wins,), lambda x, axis=-1: x.mean(axis), vectorized=True, n_resamples=4000,
+        confidence_level=0.95, method="percentile", rng=np.random.default_rng(seed),
+    ).confidence_interval  # fmt: skip
+    assert ours.diff + 0.5 == pytest.approx(wins.mean(), abs=1e-12)
+    assert ours.low + 0.5 == pytest.approx(low, abs=1e-12)
+    assert ours.high + 0.5 == pytest.approx(high, abs=1e-12)
+
+
 def test_paired_bootstrap_is_seeded_and_pairs_examples():
     a = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert paired_bootstrap(a, a, seed=1) == paired_bootstrap(a, a, seed=1)
