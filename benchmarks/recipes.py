@@ -29,6 +29,18 @@ benchmark
      peak memory of every stage (each runs in its own process, `--worker`: its max RSS from
      wait4, and the CUDA peak on a GPU), the CPU model and threads, and each run's validation
      curve (its metrics.csv), which is where a step count or checkpoint is chosen.
+  5. dpo-hh only: the win rate of the recipe's model over the baseline. A reward model
+     (`lmforge reward --config configs/recipes/dpo-hh-rm-VARIANT.yaml`, from the recipe's own
+     start; full fine-tuning, as `lmforge reward` has no peft) trains on the train split and
+     validates on validation; both models answer the first 64 (cpu) test prompts whose prompt
+     leaves room for the answer within the reward model's max_len (HH's shared dialogue in its
+     own "Human: ... Assistant:" text, no chat template, as the recipe trains; greedy, up to 64
+     new tokens, through the engine; an answer ends at the end token or where the model starts
+     the next "Human:"/"Assistant:" turn); the reward model scores prompt + answer + EOS, tokens
+     as in its training. Per prompt: win 1 where the recipe's answer scores higher, 1/2 on a tie,
+     0 else; the report gives the win rate with its 95% bootstrap interval (paired_bootstrap of
+     the wins against 0.5) and W/T/L, every answer and reward in OUT/NAME-VARIANT-answers.jsonl,
+     and the reward model's validation accuracy, which says how far to trust it.
 
 Test metrics. GSM8K: pass@1 = greedy decoding through the engine (chat prompt, the model's end
 token stops it), correct when the answer ('#### N', else 'the answer is N', else the last number)
@@ -44,6 +56,9 @@ core shared with other jobs (taskset -c 0, OMP_NUM_THREADS=1, AMD EPYC): LoRA SF
 tokens 22-35 s per step (full fine-tuning 27-39 s), a forward pass of 8 rows x 256 tokens ~10 s,
 greedy decoding at batch 32 ~72 tokens/s, GRPO (16 samples, up to 256 tokens) 120-165 s per step,
 divided by 1.5 for two free cores (threads: 2), itself a guess, not a measurement.
+The reward model: a full fine-tuning step on 4 HH pairs (8 rows of 122-256 tokens) 8.6-23 s,
+~16 s mean, on the same shared core. dpo-hh's win-rate stages add ~10 min (reward model) +
+~3.5 min (128 greedy answers of up to 64 tokens, 128 reward-model forwards) on 2 cores.
 
 `--smoke` runs every stage on a tiny random model built here (its BPE tokenizer trained on the
 data) with tiny sizes, so tests/benchmarks/test_recipes.py exercises the whole path.
@@ -80,12 +95,17 @@ GSM8K_TEST = ("file:../shared/data/gsm8k_test.jsonl:chat", {"cpu": 100, "gpu": 1
               {"cpu": {"max_new_tokens": 256, "batch": 32},
                "gpu": {"max_new_tokens": 512, "batch": 128}})  # fmt: skip
 HH_TEST = (f"file:{HH}:test", {"cpu": 100, "gpu": 213}, {"cpu": {}, "gpu": {}})
+# dpo-hh's win rate: the first `n` test prompts whose prompt leaves room for the answer within the
+# reward model's max_len, answered greedily with up to `max_new_tokens` (batch: prompts per call)
+# (no gpu entry until there is a dpo-hh-gpu.yaml)
+HH_WIN = {"cpu": {"n": 64, "max_new_tokens": 64, "batch": 32}}
 # --smoke: every config key below that the verb's config has
 SMOKE = {"n_train": 8, "n_eval": 4, "max_iters": 2, "eval_interval": 2, "log_interval": 1,
          "batch_size": 2, "warmup_iters": 0, "max_len": 1024, "threads": 1, "device": "cpu",
          "eval_generate": 2, "max_new_tokens": 16, "group_size": 2,
          "minibatch_size": None}  # fmt: skip
 SMOKE_TEST = {"n": 6, "max_new_tokens": 16, "batch": 8}
+SMOKE_WIN = {"n": 6, "max_new_tokens": 16, "batch": 8}
 MATCHED = ("max_iters", "batch_size", "n_train")  # a baseline's compute-matched fields
 
 
@@ -149,6 +169,8 @@ class Recipe:
     test: tuple[str, dict[str, int], dict[str, dict]]
     baseline: Callable[[dict, str, Path], dict]  # (recipe config, variant, out) -> SFT config
     validation_metric: str  # the periodic evaluation's figure to choose on (metrics.csv)
+    # answers of after vs baseline judged by a reward model (configs/recipes/NAME-rm-VARIANT.yaml)
+    win_rate: dict[str, dict] | None = None  # {variant: generation settings}, as HH_WIN
 
     @property
     def scored(self) -> str:
@@ -158,7 +180,7 @@ class Recipe:
 RECIPES = {
     "lora-sft-gsm8k": Recipe("lora", GSM8K_TEST, full_ft_baseline, "loss"),
     "grpo-gsm8k": Recipe("grpo", GSM8K_TEST, sft_after_sft_baseline, "exact_match"),
-    "dpo-hh": Recipe("dpo", HH_TEST, chosen_sft_baseline, "accuracy"),
+    "dpo-hh": Recipe("dpo", HH_TEST, chosen_sft_baseline, "accuracy", HH_WIN),
 }
 
 
@@ -220,6 +242,67 @@ def score_pairs(job: dict) -> dict:
     return {"chosen": chosen, "rejected": rejected, "skipped": data.skipped}
 
 
+def answer_prompts(job: dict) -> dict:
+    """Greedy answers to the first `n` test prompts (HH: the shared dialogue, in its own
+    "Human: ... Assistant:" text, no chat template) whose tokens leave room for the answer and
+    its EOS within `max_len`. An answer ends at the model's end token or where the model starts
+    a next dialogue turn ("\\n\\nHuman:" / "\\n\\nAssistant:", cut off)."""
+    from lmforge.align import data as D
+    from lmforge.errors import DataError
+
+    lm = load_model(job["model"], job["device"], job["threads"])
+    tok, room = lm.tokenizer, job["max_len"] - job["max_new_tokens"] - 1
+    prompts = []
+    for _, record in D.records_from(job["test"], "preference", n=10**9):
+        try:
+            prompt = D.preference_parts(record)[0]
+        except DataError:
+            continue
+        if isinstance(prompt, str) and len(tok.encode(prompt)) <= room:
+            prompts.append(prompt)
+        if len(prompts) == job["n"]:
+            break
+    answers = []
+    for i in range(0, len(prompts), job["batch"]):
+        chunk = [tok.encode(p) for p in prompts[i : i + job["batch"]]]
+        for ids in lm.generate(chunk, max_new_tokens=job["max_new_tokens"], temperature=0.0):
+            text = tok.decode(ids, skip_special_tokens=True)
+            answers.append(re.split(r"\n\n(?:Human|Assistant):", text)[0].rstrip())
+    return {"prompts": prompts, "answers": answers}
+
+
+def reward_scores(job: dict) -> dict:
+    """The reward model's score of every (prompt, answer) of each model's answers stage
+    (job["answers"]: {model: result file}), encoded as `lmforge reward` encodes a pair's side:
+    prompt tokens, answer tokens, EOS."""
+    import torch
+
+    from lmforge.align import data as D
+    from lmforge.align.reward import RewardModel
+
+    if job["threads"]:
+        torch.set_num_threads(job["threads"])
+    rm, tok = RewardModel.load(job["reward_model"], job["device"])
+    pad = tok.pad_id if tok.pad_id is not None else 0
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    answers = {m: json.loads(Path(f).read_text()) for m, f in job["answers"].items()}
+    prompts = {tuple(a["prompts"]) for a in answers.values()}
+    if len(prompts) != 1:
+        raise SystemExit("win rate: the models answered different prompts")
+    scores = {}
+    with torch.no_grad():
+        for model, result in answers.items():
+            rows = [D.SFTExample(ids, ids) for ids in (
+                tok.encode(p) + (tok.encode(a) if a else []) + eos
+                for p, a in zip(result["prompts"], result["answers"]))]  # fmt: skip
+            scores[model] = []
+            for i in range(0, len(rows), 8):
+                b = D.collate_sft(rows[i : i + 8], pad)
+                r = rm(b["input_ids"].to(job["device"]), b["attention_mask"].to(job["device"]))
+                scores[model] += r.float().cpu().tolist()
+    return {"scores": scores}
+
+
 def train(job: dict) -> dict:
     """`lmforge VERB --config FILE`, in this process; its final metrics."""
     from lmforge.cli.main import main
@@ -231,7 +314,8 @@ def train(job: dict) -> dict:
     return {"final": read_json(Path(job["out_dir"]) / "final_metrics.json")}
 
 
-WORKERS = {"gsm8k": score_gsm8k, "preference": score_pairs, "train": train}
+WORKERS = {"gsm8k": score_gsm8k, "preference": score_pairs, "train": train,
+           "answers": answer_prompts, "reward": reward_scores}  # fmt: skip
 
 
 def worker(job_file: str) -> None:
@@ -341,15 +425,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def wins(d: list[float]) -> list[float]:
+    """Per example: 1 where d > 0, one half on a tie, 0 where d < 0."""
+    return [1.0 if x > 0 else 0.5 if x == 0 else 0.0 for x in d]
+
+
 def test_scores(recipe: Recipe, results: dict[str, dict]) -> dict[str, dict[str, list[float]]]:
     """{metric: {model: per-example scores}} on the test split."""
     if recipe.scored == "gsm8k":
         return {"pass@1": {m: results[m]["scores"] for m in ("before", "after", "baseline")}}
     c0, r0 = results["before"]["chosen"], results["before"]["rejected"]
-
-    def wins(d: list[float]) -> list[float]:
-        return [1.0 if x > 0 else 0.5 if x == 0 else 0.0 for x in d]
-
     implicit, likelihood = {}, {}
     for m in ("before", "after", "baseline"):
         c, r = results[m]["chosen"], results[m]["rejected"]
@@ -369,6 +454,15 @@ def markdown(report: dict) -> str:
     for name, m in report["metrics"].items():
         lines.append(f"| {name} | {m['before']:.4f} | {m['after']:.4f} | {m['baseline']:.4f} | "
                      f"{m['after_minus_baseline']} | {m['after_minus_before']} |")  # fmt: skip
+    if w := report.get("win_rate"):
+        final = w["reward_model_final"]
+        lines += ["", f"Win rate of after over baseline under a reward model trained on train "
+                  f"(`{w['reward_model']}`, validation pair accuracy "
+                  f"{final.get('accuracy', float('nan')):.4f}): **{w['win_rate']:.4f}** "
+                  f"[{w['low']:.4f}, {w['high']:.4f}] (95% bootstrap; win rate - 0.5 "
+                  f"{w['minus_half']}) over the first {w['n']} test prompts that fit, greedy "
+                  f"answers of up to {w['max_new_tokens']} tokens; {w['wins']} wins, {w['ties']} "
+                  f"ties, {w['losses']} losses."]  # fmt: skip
     lines += ["", "| stage | wall s | peak RSS MB | CUDA peak MB |", "|---|---:|---:|---:|"]
     for name, s in report["stages"].items():
         cuda = f"{s['cuda_peak_mb']:.0f}" if s.get("cuda_peak_mb") is not None else "-"
@@ -379,6 +473,48 @@ def markdown(report: dict) -> str:
         points = ", ".join(f"step {s}: {v:.4g}" for s, v in curve.get(metric, []))
         lines.append(f"- {run} ({metric}): {points}")
     return "\n".join(lines) + "\n"
+
+
+def reward_model_config(args: argparse.Namespace, cfg: dict, out: Path) -> dict:
+    """The recipe's reward model (configs/recipes/NAME-rm-VARIANT.yaml), from the recipe's start;
+    --smoke: tiny sizes."""
+    rm = yaml.safe_load((CONFIGS / f"{args.recipe}-rm-{args.variant}.yaml").read_text())
+    if args.smoke:
+        rm.update(only_fields("reward", SMOKE), out_dir=cfg["out_dir"] + "-rm")
+    return {**rm, "init": cfg["init"], "progress": False}
+
+
+def judge_answers(name: str, rm: tuple[dict, Path], win: dict, score: dict, models: dict,
+                  stages: dict, out: Path, resamples: int) -> dict:  # fmt: skip
+    """Train the reward model (rm: its config and file), have the recipe's model and the baseline
+    (models: {"after": dir, "baseline": dir}) answer the same test prompts, score every answer
+    with the reward model: the win rate of after over baseline (a tie counts one half) with its
+    95% bootstrap interval, which excludes 0.5 where the difference is significant; each prompt's
+    answers and rewards to OUT/NAME-answers.jsonl."""
+    cfg, file = rm
+    stages["reward-model"] = stage(f"{name}-reward-model", {"kind": "train", "verb": "reward",
+                                   "config": str(file), "out_dir": cfg["out_dir"]},
+                                   out)  # fmt: skip
+    job = {**score, "kind": "answers", "max_len": cfg["max_len"], **win}
+    for model, path in models.items():
+        stages[f"{model}-answers"] = stage(f"{name}-{model}-answers", {**job, "model": path}, out)
+    files = {m: str(out / f"{name}-{m}-answers.result.json") for m in models}
+    stages["win-rate"] = stage(f"{name}-win-rate", {"kind": "reward", "reward_model":
+                               cfg["out_dir"], "answers": files, "device": score["device"],
+                               "threads": score["threads"]}, out)  # fmt: skip
+    after, base = (stages["win-rate"]["scores"][m] for m in ("after", "baseline"))
+    per_prompt = wins([a - b for a, b in zip(after, base)])
+    vs_half = paired_bootstrap(per_prompt, [0.5] * len(per_prompt), resamples)
+    a, b = stages["after-answers"], stages["baseline-answers"]
+    keys = ("prompt", "after", "baseline", "after_reward", "baseline_reward", "win")
+    with open(out / f"{name}-answers.jsonl", "w") as fh:
+        for row in zip(a["prompts"], a["answers"], b["answers"], after, base, per_prompt):
+            fh.write(json.dumps(dict(zip(keys, row))) + "\n")
+    return {"win_rate": vs_half.diff + 0.5, "low": vs_half.low + 0.5, "high": vs_half.high + 0.5,
+            "minus_half": vs_half, "n": len(per_prompt), "wins": per_prompt.count(1.0),
+            "ties": per_prompt.count(0.5), "losses": per_prompt.count(0.0),
+            "max_new_tokens": win["max_new_tokens"], "reward_model": cfg["out_dir"],
+            "reward_model_final": stages["reward-model"]["final"]}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -407,6 +543,13 @@ def run(args: argparse.Namespace) -> dict:
         baseline.update({k: v for k, v in only_fields("sft", SMOKE).items() if k not in MATCHED})
     baseline["out_dir"] = cfg["out_dir"] + "-sft-baseline"
     files = {"recipe": out / f"{name}.yaml", "baseline": out / f"{name}-baseline.yaml"}
+    if recipe.win_rate:
+        rm, win = reward_model_config(args, cfg, out), dict(recipe.win_rate[args.variant])
+        if args.smoke:
+            win.update(SMOKE_WIN)
+        check_protocol(rm, recipe, 10**9)  # every test prompt: the answered ones are among them
+        files["reward_model"] = out / f"{args.recipe}-rm-{args.variant}.yaml"
+        files["reward_model"].write_text(yaml.safe_dump(rm, sort_keys=False))
     files["recipe"].write_text(yaml.safe_dump(cfg, sort_keys=False))
     files["baseline"].write_text(yaml.safe_dump(baseline, sort_keys=False))
 
@@ -428,6 +571,11 @@ def run(args: argparse.Namespace) -> dict:
         results[model] = stage(f"{name}-{model}-test", {**score, "model": path}, out)
         stages[f"{model}-test"] = results[model]
 
+    win_rate = None
+    if recipe.win_rate:
+        models = {"after": cfg["out_dir"], "baseline": baseline["out_dir"]}
+        win_rate = judge_answers(name, (rm, files["reward_model"]), win, score, models, stages,
+                                 out, args.resamples)  # fmt: skip
     metrics = {}
     for metric, per_model in test_scores(recipe, results).items():
         means = {m: sum(s) / len(s) for m, s in per_model.items()}
@@ -438,14 +586,16 @@ def run(args: argparse.Namespace) -> dict:
         "recipe": args.recipe, "variant": args.variant, "smoke": args.smoke, "start": init,
         "test": {"source": spec, **test, "scored": len(next(iter(
             test_scores(recipe, results).values()))["after"])},
-        "metrics": metrics,
+        "metrics": metrics, "win_rate": win_rate,
         "stages": {k: {f: v.get(f) for f in ("wall_s", "peak_rss_mb", "cuda_peak_mb")}
                    for k, v in stages.items()},
         "validation_metric": recipe.validation_metric,
         "validation": {"recipe": validation_curve(cfg["out_dir"]),
-                       "baseline": validation_curve(baseline["out_dir"])},
+                       "baseline": validation_curve(baseline["out_dir"]),
+                       **({"reward_model": validation_curve(rm["out_dir"])} if win_rate else {})},
         "final": {"recipe": stages["recipe"]["final"], "baseline": stages["baseline"]["final"]},
         "config": cfg, "baseline_config": baseline,
+        "reward_model_config": rm if win_rate else None,
         "machine": {"cpu": cpu_model(), "threads": stages["recipe"]["threads"],
                     "gpu": stages["recipe"].get("gpu"), "python": platform.python_version()},
     }  # fmt: skip

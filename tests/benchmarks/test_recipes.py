@@ -37,8 +37,9 @@ def test_recipe_smoke(recipe, tmp_path, shared_data):
             diff = m[key]
             assert diff["low"] <= diff["diff"] + 1e-9 and diff["diff"] <= diff["high"] + 1e-9
             assert diff["confidence"] == 0.95 and diff["n"] == report["test"]["scored"] >= 2
-    assert set(report["stages"]) == {"before-test", "recipe", "baseline", "after-test",
-                                     "baseline-test"}  # fmt: skip
+    judged = {"reward-model", "after-answers", "baseline-answers", "win-rate"}
+    stages = {"before-test", "recipe", "baseline", "after-test", "baseline-test"}
+    assert set(report["stages"]) == stages | (judged if recipe == "dpo-hh" else set())
     for s in report["stages"].values():
         assert s["wall_s"] > 0 and s["peak_rss_mb"] > 50
     assert report["machine"]["cpu"] and report["machine"]["threads"] == 1
@@ -63,3 +64,27 @@ def test_recipe_smoke(recipe, tmp_path, shared_data):
         assert set(first) == {"prompt", "response"}
     saved = yaml.safe_load((tmp_path / f"{name}-baseline.yaml").read_text())
     assert saved == base
+
+    # dpo-hh: the win rate of the DPO model's answers over the SFT baseline's under a reward
+    # model trained on train, chosen on validation, from the same start
+    win, rm = report["win_rate"], report["reward_model_config"]
+    if recipe != "dpo-hh":
+        assert win is None and rm is None
+        return
+    assert 0.0 <= win["low"] <= win["win_rate"] <= win["high"] <= 1.0
+    assert win["n"] == 6 == win["wins"] + win["ties"] + win["losses"]
+    assert win["win_rate"] == pytest.approx((win["wins"] + 0.5 * win["ties"]) / win["n"])
+    assert win["minus_half"]["diff"] == pytest.approx(win["win_rate"] - 0.5)
+    assert win["minus_half"]["n"] == win["n"] and win["minus_half"]["confidence"] == 0.95
+    assert 0.0 <= win["reward_model_final"]["accuracy"] <= 1.0
+    assert rm["init"] == cfg["init"] and rm["data"] == cfg["data"]
+    assert rm["eval_data"] == cfg["eval_data"] and test_source not in (rm["data"], rm["eval_data"])
+    assert report["validation"]["reward_model"]["accuracy"]
+    assert yaml.safe_load((tmp_path / "dpo-hh-rm-cpu.yaml").read_text()) == rm
+    rows = [json.loads(line) for line in (tmp_path / f"{name}-answers.jsonl").open()]
+    assert len(rows) == win["n"]
+    assert [r["win"] for r in rows] == [
+        1.0 if r["after_reward"] > r["baseline_reward"] else
+        0.5 if r["after_reward"] == r["baseline_reward"] else 0.0 for r in rows
+    ]  # fmt: skip
+    assert all(r["prompt"].endswith("\n\nAssistant:") for r in rows)
