@@ -10,6 +10,8 @@ what each stage added:
   reward       the trained reward model's mean score of the greedy answers to those problems
   kl           mean per-completion KL(π ‖ π_sft) of sampled answers (how far alignment moved)
   core         CORE (lmforge/eval/core.py) on a few fast tasks, when their files are on disk
+  chatcore     with `chat_tasks`, ChatCORE (lmforge/eval/chat_eval.py: ARC letters, GSM8K pass@1
+               with its lenient answer rule) and each task's accuracy, in accuracy's place
 
 and greedy replies to a fixed set of chat prompts (`chat_samples`), shown in the report.
 """
@@ -110,11 +112,13 @@ def evaluate_models(
     device: torch.device,
     log=print,
     core_data: Path | None = None,
+    chat_data: dict[str, list[dict]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, str]]]]:
     """({stage: {perplexity, bpb, accuracy, reward, kl, core}}, {stage: greedy replies}) for each
     checkpoint in `models` (core when `core_data` is a folder of CORE task files; replies to
     settings["chat_prompts"])."""
     from lmforge.align.reward import RewardModel
+    from lmforge.eval.chat_eval import evaluate_chat
 
     rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
     ref = LM.load(reference, device=device) if reference else None
@@ -129,7 +133,11 @@ def evaluate_models(
         if val_bin is not None:
             heldout = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
             row["perplexity"], row["bpb"] = heldout.perplexity, heldout.bits_per_byte
-        row["accuracy"] = greedy_accuracy(lm, records, new_tokens)
+        if chat_data:  # ChatCORE's tasks; GSM8K's answer rule does not need SFT's format
+            chat = evaluate_chat(lm, chat_data, new_tokens)
+            row |= {k.lower(): v for k, v in chat.results.items()} | {"chatcore": chat.chatcore}
+        else:
+            row["accuracy"] = greedy_accuracy(lm, records, new_tokens)
         if rm is not None:
             row["reward"] = mean_reward(lm, records, rm, new_tokens)
         if ref is not None:

@@ -43,7 +43,9 @@ def final_model(out: Path, results: dict[str, Any]) -> Path | None:
 # eval.json's metrics in table order: (key, README header, README decimals)
 EVAL_COLUMNS = (("perplexity", "docs perplexity", 1), ("bpb", "bits per byte", 2),
                 ("accuracy", "exact match", 3), ("reward", "reward (RM score)", 3),
-                ("kl", "KL to SFT", 2), ("core", "CORE", 3))  # fmt: skip
+                ("kl", "KL to SFT", 2), ("core", "CORE", 3), ("arc-easy", "ARC-Easy", 3),
+                ("arc-challenge", "ARC-Challenge", 3), ("gsm8k", "GSM8K pass@1", 3),
+                ("chatcore", "ChatCORE", 3))  # fmt: skip
 
 
 def eval_table(out: Path, readme: bool = False) -> Table | None:

@@ -36,7 +36,7 @@ MANIFEST = "speedrun.json"
 
 def _stage_settings(plan: dict[str, Any], stage: str) -> dict[str, Any]:
     """What a stage's result depends on: its own section and the pipeline-wide keys."""
-    shared = {k: plan[k] for k in ("corpus", "task", "nproc")}
+    shared = {k: plan.get(k) for k in ("corpus", "task", "nproc", "init")}
     return json.loads(json.dumps({"shared": shared, stage: plan.get(stage, {})}))
 
 

@@ -56,8 +56,15 @@ class RunContext:
         return require_device(self.plan["device"], "device")
 
     def task_source(self) -> str:
-        """The built-in task as every alignment trainer reads it, prompts in chat form."""
-        return f"task:{self.plan['task']}:chat"
+        """The built-in task as every alignment trainer reads it, prompts in chat form (or a
+        `file:` source as it is)."""
+        task = self.plan["task"]
+        return task if task.startswith("file:") else f"task:{task}:chat"
+
+    def model(self, stage: str) -> str:
+        """A stage's model; the plan's `init` (a pretrained model) stands in for pretraining."""
+        init = self.plan.get("init")
+        return str(init) if stage == "pretrain" and init else str(self.dir(stage))
 
 
 class Stage(ABC):
@@ -109,12 +116,13 @@ def _corpus(ctx: RunContext) -> dict[str, Any]:
 
 def _task_from(stage: str, **extra: Any) -> Callable[[RunContext], dict[str, Any]]:
     """Config fields of a post-training stage: start from `stage`'s model, train on the task."""
-    return lambda ctx: {"init": str(ctx.dir(stage)), "data": ctx.task_source(), **extra}
+    return lambda ctx: {"init": stage, "data": ctx.task_source(), **extra}
 
 
 class TrainerStage(Stage):
-    """A trainer run whose config is the plan's section plus the fields the pipeline fixes:
-    `fixed(ctx)` gives the paths to earlier stages and the data."""
+    """A trainer run whose config is the plan's section over the fields the pipeline fills in:
+    `fixed(ctx)` gives the data and the earlier stage to start from (an `init` naming a stage is
+    that stage's model), the section may set its own (a recipe's data, see presets._recipes)."""
 
     def __init__(self, name: str, title: str, fixed: Callable[[RunContext], dict[str, Any]]):
         self.name, self.title, self.fixed = name, title, fixed
@@ -125,14 +133,9 @@ class TrainerStage(Stage):
         if section.get("replay_coef") and not section.get("replay_data"):
             # replay the pretraining stage's own token shard (align/replay.py)
             replay["replay_data"] = str(ctx.dir("pretrain") / "data" / "train.bin")
-        return {
-            **section,
-            **replay,
-            **self.fixed(ctx),
-            "out_dir": str(ctx.dir(self.name)),
-            "device": ctx.plan["device"],
-            "progress": ctx.progress,
-        }
+        cfg = {**self.fixed(ctx), **section, **replay, "out_dir": str(ctx.dir(self.name)),
+               "device": ctx.plan["device"], "progress": ctx.progress}  # fmt: skip
+        return cfg | ({"init": ctx.model(cfg["init"])} if cfg.get("init") in TRAINERS else {})
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         command, config_class, trainer_class = TRAINERS[self.name]
@@ -174,6 +177,8 @@ class EvalStage(Stage):
 
         settings = ctx.plan["eval"]
         models = {s: ctx.dir(s) for s in POLICIES if ctx.done(s)}
+        if ctx.plan.get("init"):  # the pretrained start, scored like the rest
+            models = {"start": Path(ctx.plan["init"]), **models}
         if not models:
             raise LMForgeError("eval: no finished model stages to evaluate")
         records = load_prompts(ctx.task_source(), settings["n_problems"], seed=4242, split="test")
@@ -182,6 +187,12 @@ class EvalStage(Stage):
         if core_data is None and settings.get("core_data", "auto") == "auto":
             ctx.log("eval: no CORE task files (../shared/data/core or lmforge eval core's cache); "
                     "CORE skipped")  # fmt: skip
+        chat_data, per_task = None, settings.get("chat_per_task")
+        if tasks := settings.get("chat_tasks"):  # ChatCORE's (ARC reads CORE's files)
+            from lmforge.eval.chat_eval import load_chat_data, select_chat_tasks
+
+            tasks = [t for t in select_chat_tasks(tasks) if core_data or t == "GSM8K"]
+            chat_data = load_chat_data(tasks, core_data, settings["gsm8k"], per_task)
         table, samples = evaluate_models(
             models,
             reference=ctx.done("sft"),
@@ -192,6 +203,7 @@ class EvalStage(Stage):
             device=ctx.device,
             log=ctx.log,
             core_data=core_data,
+            chat_data=chat_data,
         )
         write_json(ctx.dir(self.name) / "eval.json", table)
         write_json(ctx.dir(self.name) / "samples.json", samples)
@@ -287,7 +299,7 @@ STAGES: dict[str, Stage] = {
             _task_from("sft"),
         ),
         TrainerStage(
-            "dpo", "DPO: verifier-labelled pairs against the frozen SFT model", _task_from("sft")
+            "dpo", "DPO: pairs against a frozen copy of its starting model", _task_from("sft")
         ),
         TrainerStage(
             "grpo",
