@@ -97,8 +97,8 @@ GSM8K_TEST = ("file:../shared/data/gsm8k_test.jsonl:chat", {"cpu": 100, "gpu": 1
 HH_TEST = (f"file:{HH}:test", {"cpu": 100, "gpu": 213}, {"cpu": {}, "gpu": {}})
 # dpo-hh's win rate: the first `n` test prompts whose prompt leaves room for the answer within the
 # reward model's max_len, answered greedily with up to `max_new_tokens` (batch: prompts per call)
-# (no gpu entry until there is a dpo-hh-gpu.yaml)
-HH_WIN = {"cpu": {"n": 64, "max_new_tokens": 64, "batch": 32}}
+HH_WIN = {"cpu": {"n": 64, "max_new_tokens": 64, "batch": 32},
+          "gpu": {"n": 213, "max_new_tokens": 128, "batch": 64}}  # fmt: skip
 # --smoke: every config key below that the verb's config has
 SMOKE = {"n_train": 8, "n_eval": 4, "max_iters": 2, "eval_interval": 2, "log_interval": 1,
          "batch_size": 2, "warmup_iters": 0, "max_len": 1024, "threads": 1, "device": "cpu",

