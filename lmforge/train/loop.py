@@ -35,6 +35,7 @@ import dataclasses
 import math
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def _silent(*args, **kwargs) -> None:
     pass
 
 
-class Trainer:
+class Trainer(ABC):
     """The shared loop; see the module docstring for what a subclass supplies.
 
     A subclass's __init__ calls `open_run` (settings, device, output folder), builds its data
@@ -208,17 +209,17 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
 
     # ---- hooks -------------------------------------------------------------------------------
+    @abstractmethod
     def next_batch(self) -> Any:
         """The data of one step."""
-        raise NotImplementedError
 
     def micro_batches(self, batch: Any) -> list[Any]:
         """The step's batch as grad_accum micro-batches."""
         return split_rows(batch, self.cfg.grad_accum)
 
+    @abstractmethod
     def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """(loss to backpropagate, extra metrics) of one (micro-)batch."""
-        raise NotImplementedError
 
     def loss_weight(self, batch: Any) -> float:
         """How much this micro-batch counts in the step's mean loss: equal shares by default; a
@@ -247,9 +248,9 @@ class Trainer:
         """Whether a time budget is spent (checked after every step; the run then ends)."""
         return False
 
+    @abstractmethod
     def export(self, path: Path) -> None:
         """Write the model users load."""
-        raise NotImplementedError
 
     def data_state(self) -> Any:
         """Where the data stream is, saved for --resume: a `sampler`'s state, else that of the
@@ -266,8 +267,8 @@ class Trainer:
         """Anything else a resumed run needs (e.g. the best step so far)."""
         return {}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        pass
+    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore what `extra_state` saved (nothing by default)."""
 
     def signature(self) -> dict[str, Any]:
         """Settings a resumed run must share with the saved one (the model's shape)."""
