@@ -20,14 +20,18 @@ import argparse
 import dataclasses
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from lmforge.vlm.data import patch_mixing
 from lmforge.vlm.model import VisionLanguageModel
 from lmforge.vlm.train import VLMTrainConfig, build_data, caption_exact_match, train
+
+# The mixing statistics live with the test that checks the data with them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vlm"))
+from test_shapes_data import patch_mixing  # noqa: E402
 
 
 def cpu_model() -> str:
