@@ -60,6 +60,7 @@ CANDIDATES: dict[str, dict[str, dict]] = {
     },
     "grpo": {
         "baseline": {},
+        "noreplay": {"replay_coef": 0.0},
         "replay1": {"replay_coef": 1.0},
         "replay0.5": {"replay_coef": 0.5},
         "replay1-b4": {"replay_coef": 1.0, "replay_batch_size": 4},
