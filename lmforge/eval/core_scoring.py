@@ -19,6 +19,13 @@ and positions count from each row's first real token, so every real token sees e
 and positions it would see alone: the numbers equal a plain per-option forward up to float
 rounding (tests/eval/test_core.py checks the decisions agree exactly).
 
+A one-option example (language modelling) has nothing to share, so it skips the cache too and
+runs as one right-padded row: right padding needs no attention mask (causal attention never lets
+a real token see the padding after it), which keeps SDPA on its unmasked fast path. Batches are
+cut where padding would exceed PAD_SLACK of the real tokens plus PAD_FREE: on a CPU a wider batch
+buys almost nothing for prompts of hundreds of tokens, while every padded position costs a full
+token.
+
 Models whose attention is not plain softmax over every key (sliding window, latent, recurrent)
 skip the cache: their options run as full right-padded sequences, still batched.
 """
@@ -38,6 +45,9 @@ from lmforge.infer.engine import eval_mode
 from lmforge.model.cache import KVCache, full_attention
 
 HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
+# A batch's padding may add PAD_SLACK of its real tokens plus PAD_FREE positions: short rows
+# (0-shot tasks) batch freely, where a forward's fixed cost outweighs a few padded tokens.
+PAD_SLACK, PAD_FREE = 0.15, 512
 
 
 @dataclass
@@ -50,7 +60,10 @@ class OptionSet:
     ends: list[int]
 
     def prefix_len(self) -> int:
-        """Tokens every option shares and that no option scores: computed once, in phase 1."""
+        """Tokens every option shares and that no option scores: computed once, in phase 1.
+        Zero for a single option: there is nothing to share, and one plain forward is cheaper."""
+        if len(self.seqs) == 1:
+            return 0
         common = common_prefix_len(self.seqs)
         return max(0, min(common, min(self.starts) - 1))
 
@@ -73,20 +86,24 @@ def lm_head(model, h: torch.Tensor) -> torch.Tensor:
 
 
 def _batches(sets: list[OptionSet], order: list[int], max_len: int, max_tokens: int):
-    """Greedy packing in `order` (longest prefix first): a batch's widest prefix plus its
-    longest remainder must fit the model's context, and rows x width the token budget."""
+    """Greedy packing in `order` (longest first): a batch's widest prefix plus its longest
+    remainder must fit the model's context, rows x width the token budget, and its padded
+    positions at most PAD_SLACK x its real ones + PAD_FREE."""
     batch: list[int] = []
-    width = rest = rows = 0
+    width = rest = rows = real = 0
     for i in order:
         s = sets[i]
         p = s.prefix_len()
-        r = max(e - p for e in s.ends)
-        w2, r2, n2 = max(width, p), max(rest, r), rows + len(s.seqs)
-        if batch and (w2 + r2 > max_len or n2 * (w2 + r2) > max_tokens):
+        tails = [e - p for e in s.ends]
+        r, n = max(tails), len(tails)
+        w2, r2, rows2, real2 = max(width, p), max(rest, r), rows + n, real + p + sum(tails)
+        padded = (len(batch) + 1) * w2 + rows2 * r2
+        too_padded = padded > (1 + PAD_SLACK) * real2 + PAD_FREE
+        if batch and (w2 + r2 > max_len or rows2 * (w2 + r2) > max_tokens or too_padded):
             yield batch
-            batch, w2, r2, n2 = [], p, r, len(s.seqs)
+            batch, w2, r2, rows2, real2 = [], p, r, n, p + sum(tails)
         batch.append(i)
-        width, rest, rows = w2, r2, n2
+        width, rest, rows, real = w2, r2, rows2, real2
     if batch:
         yield batch
 
@@ -100,7 +117,8 @@ def score_option_sets(
 
     max_tokens bounds rows x padded width of one batch (KV cache and activations)."""
     use_cache = full_attention(model.config)
-    order = sorted(range(len(sets)), key=lambda i: -sets[i].prefix_len())
+    # Longest shared prefix first, then longest remainder: neighbours pad each other least.
+    order = sorted(range(len(sets)), key=lambda i: (-sets[i].prefix_len(), -max(sets[i].ends)))
     out: list[list[tuple[float, bool]] | None] = [None] * len(sets)
     with eval_mode(model):
         for batch in _batches(sets, order, model.config.max_seq_len, max_tokens):

@@ -231,6 +231,27 @@ def test_context_is_computed_once_per_example(core_lm, core_dir, monkeypatch):
     assert real < 0.75 * per_option_tokens
 
 
+def test_one_option_examples_run_unpadded_without_a_cache(core_lm, monkeypatch):
+    """Language modelling has nothing to share: its rows skip the cache (no attention mask), and
+    a row far shorter than its neighbours gets its own batch instead of hundreds of pad tokens."""
+    from lmforge.eval import core_scoring
+
+    sets = [OptionSet([list(range(1, n + 1))], [n - 3], [n]) for n in (20, 90, 88, 86)]
+    order = sorted(range(4), key=lambda i: -len(sets[i].seqs[0]))
+    monkeypatch.setattr(core_scoring, "PAD_FREE", 0)
+    assert list(core_scoring._batches(sets, order, 96, 10**6)) == [[1, 2, 3], [0]]
+    calls = []
+    original = core_lm.model.hidden_states
+
+    def counting(ids, *args, cache=None, **kwargs):
+        calls.append((tuple(ids.shape), cache))
+        return original(ids, *args, cache=cache, **kwargs)
+
+    monkeypatch.setattr(core_lm.model, "hidden_states", counting)
+    score_option_sets(core_lm.model, sets)
+    assert calls == [((3, 90), None), ((1, 20), None)]
+
+
 def test_sliding_window_model_uses_the_uncached_batched_path(core_dir):
     tok = Tokenizer.train_bpe(["the cat sat on the mat. " * 50], vocab_size=300)
     config = ModelConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=32,
