@@ -322,7 +322,7 @@ def build_llama_cpp() -> None:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(wheels),
                         f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True)  # fmt: skip
         found = sorted(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", str(found[-1])],
+    subprocess.run([sys.executable, "-m", "pip", "install", str(found[-1])],  # + diskcache, jinja2
                    check=True)  # fmt: skip
 
 

@@ -73,12 +73,17 @@ def stage_tables(results: dict[str, Any]) -> list[tuple[str, Table]]:
 def rag_table(out: Path) -> Table | None:
     if (answers := _read(out, "rag/answers.json", "RAG answers")) is None:
         return None
+    # `sources` are the passages the model was given, `cited` those its answer points to ([n])
     rows = []
     for a in answers:
         first = a["answer"].strip().split("\n")[0][:160]
-        right = "yes" if a["expected_source"] in a["sources"] else "no"
-        rows.append([a["question"], first, ", ".join(a["sources"]), a["expected_source"], right])
-    return ["question", "answer (first line)", "cited sources", "expected", "right source"], rows
+        given = "yes" if a["expected_source"] in a["sources"] else "no"
+        cited = ", ".join(a.get("cited", [])) or "(none)"
+        rows.append([a["question"], first, a.get("gold_answer", ""), ", ".join(a["sources"]),
+                     cited, a["expected_source"], given])  # fmt: skip
+    header = ["question", "answer (first line)", "gold answer", "passages given", "cited",
+              "gold topic", "gold among passages"]  # fmt: skip
+    return header, rows
 
 
 def samples_table(out: Path) -> Table | None:

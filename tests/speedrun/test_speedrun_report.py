@@ -24,7 +24,8 @@ def test_report_tables_plots_and_html(tmp_path):
         log.log(step, "train", reward=0.1 * step)
     (tmp_path / "rag").mkdir()
     answers = [{"question": "What does break do?", "expected_source": "break",
-                "answer": "It ends the loop. [1]", "sources": ["break", "for"]}]  # fmt: skip
+                "answer": "It ends the loop. [1]", "gold_answer": "ends the loop",
+                "sources": ["break", "for"], "cited": ["break"]}]  # fmt: skip
     (tmp_path / "rag" / "answers.json").write_text(json.dumps(answers))
     results = {
         "sft": {
@@ -46,7 +47,8 @@ def test_report_tables_plots_and_html(tmp_path):
     # "1 thread" under the test suite's one-thread setting, "N threads" elsewhere
     assert " thread" in md.split("\n")[2] or "deterministic" in md.split("\n")[2]
     assert "## grpo — GRPO" in md and "| wall time (s) | 30.0000 |" in md
-    assert "| What does break do? | It ends the loop. [1] | break, for | break | yes |" in md
+    assert ("| What does break do? | It ends the loop. [1] | ends the loop | break, for | break "
+            "| break | yes |") in md  # fmt: skip
     assert f"lmforge chat --checkpoint {tmp_path / 'grpo'}" in md
     html = (tmp_path / "report.html").read_text()
     assert html.count("<table>") == md.count("\n|---") and '<img src="plots/reward.png"' in html
