@@ -53,5 +53,7 @@ def run(args) -> int:
     print(f"\nCPU: {cpu_features().summary()}")
     print(f"--dtype auto on this CPU: {str(chosen).removeprefix('torch.')} ({why})")
     for mode in QUANTIZE_CHOICES:
-        print(f"  --quantize {describe_kernels(chosen, mode).removeprefix('; ')}")
+        with_mode, _ = auto_dtype("cpu", quantize=mode)  # the native kernels take fp32
+        kernels = describe_kernels(with_mode, mode).removeprefix("; ")
+        print(f"  --quantize {kernels} (activations {str(with_mode).removeprefix('torch.')})")
     return 0

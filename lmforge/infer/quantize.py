@@ -46,6 +46,7 @@ from torch import nn
 
 from lmforge.errors import ConfigError
 from lmforge.infer.cpu_features import CPUFeatures, cpu_features
+from lmforge.infer.cpu_gemv import BLOCK, gemv_kernel, pack_int4, unpack_int4
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -67,8 +68,13 @@ _ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "f32": "fl
 
 
 # ---- the activation dtype per machine ----------------------------------------------------------
-def auto_dtype(device: torch.device | str = "cpu", features: CPUFeatures | None = None):
-    """(dtype, why): what `--dtype auto` picks for `device`, and one line saying why."""
+def auto_dtype(
+    device: torch.device | str = "cpu",
+    features: CPUFeatures | None = None,
+    quantize: str | None = None,
+):
+    """(dtype, why): what `--dtype auto` picks for `device` (and a `quantize` mode), and one
+    line saying why."""
     device = torch.device(device)
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
@@ -77,6 +83,10 @@ def auto_dtype(device: torch.device | str = "cpu", features: CPUFeatures | None 
     if device.type != "cpu":
         return torch.float32, f"no per-device rule for {device.type}: float32"
     f = features or cpu_features()
+    if quantize in QUANTIZE_CHOICES and gemv_kernel() is not None:
+        big = " (large products in bf16 on the CPU's bf16 units)" if f.native_bf16 else ""
+        return torch.float32, (f"{f.summary()}: lmforge's {quantize} decode kernel takes fp32 "
+                               f"activations{big}")  # fmt: skip
     if f.native_bf16:
         unit = "AMX" if f.amx else "AVX512-BF16"
         return torch.bfloat16, f"{f.summary()}: bf16 matmuls run on {unit}"
@@ -93,6 +103,7 @@ def resolve_dtype(
     device: torch.device | str | None = None,
     features: CPUFeatures | None = None,
     announce: str | None = None,
+    quantize: str | None = None,
 ) -> torch.dtype | None:
     """The one place a precision name becomes a torch dtype ('bf16', 'bfloat16', torch.float32;
     None stays None: the checkpoint's own). 'auto' picks per machine for `device` (the CPU when
@@ -105,7 +116,7 @@ def resolve_dtype(
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype, dtype)
         if name == "auto":
-            chosen, why = auto_dtype(device or "cpu", features)
+            chosen, why = auto_dtype(device or "cpu", features, quantize or announce or None)
             if announce is not None:
                 kernels = describe_kernels(chosen, announce or None, device or "cpu")
                 _say_once(f"dtype auto: {str(chosen).removeprefix('torch.')} ({why}){kernels}")
@@ -137,11 +148,22 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
     act = str(dtype).removeprefix("torch.")
     kdtype = str(_cpu_kernel_dtype(dtype)).removeprefix("torch.")
     cast = "" if kdtype == act else f" on {kdtype}-rounded inputs"
+    native = gemv_kernel()
+    if native is not None:  # int4: at group size 32 (the default)
+        kernel = f"lmforge's {native.isa} {quantize} GEMV (activations quantised to int8 per 32)"
+        cast = ""
+    gemm = dtype
+    if dtype == torch.float32 and cpu_features().native_bf16:  # gemm_dtype
+        gemm = torch.bfloat16
+    gname = str(gemm).removeprefix("torch.")
+    short = {"bfloat16": "bf16", "float16": "fp16"}.get(gname, gname)
     big = (
-        "bf16 GEMM on a bf16 copy of the int8 values"
-        if (quantize == "int8" and dtype != torch.float32)
-        else f"{act} GEMM on dequantised weights"
+        f"{short} GEMM on a {short} copy of the int8 values"
+        if (quantize == "int8" and gemm != torch.float32)
+        else f"{gname} GEMM on dequantised weights"
     )
+    if gemm != dtype:
+        big += " (inputs rounded to it)"
     return (f"; {quantize}: {kernel}{cast} below {QuantizedLinear.gemm_rows} rows (decode), "
             f"{big} from {QuantizedLinear.gemm_rows} rows (prefill)")  # fmt: skip
 
@@ -208,6 +230,10 @@ class QuantizedLinear(nn.Module, abc.ABC):
     gemm_rows = 8  # measured crossover on a Sapphire Rapids core (int8 GEMV vs bf16 AMX GEMM)
     chunk_weights = 1 << 20  # weights dequantised at once by the fp32 GEMM path (4 MB)
     bits = 0
+    # bf16 where `--dtype auto` chose fp32 activations on a CPU with bf16 units: the GEMM
+    # rounds its fp32 inputs to bf16 (the int8 values are exact in bf16) and runs 2x the fp32
+    # one on a Zen 4 core. None: the GEMM multiplies in the activations' dtype.
+    gemm_dtype: torch.dtype | None = None
 
     def __init__(self, in_features: int, out_features: int, bias, dtype: torch.dtype):
         super().__init__()
@@ -238,17 +264,24 @@ class QuantizedLinear(nn.Module, abc.ABC):
         """Output rows start:stop of the weight, dequantised to the activation dtype."""
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """Many rows: the activation dtype's GEMM over the dequantised weights, a chunk of
-        output rows at a time (the chunk stays in cache; no full-size copy is kept)."""
-        n = self.out_features
+        """Many rows: a GEMM over the dequantised weights, a chunk of output rows at a time (the
+        chunk stays in cache; no full-size copy is kept), in `compute_dtype(x)`."""
+        n, compute = self.out_features, self.compute_dtype(x)
+        xc = x.to(compute)
         step = max(32, self.chunk_weights // self.in_features // 32 * 32)
         if step >= n:
-            return F.linear(x, self.dequantize())
+            return F.linear(xc, self.dequantize().to(compute)).to(x.dtype)
         out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         for start in range(0, n, step):
             stop = min(start + step, n)
-            out[:, start:stop] = F.linear(x, self.dequantize(start, stop))
+            out[:, start:stop] = F.linear(xc, self.dequantize(start, stop).to(compute))
         return out
+
+    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the GEMM multiplies x in (`gemm_dtype` for fp32 inputs on a CPU)."""
+        if self.gemm_dtype is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            return self.gemm_dtype
+        return x.dtype
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int{self.bits}"
@@ -267,12 +300,21 @@ class Int8Linear(QuantizedLinear):
         kernel = _cpu_kernel_dtype(dtype)
         # the GEMV kernel wants its scales in its input dtype (bf16 even for fp32 activations)
         self.register_buffer("kernel_scale", self.scale.to(kernel), persistent=False)
+        # lmforge's own CPU kernel (cpu_gemv.c) where it builds and the rows fit its blocks
+        native = gemv_kernel() if q.device.type == "cpu" and q.shape[1] % BLOCK == 0 else None
+        self._native = native
+        self.register_buffer("native_scale", scale.float() if native else None, persistent=False)
         self._gemm_weight: torch.Tensor | None = None  # q in bf16, made on the first large call
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers
-        if x.device.type != "cpu":  # no int8 GEMV kernel there: the dequantising GEMM
+        if x.device.type != "cpu" or self.in_features % 16:
+            # no int8 GEMV kernel on a GPU; and torch 2.13's CPU one returns garbage when the
+            # inputs are not a multiple of 16 (tests/infer/test_cpu_gemv.py): the GEMM
             return self.gemm(x)
+        if self._native is not None:
+            y = self._native.int8(x.float(), buffers["weight_int8"], buffers["native_scale"])
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         scale = buffers["kernel_scale"]
         if x.dtype == scale.dtype:
             return torch.ops.aten._weight_int8pack_mm(x, buffers["weight_int8"], scale)
@@ -281,12 +323,14 @@ class Int8Linear(QuantizedLinear):
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers
-        if x.dtype == torch.float32:
+        compute = self.compute_dtype(x)
+        if compute == torch.float32:
             return super().gemm(x)
         # bf16/fp16: q in that dtype is exact, so one copy serves every call; scale the output
-        if self._gemm_weight is None or self._gemm_weight.device != x.device:
-            self._gemm_weight = buffers["weight_int8"].to(x.dtype)
-        return F.linear(x, self._gemm_weight) * buffers["scale"]
+        weight = self._gemm_weight
+        if weight is None or weight.device != x.device or weight.dtype != compute:
+            weight = self._gemm_weight = buffers["weight_int8"].to(compute)
+        return (F.linear(x.to(compute), weight) * buffers["scale"]).to(x.dtype)
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         q, scale = self._buffers["weight_int8"][start:stop], self._buffers["scale"][start:stop]
@@ -338,6 +382,19 @@ class Int4Linear(QuantizedLinear):
         n, k = q.shape
         QuantizedLinear.__init__(self, k, n, bias, dtype)
         self.group_size = group_size
+        self._native = None
+        if q.device.type == "cpu" and group_size == BLOCK and (native := gemv_kernel()):
+            d, m = scale.half(), (zero - 8 * scale).half()  # w = q * d + m
+            if bool(torch.isfinite(d).all() and torch.isfinite(m).all()):  # fp16 holds them
+                self._native, self.padded = native, n
+                self.register_buffer("native_codes", pack_int4(q))
+                self.register_buffer("native_scale", d)
+                self.register_buffer("native_offset", m)
+                sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+                self.register_buffer("scale_zeros", sz.to(self.dtype))  # for the GEMM
+                for name in ("kernel_scale_zeros", "weight_int4", "codes"):
+                    self.register_buffer(name, None)
+                return
         self.padded = -(-n // 32) * 32
         if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0
             pad = self.padded - n
@@ -362,6 +419,10 @@ class Int4Linear(QuantizedLinear):
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers
+        if self._native is not None and x.device.type == "cpu":
+            y = self._native.int4(x.float(), buffers["native_codes"], buffers["native_scale"],
+                                  buffers["native_offset"])  # fmt: skip
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         packed, sz = buffers["weight_int4"], buffers["kernel_scale_zeros"]
         xk = x if x.dtype == sz.dtype else x.to(sz.dtype)
         if x.device.type == "cuda":
@@ -375,6 +436,8 @@ class Int4Linear(QuantizedLinear):
     def unpacked_codes(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The codes (uint8 0..15) of output rows start:stop (start a multiple of 32)."""
         stop = self.padded if stop is None else stop
+        if self._native is not None:
+            return unpack_int4(self._buffers["native_codes"][start:stop])
         plain = self._buffers["codes"]
         if plain is not None:
             rows = plain[start:stop]
@@ -446,7 +509,8 @@ def to_inference_precision(
     announce = (quantize or "") if dtype == "auto" else None  # asked for: say what it chose
     if dtype is None and quantize is not None:
         dtype = "auto"
-    dtype = resolve_dtype(dtype, device, announce=announce)
+    auto = dtype == "auto"
+    dtype = resolve_dtype(dtype, device, announce=announce, quantize=quantize)
     if quantize is None and dtype in (None, next(model.parameters()).dtype):
         return model
     dtype = dtype or next(model.parameters()).dtype
@@ -476,6 +540,10 @@ def to_inference_precision(
             return Int4Linear(linear, dtype, group_size, name)
 
         swap_linears(model, make)
+    if auto and dtype == torch.float32 and device.type == "cpu" and cpu_features().native_bf16:
+        for layer in model.modules():  # auto chose fp32 for the decode kernels: bf16 prefill
+            if isinstance(layer, QuantizedLinear):
+                layer.gemm_dtype = torch.bfloat16
     return model
 
 

@@ -68,6 +68,7 @@ def test_this_machine_is_detected_once():
 
 def test_resolve_dtype_names_and_auto_line(capsys, monkeypatch):
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    monkeypatch.setattr(quantize, "gemv_kernel", lambda: None)  # torch's kernels
     quantize._say_once.cache_clear()
     zen3 = read_cpu_features(ZEN3, "AVX2")
     assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype(None) is None
@@ -94,9 +95,22 @@ def test_forced_bf16_on_an_emulating_cpu_warns_once_with_the_fallback(monkeypatc
     assert len(caught) == 1 and "--dtype auto would use float32" in str(caught[0].message)
 
 
-def test_kernel_description_follows_the_activation_dtype():
+def test_kernel_description_follows_the_activation_dtype(monkeypatch):
+    monkeypatch.setattr(quantize, "gemv_kernel", lambda: None)  # torch's kernels
+    zen3 = read_cpu_features(ZEN3, "AVX2")  # no bf16 units: the fp32 GEMM stays fp32
+    monkeypatch.setattr(quantize, "cpu_features", lambda: zen3)
     fp32 = describe_kernels(torch.float32, "int8")
     assert "bfloat16-rounded inputs" in fp32 and "float32 GEMM on dequantised" in fp32
     bf16 = describe_kernels(torch.bfloat16, "int8")
     assert "rounded" not in bf16 and "bf16 copy of the int8 values" in bf16
     assert describe_kernels(torch.float32, None) == ""
+
+
+def test_kernel_description_names_the_native_kernel_when_built(monkeypatch):
+    class Built:
+        isa = "avx2"
+
+    monkeypatch.setattr(quantize, "gemv_kernel", lambda: Built())
+    for mode in ("int8", "int4"):
+        line = describe_kernels(torch.float32, mode)
+        assert f"lmforge's avx2 {mode} GEMV" in line and "pack_mm" not in line

@@ -242,7 +242,9 @@ def test_compiled_int8_engine_with_every_slot_full():
     test_compiled_engine_decodes_the_same_tokens)."""
     import warnings
 
-    lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=64))
+    lm = LM.from_config(
+        ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=64), seed=0
+    )
     params = GenerationParams(max_new_tokens=12, temperature=0.0, logprobs=3)
     runs = []
     for compile in (False, True):
@@ -270,5 +272,7 @@ def test_compiled_int8_engine_with_every_slot_full():
                 assert eager.logprob - eager_top[compiled.token] <= BF16_LOGPROB_TOL
                 near_ties += 1
                 break  # the rows' contexts differ from here on
-    assert near_ties <= 2  # a systematic difference would split most of the 8 rows
+    # a systematic difference would split most of the 8 rows; exact bf16 ties in the eager run
+    # (3 with this seed: its int8 GEMV quantises the activations) may go either way
+    assert near_ties <= 4
     assert [(r.start, r.stop) for r, _, _ in engine._exported.compiled][-1] == (8, 9)

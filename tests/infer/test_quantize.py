@@ -60,7 +60,7 @@ def test_conversion_copies_and_validates(lm):
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
     q = to_inference_precision(lm.model, quantize="int8")
     assert q is not lm.model and isinstance(q.blocks[0].attn.qkv_proj, Int8Linear)
-    assert q.embed.weight.dtype == resolve_dtype("auto")  # activations chosen per machine
+    assert q.embed.weight.dtype == resolve_dtype("auto", quantize="int8")  # chosen per machine
     assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
     assert to_inference_precision(lm.model, dtype="float32") is lm.model  # nothing to do
     with pytest.raises(ConfigError, match="quantize"):
@@ -88,7 +88,7 @@ def test_byte_counts(lm):
 def test_reduced_precision_engine_agrees_with_fp32(lm, precision, max_rel_error):
     ids = torch.randint(0, 97, (4, 40), generator=torch.Generator().manual_seed(0))
     engine = Engine(lm.model, max_batch=4, eos_ids=[], **precision)
-    act = "bfloat16" if "dtype" in precision else str(resolve_dtype("auto")).split(".")[1]
+    act = "bfloat16" if "dtype" in precision else str(resolve_dtype("auto", quantize="int8"))[6:]
     assert engine.precision in ("bfloat16", f"int8 weights, {act} activations")
     with torch.inference_mode():
         ref, out = lm.model(ids), engine.forward(ids).float()

@@ -1,0 +1,144 @@
+"""The int8 / int4 decode GEMVs of cpu_gemv.c as torch ops, built for this CPU at first use.
+
+Why by hand: see the header of cpu_gemv.c (torch's int8 GEMV converts every weight to float and
+ran at a third of the memory bandwidth on a Zen 4 core; integer dot products with activations
+quantised per block of 32, as llama.cpp's Q8_0 and Q4_0 do, run at twice its speed). The C
+source and its torch binding (cpu_gemv_ops.cpp) are compiled by torch's extension builder with
+`-march=native`, so an AVX2-only EPYC, an AVX512-VNNI Zen 4 and a Sapphire Rapids each get their
+own instructions, into $LMFORGE_CACHE/kernels (~/.cache/lmforge/kernels), keyed by the sources,
+the CPU, the compiler and torch: about 10 s once, then a load. As torch ops (`torch.ops.lmforge.
+gemv_int8` / `gemv_int4`) they run eagerly through the dispatcher and inside the decode step
+AOTInductor compiles (exported_step.py). Where there is no C++ compiler or ninja, the build
+fails, or LMFORGE_NATIVE_KERNELS=0, `gemv_kernel()` is None and the quantised layers keep torch's
+kernels (quantize.py).
+
+    kernel = gemv_kernel()
+    if kernel is not None:
+        y = kernel.int8(x, weight_int8, scale_fp32)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+SOURCES = (Path(__file__).with_name("cpu_gemv.c"), Path(__file__).with_name("cpu_gemv_ops.cpp"))
+BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
+_fakes: set[str] = set()  # op namespaces whose shape functions are registered
+
+
+class NativeGemv:
+    """The ops of one built library: `int8`, `int4` and the instruction set (`isa`)."""
+
+    def __init__(self, namespace: str):
+        self.ops = getattr(torch.ops, namespace)
+        self.isa: str = self.ops.gemv_isa()
+
+    def int8(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """x [M, K] fp32 times int8 weight [N, K] with fp32 `scale` [N] per output row -> [M, N]
+        fp32 (x quantised to int8 per block of 32 inside). K must be a multiple of 32."""
+        return self.ops.gemv_int8(x, weight, scale)
+
+    def int4(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+             offset: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """x [M, K] fp32 times int4 weights -> [M, N] fp32: `codes` uint8 [N, K/2] (`pack_int4`),
+        fp16 `scale` and `offset` [N, K/32] (w = q * scale + offset). K a multiple of 32."""
+        return self.ops.gemv_int4(x, codes, scale, offset)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] (0..15) -> uint8 [N, K/2] as the int4 kernel reads them: per group of 32
+    columns, byte j holds column j in its low nibble and column j + 16 in its high one."""
+    n, k = q.shape
+    g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
+    return (g[:, :, 0] | g[:, :, 1] << 4).reshape(n, k // 2).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `pack_int4`: uint8 [N, K/2] -> codes uint8 [N, K]."""
+    n = packed.shape[0]
+    g = packed.view(n, -1, BLOCK // 2)
+    return torch.cat([g & 15, g >> 4], dim=-1).view(n, -1)
+
+
+def cache_root() -> Path:
+    """$LMFORGE_CACHE (default ~/.cache/lmforge), where built kernels are kept."""
+    return Path(os.environ.get("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge")
+
+
+def build(march: str | None = "native", namespace: str = "lmforge",
+          folder: Path | None = None) -> NativeGemv:  # fmt: skip
+    """Compile the kernels for `march` (None: the compiler's default target, i.e. the portable
+    C loops on x86-64) as the torch op namespace `namespace`, into `folder` (default the kernel
+    cache), and load them; a build already there is loaded as it is. Raises RuntimeError with
+    the compiler's first complaint when the build fails."""
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
+    flags = ["-O3", "-fopenmp", f"-DLMFORGE_NS={namespace}"]
+    if march:
+        flags.append(f"-march={march}")
+    key = hashlib.sha256("\0".join(
+        [*(p.read_text() for p in SOURCES), cxx, torch.__version__, " ".join(flags),
+         _cpu_identity() if march == "native" else ""]).encode()).hexdigest()[:12]  # fmt: skip
+    name = f"{namespace}_gemv_{key}"
+    directory = (folder or cache_root() / "kernels") / name
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags,
+                           extra_ldflags=["-fopenmp"], build_directory=str(directory),
+                           is_python_module=False, verbose=False)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - any failure: keep torch's kernels, say why
+        lines = [ln for ln in str(error).splitlines() if "error" in ln.lower()] or [str(error)]
+        raise RuntimeError(f"building the native GEMV failed: {lines[0].strip()[:300]}") from None
+    if namespace not in _fakes:  # output shapes, for tracing (torch.export, AOTInductor)
+        _fakes.add(namespace)
+        torch.library.register_fake(f"{namespace}::gemv_int8")(_fake_int8)
+        torch.library.register_fake(f"{namespace}::gemv_int4")(_fake_int4)
+    return NativeGemv(namespace)
+
+
+def _fake_int8(x, weight, scale):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _fake_int4(x, codes, scale, offset):
+    return x.new_empty(x.shape[0], codes.shape[0])
+
+
+def _cpu_identity() -> str:
+    """What -march=native depends on: the machine and its CPU flags."""
+    from lmforge.infer.cpu_features import cpu_features
+
+    f = cpu_features()
+    return f"{platform.machine()} {f.model} {' '.join(sorted(f.flags))}"
+
+
+_failures: list[str] = []  # why the build failed, for describe_kernels and the tests
+
+
+@functools.cache
+def gemv_kernel() -> NativeGemv | None:
+    """The kernels for this CPU, built on first call; None where they cannot be (no compiler, a
+    failed build, LMFORGE_NATIVE_KERNELS=0): callers keep torch's kernels."""
+    if os.environ.get("LMFORGE_NATIVE_KERNELS", "1") == "0":
+        _failures.append("LMFORGE_NATIVE_KERNELS=0")
+        return None
+    try:
+        return build()
+    except RuntimeError as error:
+        _failures.append(str(error))
+        return None
+
+
+def unavailable_reason() -> str:
+    """Why gemv_kernel() returned None ('' when it did not, or has not been asked)."""
+    return _failures[0] if _failures else ""

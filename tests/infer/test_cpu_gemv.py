@@ -1,0 +1,137 @@
+"""The native int8 / int4 decode GEMV (lmforge/infer/cpu_gemv.c): every instruction-set path this
+CPU can run against torch on the same quantised activations, the fallbacks, the layouts."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+from torch import nn
+
+from lmforge.infer import cpu_gemv
+from lmforge.infer.cpu_features import cpu_features
+from lmforge.infer.quantize import Int4Linear, Int8Linear, quantize_int4
+
+pytestmark = pytest.mark.skipif(
+    cpu_gemv.gemv_kernel() is None, reason=f"no native kernels: {cpu_gemv.unavailable_reason()}"
+)
+
+
+def _variants() -> list[str | None]:
+    """-march values whose code this CPU runs: native, AVX2 (Haswell) where the CPU has it, and
+    the compiler's default target (the portable C loops on x86-64)."""
+    out: list[str | None] = ["native", None]
+    flags = cpu_features().flags
+    if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= flags:
+        out.insert(1, "haswell")
+    return out
+
+
+@pytest.fixture(scope="module", params=_variants(), ids=lambda m: m or "default")
+def kernel(request) -> cpu_gemv.NativeGemv:
+    """Each variant under its own op namespace (a namespace registers once per process), built
+    into the kernel cache like the real one, so CI builds each once per machine."""
+    if request.param == "native":
+        return cpu_gemv.gemv_kernel()
+    return cpu_gemv.build(request.param, f"lmforge_test_{request.param or 'default'}")
+
+
+def quantised_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel sees it: int8 per block of 32 (absmax / 127, round to nearest even)."""
+    blocks = x.view(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(blocks / d), torch.zeros_like(blocks))
+    return (q * d).view_as(x)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("shape", [(70, 96), (36, 64)])  # k = 3 and 2 blocks, n % 4 != 0
+def test_int8_matches_torch_on_the_same_quantised_activations(kernel, rows, shape):
+    n, k = shape
+    g = torch.Generator().manual_seed(rows * n)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = torch.rand(n, generator=g) / 50
+    x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)  # uneven blocks
+    y = kernel.int8(x, w, scale)
+    expect = quantised_activations(x) @ (w.float() * scale[:, None]).t()
+    torch.testing.assert_close(y, expect, rtol=1e-5, atol=1e-5)
+    unquantised = x @ (w.float() * scale[:, None]).t()
+    assert (y - unquantised).norm() / unquantised.norm() < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("shape", [(70, 96), (36, 64)])  # odd and even numbers of groups
+def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shape):
+    n, k = shape
+    g = torch.Generator().manual_seed(rows + n)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    d = (torch.rand(n, k // 32, generator=g) / 20).half()
+    m = (torch.randn(n, k // 32, generator=g) / 5).half()
+    x = torch.randn(rows, k, generator=g)
+    scaled = (q.float().view(n, -1, 32) * d.float()[..., None]).view(n, k)
+    y = kernel.int4(x, cpu_gemv.pack_int4(q), d, m)
+    # the scaled codes meet the quantised activations; the offsets the exact group sums
+    expect = quantised_activations(x) @ scaled.t() + x.view(rows, -1, 32).sum(-1) @ m.float().t()
+    torch.testing.assert_close(y, expect, rtol=1e-4, atol=1e-4)
+    w = scaled + m.float().repeat_interleave(32, dim=1)
+    assert (y - x @ w.t()).norm() / (x @ w.t()).norm() < 2e-2
+    assert torch.equal(cpu_gemv.unpack_int4(cpu_gemv.pack_int4(q)), q.to(torch.uint8))
+
+
+def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():
+    if cpu_gemv.gemv_kernel() is None:
+        pytest.skip(f"native kernel unavailable: {cpu_gemv.unavailable_reason()}")
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 48)
+    x = torch.randn(2, 128)
+    exact = linear(x).detach()
+    int8 = Int8Linear(linear, torch.float32)
+    int4 = Int4Linear(linear, torch.float32, 32)
+    assert int8._native is not None and int4._native is not None
+    for layer, tol in ((int8, 0.02), (int4, 0.1)):
+        decode, prefill = layer(x), layer(x.repeat(8, 1))[:2]  # native GEMV, dequantising GEMM
+        assert (decode - exact).norm() / exact.norm() < tol
+        assert (decode - prefill).norm() / prefill.norm() < 0.02  # only the activations' int8
+    q, scale, zero = quantize_int4(linear.weight, 32)
+    w = ((q.float() - 8).view(48, -1, 32) * scale[..., None] + zero[..., None]).view(48, 128)
+    torch.testing.assert_close(int4.dequantize(), w, rtol=1e-2, atol=2e-3)  # fp16 scales
+    assert torch.equal(int4.unpacked_codes(), q.to(torch.uint8))
+
+
+def test_layers_the_kernel_cannot_take_keep_torchs_kernels():
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 16)  # 40 input features: not a multiple of 32
+    x = torch.randn(1, 40)
+    layer = Int8Linear(linear, torch.float32)
+    assert layer._native is None
+    expect = x @ layer.dequantize().t() + layer.bias
+    assert (layer(x) - expect).norm() / expect.norm() < 1e-2
+    # why Int8Linear avoids torch's int8 GEMV there: it reads past the rows at such widths
+    w, s = layer.weight_int8, layer.kernel_scale
+    wrong = [torch.ops.aten._weight_int8pack_mm(x.bfloat16(), w, s) for _ in range(5)]
+    if all(torch.allclose(y.float(), expect, rtol=2e-2, atol=0.1) for y in wrong):
+        pytest.skip("this torch's _weight_int8pack_mm handles 40 inputs: the guard can go")
+    assert Int4Linear(nn.Linear(128, 32), torch.float32, group_size=64)._native is None
+
+
+def test_a_failed_build_says_why_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # a 'compiler' that always fails
+    with pytest.raises(RuntimeError, match="building the native GEMV failed") as caught:
+        cpu_gemv.build("native", "lmforge_test_broken", tmp_path)
+    assert "\n" not in str(caught.value)
+    assert not list(tmp_path.glob("*/*.so"))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        cpu_gemv.build("native", "lmforge_test_broken", tmp_path)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("LMFORGE_NATIVE_KERNELS", "0")
+    monkeypatch.setattr(cpu_gemv, "_failures", [])
+    cpu_gemv.gemv_kernel.cache_clear()
+    try:
+        assert cpu_gemv.gemv_kernel() is None
+        assert cpu_gemv.unavailable_reason() == "LMFORGE_NATIVE_KERNELS=0"
+    finally:
+        cpu_gemv.gemv_kernel.cache_clear()
