@@ -203,6 +203,7 @@ class LMForgeRunner:
     """lmforge's Engine (continuous batching) in one precision."""
 
     def __init__(self, lm, dtype, quantize, compile: bool):
+        from lmforge.infer.cpu_gemv import gemv_kernel
         from lmforge.infer.engine import Engine
         from lmforge.infer.quantize import decode_bytes
 
@@ -212,7 +213,10 @@ class LMForgeRunner:
         act = str(self.engine.dtype).removeprefix("torch.").replace("float32", "fp32")
         act = act.replace("bfloat16", "bf16").replace("float16", "fp16")
         weights = quantize or act
-        self.precision = f"{weights} weights, {act} activations" + (", compiled" if compile else "")
+        self.precision = f"{weights} weights, {act} activations"
+        if quantize and gemv_kernel() is not None:  # cpu_gemv.c: as llama.cpp's vec_dot_type
+            self.precision += f" (int8 per 32 in the {gemv_kernel().isa} GEMV)"
+        self.precision += ", compiled" if compile else ""
         if compile:
             folder = Path("~/.cache/lmforge/compile").expanduser()
             self.engine.warm_up(lambda line: print("   ", line, flush=True), cache_dir=folder)
@@ -265,7 +269,10 @@ class LlamaCppRunner:
         self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.batch = L.llama_batch_init(BATCH_MAX * PROMPT_LEN, 0, BATCH_MAX)
         self.bytes, kinds = gguf_decode_bytes(path)
-        self.precision = f"{path.name.split('.')[-2].upper()} weights ({kinds}), fp32 activations"
+        kind = path.name.split(".")[-2].upper()
+        # ggml's vec_dot_type: F16 rows meet F16-rounded activations, Q8_0/Q4_0 rows Q8_0 ones
+        dot = "rounded to F16" if kind == "F16" else "Q8_0 (int8 per 32)"
+        self.precision = f"{kind} weights ({kinds}), fp32 activations ({dot} in the dot)"
 
     def set_threads(self, threads: int) -> None:
         self.L.llama_set_n_threads(self.ctx, threads, threads)

@@ -95,7 +95,9 @@ def candidates(k: int, n: int, rows: int, compiled: bool) -> dict[str, tuple[cal
     out["int8 _int_mm"] = (int_mm, n * k)
     q4, sc, zr = quantize_int4(w, 32)
     ours4 = Int4Linear(linear, torch.float32, 32)
-    p4, sz = ours4.weight_int4, ours4.scale_zeros
+    # torch's own packing (ours4 keeps the native kernel's layout where that kernel builds)
+    p4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.to(torch.int32), 1)
+    sz = torch.stack([sc, zr], dim=-1).transpose(0, 1).contiguous()
     sz_b = sz.bfloat16()
     out["int4 pack bf16"] = (
         lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p4, 32, sz_b),

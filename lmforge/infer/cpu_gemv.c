@@ -308,6 +308,36 @@ int lmforge_gemv_int4(const float* x, const uint8_t* codes, const uint16_t* d,
   return 0;
 }
 
+/* w = q d + m for rows [n, k] of int4 codes, written as fp32, or as bf16 (round to nearest
+ * even) when `bf16`: the weights the prefill GEMM multiplies by, a chunk of rows at a time. */
+void lmforge_dequant_int4(const uint8_t* codes, const uint16_t* d, const uint16_t* offset,
+                          void* out, int64_t n, int64_t k, int bf16, int threads) {
+  const int64_t groups = k / BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < n; r++) {
+    float row[k]; /* one row in fp32, then stored */
+    for (int64_t g = 0; g < groups; g++) {
+      const float dg = half_to_float(d[r * groups + g]), mg = half_to_float(offset[r * groups + g]);
+      const uint8_t* c = codes + r * (k / 2) + g * 16;
+      float* w = row + g * BLOCK;
+      for (int j = 0; j < 16; j++) {
+        w[j] = (float)(c[j] & 15) * dg + mg;
+        w[16 + j] = (float)(c[j] >> 4) * dg + mg;
+      }
+    }
+    if (bf16) {
+      uint16_t* o = (uint16_t*)out + r * k;
+      for (int64_t j = 0; j < k; j++) {
+        uint32_t bits;
+        memcpy(&bits, &row[j], 4);
+        o[j] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+      }
+    } else {
+      memcpy((float*)out + r * k, row, sizeof(float) * (size_t)k);
+    }
+  }
+}
+
 #ifdef __cplusplus
 }
 #endif

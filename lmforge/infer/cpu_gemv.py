@@ -37,8 +37,14 @@ class NativeGemv:
     """The ops of one built library: `int8`, `int4` and the instruction set (`isa`)."""
 
     def __init__(self, namespace: str):
-        self.ops = getattr(torch.ops, namespace)
+        self.namespace, self.ops = namespace, getattr(torch.ops, namespace)
         self.isa: str = self.ops.gemv_isa()
+
+    def __deepcopy__(self, memo) -> NativeGemv:  # the library is per process: layers share it
+        return self
+
+    def __reduce__(self):  # torch.ops namespaces do not pickle: look the library up again
+        return NativeGemv, (self.namespace,)
 
     def int8(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """x [M, K] fp32 times int8 weight [N, K] with fp32 `scale` [N] per output row -> [M, N]
@@ -50,6 +56,12 @@ class NativeGemv:
         """x [M, K] fp32 times int4 weights -> [M, N] fp32: `codes` uint8 [N, K/2] (`pack_int4`),
         fp16 `scale` and `offset` [N, K/32] (w = q * scale + offset). K a multiple of 32."""
         return self.ops.gemv_int4(x, codes, scale, offset)
+
+
+    def dequant_int4(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                     dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+        """The int4 weights [N, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
+        return self.ops.dequant_int4(codes, scale, offset, dtype == torch.bfloat16)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -103,6 +115,7 @@ def build(march: str | None = "native", namespace: str = "lmforge",
         _fakes.add(namespace)
         torch.library.register_fake(f"{namespace}::gemv_int8")(_fake_int8)
         torch.library.register_fake(f"{namespace}::gemv_int4")(_fake_int4)
+        torch.library.register_fake(f"{namespace}::dequant_int4")(_fake_dequant_int4)
     return NativeGemv(namespace)
 
 
@@ -112,6 +125,11 @@ def _fake_int8(x, weight, scale):
 
 def _fake_int4(x, codes, scale, offset):
     return x.new_empty(x.shape[0], codes.shape[0])
+
+
+def _fake_dequant_int4(codes, scale, offset, bf16):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return codes.new_empty(codes.shape[0], codes.shape[1] * 2, dtype=dtype)
 
 
 def _cpu_identity() -> str:

@@ -16,6 +16,8 @@ int lmforge_gemv_int8(const float* x, const int8_t* w, const float* w_scale, flo
 int lmforge_gemv_int4(const float* x, const uint8_t* codes, const uint16_t* d,
                       const uint16_t* offset, float* y, int64_t m, int64_t n, int64_t k,
                       int threads);
+void lmforge_dequant_int4(const uint8_t* codes, const uint16_t* d, const uint16_t* offset,
+                          void* out, int64_t n, int64_t k, int bf16, int threads);
 }
 
 namespace {
@@ -66,6 +68,23 @@ at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   return y;
 }
 
+at::Tensor dequant_int4(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
+                        bool bf16) {
+  check(codes, at::kByte, 2, "codes");
+  check(scale, at::kHalf, 2, "scale");
+  check(offset, at::kHalf, 2, "offset");
+  const int64_t n = codes.size(0), k = codes.size(1) * 2;
+  TORCH_CHECK(k % 32 == 0 && scale.size(0) == n && scale.size(1) == k / 32 &&
+                  offset.sizes() == scale.sizes(),
+              "lmforge dequant: shapes codes ", codes.sizes(), " scale ", scale.sizes());
+  auto w = at::empty({n, k}, codes.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  lmforge_dequant_int4(codes.data_ptr<uint8_t>(),
+                       reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
+                       reinterpret_cast<const uint16_t*>(offset.data_ptr<at::Half>()),
+                       w.data_ptr(), n, k, bf16 ? 1 : 0, at::get_num_threads());
+  return w;
+}
+
 std::string isa() { return lmforge_gemv_kernel(); }
 
 }  // namespace
@@ -77,10 +96,12 @@ std::string isa() { return lmforge_gemv_kernel(); }
 LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("gemv_int8(Tensor x, Tensor weight, Tensor scale) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor codes, Tensor scale, Tensor offset) -> Tensor");
+  m.def("dequant_int4(Tensor codes, Tensor scale, Tensor offset, bool bf16) -> Tensor");
   m.def("gemv_isa() -> str", &isa);
 }
 
 LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("gemv_int8", &gemv_int8);
   m.impl("gemv_int4", &gemv_int4);
+  m.impl("dequant_int4", &dequant_int4);
 }

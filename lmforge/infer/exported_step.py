@@ -202,7 +202,11 @@ class ExportedDecodeStep:
             self.dir = Path(self._tmp.name)
         name = f"decode_{n}_{os.getpid()}_{len(self.compiled)}.pt2"
         partial = self.dir / f".partial-{name}"  # renamed when complete: no reader sees half
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
+        # threads read at run time (omp_get_max_threads): inductor otherwise bakes in the count
+        # at compile time, and a package cached under 2 threads would run 2 in a 1-thread server
+        torch._inductor.aoti_compile_and_package(
+            ep, package_path=str(partial), inductor_configs={"cpp.dynamic_threads": True}
+        )
         os.replace(partial, self.dir / name)
         dims = next(node for node in ep.graph.nodes if node.op == "placeholder" and
                     node.name == ep.graph_signature.user_inputs[2]).meta["val"].shape  # fmt: skip

@@ -6,14 +6,19 @@ depends on the CPU (cpu_features.py), so the choice is made per machine:
 
 - Activations (`--dtype auto`, `resolve_dtype`): bf16 where the CPU multiplies bf16 natively (AMX,
   AVX512-BF16), fp32 elsewhere: on an AVX2-only AMD EPYC a bf16 prefill measured 5x slower than
-  fp32 (issue 19). On a GPU bf16 where supported.
-- Small calls (decode: fewer than `gemm_rows` rows) go through torch's weight-only kernels:
-  `aten._weight_int8pack_mm` (one scale per output channel) and
-  `aten._weight_int4pack_mm_for_cpu` (group-wise scale and zero; `_weight_int4pack_mm` on CUDA).
-  Both are fed bf16 activations whatever the model computes in: with fp32 inputs they measured
-  ~10x slower on the AVX2 EPYC (the fp32 variants are not vectorised there), with bf16 inputs
-  the int8 one ran at about fp32 GEMV speed. With fp32 activations the input is rounded to bf16
-  for the call and the output cast back (a 2^-9 relative rounding, far below int8's/int4's own).
+  fp32 (issue 19). With --quantize and lmforge's own kernels built, fp32 (they take fp32
+  inputs, and bf16 decoding paid ~700 dtype casts a token), with the prefill GEMM in bf16 where
+  the CPU has bf16 units (`QuantizedLinear.gemm_dtype`). On a GPU bf16 where supported.
+- Small calls (decode: fewer than `gemm_rows` rows) go through lmforge's CPU kernels
+  (cpu_gemv.c, built for this CPU at first use): the activations are quantised to int8 per block
+  of 32, as llama.cpp does for Q8_0/Q4_0, and multiplied as integers (VNNI or AVX2), at twice
+  the speed of torch's kernels on a Zen 4 core; SmolLM2's perplexity through them: int8 +0.8%,
+  int4 +1.2% over fp32 (tests/infer/test_int4.py). Where they cannot be built (no compiler),
+  or a layer does not fit them (inputs not a multiple of 32, int4 groups other than 32), torch's
+  weight-only kernels: `aten._weight_int8pack_mm` (one scale per output channel) and
+  `aten._weight_int4pack_mm_for_cpu` (group-wise scale and zero; `_weight_int4pack_mm` on
+  CUDA), fed bf16 activations whatever the model computes in: with fp32 inputs they measured
+  ~10x slower on the AVX2 EPYC (the fp32 variants are not vectorised there).
 - Large calls (prefill, big batches) multiply by the dequantised weights with the activation
   dtype's GEMM, so no quantised mode prefills slower than that dtype does unquantised: with
   bf16 activations int8 keeps one bf16 copy of its integer values (exact: |q| <= 127 fits
@@ -25,8 +30,9 @@ depends on the CPU (cpu_features.py), so the choice is made per machine:
 int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group of `group_size` input
 columns, q in 0..15: torch's int4pack convention), so llama.cpp's Q4_0 (w = (q - 8) * d) and
 Q4_1 (w = q * d + m, i.e. zero = m + 8 d) blocks of 32 map onto it code for code
-(`Int4Linear.from_codes`, lmforge.interop.gguf_read.read_gguf_q4). Q8_0 cannot map onto the int8
-path that way: its scale is per block of 32, `_weight_int8pack_mm`'s per output channel, so its
+(`Int4Linear.from_codes`, lmforge.interop.gguf_read.read_gguf_q4); the native kernel keeps
+them as fp16 d and m = zero - 8 d (Q4_1's form, exact for GGUF's fp16 scales). Q8_0 cannot map
+onto the int8 path that way: its scale is per block of 32, ours per output channel, so its
 weights are dequantised and requantised per channel.
 
     model = to_inference_precision(model, dtype="auto", quantize="int8")
@@ -260,8 +266,11 @@ class QuantizedLinear(nn.Module, abc.ABC):
         """Few-row product through the weight format's own kernel (int8 / int4 subclasses)."""
 
     @abc.abstractmethod
-    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Output rows start:stop of the weight, dequantised to the activation dtype."""
+    def dequantize(
+        self, start: int = 0, stop: int | None = None, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """Output rows start:stop of the weight, dequantised to `dtype` (default: the
+        activation dtype)."""
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         """Many rows: a GEMM over the dequantised weights, a chunk of output rows at a time (the
@@ -270,11 +279,11 @@ class QuantizedLinear(nn.Module, abc.ABC):
         xc = x.to(compute)
         step = max(32, self.chunk_weights // self.in_features // 32 * 32)
         if step >= n:
-            return F.linear(xc, self.dequantize().to(compute)).to(x.dtype)
+            return F.linear(xc, self.dequantize(dtype=compute)).to(x.dtype)
         out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         for start in range(0, n, step):
             stop = min(start + step, n)
-            out[:, start:stop] = F.linear(xc, self.dequantize(start, stop).to(compute))
+            out[:, start:stop] = F.linear(xc, self.dequantize(start, stop, compute))
         return out
 
     def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
@@ -332,16 +341,18 @@ class Int8Linear(QuantizedLinear):
             weight = self._gemm_weight = buffers["weight_int8"].to(compute)
         return (F.linear(x.to(compute), weight) * buffers["scale"]).to(x.dtype)
 
-    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         q, scale = self._buffers["weight_int8"][start:stop], self._buffers["scale"][start:stop]
-        return q.to(self.dtype) * scale[:, None]
+        return (q.to(self.dtype) * scale[:, None]).to(dtype or self.dtype)
 
 
 class Int4Linear(QuantizedLinear):
-    """int4 weights, group-wise scale and zero (w = (q - 8) * scale + zero), through torch's
-    int4pack kernels. On CPU the kernel's packed layout is blocks of 32 output rows with rows
-    r and r + 16 sharing a byte (checked once per process, `_cpu_layout_known`); the GEMM path
-    unpacks from it, or, on a torch build where the check fails, from a plain copy of the codes.
+    """int4 weights, group-wise scale and zero (w = (q - 8) * scale + zero). On a CPU where the
+    native kernel is built and groups are 32, in its layout (cpu_gemv.pack_int4, fp16 scales
+    and offsets); otherwise through torch's int4pack kernels. On CPU that kernel's packed layout
+    is blocks of 32 output rows with rows r and r + 16 sharing a byte (checked once per process,
+    `_cpu_layout_known`); the GEMM path unpacks from it, or, on a torch build where the check
+    fails, from a plain copy of the codes.
     Output rows are padded to a multiple of 32 for the kernel (zero weights, sliced off)."""
 
     bits = 4
@@ -390,9 +401,7 @@ class Int4Linear(QuantizedLinear):
                 self.register_buffer("native_codes", pack_int4(q))
                 self.register_buffer("native_scale", d)
                 self.register_buffer("native_offset", m)
-                sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
-                self.register_buffer("scale_zeros", sz.to(self.dtype))  # for the GEMM
-                for name in ("kernel_scale_zeros", "weight_int4", "codes"):
+                for name in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
                     self.register_buffer(name, None)
                 return
         self.padded = -(-n // 32) * 32
@@ -447,14 +456,22 @@ class Int4Linear(QuantizedLinear):
         q = torch.cat([blocks & 15, blocks >> 4], dim=-1).transpose(1, 2)  # [blocks, 32, K]
         return q.reshape(-1, self.in_features)[: stop - start]
 
-    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         stop = self.out_features if stop is None else stop
+        dtype = dtype or self.dtype
+        buffers = self._buffers
+        if self._native is not None:  # w = q * d + m from the kernel's own fp16 scales
+            made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+            w = self._native.dequant_int4(buffers["native_codes"][start:stop],
+                                          buffers["native_scale"][start:stop],
+                                          buffers["native_offset"][start:stop], made)  # fmt: skip
+            return w.to(dtype)
         q = self.unpacked_codes(start, stop).to(self.dtype)
-        sz = self._buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
+        sz = buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
         g = self.group_size
         scale, zero = sz[..., 0].t()[:, :, None], sz[..., 1].t()[:, :, None]
         w = (q.view(stop - start, -1, g) - 8) * scale + zero
-        return w.view(stop - start, self.in_features)
+        return w.view(stop - start, self.in_features).to(dtype)
 
 
 @functools.cache

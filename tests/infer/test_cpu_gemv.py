@@ -3,6 +3,7 @@ CPU can run against torch on the same quantised activations, the fallbacks, the 
 
 from __future__ import annotations
 
+import copy
 import platform
 
 import pytest
@@ -93,6 +94,8 @@ def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():
         decode, prefill = layer(x), layer(x.repeat(8, 1))[:2]  # native GEMV, dequantising GEMM
         assert (decode - exact).norm() / exact.norm() < tol
         assert (decode - prefill).norm() / prefill.norm() < 0.02  # only the activations' int8
+    twin = copy.deepcopy(int4)  # layers copy (the engine's callers may copy a model)
+    assert twin._native is int4._native and torch.equal(twin(x), int4(x))
     q, scale, zero = quantize_int4(linear.weight, 32)
     w = ((q.float() - 8).view(48, -1, 32) * scale[..., None] + zero[..., None]).view(48, 128)
     torch.testing.assert_close(int4.dequantize(), w, rtol=1e-2, atol=2e-3)  # fp16 scales
