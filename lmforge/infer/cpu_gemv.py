@@ -57,7 +57,6 @@ class NativeGemv:
         fp16 `scale` and `offset` [N, K/32] (w = q * scale + offset). K a multiple of 32."""
         return self.ops.gemv_int4(x, codes, scale, offset)
 
-
     def dequant_int4(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
                      dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
         """The int4 weights [N, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
