@@ -72,7 +72,7 @@ def test_gemm_chunks_cover_every_output_row():
     linear = nn.Linear(64, 1000, bias=False)
     m = Int4Linear(linear, torch.float32, 32)
     m.chunk_weights = 64 * 96  # 96 rows per chunk: 11 chunks, the last one partial
-    x = torch.randn(9, 64)
+    x = torch.randn(m.gemm_rows + 1, 64)  # the GEMM path
     w = reference(linear, 32, fp16_scales=m._native is not None)
     assert torch.allclose(m.matmul(x), x @ w.T, atol=1e-4)
     q8 = Int8Linear(linear, torch.float32)
