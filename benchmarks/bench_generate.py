@@ -3,8 +3,9 @@
 A 32M-parameter Llama (vocab 8192, d_model 512, 8 layers, 8 heads, 4 KV heads, d_ff 1376) is
 created with transformers (random init, fp32), saved, and loaded with `LM.load`. Each case runs
 both sides alternately, 3 times, and reports the median tokens/s and the ratio. transformers runs
-in fp32; lmforge in the precision asked for (default: int8 weights with bf16 activations, see
-lmforge/infer/quantize.py); the script prints both. Same precision: it checks the greedy tokens
+in fp32; lmforge in the precision asked for (default: int8 weights, --dtype auto, see
+lmforge/infer/quantize.py: on a CPU fp32 activations with lmforge's own int8 GEMV where it
+builds); the script prints both. Same precision: it checks the greedy tokens
 are identical. Reduced precision: it reports how many greedy tokens agree with fp32 transformers
 (positions, and the first divergence), and once, teacher-forced on one sequence, the top-1
 agreement and the logit error against fp32. Batch 1 is compared with the memory-bandwidth bound:
@@ -86,14 +87,14 @@ def bandwidth_gbs(mib: int = 1024, device: str = "cpu") -> float:
 
 
 def matmul_ceiling(model, dtype: torch.dtype, seconds: float = 1.0, device: str = "cpu") -> float:
-    """Steps/s of a batch-1 step that were only its weight matmuls (every Linear / Int8Linear
-    once on one row of `dtype` activations): how far the GEMV kernels alone can go."""
+    """Steps/s of a batch-1 step that were only its weight matmuls (every Linear / quantised
+    Linear once on one row of `dtype` activations): how far the GEMV kernels alone can go."""
     from torch import nn
 
-    from lmforge.infer.quantize import Int8Linear
+    from lmforge.infer.quantize import QuantizedLinear
 
-    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
-    calls = [(m.matmul if isinstance(m, Int8Linear) else m,
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, QuantizedLinear))]
+    calls = [(m.matmul if isinstance(m, QuantizedLinear) else m,
               torch.randn(1, m.in_features, device=device).to(dtype)) for m in layers]  # fmt: skip
     with torch.inference_mode():
         for f, x in calls:
@@ -190,13 +191,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                        help="lmforge activation (and weight, unless quantised) dtype; "
-                        "transformers stays fp32")  # fmt: skip
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="lmforge activation (and weight, unless quantised) dtype; auto: "
+                        "what the engine picks on this CPU; transformers stays fp32")  # fmt: skip
     parser.add_argument(
         "--quantize",
         default="int8",
-        choices=["int8", "none"],
+        choices=["int8", "int4", "none"],
         help="lmforge weight-only quantisation of the Linear layers",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -219,7 +220,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as directory:
         make_checkpoint(directory)
-        hf_dtype = torch.float32 if args.device == "cpu" else getattr(torch, args.dtype)
+        gpu_dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
+        hf_dtype = torch.float32 if args.device == "cpu" else gpu_dtype
         hf = AutoModelForCausalLM.from_pretrained(directory, dtype=hf_dtype).eval().to(DEVICE)
         lm = LM.load(directory)
         lm.model.to(DEVICE)
