@@ -1,4 +1,4 @@
-/* Few-row products with int8 weights on a CPU: y[m, n] = scale[n] * sum_k x[m, k] * w[n, k].
+/* Few-row products with int8 or int4 weights on a CPU: y[m, n] = sum_k x[m, k] * w[n, k].
  *
  * Why by hand: decoding one token reads every weight once, so a step runs at the speed the
  * weights stream from memory. torch's int8 GEMV (`_weight_int8pack_mm`) and an fp32 GEMV convert
@@ -25,9 +25,6 @@
  * functions below as torch ops, so the compiled decode step can call them too); a machine
  * without a compiler keeps torch's kernels. OpenMP threads split the output rows.
  */
-#ifdef __cplusplus /* torch's extension builder compiles this file as C++ */
-extern "C" {
-#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +32,12 @@ extern "C" {
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
+#ifdef __cplusplus /* torch's extension builder compiles this file as C++ */
+extern "C" {
+#endif
 
 #define BLOCK 32 /* activation values sharing one scale */
-#define ROWS 4   /* output rows computed together (their weights stream side by side) */
+#define ROWS 4   /* output rows a thread takes at a time; prefetching runs ROWS rows ahead */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KERNEL "avx512-vnni"
