@@ -435,7 +435,9 @@ class Int4Linear(QuantizedLinear):
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers
-        if self._native is not None and x.device.type == "cpu":
+        if self._native is not None:
+            if x.device.type != "cpu":  # moved off the CPU after quantising: the GEMM
+                return self.gemm(x)
             y = self._native.int4(x.float(), buffers["native_codes"], buffers["native_scale"],
                                   buffers["native_offset"])  # fmt: skip
             return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -468,11 +470,14 @@ class Int4Linear(QuantizedLinear):
         dtype = dtype or self.dtype
         buffers = self._buffers
         if self._native is not None:  # w = q * d + m from the kernel's own fp16 scales
+            codes = buffers["native_codes"][start:stop]
+            d, m = buffers["native_scale"][start:stop], buffers["native_offset"][start:stop]
+            if codes.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
+                q = unpack_int4(codes).to(dtype).view(stop - start, -1, BLOCK)
+                w = q * d.to(dtype)[..., None] + m.to(dtype)[..., None]
+                return w.view(stop - start, self.in_features)
             made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
-            w = self._native.dequant_int4(buffers["native_codes"][start:stop],
-                                          buffers["native_scale"][start:stop],
-                                          buffers["native_offset"][start:stop], made)  # fmt: skip
-            return w.to(dtype)
+            return self._native.dequant_int4(codes, d, m, made).to(dtype)
         q = self.unpacked_codes(start, stop).to(self.dtype)
         sz = buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
         g = self.group_size

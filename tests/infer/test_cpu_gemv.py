@@ -138,3 +138,15 @@ def test_switched_off_by_the_environment(monkeypatch):
         assert cpu_gemv.unavailable_reason() == "LMFORGE_NATIVE_KERNELS=0"
     finally:
         cpu_gemv.gemv_kernel.cache_clear()
+
+
+def test_an_int4_layer_moved_off_the_cpu_dequantises_with_torch_ops():
+    """The native layout stays usable where the CPU kernel cannot run (here the meta device
+    stands in for a GPU): dequantise in torch ops, multiply with the GEMM."""
+    layer = Int4Linear(nn.Linear(96, 40), torch.float32, 32)
+    if layer._native is None:
+        pytest.skip("native kernel unavailable")
+    on_cpu = layer.dequantize()
+    moved = layer.to("meta")
+    assert moved.dequantize().shape == on_cpu.shape and moved.dequantize().device.type == "meta"
+    assert moved(torch.randn(1, 96, device="meta")).shape == (1, 40)
