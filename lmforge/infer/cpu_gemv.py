@@ -102,8 +102,8 @@ def build(march: str | None = "native", namespace: str = "lmforge",
          _cpu_identity() if march == "native" else ""]).encode()).hexdigest()[:12]  # fmt: skip
     name = f"{namespace}_gemv_{key}"
     directory = (folder or cache_root() / "kernels") / name
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
+    try:  # a read-only or full cache folder fails here too: one line, torch's kernels stay
+        directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags,
                            extra_ldflags=["-fopenmp"], build_directory=str(directory),
                            is_python_module=False, verbose=False)  # fmt: skip

@@ -124,6 +124,11 @@ def test_a_failed_build_says_why_in_one_line(tmp_path, monkeypatch):
         cpu_gemv.build("native", "lmforge_test_broken", tmp_path)
     assert "\n" not in str(caught.value)
     assert not list(tmp_path.glob("*/*.so"))
+    blocked = tmp_path / "file"  # a cache "folder" that is a file: mkdir fails
+    blocked.write_text("")
+    monkeypatch.setenv("CXX", "c++")
+    with pytest.raises(RuntimeError, match="building the native GEMV failed"):
+        cpu_gemv.build("native", "lmforge_test_broken", blocked)
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         cpu_gemv.build("native", "lmforge_test_broken", tmp_path)
