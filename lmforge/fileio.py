@@ -255,3 +255,8 @@ def read_rows(
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows
+
+
+def cache_root() -> Path:
+    """lmforge's cache folder: $LMFORGE_CACHE, else ~/.cache/lmforge (task files, built kernels)."""
+    return Path(os.environ.get("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge")

@@ -24,7 +24,6 @@ The scoring itself is batched and KV-cached (core_scoring.py).
 from __future__ import annotations
 
 import io
-import os
 import random
 import sys
 import urllib.request
@@ -41,7 +40,7 @@ from lmforge.eval.core_scoring import (
     common_suffix_len,
     score_option_sets,
 )
-from lmforge.fileio import atomic_write, read_rows
+from lmforge.fileio import atomic_write, cache_root, read_rows
 
 # The published eval bundle nanochat downloads (all 22 task files, in category folders).
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -99,8 +98,7 @@ TASKS_BY_LABEL = {t.label: t for t in CORE_TASKS}
 
 def default_data_dir() -> Path:
     """Where `lmforge eval core` keeps the task files: $LMFORGE_CACHE/core (~/.cache/lmforge)."""
-    root = os.environ.get("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge"
-    return Path(root) / "core"
+    return cache_root() / "core"
 
 
 def task_names(names: str | Sequence[str] | None, available: Sequence[str], key=str) -> list[str]:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from lmforge.fileio import cache_root
+
 SOURCES = (Path(__file__).with_name("cpu_gemv.c"), Path(__file__).with_name("cpu_gemv_ops.cpp"))
 BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
 _fakes: set[str] = set()  # op namespaces whose shape functions are registered
@@ -76,11 +78,6 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     n = packed.shape[0]
     g = packed.view(n, -1, BLOCK // 2)
     return torch.cat([g & 15, g >> 4], dim=-1).view(n, -1)
-
-
-def cache_root() -> Path:
-    """$LMFORGE_CACHE (default ~/.cache/lmforge), where built kernels are kept."""
-    return Path(os.environ.get("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge")
 
 
 def build(march: str | None = "native", namespace: str = "lmforge",
