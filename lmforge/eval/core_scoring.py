@@ -8,15 +8,15 @@ one of them. Done naively (nanochat's core_eval), every option runs a full forwa
 
 Here each batch runs two forwards:
 
-1. the examples' shared prefixes, left-padded into one batch, which fills a KV cache;
+1. the examples' shared prefixes, right-padded into one batch, which fills a KV cache;
 2. the cache rows are repeated once per option and every option's remaining tokens (the
    continuation plus the last shared token, whose logit predicts the first continuation token)
    run as one right-padded batch on top of it.
 
 Only the hidden states at the scored positions go through the final norm and the LM head, so
-logits are never materialised for the context. Left padding is hidden by the cache's key mask
-and positions count from each row's first real token, so every real token sees exactly the keys
-and positions it would see alone: the numbers equal a plain per-option forward up to float
+logits are never materialised for the context. The prefixes' padding is hidden from the options
+by the cache's key mask and positions count real keys only, so every real token sees exactly the
+keys and positions it would see alone: the numbers equal a plain per-option forward up to float
 rounding (tests/eval/test_core.py checks the decisions agree exactly).
 
 A one-option example (language modelling) has nothing to share, so it skips the cache too and
@@ -162,8 +162,15 @@ def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tup
 
 
 def _prefill(model, sets, prefixes, width, device) -> KVCache:
-    """Phase 1: the shared prefixes, left-padded to `width`, written into a fresh cache sized
-    for the longest option that follows."""
+    """Phase 1: the shared prefixes, right-padded to `width`, written into a fresh cache sized
+    for the longest option that follows.
+
+    Right padding lets this forward run without a mask (causal attention never shows a real
+    token the padding after it), so SDPA takes its causal path, which skips the blocks above the
+    diagonal: with a padding mask it computes every block, twice the work at the few-shot
+    lengths of BoolQ (~3k tokens). The padding is hidden afterwards, for the options that
+    follow, by a key mask with a hole in each short row; positions count real keys only, so an
+    option's first token sits right after its own prefix."""
     config = model.config
     rest = max(e - p for s, p in zip(sets, prefixes) for e in s.ends)
     dtype = model.embed.weight.dtype
@@ -174,12 +181,11 @@ def _prefill(model, sets, prefixes, width, device) -> KVCache:
     ids = torch.zeros(len(sets), width, dtype=torch.long)
     real = torch.zeros(len(sets), width, dtype=torch.bool)
     for i, (s, p) in enumerate(zip(sets, prefixes)):
-        if p:
-            ids[i, width - p :] = torch.as_tensor(s.seqs[0][:p], dtype=torch.long)
-            real[i, width - p :] = True
-    if not bool(real.all()):  # equal prefixes keep the unmasked fast path
-        cache.set_padding(real.to(device))
+        ids[i, :p] = torch.as_tensor(s.seqs[0][:p], dtype=torch.long)
+        real[i, :p] = True
     model.hidden_states(ids.to(device), cache=cache)
+    if not bool(real.all()):  # equal prefixes keep the unmasked fast path in phase 2 as well
+        cache.set_padding(real.to(device))
     return cache
 
 

@@ -219,14 +219,18 @@ def test_context_is_computed_once_per_example(core_lm, core_dir, monkeypatch):
     calls = []
     original = core_lm.model.hidden_states
 
-    def counting(ids, *args, **kwargs):
-        calls.append(ids.shape)
-        return original(ids, *args, **kwargs)
+    def counting(ids, *args, cache=None, **kwargs):
+        calls.append((ids.shape, cache.key_mask is not None))
+        return original(ids, *args, cache=cache, **kwargs)
 
     monkeypatch.setattr(core_lm.model, "hidden_states", counting)
     score_option_sets(core_lm.model, sets)
     per_option_tokens = sum(len(s) for x in sets for s in x.seqs)
     assert len(calls) == 2  # one prefill, one pass over every option of all 16 examples
+    # The prefixes differ in length, yet the prefill runs unmasked (right padding, SDPA's causal
+    # path); only the options after it need the key mask that hides the padding.
+    assert len({x.prefix_len() for x in sets}) > 1
+    assert [masked for _, masked in calls] == [False, True]
     real = sum(x.prefix_len() for x in sets) + sum(e - x.prefix_len() for x in sets for e in x.ends)
     assert real < 0.75 * per_option_tokens
 
