@@ -405,6 +405,11 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="compile lmforge's decode step")
     ap.add_argument("--build", action="store_true", help="build llama-cpp-python if missing")
     ap.add_argument("--out", default=str(CACHE / "results.json"), help="results JSON")
+    only_help = (
+        "rows whose name contains one of these, comma-separated (e.g. 'int4,Q4_0'); "
+        "transformers fp32 always runs: the greedy reference"
+    )
+    ap.add_argument("--only", default=None, help=only_help)
     args = ap.parse_args()
     if args.quick:
         args.new, args.reps = 16, 1
@@ -433,15 +438,22 @@ def main() -> None:
     lm = LM.load(source)
     prompts = make_prompts(lm.tokenizer, max(batches))
 
+    only = [w.strip() for w in args.only.split(",")] if args.only else None
+
+    def wanted(name: str) -> bool:
+        return only is None or any(w in name for w in only)
+
     runners: dict[str, object] = {}
     notes: dict[str, tuple[str, str]] = {}  # engine -> (precision, why it has no figures)
-    print("loading transformers fp32", flush=True)
+    print("loading transformers fp32", flush=True)  # always: every row's greedy reference
     runners["transformers fp32"] = TransformersRunner(source)
     modes = {"lmforge fp32": ("float32", None), "lmforge int8": (None, "int8"),
              "lmforge int4": (None, "int4"), "lmforge bf16": ("bfloat16", None)}  # fmt: skip
     # the quantisers this checkout has (int4 came later than int8)
     available = getattr(quantize, "QUANTIZE_CHOICES", None) or tuple(quantize.QUANTIZERS)
     for name, (dtype, quant) in modes.items():
+        if not wanted(name):
+            continue
         if quant is not None and quant not in available:
             notes[name] = (f"{quant} weights", f"not available (lmforge.infer.quantize has no "
                                                f"{quant} in this checkout)")  # fmt: skip
@@ -455,7 +467,8 @@ def main() -> None:
     else:
         files = gguf_files(lm, source, max(threads))
         for name, kind in gguf_names.items():
-            runners[name] = LlamaCppRunner(files[kind], args.new)
+            if wanted(name):
+                runners[name] = LlamaCppRunner(files[kind], args.new)
 
     bandwidth, results = {}, {}
     for t in threads:

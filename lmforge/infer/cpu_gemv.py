@@ -1,4 +1,4 @@
-"""The int8 / int4 decode GEMVs of cpu_gemv.c as torch ops, built for this CPU at first use.
+"""The int8 / int4 kernels of cpu_gemv.c (decode and prefill) as torch ops, built for this CPU.
 
 Why by hand: see the header of cpu_gemv.c (torch's int8 GEMV converts every weight to float and
 ran at a third of the memory bandwidth on a Zen 4 core; integer dot products with activations
@@ -14,7 +14,8 @@ kernels (quantize.py).
 
     kernel = gemv_kernel()
     if kernel is not None:
-        y = kernel.int8(x, weight_int8, scale_fp32)
+        packed = pack_int8(weight_int8)  # once, at load: 16 rows interleaved (cpu_gemv.c)
+        y = kernel.int8(x, packed, scale_fp32_padded_to_the_blocks, weight_int8.shape[0])
 """
 
 from __future__ import annotations
@@ -48,36 +49,87 @@ class NativeGemv:
     def __reduce__(self):  # torch.ops namespaces do not pickle: look the library up again
         return NativeGemv, (self.namespace,)
 
-    def int8(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """x [M, K] fp32 times int8 weight [N, K] with fp32 `scale` [N] per output row -> [M, N]
-        fp32 (x quantised to int8 per block of 32 inside). K must be a multiple of 32."""
-        return self.ops.gemv_int8(x, weight, scale)
+    def int8(
+        self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, n: int
+    ) -> torch.Tensor:
+        """x [M, K] fp32 times int8 weights [n, K] -> [M, n] fp32: `packed` from `pack_int8`,
+        fp32 `scale` [packed rows] per output row (x quantised to int8 per block of 32 inside)."""
+        return self.ops.gemv_int8(x, packed, scale, n)
 
-    def int4(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
-             offset: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """x [M, K] fp32 times int4 weights -> [M, N] fp32: `codes` uint8 [N, K/2] (`pack_int4`),
-        fp16 `scale` and `offset` [N, K/32] (w = q * scale + offset). K a multiple of 32."""
-        return self.ops.gemv_int4(x, codes, scale, offset)
+    def int4(self, x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        """x [M, K] fp32 times int4 weights [n, K] (`pack_int4`) -> [M, n] fp32."""
+        return self.ops.gemv_int4(x, packed, n)
 
-    def dequant_int4(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-                     dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
-        """The int4 weights [N, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
-        return self.ops.dequant_int4(codes, scale, offset, dtype == torch.bfloat16)
+    def dequant_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
+        return self.ops.dequant_int4(packed, n, dtype == torch.bfloat16)
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """Codes q [N, K] (0..15) -> uint8 [N, K/2] as the int4 kernel reads them: per group of 32
-    columns, byte j holds column j in its low nibble and column j + 16 in its high one."""
+# ---- the kernels' weight layout (cpu_gemv.c, "the interleaved layout") ------------------------
+LANES = 16  # output rows per block: one per 32-bit lane of a 512-bit register
+
+
+def _interleave(rows: torch.Tensor, fill: int) -> torch.Tensor:
+    """uint8 [N, K / 32, B] (B bytes per row and group) -> [ceil(N / 16), K / 32, 16 B], the
+    4-byte pieces of 16 rows alternating; missing rows are filled with the byte `fill`."""
+    n, groups, nbytes = rows.shape
+    pad = -n % LANES
+    if pad:
+        rows = torch.cat([rows, rows.new_full((pad, groups, nbytes), fill)])
+    blocks = rows.view(-1, LANES, groups, nbytes // 4, 4).permute(0, 2, 3, 1, 4)
+    return blocks.reshape(-1, groups, LANES * nbytes).contiguous()
+
+
+def _deinterleave(packed: torch.Tensor, nbytes: int, n: int) -> torch.Tensor:
+    """The inverse of `_interleave` for the first 16 nbytes of every block: uint8 [n, K/32, B]."""
+    blocks, groups, _ = packed.shape
+    pieces = packed[:, :, : LANES * nbytes].reshape(blocks, groups, nbytes // 4, LANES, 4)
+    return pieces.permute(0, 3, 1, 2, 4).reshape(blocks * LANES, groups, nbytes)[:n]
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] -> the int8 kernel's layout: uint8 [ceil(N / 16), K / 32, 512],
+    each weight stored as w + 128 (padding rows are weight 0)."""
+    n, k = weight.shape
+    unsigned = (weight.to(torch.int16) + 128).to(torch.uint8).view(n, k // BLOCK, BLOCK)
+    return _interleave(unsigned, 128)
+
+
+def unpack_int8(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of `pack_int8`: the int8 weights [n, K]."""
+    rows = _deinterleave(packed, BLOCK, n).reshape(n, -1)
+    return (rows.to(torch.int16) - 128).to(torch.int8)
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] (0..15) with fp16 `scale` and `offset` [N, K / 32] (w = q * scale +
+    offset) -> the int4 kernel's layout: uint8 [ceil(N / 16), K / 32, 320]: per block the codes
+    (byte j of a row's group: column j in the low nibble, column j + 16 in the high one), then
+    the 16 rows' scales, then their offsets."""
     n, k = q.shape
     g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
-    return (g[:, :, 0] | g[:, :, 1] << 4).reshape(n, k // 2).contiguous()
+    codes = _interleave(g[:, :, 0] | g[:, :, 1] << 4, 0)
+    blocks = codes.shape[0]
+
+    def per_block(t: torch.Tensor) -> torch.Tensor:  # [N, G] fp16 -> [blocks, G, 32] bytes
+        t = torch.cat([t.half(), t.new_zeros(blocks * LANES - n, t.shape[1], dtype=torch.half)])
+        return t.view(blocks, LANES, -1).transpose(1, 2).contiguous().view(torch.uint8)
+
+    return torch.cat([codes, per_block(scale), per_block(offset)], dim=-1).contiguous()
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of `pack_int4`: uint8 [N, K/2] -> codes uint8 [N, K]."""
-    n = packed.shape[0]
-    g = packed.view(n, -1, BLOCK // 2)
-    return torch.cat([g & 15, g >> 4], dim=-1).view(n, -1)
+def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_int4`: codes uint8 [n, K] and fp16 scale and offset [n, K / 32]."""
+    blocks, groups, _ = packed.shape
+    g = _deinterleave(packed, BLOCK // 2, n)
+    codes = torch.cat([g & 15, g >> 4], dim=-1).reshape(n, -1)
+    code_bytes = LANES * BLOCK // 2
+
+    def per_row(lo: int) -> torch.Tensor:
+        t = packed[:, :, lo : lo + 2 * LANES].contiguous().view(torch.half)  # [blocks, G, 16]
+        return t.transpose(1, 2).reshape(blocks * LANES, groups)[:n]
+
+    return codes, per_row(code_bytes), per_row(code_bytes + 2 * LANES)
 
 
 def build(march: str | None = "native", namespace: str = "lmforge",
@@ -115,17 +167,17 @@ def build(march: str | None = "native", namespace: str = "lmforge",
     return NativeGemv(namespace)
 
 
-def _fake_int8(x, weight, scale):
-    return x.new_empty(x.shape[0], weight.shape[0])
+def _fake_int8(x, packed, scale, n):
+    return x.new_empty(x.shape[0], n)
 
 
-def _fake_int4(x, codes, scale, offset):
-    return x.new_empty(x.shape[0], codes.shape[0])
+def _fake_int4(x, packed, n):
+    return x.new_empty(x.shape[0], n)
 
 
-def _fake_dequant_int4(codes, scale, offset, bf16):
+def _fake_dequant_int4(packed, n, bf16):
     dtype = torch.bfloat16 if bf16 else torch.float32
-    return codes.new_empty(codes.shape[0], codes.shape[1] * 2, dtype=dtype)
+    return packed.new_empty(n, packed.shape[1] * BLOCK, dtype=dtype)
 
 
 def _cpu_identity() -> str:

@@ -7,25 +7,26 @@ depends on the CPU (cpu_features.py), so the choice is made per machine:
 - Activations (`--dtype auto`, `resolve_dtype`): bf16 where the CPU multiplies bf16 natively (AMX,
   AVX512-BF16), fp32 elsewhere: on an AVX2-only AMD EPYC a bf16 prefill measured 5x slower than
   fp32 (issue 19). With --quantize and lmforge's own kernels built, fp32 (they take fp32
-  inputs, and bf16 decoding paid ~700 dtype casts a token), with the prefill GEMM in bf16 where
-  the CPU has bf16 units (`QuantizedLinear.gemm_dtype`). On a GPU bf16 where supported.
-- Small calls (decode: fewer than `gemm_rows` rows) go through lmforge's CPU kernels
-  (cpu_gemv.c, built for this CPU at first use): the activations are quantised to int8 per block
-  of 32, as llama.cpp does for Q8_0/Q4_0, and multiplied as integers (VNNI or AVX2), at twice
-  the speed of torch's kernels on a Zen 4 core; SmolLM2's perplexity through them: int8 +0.8%,
-  int4 +1.2% over fp32 (tests/infer/test_int4.py). Where they cannot be built (no compiler),
-  or a layer does not fit them (inputs not a multiple of 32, int4 groups other than 32), torch's
-  weight-only kernels: `aten._weight_int8pack_mm` (one scale per output channel) and
+  inputs, and bf16 decoding paid ~700 dtype casts a token). On a GPU bf16 where supported.
+- lmforge's CPU kernels (cpu_gemv.c, built for this CPU at first use) take every product of a
+  layer they fit (inputs a multiple of 32; int4 groups of 32), decode and prefill alike: the
+  activations are quantised to int8 per block of 32, as llama.cpp does for Q8_0/Q4_0, and
+  multiplied as integers (VNNI or AVX2) by weights interleaved 16 rows at a time, so one pass
+  over the weights serves 4 rows of x. On a Zen 4 core that is 2-3x torch's GEMVs at batch 1 and
+  1.6x the bf16 GEMM at 64-256 rows. SmolLM2's perplexity through them: int8 +0.8%, int4 +1.2%
+  over fp32 (tests/infer/test_int4.py).
+- Elsewhere (no compiler, a layer that does not fit, a GPU), torch's kernels. Small calls (fewer
+  than `gemm_rows` rows): `aten._weight_int8pack_mm` (one scale per output channel) and
   `aten._weight_int4pack_mm_for_cpu` (group-wise scale and zero; `_weight_int4pack_mm` on
   CUDA), fed bf16 activations whatever the model computes in: with fp32 inputs they measured
-  ~10x slower on the AVX2 EPYC (the fp32 variants are not vectorised there).
-- Large calls (prefill, big batches) multiply by the dequantised weights with the activation
-  dtype's GEMM, so no quantised mode prefills slower than that dtype does unquantised: with
-  bf16 activations int8 keeps one bf16 copy of its integer values (exact: |q| <= 127 fits
-  bf16's mantissa; made on the first large call) and scales the output; with fp32 activations
-  the weights are dequantised in chunks of output rows on every large call (a few MB that stay
-  in cache, one pass over the int8/int4 bytes, against the GEMM's 2*rows flops per weight)
-  rather than kept as a second fp32 copy, which would cost more memory than the fp32 model.
+  ~10x slower on the AVX2 EPYC (the fp32 variants are not vectorised there). Large calls
+  multiply by the dequantised weights with the activation dtype's GEMM (bf16 under `--dtype
+  auto` with fp32 activations on a CPU with bf16 units, `QuantizedLinear.gemm_dtype`), so no
+  quantised mode prefills slower than that dtype does unquantised: with bf16 activations int8
+  keeps one bf16 copy of its integer values (exact: |q| <= 127 fits bf16's mantissa; made on
+  the first large call) and scales the output; with fp32 activations the weights are
+  dequantised in chunks of output rows on every large call (a few MB that stay in cache) rather
+  than kept as a second fp32 copy, which would cost more memory than the fp32 model.
 
 int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group of `group_size` input
 columns, q in 0..15: torch's int4pack convention), so llama.cpp's Q4_0 (w = (q - 8) * d) and
@@ -52,7 +53,15 @@ from torch import nn
 
 from lmforge.errors import ConfigError
 from lmforge.infer.cpu_features import CPUFeatures, cpu_features
-from lmforge.infer.cpu_gemv import BLOCK, gemv_kernel, pack_int4, unpack_int4
+from lmforge.infer.cpu_gemv import (
+    BLOCK,
+    LANES,
+    gemv_kernel,
+    pack_int4,
+    pack_int8,
+    unpack_int4,
+    unpack_int8,
+)
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -155,9 +164,10 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
     kdtype = str(_cpu_kernel_dtype(dtype)).removeprefix("torch.")
     cast = "" if kdtype == act else f" on {kdtype}-rounded inputs"
     native = gemv_kernel()
-    if native is not None:  # int4: at group size 32 (the default)
-        kernel = f"lmforge's {native.isa} {quantize} GEMV (activations quantised to int8 per 32)"
-        cast = ""
+    if native is not None:
+        groups = " at group size 32, torch's kernels at others" if quantize == "int4" else ""
+        return (f"; {quantize}: lmforge's {native.isa} {quantize} kernel (activations quantised "
+                f"to int8 per 32) at every batch size, decode and prefill{groups}")  # fmt: skip
     gemm = dtype
     if dtype == torch.float32 and cpu_features().native_bf16:  # gemm_dtype
         gemm = torch.bfloat16
@@ -170,7 +180,7 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
     )
     if gemm != dtype:
         big += " (inputs rounded to it)"
-    rows = QuantizedLinear.native_gemm_rows if native else QuantizedLinear.gemm_rows
+    rows = QuantizedLinear.gemm_rows
     return (f"; {quantize}: {kernel}{cast} below {rows} rows (decode), "
             f"{big} from {rows} rows (prefill)")  # fmt: skip
 
@@ -231,13 +241,16 @@ def _cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class QuantizedLinear(nn.Module, abc.ABC):
-    """A frozen Linear with quantised weights. `matmul` picks the kernel by the number of rows:
-    the weight-only GEMV below `gemm_rows`, a GEMM with dequantised weights at or above."""
+    """A frozen Linear with quantised weights. `matmul` picks the kernel: lmforge's own (native)
+    CPU kernel at every number of rows where it is built; otherwise torch's weight-only GEMV
+    below `gemm_rows` and a GEMM with dequantised weights at or above."""
 
     gemm_rows = 8  # measured crossover on a Sapphire Rapids core (int8 GEMV vs bf16 AMX GEMM)
-    # lmforge's own GEMV (cpu_gemv.c) against the bf16 GEMM on a Zen 4 core, SmolLM2's layers:
-    # 2x faster at 8 rows, even at 12-16 (int8) and 10 (int4): a batch of 8 decodes through it
-    native_gemm_rows = 12
+    # cpu_gemv.NativeGemv where this layer runs lmforge's kernel. It multiplies a block of 16
+    # weight rows by up to 4 rows of x per pass, so it stays compute-efficient at any batch: on a
+    # Zen 4 core, SmolLM2's layers, int8 ran 1.6-2x the bf16 GEMM from 1 to 256 rows (138-154
+    # against 85-90 GMAC/s at 64-256 rows: vpdpbusd does 64 products, the bf16 dot 32)
+    _native = None
     chunk_weights = 1 << 20  # weights dequantised at once by the fp32 GEMM path (4 MB)
     bits = 0
     # bf16 where `--dtype auto` chose fp32 activations on a CPU with bf16 units: the GEMM
@@ -258,7 +271,7 @@ class QuantizedLinear(nn.Module, abc.ABC):
         """x [M, in] -> [M, out] (the decoder calls this directly: no module overhead)."""
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
-        if x.shape[0] < self.gemm_rows or x.device.type == "cuda":
+        if self._native is not None or x.shape[0] < self.gemm_rows or x.device.type == "cuda":
             y = self.gemv(x)
         else:
             y = self.gemm(x)
@@ -308,17 +321,24 @@ class Int8Linear(QuantizedLinear):
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
         super().__init__(linear.in_features, linear.out_features, linear.bias, dtype)
         q, scale = quantize_int8(linear.weight)
-        self.register_buffer("weight_int8", q.contiguous())
         self.register_buffer("scale", scale.to(dtype))
         kernel = _cpu_kernel_dtype(dtype)
         # the GEMV kernel wants its scales in its input dtype (bf16 even for fp32 activations)
         self.register_buffer("kernel_scale", self.scale.to(kernel), persistent=False)
-        # lmforge's own CPU kernel (cpu_gemv.c) where it builds and the rows fit its blocks
+        # lmforge's own CPU kernel (cpu_gemv.c) where it builds and the rows fit its blocks: the
+        # weights are kept in its layout only (`int8_rows` unpacks them for the GEMM)
         native = gemv_kernel() if q.device.type == "cpu" and q.shape[1] % BLOCK == 0 else None
         self._native = native
-        self.register_buffer("native_scale", scale.float() if native else None, persistent=False)
         if native is not None:
-            self.gemm_rows = self.native_gemm_rows
+            packed = pack_int8(q)
+            padded = torch.zeros(packed.shape[0] * LANES)
+            padded[: q.shape[0]] = scale.float()
+            q = None
+        else:
+            packed = padded = None
+        self.register_buffer("weight_int8", q)
+        self.register_buffer("native_packed", packed)
+        self.register_buffer("native_scale", padded, persistent=False)
         self._gemm_weight: torch.Tensor | None = None  # q in bf16, made on the first large call
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
@@ -328,7 +348,8 @@ class Int8Linear(QuantizedLinear):
             # inputs are not a multiple of 16 (tests/infer/test_cpu_gemv.py): the GEMM
             return self.gemm(x)
         if self._native is not None:
-            y = self._native.int8(x.float(), buffers["weight_int8"], buffers["native_scale"])
+            y = self._native.int8(x.float(), buffers["native_packed"], buffers["native_scale"],
+                                  self.out_features)  # fmt: skip
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         scale = buffers["kernel_scale"]
         if x.dtype == scale.dtype:
@@ -344,11 +365,19 @@ class Int8Linear(QuantizedLinear):
         # bf16/fp16: q in that dtype is exact, so one copy serves every call; scale the output
         weight = self._gemm_weight
         if weight is None or weight.device != x.device or weight.dtype != compute:
-            weight = self._gemm_weight = buffers["weight_int8"].to(compute)
+            weight = self._gemm_weight = self.int8_rows().to(compute)
         return (F.linear(x.to(compute), weight) * buffers["scale"]).to(x.dtype)
 
+    def int8_rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The int8 weights of output rows start:stop (start a multiple of 16)."""
+        stop = self.out_features if stop is None else stop
+        packed = self._buffers["native_packed"]
+        if packed is None:
+            return self._buffers["weight_int8"][start:stop]
+        return unpack_int8(packed[start // LANES : -(-stop // LANES)], stop - start)
+
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
-        q, scale = self._buffers["weight_int8"][start:stop], self._buffers["scale"][start:stop]
+        q, scale = self.int8_rows(start, stop), self._buffers["scale"][start:stop]
         return (q.to(self.dtype) * scale[:, None]).to(dtype or self.dtype)
 
 
@@ -404,13 +433,11 @@ class Int4Linear(QuantizedLinear):
             d, m = scale.half(), (zero - 8 * scale).half()  # w = q * d + m
             if bool(torch.isfinite(d).all() and torch.isfinite(m).all()):  # fp16 holds them
                 self._native, self.padded = native, n
-                self.gemm_rows = self.native_gemm_rows
-                self.register_buffer("native_codes", pack_int4(q))
-                self.register_buffer("native_scale", d)
-                self.register_buffer("native_offset", m)
+                self.register_buffer("native_packed", pack_int4(q, d, m))
                 for name in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
                     self.register_buffer(name, None)
                 return
+        self.register_buffer("native_packed", None)
         self.padded = -(-n // 32) * 32
         if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0
             pad = self.padded - n
@@ -438,8 +465,7 @@ class Int4Linear(QuantizedLinear):
         if self._native is not None:
             if x.device.type != "cpu":  # moved off the CPU after quantising: the GEMM
                 return self.gemm(x)
-            y = self._native.int4(x.float(), buffers["native_codes"], buffers["native_scale"],
-                                  buffers["native_offset"])  # fmt: skip
+            y = self._native.int4(x.float(), buffers["native_packed"], self.out_features)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         packed, sz = buffers["weight_int4"], buffers["kernel_scale_zeros"]
         xk = x if x.dtype == sz.dtype else x.to(sz.dtype)
@@ -455,7 +481,7 @@ class Int4Linear(QuantizedLinear):
         """The codes (uint8 0..15) of output rows start:stop (start a multiple of 32)."""
         stop = self.padded if stop is None else stop
         if self._native is not None:
-            return unpack_int4(self._buffers["native_codes"][start:stop])
+            return self._native_rows(start, stop)[0]
         plain = self._buffers["codes"]
         if plain is not None:
             rows = plain[start:stop]
@@ -465,19 +491,26 @@ class Int4Linear(QuantizedLinear):
         q = torch.cat([blocks & 15, blocks >> 4], dim=-1).transpose(1, 2)  # [blocks, 32, K]
         return q.reshape(-1, self.in_features)[: stop - start]
 
+    def _native_rows(self, start: int, stop: int):
+        """(codes, scale d, offset m) of output rows start:stop (start a multiple of 16) from the
+        native kernel's layout."""
+        blocks = self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
+        return unpack_int4(blocks, stop - start)
+
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         stop = self.out_features if stop is None else stop
         dtype = dtype or self.dtype
         buffers = self._buffers
         if self._native is not None:  # w = q * d + m from the kernel's own fp16 scales
-            codes = buffers["native_codes"][start:stop]
-            d, m = buffers["native_scale"][start:stop], buffers["native_offset"][start:stop]
-            if codes.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
-                q = unpack_int4(codes).to(dtype).view(stop - start, -1, BLOCK)
+            packed = buffers["native_packed"]
+            if packed.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
+                codes, d, m = self._native_rows(start, stop)
+                q = codes.to(dtype).view(stop - start, -1, BLOCK)
                 w = q * d.to(dtype)[..., None] + m.to(dtype)[..., None]
                 return w.view(stop - start, self.in_features)
             made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
-            return self._native.dequant_int4(codes, d, m, made).to(dtype)
+            blocks = packed[start // LANES : -(-stop // LANES)]
+            return self._native.dequant_int4(blocks, stop - start, made).to(dtype)
         q = self.unpacked_codes(start, stop).to(self.dtype)
         sz = buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
         g = self.group_size

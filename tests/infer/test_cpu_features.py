@@ -113,4 +113,5 @@ def test_kernel_description_names_the_native_kernel_when_built(monkeypatch):
     monkeypatch.setattr(quantize, "gemv_kernel", lambda: Built())
     for mode in ("int8", "int4"):
         line = describe_kernels(torch.float32, mode)
-        assert f"lmforge's avx2 {mode} GEMV" in line and "pack_mm" not in line
+        assert f"lmforge's avx2 {mode} kernel" in line and "pack_mm" not in line
+        assert "every batch size" in line and "GEMM" not in line

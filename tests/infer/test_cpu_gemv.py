@@ -46,22 +46,26 @@ def quantised_activations(x: torch.Tensor) -> torch.Tensor:
     return (q * d).view_as(x)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 7])
-@pytest.mark.parametrize("shape", [(70, 96), (36, 64)])  # k = 3 and 2 blocks, n % 4 != 0
+# rows: 1 to 9 cover the 4-row tiles of x and the tails after them
+@pytest.mark.parametrize("rows", [1, 3, 6, 9])
+@pytest.mark.parametrize("shape", [(70, 96), (36, 64), (16, 32)])  # n % 16: 6, 4 and none
 def test_int8_matches_torch_on_the_same_quantised_activations(kernel, rows, shape):
     n, k = shape
     g = torch.Generator().manual_seed(rows * n)
-    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     scale = torch.rand(n, generator=g) / 50
     x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)  # uneven blocks
-    y = kernel.int8(x, w, scale)
+    packed = cpu_gemv.pack_int8(w)
+    assert torch.equal(cpu_gemv.unpack_int8(packed, n), w)
+    padded = torch.cat([scale, scale.new_zeros(packed.shape[0] * 16 - n)])
+    y = kernel.int8(x, packed, padded, n)
     expect = quantised_activations(x) @ (w.float() * scale[:, None]).t()
     torch.testing.assert_close(y, expect, rtol=1e-5, atol=1e-5)
     unquantised = x @ (w.float() * scale[:, None]).t()
     assert (y - unquantised).norm() / unquantised.norm() < 1e-2
 
 
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 8])
 @pytest.mark.parametrize("shape", [(70, 96), (36, 64)])  # odd and even numbers of groups
 def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shape):
     n, k = shape
@@ -71,13 +75,16 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     m = (torch.randn(n, k // 32, generator=g) / 5).half()
     x = torch.randn(rows, k, generator=g)
     scaled = (q.float().view(n, -1, 32) * d.float()[..., None]).view(n, k)
-    y = kernel.int4(x, cpu_gemv.pack_int4(q), d, m)
+    packed = cpu_gemv.pack_int4(q, d, m)
+    y = kernel.int4(x, packed, n)
     # the scaled codes meet the quantised activations; the offsets the exact group sums
     expect = quantised_activations(x) @ scaled.t() + x.view(rows, -1, 32).sum(-1) @ m.float().t()
     torch.testing.assert_close(y, expect, rtol=1e-4, atol=1e-4)
     w = scaled + m.float().repeat_interleave(32, dim=1)
     assert (y - x @ w.t()).norm() / (x @ w.t()).norm() < 2e-2
-    assert torch.equal(cpu_gemv.unpack_int4(cpu_gemv.pack_int4(q)), q.to(torch.uint8))
+    codes, d2, m2 = cpu_gemv.unpack_int4(packed, n)
+    assert torch.equal(codes, q.to(torch.uint8)) and torch.equal(d2, d) and torch.equal(m2, m)
+    torch.testing.assert_close(kernel.dequant_int4(packed, n, torch.float32), w)
 
 
 def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():

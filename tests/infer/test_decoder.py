@@ -275,7 +275,7 @@ def test_compiled_int8_engine_with_every_slot_full():
     # a systematic difference would split most of the 8 rows; exact bf16 ties in the eager run
     # (3 with this seed: its int8 GEMV quantises the activations) may go either way
     assert near_ties <= 4
-    # the full batch is its own range where Int8Linear switches kernels at 8 rows (torch's
-    # GEMV); the native GEMV takes up to 11 rows, so 2-8 share one range there
-    full = (8, 9) if engine.model.lm_head.gemm_rows <= 8 else (2, 9)
+    # the full batch is its own range where Int8Linear switches from torch's GEMV to the GEMM
+    # at 8 rows; the native kernel takes every batch, so 2-8 share one range there
+    full = (2, 9) if engine.model.lm_head._native is not None else (8, 9)
     assert [(r.start, r.stop) for r, _, _ in engine._exported.compiled][-1] == full
