@@ -20,8 +20,9 @@ token's logits (lmforge's first engine step also runs one decode step: the media
 subtracted). Decode tok/s: the tokens after the first / their time (batch 8: all rows together).
 transformers runs its model's forward in a greedy loop with its KV cache (what `generate` does,
 without its per-step bookkeeping); llama.cpp runs through llama-cpp-python's low-level API
-(`llama_batch`, one sequence id per row, `n_seq_max` 8), so batch 8 is llama.cpp's own batched
-decoding. Threads: 1 and 2 (torch.set_num_threads / llama.cpp n_threads, prefill included).
+(`llama_batch`, one sequence id per row, `n_seq_max` the largest batch), so batch 8 is
+llama.cpp's own batched decoding (`--batches 1,8,16` adds batch 16, the most it takes).
+Threads: 1 and 2 (torch.set_num_threads / llama.cpp n_threads, prefill included).
 Runs alternate between the rows (rep 1 of every row, then rep 2, ...); the median of 3 is kept.
 
 Bandwidth bound: decoding a token reads every weight it uses once, so tokens/s <= copy
@@ -68,7 +69,7 @@ LLAMA_CPP_VERSION = "0.3.36"
 INSTALL = (f"pip install llama-cpp-python=={LLAMA_CPP_VERSION} (builds llama.cpp from source: "
            "15-20 min on 2 cores), or rerun this script with --build")  # fmt: skip
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-PROMPT_LEN, BATCH_MAX = 128, 8
+PROMPT_LEN, BATCH_MAX = 128, 16
 PAIRS = {"lmforge int8": "llama.cpp Q8_0", "lmforge int4": "llama.cpp Q4_0",
          "lmforge bf16": "llama.cpp F16"}  # fmt: skip
 
@@ -202,12 +203,12 @@ class TransformersRunner:
 class LMForgeRunner:
     """lmforge's Engine (continuous batching) in one precision."""
 
-    def __init__(self, lm, dtype, quantize, compile: bool):
+    def __init__(self, lm, dtype, quantize, compile: bool, max_batch: int):
         from lmforge.infer.cpu_gemv import gemv_kernel
         from lmforge.infer.engine import Engine
         from lmforge.infer.quantize import decode_bytes
 
-        self.engine = Engine.from_lm(lm, max_batch=BATCH_MAX, dtype=dtype, quantize=quantize,
+        self.engine = Engine.from_lm(lm, max_batch=max_batch, dtype=dtype, quantize=quantize,
                                      compile=compile, max_len=PROMPT_LEN + 300)  # fmt: skip
         self.bytes = decode_bytes(self.engine.model)
         act = str(self.engine.dtype).removeprefix("torch.").replace("float32", "fp32")
@@ -250,7 +251,7 @@ class LMForgeRunner:
 class LlamaCppRunner:
     """llama.cpp through llama-cpp-python's C API: one context with a sequence per row."""
 
-    def __init__(self, path: Path, new: int):
+    def __init__(self, path: Path, new: int, max_batch: int):
         import llama_cpp as L
 
         self.L, self.path = L, path
@@ -260,14 +261,14 @@ class LlamaCppRunner:
         if not self.model:
             raise RuntimeError(f"llama.cpp cannot load {path}")
         ctx = L.llama_context_default_params()
-        ctx.n_ctx = BATCH_MAX * (PROMPT_LEN + new + 16)
-        ctx.n_batch = ctx.n_ubatch = BATCH_MAX * PROMPT_LEN  # the batch-8 prefill in one ubatch
-        ctx.n_seq_max = BATCH_MAX
+        ctx.n_ctx = max_batch * (PROMPT_LEN + new + 16)
+        ctx.n_batch = ctx.n_ubatch = max_batch * PROMPT_LEN  # the batched prefill in one ubatch
+        ctx.n_seq_max = max_batch
         self.ctx = L.llama_init_from_model(self.model, ctx)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not make a context")
         self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        self.batch = L.llama_batch_init(BATCH_MAX * PROMPT_LEN, 0, BATCH_MAX)
+        self.batch = L.llama_batch_init(max_batch * PROMPT_LEN, 0, max_batch)
         self.bytes, kinds = gguf_decode_bytes(path)
         kind = path.name.split(".")[-2].upper()
         # ggml's vec_dot_type: F16 rows meet F16-rounded activations, Q8_0/Q4_0 rows Q8_0 ones
@@ -459,7 +460,7 @@ def main() -> None:
                                                f"{quant} in this checkout)")  # fmt: skip
             continue
         print(f"preparing {name}", flush=True)
-        runners[name] = LMForgeRunner(lm, dtype, quant, args.compile)
+        runners[name] = LMForgeRunner(lm, dtype, quant, args.compile, max(batches))
     gguf_names = {"llama.cpp F16": "f16", "llama.cpp Q8_0": "q8_0", "llama.cpp Q4_0": "q4_0"}
     if missing:
         for name, kind in gguf_names.items():
@@ -468,7 +469,7 @@ def main() -> None:
         files = gguf_files(lm, source, max(threads))
         for name, kind in gguf_names.items():
             if wanted(name):
-                runners[name] = LlamaCppRunner(files[kind], args.new)
+                runners[name] = LlamaCppRunner(files[kind], args.new, max(batches))
 
     bandwidth, results = {}, {}
     for t in threads:

@@ -57,14 +57,14 @@ def decode_attention(q, k, v, mask=None) -> torch.Tensor:
     kernel whose fixed cost (~15-30 us a call on a CPU) dominates a short decode step.
     q [B, H, 1, D], k/v [B, KV, L, D], mask None or bool [B, 1, 1, L] -> [B, H, 1, D]."""
     b, h, _, d = q.shape
-    kv = k.shape[1]
+    kv, dtype = k.shape[1], q.dtype
     q = q.view(b, kv, h // kv, 1, d).float()
     scores = (q * k[:, :, None].float()).sum(-1) * d**-0.5  # [B, KV, G, L]
     if mask is not None:
         scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     y = (probs[..., None] * v[:, :, None].float()).sum(-2)  # [B, KV, G, D]
-    return y.to(v.dtype).view(b, h, 1, d)
+    return y.to(dtype).view(b, h, 1, d)
 
 
 class _Layer:
@@ -174,12 +174,14 @@ class FastDecoder:
         if t == 1 and torch.compiler.is_compiling():
             y = decode_attention(q, k, v, mask)
             return layer.o(y.reshape(b, nh * hd))
-        if t == 1 and q.dtype != torch.float32 and q.device.type == "cpu":
+        if t == 1 and q.device.type == "cpu" and torch.float32 not in (q.dtype, k.dtype):
             # torch's CPU flash attention runs one bf16 query 3-4x slower than the same in fp32
             # (165 vs 57 us a layer at 256 keys, Zen 4): upcasting the cache rows costs less
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                enable_gqa=self.gqa).to(q.dtype)  # fmt: skip
         else:
+            if k.dtype != q.dtype:  # an fp16 cache under fp32 activations (engine.py)
+                k, v = k.to(q.dtype), v.to(q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                enable_gqa=self.gqa)  # fmt: skip
         return layer.o(y.transpose(1, 2).reshape(b * t, nh * hd))

@@ -121,6 +121,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         draft=None,
         draft_tokens: int = 4,
+        kv_dtype: torch.dtype | None = None,
     ):
         config = model.config
         self.tokenizer, self.config, self.quantize = tokenizer, config, quantize
@@ -145,7 +146,16 @@ class Engine:
         # The slot cache needs keys that may sit in any column; other kinds take the per-kind
         # path, speculative decoding keeps one rewindable cache per sequence.
         self.slots = full_attention(config) and draft is None
-        self.cache = SlotCache(config, max_batch, self.max_len, self.dtype, self.device) \
+        export = bool(compile and self.slots and not cuda_graphs)
+        export = export and exportable(self.forward, self.device)
+        # Keys and values in fp16 where a quantised model decodes in fp32 through the CPU's
+        # compiled step, as llama.cpp keeps its cache in F16 whatever the weights: every step
+        # reads each row's whole cache, at batch 8 SmolLM2's fp32 cache was ~1/3 of the bytes a
+        # step read, and the compiled attention reads fp16 into fp32 arithmetic in the same
+        # loop (eagerly the upcast would be a copy: fp32 stays). Elsewhere the activations'.
+        fp16_kv = export and quantize is not None and self.dtype == torch.float32
+        self.kv_dtype = kv_dtype or (torch.float16 if fp16_kv else self.dtype)
+        self.cache = SlotCache(config, max_batch, self.max_len, self.kv_dtype, self.device) \
             if self.slots else None  # fmt: skip
         self.sampler = RowSampler(max_batch, config.vocab_size, self.max_len, self.device)
         self.next_tokens = torch.zeros(max_batch, dtype=torch.long, device=self.device)
@@ -160,7 +170,7 @@ class Engine:
         self._exported = None
         if compile and not self.slots:
             raise ConfigError("compile needs full softmax attention and no draft model")
-        if compile and not cuda_graphs and exportable(self.forward, self.device):
+        if export:
             self._exported = ExportedDecodeStep(self.forward, self.cache)
         elif compile:
             self._decode = compile_decode_step(self.forward, self.cache)
@@ -186,7 +196,8 @@ class Engine:
     def precision(self) -> str:
         """What the engine computes in, e.g. 'float32' or 'int8 weights, bfloat16 activations'."""
         act = str(self.dtype).removeprefix("torch.")
-        return f"{self.quantize} weights, {act} activations" if self.quantize else act
+        kv = "" if self.kv_dtype == self.dtype else f", {str(self.kv_dtype)[6:]} KV cache"
+        return f"{self.quantize} weights, {act} activations{kv}" if self.quantize else act
 
     @classmethod
     def from_lm(cls, lm, **kwargs) -> Engine:

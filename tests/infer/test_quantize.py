@@ -105,6 +105,28 @@ def test_reduced_precision_engine_agrees_with_fp32(lm, precision, max_rel_error)
     assert sum(a == b for a, b in zip(ours, fp32)) >= 3
 
 
+def test_fp16_kv_cache_where_a_quantised_model_decodes_compiled_in_fp32(lm):
+    """The compiled CPU step of a quantised fp32 model keeps keys and values in fp16 (as
+    llama.cpp's F16 cache); elsewhere the activations' dtype; an explicit kv_dtype wins. The
+    policy is read without compiling anything (the step compiles on its first use)."""
+    compiled = Engine(lm.model, max_batch=2, eos_ids=[], compile=True, quantize="int8",
+                      dtype="float32")  # fmt: skip
+    assert compiled.cache.k[0].dtype == torch.float16
+    assert compiled.precision == "int8 weights, float32 activations, float16 KV cache"
+    eager = Engine(lm.model, max_batch=2, eos_ids=[], quantize="int8", dtype="float32")
+    assert eager.kv_dtype == torch.float32 and eager.precision.endswith("activations")
+    assert Engine(lm.model, max_batch=2, eos_ids=[], compile=True).kv_dtype == torch.float32
+    # an fp16 cache under eager decoding (the steps outside the compiled ranges run eagerly)
+    # and prefill: the keys are upcast, the tokens follow the fp32-cache engine's
+    half = Engine(lm.model, max_batch=4, eos_ids=[], quantize="int8", dtype="float32",
+                  kv_dtype=torch.float16)  # fmt: skip
+    params = GenerationParams(max_new_tokens=6, temperature=0.0)
+    prompts = torch.randint(0, 97, (4, 12), generator=torch.Generator().manual_seed(1)).tolist()
+    ours = [c.token_ids for c in half.generate(prompts, params)]
+    theirs = [c.token_ids for c in eager.generate(prompts, params)]
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 3
+
+
 def test_lm_load_quantized(tmp_path, lm):
     lm.save(tmp_path)
     q = LM.load(tmp_path, quantize="int8")
