@@ -16,11 +16,11 @@ The `all` line is the figure for a whole CORE run (the 18 local tasks by default
 examples each): where the reference spends its time, on tasks whose options share a long
 few-shot context, the shared context runs once. A one-option task (language modelling) or one
 whose options share no prefix (schema, 0-shot) saves only the LM head over the unscored
-positions and the batching. Measured 2026-11-26 at e30d702 (2-core AMD EPYC Zen 4, float32, one
-pinned thread): SmolLM2-135M, all 18 tasks x 11 examples: all 2.8x (multiple choice 1.9-5.0x,
-the seven language-modelling tasks 0.8-1.5x); the speedrun's cpu-tiny model (context 128),
-18 x 25: 2.0x (its left crop cuts each option at a different place, so options rarely share a
-prefix).
+positions and the batching. Measured 2026-11-26 at 5f5e965 (2-core AMD EPYC Zen 4, float32, one
+pinned thread): SmolLM2-135M, all 18 tasks x 11 examples: all 3.0x (multiple choice 1.9-5.3x,
+the seven language-modelling tasks 1.1-1.5x); the speedrun's cpu-tiny model (context 128),
+18 x 25: 2.0x at e30d702 (its left crop cuts each option at a different place, so options
+rarely share a prefix).
 
 Runs alternate per task (fast, reference, fast, reference, ...) so that a load change on a shared
 machine hits both sides alike; each side's examples/s is its total over the repeats. Without a

@@ -99,9 +99,8 @@ def auto_dtype(
         return torch.float32, f"no per-device rule for {device.type}: float32"
     f = features or cpu_features()
     if quantize in QUANTIZE_CHOICES and gemv_kernel() is not None:
-        big = " (large products in bf16 on the CPU's bf16 units)" if f.native_bf16 else ""
-        return torch.float32, (f"{f.summary()}: lmforge's {quantize} decode kernel takes fp32 "
-                               f"activations{big}")  # fmt: skip
+        return torch.float32, (f"{f.summary()}: lmforge's {quantize} kernel takes fp32 "
+                               "activations (it quantises them to int8 per 32)")  # fmt: skip
     if f.native_bf16:
         unit = "AMX" if f.amx else "AVX512-BF16"
         return torch.bfloat16, f"{f.summary()}: bf16 matmuls run on {unit}"
