@@ -45,7 +45,9 @@ class _Bookkeeping:
     key_mask: torch.Tensor | None = None
 
     def set_padding(self, attention_mask: torch.Tensor) -> None:
-        """Record which prompt positions are padding ([B, T] with 1 = real), before prefill."""
+        """Record which of the first T positions are padding ([B, T] with 1 = real): before a
+        left-padded prefill, or after a right-padded one (eval/core_scoring.py) to hide the
+        padding from the tokens that follow; positions count real keys only."""
         mask = torch.ones(self.batch_size, self.max_len, dtype=torch.bool, device=self.device)
         mask[:, : attention_mask.shape[1]] = attention_mask.bool()
         self.key_mask = mask
