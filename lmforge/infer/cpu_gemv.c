@@ -166,6 +166,38 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
  */
 #define LANES 16
 #define TILE 4 /* rows of x multiplied per pass over a block of weights */
+
+/* With more rows of x than one pass takes, a block of weights is read from DRAM by the first
+ * pass and from L1 by the others, and the hardware prefetcher, which follows demand misses,
+ * idles during those: the weight stream stalls at every block (measured: 16 rows took the time
+ * of one row's DRAM reads plus the integer products, not the larger of the two). So each pass
+ * prefetches its share of the next block: in every group, `bytes` of that group's `stride`. */
+typedef struct {
+  const uint8_t* next;
+  int64_t stride, bytes;
+} Prefetch;
+
+static inline void prefetch_part(Prefetch pf, int64_t g) {
+#if defined(__x86_64__) || defined(_M_X64)
+  for (int64_t j = 0; j < pf.bytes; j += 64)
+    _mm_prefetch((const char*)(pf.next + g * pf.stride + j), _MM_HINT_T0);
+#else
+  (void)pf, (void)g;
+#endif
+}
+
+/* Pass `pass` of `passes` over a block: its share of the next block (groups of `stride`
+ * bytes at `next`; none when there is a single pass, which the hardware prefetcher serves). */
+static inline Prefetch prefetch_share(const uint8_t* next, int64_t stride, int64_t pass,
+                                      int64_t passes) {
+  Prefetch pf = {next, stride, 0};
+  if (passes > 1 && next) {
+    const int64_t per = (stride / 64 + passes - 1) / passes * 64;
+    pf.next = next + pass * per;
+    pf.bytes = pass * per >= stride ? 0 : (stride - pass * per < per ? stride - pass * per : per);
+  }
+  return pf;
+}
 #define INT8_BLOCK_BYTES (LANES * BLOCK)
 #define INT4_BLOCK_BYTES (LANES * BLOCK / 2 + 4 * LANES)
 
@@ -203,11 +235,12 @@ static inline __m256i dot4_u4(__m256i acc, __m256i u, __m256i q) {
 /* The int8 sums of one block for T rows of x: acc[i] += sx_i,g * sum(u q) per lane (row). */
 template <int T>
 static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx, int64_t k,
-                              int64_t groups, float* out /* [T][LANES] */) {
+                              int64_t groups, Prefetch pf, float* out /* [T][LANES] */) {
 #if defined(VNNI512)
   __m512 acc[T];
   for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += INT8_BLOCK_BYTES) {
+    prefetch_part(pf, g);
     __m512i s[T];
     for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
     for (int t = 0; t < 8; t++) {
@@ -223,6 +256,7 @@ static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx
   __m256 acc[T][2];
   for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += INT8_BLOCK_BYTES) {
+    prefetch_part(pf, g);
     __m256i s[T][2];
     for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
     for (int t = 0; t < 8; t++) {
@@ -262,12 +296,14 @@ static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx
 /* The int4 sums of one block for T rows of x: acc[i] += d sx_i,g sum(c q) + m sum(x_g) */
 template <int T>
 static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx,
-                              const float* xsum, int64_t k, int64_t groups, float* out) {
+                              const float* xsum, int64_t k, int64_t groups, Prefetch pf,
+                              float* out) {
 #if defined(VNNI512)
   const __m512i low = _mm512_set1_epi8(0x0f);
   __m512 acc[T];
   for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += INT4_BLOCK_BYTES) {
+    prefetch_part(pf, g);
     __m512i s[T];
     for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
     for (int t = 0; t < 4; t++) {
@@ -293,6 +329,7 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
   __m256 acc[T][2];
   for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += INT4_BLOCK_BYTES) {
+    prefetch_part(pf, g);
     __m256i s[T][2];
     for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
     for (int t = 0; t < 4; t++) {
@@ -384,13 +421,16 @@ EXPORT int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_sc
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
   if (quantize_x(x, m, k, 0, &qx)) return -1;
+  const int64_t passes = (m + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t* wb = w + b * groups * INT8_BLOCK_BYTES;
+    const uint8_t* next = b + 1 < blocks ? wb + groups * INT8_BLOCK_BYTES : NULL;
     float acc[TILE * LANES];
     for (int64_t i0 = 0; i0 < m; i0 += TILE) {
       const int t = (int)(m - i0 < TILE ? m - i0 : TILE);
-      TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, k, groups)
+      const Prefetch pf = prefetch_share(next, INT8_BLOCK_BYTES, i0 / TILE, passes);
+      TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, k, groups, pf)
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)
           y[(i0 + i) * n + b * LANES + r] =
@@ -410,14 +450,17 @@ EXPORT int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
   if (quantize_x(x, m, k, 1, &qx)) return -1;
+  const int64_t passes = (m + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t* wb = w + b * groups * INT4_BLOCK_BYTES;
+    const uint8_t* next = b + 1 < blocks ? wb + groups * INT4_BLOCK_BYTES : NULL;
     float acc[TILE * LANES];
     for (int64_t i0 = 0; i0 < m; i0 += TILE) {
       const int t = (int)(m - i0 < TILE ? m - i0 : TILE);
+      const Prefetch pf = prefetch_share(next, INT4_BLOCK_BYTES, i0 / TILE, passes);
       TILE_DISPATCH(int4_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
-                    qx.xsum + i0 * groups, k, groups)
+                    qx.xsum + i0 * groups, k, groups, pf)
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)
           y[(i0 + i) * n + b * LANES + r] = acc[i * LANES + r];

@@ -31,7 +31,8 @@ import torch
 
 from lmforge.fileio import cache_root
 
-SOURCES = (Path(__file__).with_name("cpu_gemv.c"), Path(__file__).with_name("cpu_gemv_ops.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_gemv_ops.cpp"))  # fmt: skip
 BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
 _fakes: set[str] = set()  # op namespaces whose shape functions are registered
 
@@ -63,6 +64,14 @@ class NativeGemv:
     def dequant_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
         return self.ops.dequant_int4(packed, n, dtype == torch.bfloat16)
+
+    def decode_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One query per row over its cache (cpu_attention.c): q [B, H, 1, D] fp32, k / v
+        [B, KV, L, D] fp32, fp16 or bf16 (unit stride along D), mask None or bool [B, L] or
+        [B, 1, 1, L] (True: a real key) -> [B, H, 1, D] fp32, scaled by D ** -0.5."""
+        return self.ops.decode_attention(q, k, v, mask)
 
 
 # ---- the kernels' weight layout (cpu_gemv.c, "the interleaved layout") ------------------------
@@ -164,6 +173,7 @@ def build(march: str | None = "native", namespace: str = "lmforge",
         torch.library.register_fake(f"{namespace}::gemv_int8")(_fake_int8)
         torch.library.register_fake(f"{namespace}::gemv_int4")(_fake_int4)
         torch.library.register_fake(f"{namespace}::dequant_int4")(_fake_dequant_int4)
+        torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
     return NativeGemv(namespace)
 
 
@@ -178,6 +188,10 @@ def _fake_int4(x, packed, n):
 def _fake_dequant_int4(packed, n, bf16):
     dtype = torch.bfloat16 if bf16 else torch.float32
     return packed.new_empty(n, packed.shape[1] * BLOCK, dtype=dtype)
+
+
+def _fake_attention(q, k, v, mask):
+    return q.new_empty(q.shape)
 
 
 def _cpu_identity() -> str:

@@ -1,9 +1,12 @@
-// cpu_gemv.c's kernels as torch ops (namespace LMFORGE_NS, "lmforge" unless a test builds a
+// cpu_gemv.c's and cpu_attention.c's kernels as torch ops (namespace LMFORGE_NS, "lmforge" unless a test builds a
 // variant under its own name): eager calls go through torch's dispatcher, and an ahead-of-time
 // compiled decode step (exported_step.py) calls them like any other op.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <optional>
 
 #ifndef LMFORGE_NS
 #define LMFORGE_NS lmforge
@@ -17,6 +20,11 @@ int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int
                       int threads);
 void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16,
                           int threads);
+int lmforge_decode_attention(const float* q, const void* k, const void* v, int dtype,
+                             const int64_t* k_strides, const int64_t* v_strides,
+                             const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
+                             int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
+                             int threads);
 }
 
 namespace {
@@ -77,6 +85,47 @@ at::Tensor dequant_int4(const at::Tensor& w, int64_t n, bool bf16) {
   return out;
 }
 
+// q [B, H, 1, D] fp32, k / v [B, KV, L, D] fp32, fp16 or bf16 (any strides but unit along D),
+// mask [B, L] bool or none -> [B, H, 1, D] fp32 (cpu_attention.c)
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask) {
+  auto qc = q.contiguous();
+  TORCH_CHECK(qc.device().is_cpu() && qc.scalar_type() == at::kFloat && qc.dim() == 4 &&
+                  qc.size(2) == 1,
+              "lmforge decode attention: q must be a CPU fp32 [B, H, 1, D] tensor, got ",
+              qc.scalar_type(), " ", qc.sizes());
+  const int64_t b = qc.size(0), h = qc.size(1), d = qc.size(3);
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type() &&
+                  k.size(0) == b && k.size(3) == d && k.size(1) > 0 && h % k.size(1) == 0,
+              "lmforge decode attention: k ", k.sizes(), " and v ", v.sizes(),
+              " do not fit q ", qc.sizes());
+  const auto type = k.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+              "lmforge decode attention: the cache must be fp32, fp16 or bf16, got ", type);
+  auto kc = k.stride(3) == 1 ? k : k.contiguous();
+  auto vc = v.stride(3) == 1 ? v : v.contiguous();
+  const int64_t len = k.size(2);
+  at::Tensor m;
+  if (mask.has_value()) {
+    m = mask->reshape({b, -1});
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.size(1) >= len,
+                "lmforge decode attention: mask ", mask->sizes(), " for ", len, " keys");
+    if (m.stride(1) != 1) m = m.contiguous();
+  }
+  auto out = at::empty({b, h, 1, d}, qc.options());
+  if (b == 0 || len == 0) return out.zero_();
+  const int64_t ks[3] = {kc.stride(0), kc.stride(1), kc.stride(2)};
+  const int64_t vs[3] = {vc.stride(0), vc.stride(1), vc.stride(2)};
+  const int dtype = type == at::kFloat ? 0 : type == at::kHalf ? 1 : 2;
+  TORCH_CHECK(lmforge_decode_attention(
+                  qc.data_ptr<float>(), kc.data_ptr(), vc.data_ptr(), dtype, ks, vs,
+                  m.defined() ? reinterpret_cast<const uint8_t*>(m.data_ptr<bool>()) : nullptr,
+                  m.defined() ? m.stride(0) : 0, out.data_ptr<float>(), b, h, k.size(1), len, d,
+                  1.0f / std::sqrt(static_cast<float>(d)), at::get_num_threads()) == 0,
+              "lmforge decode attention: out of memory");
+  return out;
+}
+
 std::string isa() { return lmforge_gemv_kernel(); }
 
 }  // namespace
@@ -89,6 +138,7 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("gemv_int8(Tensor x, Tensor packed, Tensor scale, int n) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("dequant_int4(Tensor packed, int n, bool bf16) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
   m.def("gemv_isa() -> str", &isa);
 }
 
@@ -96,4 +146,5 @@ LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("gemv_int8", &gemv_int8);
   m.impl("gemv_int4", &gemv_int4);
   m.impl("dequant_int4", &dequant_int4);
+  m.impl("decode_attention", &decode_attention);
 }

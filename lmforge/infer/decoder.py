@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.infer.cpu_gemv import gemv_kernel
 from lmforge.infer.quantize import QuantizedLinear, to_inference_precision
 from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.cache import full_attention
@@ -49,13 +50,32 @@ def plain_norm(m: nn.Module):
     return lambda x: F.layer_norm(x.float(), shape, w, b, eps).to(x.dtype)
 
 
-def decode_attention(q, k, v, mask=None) -> torch.Tensor:
-    """One query per row over the cache, written as broadcast products and sums.
+def native_attention(q: torch.Tensor, k: torch.Tensor):
+    """The native kernels (cpu_gemv) when their decode attention covers these inputs, else None."""
+    if q.device.type != "cpu" or k.dtype not in NATIVE_KV_DTYPES or k.stride(-1) != 1:
+        return None
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return None  # torch.compile (compiled_step.py) specialised on every cache width with it
+    return gemv_kernel()
 
-    Eagerly this would materialise [B, heads, L, D] products; under torch.compile (the only place
-    it runs) inductor turns it into one fused loop over the keys, where SDPA is an external
-    kernel whose fixed cost (~15-30 us a call on a CPU) dominates a short decode step.
-    q [B, H, 1, D], k/v [B, KV, L, D], mask None or bool [B, 1, 1, L] -> [B, H, 1, D]."""
+
+NATIVE_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def decode_attention(q, k, v, mask=None) -> torch.Tensor:
+    """One query per row over the cache. q [B, H, 1, D], k/v [B, KV, L, D], mask None or bool
+    [B, 1, 1, L] -> [B, H, 1, D].
+
+    On a CPU with the native kernels, cpu_attention.c: the cache is read once for the query
+    heads that share it and converted in registers (2.3x inductor's loop below at 16 rows x 256
+    keys, 3x at one row, Zen 4). Otherwise broadcast products and sums: eagerly they would
+    materialise [B, heads, L, D] products, but under torch.compile (the only place this runs
+    without the kernels) inductor turns them into one fused loop over the keys, where SDPA is an
+    external kernel whose fixed cost (~15-30 us a call on a CPU) dominates a short decode step.
+    fp32 arithmetic either way."""
+    kernel = native_attention(q, k)
+    if kernel is not None and (mask is None or mask.dtype == torch.bool):
+        return kernel.decode_attention(q.float(), k, v, mask).to(q.dtype)
     b, h, _, d = q.shape
     kv, dtype = k.shape[1], q.dtype
     q = q.view(b, kv, h // kv, 1, d).float()
@@ -171,7 +191,7 @@ class FastDecoder:
         v = qkv[:, (nh + nkv) * hd :].view(b, t, nkv, hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(i, k, v)
-        if t == 1 and torch.compiler.is_compiling():
+        if t == 1 and (torch.compiler.is_compiling() or native_attention(q, k) is not None):
             y = decode_attention(q, k, v, mask)
             return layer.o(y.reshape(b, nh * hd))
         if t == 1 and q.device.type == "cpu" and torch.float32 not in (q.dtype, k.dtype):

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import os
 import platform
 import sys
@@ -210,7 +211,9 @@ class ExportedDecodeStep:
         os.replace(partial, self.dir / name)
         dims = next(node for node in ep.graph.nodes if node.op == "placeholder" and
                     node.name == ep.graph_signature.user_inputs[2]).meta["val"].shape  # fmt: skip
-        found, widths = _range(ep, dims[0]), _range(ep, dims[1])
+        # no more rows than slots, no wider than the mask: bounds the export may leave open
+        slots, most = self.cache.mask.shape
+        found, widths = _range(ep, dims[0], slots), _range(ep, dims[1], most)
         _add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
                                  "widths": [widths.start, widths.stop]})  # fmt: skip
         return found, widths, _load(self.dir / name, len(k))
@@ -283,11 +286,13 @@ def _source_hash(module: str) -> str:
         return "?"
 
 
-def _range(ep, size) -> range:
-    """The values an exported input size may take (a static size: just itself)."""
+def _range(ep, size, most: int) -> range:
+    """The values an exported input size may take (a static size: just itself), at most `most`."""
     expr = size.node.expr if isinstance(size, torch.SymInt) else size
     if expr not in ep.range_constraints:  # static, or fixed by the code (e.g. all slots full)
         return range(int(expr), int(expr) + 1)
     bounds = ep.range_constraints[expr]
-    upper = int(bounds.upper) if bounds.upper.is_finite else 2**62
-    return range(int(bounds.lower), upper + 1)
+    # torch's int_oo claims is_finite; float() tells (an unbounded width: nothing in the step
+    # ties the cache length to the buffers' size when attention is an external op)
+    upper = int(bounds.upper) if math.isfinite(float(bounds.upper)) else most
+    return range(int(bounds.lower), min(upper, most) + 1)

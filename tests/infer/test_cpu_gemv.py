@@ -1,5 +1,6 @@
-"""The native int8 / int4 decode GEMV (lmforge/infer/cpu_gemv.c): every instruction-set path this
-CPU can run against torch on the same quantised activations, the fallbacks, the layouts."""
+"""The native kernels: the int8 / int4 GEMV (lmforge/infer/cpu_gemv.c) on every instruction-set
+path this CPU can run against torch on the same quantised activations, the fallbacks, the
+layouts; the decode attention (cpu_attention.c) against torch's SDPA."""
 
 from __future__ import annotations
 
@@ -85,6 +86,34 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     codes, d2, m2 = cpu_gemv.unpack_int4(packed, n)
     assert torch.equal(codes, q.to(torch.uint8)) and torch.equal(d2, d) and torch.equal(m2, m)
     torch.testing.assert_close(kernel.dequant_int4(packed, n, torch.float32), w)
+
+
+# (rows, heads, kv heads, head_dim, keys): GQA 3:1 at head_dim 64 (SmolLM2), MHA at 32, a
+# head_dim no vector width divides (the scalar loop), one key
+@pytest.mark.parametrize("shape", [(5, 9, 3, 64, 37), (2, 4, 4, 32, 20), (3, 6, 2, 40, 9),
+                                   (1, 2, 1, 16, 1)])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_decode_attention_matches_torch_sdpa(kernel, shape, dtype):
+    b, h, kv, d, n = shape
+    g = torch.Generator().manual_seed(b * n + d)
+    q = torch.randn(b, h, 1, d, generator=g)
+    # cache views as the engine passes them: the first rows and keys of larger buffers
+    k_buf, v_buf = (torch.randn(b + 2, kv, n + 5, d, generator=g).to(dtype) for _ in range(2))
+    k, v = k_buf[:b, :, :n], v_buf[:b, :, :n]
+    mask = torch.rand(b, n, generator=g) > 0.4
+    mask[:, -1] = True  # a row's own newest key is always there
+    for m in (mask, None):
+        y = kernel.decode_attention(q, k, v, m)
+        sdpa_mask = None if m is None else m[:, None, None, :]
+        expect = torch.nn.functional.scaled_dot_product_attention(
+            q, k.float(), v.float(), attn_mask=sdpa_mask, enable_gqa=h != kv
+        )
+        torch.testing.assert_close(y, expect, rtol=1e-5, atol=2e-6)
+    # a masked key's values never enter, however large
+    y = kernel.decode_attention(q, k, v, mask)
+    loud = v.clone()
+    loud[(~mask)[:, None, :].expand(b, kv, n)] = 1e4
+    assert torch.equal(kernel.decode_attention(q, k, loud, mask), y)
 
 
 def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():

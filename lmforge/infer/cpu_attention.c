@@ -1,0 +1,270 @@
+/* Decode attention on a CPU: one query per row and head over that row's KV cache.
+ *
+ * Why by hand: at batch 16 the decode step of SmolLM2 spent 15 of its 39 ms in attention
+ * (issue 19), reading the fp16 cache at 6 GB/s. inductor's fused loop (decoder.decode_attention)
+ * and SDPA both take ~500 us a layer for 16 rows x 256 keys on a Zen 4 core, where the cache is
+ * 3 MB and streams in ~120 us. Here each (row, KV head) runs once over its keys for all the
+ * query heads that share them (GQA: the cache is read once, not once per query head), converts
+ * fp16 / bf16 keys to fp32 in registers, and takes exp with a polynomial on whole vectors.
+ *
+ * Three passes over one (row, KV head): scores q.k * scale for every real key (masked keys get
+ * -inf), then softmax per query head (max, exp, sum), then the probability-weighted sum of the
+ * values. Scores of one (row, KV head) live in a per-thread scratch of G x L floats. The
+ * arithmetic is fp32 throughout, as decode_attention's is; results match it to float rounding
+ * (tests/infer/test_cpu_gemv.py).
+ *
+ * Vector width by ISA (AVX-512: 16 floats, AVX2 + F16C: 8, else scalar), chosen at compile time
+ * like cpu_gemv.c's kernels; head_dim must be a multiple of the width on the vector paths (the
+ * op falls back to the scalar loop otherwise). OpenMP threads split the (row, KV head) pairs.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+#include <omp.h>
+
+#define EXPORT extern "C"
+
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
+static inline float scalar_load(const void* p, int64_t i, int dtype) {
+  if (dtype == KV_F32) return ((const float*)p)[i];
+  uint16_t h = ((const uint16_t*)p)[i];
+  if (dtype == KV_BF16) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+  }
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) bits = sign;
+  else {
+    exp = 113;
+    while (!(man & 0x400)) { man <<= 1; exp--; }
+    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+/* ---- the vector type of this build --------------------------------------------------------- */
+#if defined(__AVX512F__)
+#define W 16
+typedef __m512 vec;
+static inline vec vload(const void* p, int64_t i, int dtype) {
+  if (dtype == KV_F32) return _mm512_loadu_ps((const float*)p + i);
+  __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i));
+  if (dtype == KV_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline vec vset(float x) { return _mm512_set1_ps(x); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
+static inline vec vloadf(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
+static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define W 8
+typedef __m256 vec;
+static inline vec vload(const void* p, int64_t i, int dtype) {
+  if (dtype == KV_F32) return _mm256_loadu_ps((const float*)p + i);
+  __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)p + i));
+  if (dtype == KV_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline vec vset(float x) { return _mm256_set1_ps(x); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline float vsum(vec a) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+static inline float vtop(vec a) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+static inline vec vloadf(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT); }
+static inline vec vpow2(vec p, vec n) { /* n in [-126, 0] here: build 2^n's exponent bits */
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+#ifdef W
+/* exp(x) for x <= 0 (scores minus their max): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the
+ * degree-6 Taylor polynomial (relative error < 2e-7). Below -87 the result is 0 (as expf's
+ * underflow), which also turns the masked keys' -inf into 0. */
+static inline vec vexp(vec x) {
+  x = vmax(x, vset(-87.0f));
+  vec n = vround(vmul(x, vset(1.44269504088896341f)));
+  vec r = vfma(n, vset(-0.693145751953125f), x);
+  r = vfma(n, vset(-1.428606765330187e-06f), r);
+  vec p = vset(1.f / 720);
+  p = vfma(p, r, vset(1.f / 120));
+  p = vfma(p, r, vset(1.f / 24));
+  p = vfma(p, r, vset(1.f / 6));
+  p = vfma(p, r, vset(0.5f));
+  p = vfma(p, r, vset(1.f));
+  p = vfma(p, r, vset(1.f));
+  return vpow2(p, n);
+}
+#endif
+
+/* Softmax of each query head's scores in place (masked keys hold -inf and come out 0). */
+static void softmax_rows(float* scores, int64_t g_count, int64_t len) {
+  for (int64_t g = 0; g < g_count; g++) {
+    float* s = scores + g * len;
+    float top = -INFINITY, sum = 0.f;
+    int64_t l = 0;
+#ifdef W
+    vec vt = vset(-INFINITY);
+    for (; l + W <= len; l += W) vt = vmax(vt, vloadf(s + l));
+    top = vtop(vt);
+#endif
+    for (; l < len; l++) top = fmaxf(top, s[l]);
+    l = 0;
+#ifdef W
+    vec vsum_ = vset(0.f), vtop_ = vset(top);
+    for (; l + W <= len; l += W) {
+      vec e = vexp(vsub(vloadf(s + l), vtop_));
+      vstore(s + l, e);
+      vsum_ = vfma(e, vset(1.f), vsum_);
+    }
+    sum = vsum(vsum_);
+#endif
+    for (; l < len; l++) {
+      s[l] = expf(s[l] - top);
+      sum += s[l];
+    }
+    const float inv = 1.f / sum;
+    for (l = 0; l < len; l++) s[l] *= inv;
+  }
+}
+
+/* One (row, KV head): q [G, D] fp32 (contiguous), keys and values [L, D] (row stride ks / vs
+ * elements), key mask [L] or NULL, out [G, D] fp32; scores: scratch of G x L floats. This is
+ * the loop for any head_dim, one float at a time. */
+static void attend_scalar(const float* q, const char* k, const char* v, int64_t ks, int64_t vs,
+                          const uint8_t* mask, float* out, int64_t g_count, int64_t len,
+                          int64_t d, float scale, int dtype, float* scores) {
+  const int64_t elem = dtype == KV_F32 ? 4 : 2;
+  for (int64_t l = 0; l < len; l++)
+    for (int64_t g = 0; g < g_count; g++) {
+      float s = 0.f;
+      for (int64_t c = 0; c < d && (!mask || mask[l]); c++)
+        s += q[g * d + c] * scalar_load(k + l * ks * elem, c, dtype);
+      scores[g * len + l] = mask && !mask[l] ? -INFINITY : s * scale;
+    }
+  softmax_rows(scores, g_count, len);
+  for (int64_t g = 0; g < g_count; g++) {
+    const float* p = scores + g * len;
+    for (int64_t c = 0; c < d; c++) out[g * d + c] = 0.f;
+    for (int64_t l = 0; l < len; l++) {
+      if (mask && !mask[l]) continue;
+      for (int64_t c = 0; c < d; c++)
+        out[g * d + c] += p[l] * scalar_load(v + l * vs * elem, c, dtype);
+    }
+  }
+}
+
+#ifdef W
+/* The same on whole vectors, for head_dim = C x W: a key's C vectors are converted once and
+ * serve every query head; the C output accumulators of a query head stay in registers. */
+template <int C>
+static void attend_vec(const float* q, const char* k, const char* v, int64_t ks, int64_t vs,
+                       const uint8_t* mask, float* out, int64_t g_count, int64_t len,
+                       float scale, int dtype, float* scores) {
+  const int64_t d = C * W, elem = dtype == KV_F32 ? 4 : 2;
+  for (int64_t l = 0; l < len; l++) {
+    if (mask && !mask[l]) {
+      for (int64_t g = 0; g < g_count; g++) scores[g * len + l] = -INFINITY;
+      continue;
+    }
+    const char* key = k + l * ks * elem;
+    vec kc[C];
+    for (int c = 0; c < C; c++) kc[c] = vload(key, c * W, dtype);
+    for (int64_t g = 0; g < g_count; g++) {
+      vec acc = vmul(vloadf(q + g * d), kc[0]);
+      for (int c = 1; c < C; c++) acc = vfma(vloadf(q + g * d + c * W), kc[c], acc);
+      scores[g * len + l] = vsum(acc) * scale;
+    }
+  }
+  softmax_rows(scores, g_count, len);
+  for (int64_t g = 0; g < g_count; g++) {
+    const float* p = scores + g * len;
+    vec acc[C];
+    for (int c = 0; c < C; c++) acc[c] = vset(0.f);
+    for (int64_t l = 0; l < len; l++) {
+      if (mask && !mask[l]) continue;
+      const char* val = v + l * vs * elem;
+      const vec pl = vset(p[l]);
+      for (int c = 0; c < C; c++) acc[c] = vfma(pl, vload(val, c * W, dtype), acc[c]);
+    }
+    for (int c = 0; c < C; c++) vstore(out + g * d + c * W, acc[c]);
+  }
+}
+#endif
+
+static void attend(const float* q, const char* k, const char* v, int64_t ks, int64_t vs,
+                   const uint8_t* mask, float* out, int64_t g_count, int64_t len, int64_t d,
+                   float scale, int dtype, float* scores) {
+#ifdef W
+#define ATTEND_VEC(c) \
+  case c: return attend_vec<c>(q, k, v, ks, vs, mask, out, g_count, len, scale, dtype, scores);
+  if (d % W == 0) switch (d / W) {
+      ATTEND_VEC(1) ATTEND_VEC(2) ATTEND_VEC(3) ATTEND_VEC(4) ATTEND_VEC(5) ATTEND_VEC(6)
+      ATTEND_VEC(8) ATTEND_VEC(10) ATTEND_VEC(12) ATTEND_VEC(16)
+    }
+#undef ATTEND_VEC
+#endif
+  attend_scalar(q, k, v, ks, vs, mask, out, g_count, len, d, scale, dtype, scores);
+}
+
+/* out [B, H, D] fp32 = softmax(q k^T * scale) v per row and head, with q [B, H, D] fp32
+ * contiguous, k / v [B, KV, L, D] in `dtype` with element strides (sb, sh, sl) and unit stride
+ * along D, mask [B, L] (row stride mask_sb) of 0/1 bytes or NULL. H % KV == 0. Returns 0, or -1
+ * when the scratch cannot be allocated (nothing written). */
+EXPORT int lmforge_decode_attention(const float* q, const void* k, const void* v, int dtype,
+                                    const int64_t* k_strides, const int64_t* v_strides,
+                                    const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
+                                    int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
+                                    int threads) {
+  const int64_t group = h / kv, tasks = b * kv, elem = dtype == KV_F32 ? 4 : 2;
+  if (threads > tasks) threads = (int)tasks;
+  if (threads < 1) threads = 1;
+  float* scratch = (float*)malloc(sizeof(float) * (size_t)(threads * group * len + 1));
+  if (!scratch) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tasks; t++) {
+    const int64_t row = t / kv, head = t % kv;
+    float* scores = scratch + (int64_t)omp_get_thread_num() * group * len;
+    const char* kp = (const char*)k + (row * k_strides[0] + head * k_strides[1]) * elem;
+    const char* vp = (const char*)v + (row * v_strides[0] + head * v_strides[1]) * elem;
+    attend(q + (row * h + head * group) * d, kp, vp, k_strides[2], v_strides[2],
+           mask ? mask + row * mask_sb : NULL, out + (row * h + head * group) * d, group, len,
+           d, scale, dtype, scores);
+  }
+  free(scratch);
+  return 0;
+}
