@@ -74,6 +74,7 @@ static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
+static inline __m128 vsum4(vec a, vec b, vec c, vec d);
 static inline vec vloadf(const float* p) { return _mm512_loadu_ps(p); }
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
@@ -109,6 +110,25 @@ static inline vec vpow2(vec p, vec n) { /* n in [-126, 0] here: build 2^n's expo
   __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+#endif
+
+#if defined(__AVX2__)
+/* the sums of four 8-float vectors, as one 4-float vector */
+static inline __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
+#if defined(__AVX512F__)
+static inline __m256 halves(__m512 a) { /* the two 8-float halves of a, added */
+  return _mm256_add_ps(_mm512_castps512_ps256(a),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+static inline __m128 vsum4(vec a, vec b, vec c, vec d) {
+  return hsum4_256(halves(a), halves(b), halves(c), halves(d));
+}
+#elif defined(W)
+static inline __m128 vsum4(vec a, vec b, vec c, vec d) { return hsum4_256(a, b, c, d); }
 #endif
 
 #ifdef W
@@ -188,34 +208,68 @@ static void attend_scalar(const float* q, const char* k, const char* v, int64_t 
   }
 }
 
+/* Each (row, KV head) reads two short streams (keys, values: 18 KB each at 140 keys of 64
+ * fp16), cold from DRAM in a decode step (the GEMVs between layers evict them): the hardware
+ * prefetcher barely ramps up within one, and a step measured 6 GB/s. So pass 1 prefetches the
+ * keys AHEAD rows on and the values pass 3 will read, and pass 3 the next pair's first keys. */
+#define AHEAD 8
+static inline void prefetch_row(const char* p, int64_t bytes) {
+#if defined(__x86_64__) || defined(_M_X64)
+  for (int64_t j = 0; j < bytes; j += 64) _mm_prefetch(p + j, _MM_HINT_T0);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 #ifdef W
 /* The same on whole vectors, for head_dim = C x W: a key's C vectors are converted once and
  * serve every query head; the C output accumulators of a query head stay in registers. */
 template <int C>
 static void attend_vec(const float* q, const char* k, const char* v, int64_t ks, int64_t vs,
                        const uint8_t* mask, float* out, int64_t g_count, int64_t len,
-                       float scale, int dtype, float* scores) {
+                       float scale, int dtype, float* scores, const char* next_k) {
   const int64_t d = C * W, elem = dtype == KV_F32 ? 4 : 2;
-  for (int64_t l = 0; l < len; l++) {
-    if (mask && !mask[l]) {
-      for (int64_t g = 0; g < g_count; g++) scores[g * len + l] = -INFINITY;
-      continue;
+  int64_t l = 0;
+  /* 4 keys at a time: their 4 dot products per query head are summed across lanes together */
+  for (; l + 4 <= len; l += 4) {
+    for (int j = 0; j < 4; j++) { /* keys AHEAD rows on; the values pass 3 will read */
+      if (l + j + AHEAD < len) prefetch_row(k + (l + j + AHEAD) * ks * elem, d * elem);
+      prefetch_row(v + (l + j) * vs * elem, d * elem);
     }
-    const char* key = k + l * ks * elem;
+    vec kc[4][C];
+    for (int j = 0; j < 4; j++)
+      for (int c = 0; c < C; c++) kc[j][c] = vload(k + (l + j) * ks * elem, c * W, dtype);
+    for (int64_t g = 0; g < g_count; g++) {
+      vec acc[4];
+      for (int j = 0; j < 4; j++) {
+        acc[j] = vmul(vloadf(q + g * d), kc[j][0]);
+        for (int c = 1; c < C; c++) acc[j] = vfma(vloadf(q + g * d + c * W), kc[j][c], acc[j]);
+      }
+      _mm_storeu_ps(scores + g * len + l,
+                    _mm_mul_ps(vsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+    }
+  }
+  for (; l < len; l++) {
+    prefetch_row(v + l * vs * elem, d * elem);
     vec kc[C];
-    for (int c = 0; c < C; c++) kc[c] = vload(key, c * W, dtype);
+    for (int c = 0; c < C; c++) kc[c] = vload(k + l * ks * elem, c * W, dtype);
     for (int64_t g = 0; g < g_count; g++) {
       vec acc = vmul(vloadf(q + g * d), kc[0]);
       for (int c = 1; c < C; c++) acc = vfma(vloadf(q + g * d + c * W), kc[c], acc);
       scores[g * len + l] = vsum(acc) * scale;
     }
   }
+  if (mask) /* masked keys were multiplied like the others (cheaper than branching); drop them */
+    for (l = 0; l < len; l++)
+      if (!mask[l])
+        for (int64_t g = 0; g < g_count; g++) scores[g * len + l] = -INFINITY;
   softmax_rows(scores, g_count, len);
   for (int64_t g = 0; g < g_count; g++) {
     const float* p = scores + g * len;
     vec acc[C];
     for (int c = 0; c < C; c++) acc[c] = vset(0.f);
     for (int64_t l = 0; l < len; l++) {
+      if (g == 0 && next_k && l < AHEAD) prefetch_row(next_k + l * ks * elem, d * elem);
       if (mask && !mask[l]) continue;
       const char* val = v + l * vs * elem;
       const vec pl = vset(p[l]);
@@ -228,10 +282,12 @@ static void attend_vec(const float* q, const char* k, const char* v, int64_t ks,
 
 static void attend(const float* q, const char* k, const char* v, int64_t ks, int64_t vs,
                    const uint8_t* mask, float* out, int64_t g_count, int64_t len, int64_t d,
-                   float scale, int dtype, float* scores) {
+                   float scale, int dtype, float* scores, const char* next_k) {
 #ifdef W
-#define ATTEND_VEC(c) \
-  case c: return attend_vec<c>(q, k, v, ks, vs, mask, out, g_count, len, scale, dtype, scores);
+#define ATTEND_VEC(c)                                                                         \
+  case c:                                                                                     \
+    return attend_vec<c>(q, k, v, ks, vs, mask, out, g_count, len, scale, dtype, scores,      \
+                         next_k);
   if (d % W == 0) switch (d / W) {
       ATTEND_VEC(1) ATTEND_VEC(2) ATTEND_VEC(3) ATTEND_VEC(4) ATTEND_VEC(5) ATTEND_VEC(6)
       ATTEND_VEC(8) ATTEND_VEC(10) ATTEND_VEC(12) ATTEND_VEC(16)
@@ -261,9 +317,12 @@ EXPORT int lmforge_decode_attention(const float* q, const void* k, const void* v
     float* scores = scratch + (int64_t)omp_get_thread_num() * group * len;
     const char* kp = (const char*)k + (row * k_strides[0] + head * k_strides[1]) * elem;
     const char* vp = (const char*)v + (row * v_strides[0] + head * v_strides[1]) * elem;
+    const int64_t after = t + 1 < tasks ? t + 1 : t; /* the next pair this thread runs */
+    const char* next_k = (const char*)k +
+                         ((after / kv) * k_strides[0] + (after % kv) * k_strides[1]) * elem;
     attend(q + (row * h + head * group) * d, kp, vp, k_strides[2], v_strides[2],
            mask ? mask + row * mask_sb : NULL, out + (row * h + head * group) * d, group, len,
-           d, scale, dtype, scores);
+           d, scale, dtype, scores, after == t ? NULL : next_k);
   }
   free(scratch);
   return 0;
