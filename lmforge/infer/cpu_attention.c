@@ -7,15 +7,15 @@
  * query heads that share them (GQA: the cache is read once, not once per query head), converts
  * fp16 / bf16 keys to fp32 in registers, and takes exp with a polynomial on whole vectors.
  *
- * Three passes over one (row, KV head): scores q.k * scale for every real key (masked keys get
- * -inf), then softmax per query head (max, exp, sum), then the probability-weighted sum of the
- * values. Scores of one (row, KV head) live in a per-thread scratch of G x L floats. The
- * arithmetic is fp32 throughout, as decode_attention's is; results match it to float rounding
- * (tests/infer/test_cpu_gemv.py).
+ * Three passes over one (row, KV head): scores q.k * scale for every key, 4 keys at a time
+ * (masked keys then set to -inf), softmax per query head (max, exp, sum), and the probability-
+ * weighted sum of the values. Scores of one (row, KV head) live in a per-thread scratch of
+ * G x L floats. The arithmetic is fp32 throughout; results match torch's SDPA on the upcast
+ * cache to float rounding (tests/infer/test_cpu_gemv.py).
  *
  * Vector width by ISA (AVX-512: 16 floats, AVX2 + F16C: 8, else scalar), chosen at compile time
- * like cpu_gemv.c's kernels; head_dim must be a multiple of the width on the vector paths (the
- * op falls back to the scalar loop otherwise). OpenMP threads split the (row, KV head) pairs.
+ * like cpu_gemv.c's kernels; head_dim a multiple of the width (up to 16 of them) takes the
+ * vector loops, any other the scalar one. OpenMP threads split the (row, KV head) pairs.
  */
 #include <math.h>
 #include <stdint.h>
@@ -107,7 +107,8 @@ static inline vec vloadf(const float* p) { return _mm256_loadu_ps(p); }
 static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
 static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT); }
 static inline vec vpow2(vec p, vec n) { /* n in [-126, 0] here: build 2^n's exponent bits */
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  e = _mm256_slli_epi32(e, 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #endif

@@ -1,4 +1,5 @@
-"""The int8 / int4 kernels of cpu_gemv.c (decode and prefill) as torch ops, built for this CPU.
+"""The int8 / int4 kernels of cpu_gemv.c (decode and prefill) and the decode attention of
+cpu_attention.c as torch ops, built for this CPU.
 
 Why by hand: see the header of cpu_gemv.c (torch's int8 GEMV converts every weight to float and
 ran at a third of the memory bandwidth on a Zen 4 core; integer dot products with activations

@@ -1,6 +1,6 @@
-// cpu_gemv.c's and cpu_attention.c's kernels as torch ops (namespace LMFORGE_NS, "lmforge" unless a test builds a
-// variant under its own name): eager calls go through torch's dispatcher, and an ahead-of-time
-// compiled decode step (exported_step.py) calls them like any other op.
+// cpu_gemv.c's and cpu_attention.c's kernels as torch ops (namespace LMFORGE_NS, "lmforge" unless
+// a test builds a variant under its own name): eager calls go through torch's dispatcher, and an
+// ahead-of-time compiled decode step (exported_step.py) calls them like any other op.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -86,7 +86,7 @@ at::Tensor dequant_int4(const at::Tensor& w, int64_t n, bool bf16) {
 }
 
 // q [B, H, 1, D] fp32, k / v [B, KV, L, D] fp32, fp16 or bf16 (any strides but unit along D),
-// mask [B, L] bool or none -> [B, H, 1, D] fp32 (cpu_attention.c)
+// mask [B, L] (or [B, 1, 1, L]) bool or none -> [B, H, 1, D] fp32 (cpu_attention.c)
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask) {
   auto qc = q.contiguous();
