@@ -16,11 +16,11 @@ The `all` line is the figure for a whole CORE run (the 18 local tasks by default
 examples each): where the reference spends its time, on tasks whose options share a long
 few-shot context, the shared context runs once. A one-option task (language modelling) or one
 whose options share no prefix (schema, 0-shot) saves only the LM head over the unscored
-positions and the batching. Measured 2026-11-26 at 5f5e965 (2-core AMD EPYC Zen 4, float32, one
-pinned thread): SmolLM2-135M, all 18 tasks x 11 examples: all 3.0x (multiple choice 1.9-5.3x,
+positions and the batching. Measured 2026-11-26 at 7ecb95b (2-core AMD EPYC Zen 4, float32, one
+pinned thread): SmolLM2-135M, all 18 tasks x 11 examples: all 3.07x (multiple choice 2.0-5.2x,
 the seven language-modelling tasks 1.1-1.5x); the speedrun's cpu-tiny model (context 128),
-18 x 25: 2.0x at e30d702 (its left crop cuts each option at a different place, so options
-rarely share a prefix).
+18 x 25: 2.04x (its left crop cuts each option at a different place, so options rarely share a
+prefix; reading the task files and tokenizing, which both sides pay, weigh more there).
 
 Runs alternate per task (fast, reference, fast, reference, ...) so that a load change on a shared
 machine hits both sides alike; each side's examples/s is its total over the repeats. Without a

@@ -74,7 +74,6 @@ static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
-static inline __m128 vsum4(vec a, vec b, vec c, vec d);
 static inline vec vloadf(const float* p) { return _mm512_loadu_ps(p); }
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
@@ -164,6 +163,10 @@ static void softmax_rows(float* scores, int64_t g_count, int64_t len) {
     top = vtop(vt);
 #endif
     for (; l < len; l++) top = fmaxf(top, s[l]);
+    if (top == -INFINITY) { /* every key masked (never in a decode step): attend to nothing */
+      for (l = 0; l < len; l++) s[l] = 0.f;
+      continue;
+    }
     l = 0;
 #ifdef W
     vec vsum_ = vset(0.f), vtop_ = vset(top);
