@@ -91,7 +91,7 @@ def matmul_ceiling(model, dtype: torch.dtype, seconds: float = 1.0, device: str 
     Linear once on one row of `dtype` activations): how far the GEMV kernels alone can go."""
     from torch import nn
 
-    from lmforge.infer.quantize import QuantizedLinear
+    from lmforge.infer.quantized_linear import QuantizedLinear
 
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, QuantizedLinear))]
     calls = [(m.matmul if isinstance(m, QuantizedLinear) else m,

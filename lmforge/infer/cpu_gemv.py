@@ -11,7 +11,7 @@ the CPU, the compiler and torch: about 10 s once, then a load. As torch ops (`to
 gemv_int8` / `gemv_int4`) they run eagerly through the dispatcher and inside the decode step
 AOTInductor compiles (exported_step.py). Where there is no C++ compiler or ninja, the build
 fails, or LMFORGE_NATIVE_KERNELS=0, `gemv_kernel()` is None and the quantised layers keep torch's
-kernels (quantize.py).
+kernels (quantized_linear.py).
 
     kernel = gemv_kernel()
     if kernel is not None:

@@ -3,8 +3,8 @@
 `Transformer.forward` is written to teach and to train: each block goes through norm modules,
 residual wiring, dropout and reshapes, about 50 small ops per layer. Decoding one token on a CPU
 spends much of its time outside the matmuls in those ops, so the engine runs this instead: the
-same modules (so the same weights, quantised or not: quantize.py) and the same formulas, with
-about half the ops. Activations stay 2-D [B*T, d] and Q and K are rotated in one pass. (Fusing
+same modules (so the same weights, quantised or not: quantized_linear.py) and the same formulas,
+with about half the ops. Activations stay 2-D [B*T, d] and Q and K are rotated in one pass. (Fusing
 the MLP's gate and up projections into one matmul measured no faster, so it is not done.)
 Configs it does not cover (post-norm, parallel blocks, MoE, non-softmax attention) fall back to
 the model's own forward: see `FastDecoder.unsupported`.
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.infer.cpu_gemv import gemv_kernel
-from lmforge.infer.quantize import QuantizedLinear, to_inference_precision
+from lmforge.infer.quantize import to_inference_precision
+from lmforge.infer.quantized_linear import QuantizedLinear
 from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.cache import full_attention
 from lmforge.model.mlp import MLP, GatedMLP

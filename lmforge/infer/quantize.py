@@ -1,4 +1,5 @@
-"""Inference precision: the activation dtype per machine, and weight-only int8 / int4 Linears.
+"""Inference precision: the activation dtype per machine, and a model's Linears converted to the
+weight-only int8 / int4 layers of quantized_linear.py (`to_inference_precision`).
 
 Decoding one token reads every weight once, so on a CPU a small batch runs at memory bandwidth /
 weight bytes: int8 weights read 4x fewer bytes than fp32, int4 8x fewer. What computes fastest
@@ -41,34 +42,30 @@ weights are dequantised and requantised per channel.
 
 from __future__ import annotations
 
-import abc
 import copy
 import functools
 import sys
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import ConfigError
 from lmforge.infer.cpu_features import CPUFeatures, cpu_features
-from lmforge.infer.cpu_gemv import (
-    BLOCK,
-    LANES,
-    gemv_kernel,
-    pack_int4,
-    pack_int8,
-    unpack_int4,
-    unpack_int8,
+from lmforge.infer.cpu_gemv import gemv_kernel
+from lmforge.infer.quantized_linear import (
+    DEFAULT_GROUP_SIZE,
+    Int4Linear,
+    Int8Linear,
+    QuantizedLinear,
+    check_int4_shape,
+    cpu_kernel_dtype,
 )
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE_CHOICES = ("int8", "int4")
-INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
-DEFAULT_GROUP_SIZE = 32  # llama.cpp's Q4 block: GGUF Q4_0/Q4_1 map without regrouping
 DTYPE_HELP = (
     "activation/weight precision for decoding; auto (default): bfloat16 where the CPU has native "
     "bf16 (AMX, AVX512-BF16) or on a GPU, float32 elsewhere (emulated bf16 is ~5x slower)"
@@ -160,7 +157,7 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
         return f"; {quantize}: {kernel} at every batch size"
     kernel = "_weight_int4pack_mm_for_cpu" if quantize == "int4" else "_weight_int8pack_mm"
     act = str(dtype).removeprefix("torch.")
-    kdtype = str(_cpu_kernel_dtype(dtype)).removeprefix("torch.")
+    kdtype = str(cpu_kernel_dtype(dtype)).removeprefix("torch.")
     cast = "" if kdtype == act else f" on {kdtype}-rounded inputs"
     native = gemv_kernel()
     if native is not None:
@@ -187,349 +184,6 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
 @functools.cache
 def _warn_once(message: str) -> None:
     warnings.warn(message, stacklevel=4)
-
-
-# ---- quantised Linears -------------------------------------------------------------------------
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-channel symmetric int8: weight [N, K] -> (q int8 [N, K], scale fp32 [N])."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale
-
-
-def quantize_int4(
-    weight: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Group-wise asymmetric int4 (min/max per group of `group_size` input columns):
-    weight [N, K] -> (q uint8 [N, K] in 0..15, scale fp32 [N, K/g], zero fp32 [N, K/g]) with
-    w ≈ (q - 8) * scale + zero (torch's int4pack convention)."""
-    n, k = weight.shape
-    w = weight.detach().float().view(n, k // group_size, group_size)
-    lo, hi = w.amin(-1), w.amax(-1)
-    scale = ((hi - lo) / 15).clamp(min=1e-12)
-    q = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
-    return q.view(n, k), scale, lo + 8 * scale
-
-
-def check_int4_shape(name: str, in_features: int, group_size: int) -> None:
-    """ConfigError naming the layer (and a group size that would work) when `in_features` is not
-    a multiple of the group size."""
-    if group_size not in INT4_GROUP_SIZES:
-        raise ConfigError(
-            f"int4 group size must be one of {list(INT4_GROUP_SIZES)}, got {group_size}"
-        )
-    if in_features % group_size == 0:
-        return
-    fits = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
-    hint = (
-        f"use group size {fits[-1] if group_size > fits[-1] else fits[0]}"
-        if fits
-        else "no int4 group size divides it (use --quantize int8)"
-    )
-    raise ConfigError(
-        f"int4: layer {name or '?'} has in_features={in_features}, not a multiple of the group "
-        f"size {group_size}; {hint}"
-    )
-
-
-def _cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The activation dtype torch's CPU weight-only kernels are fed: bf16 unless the model runs
-    in fp16 (their fp32 variants measured ~10x slower; see the module docstring)."""
-    return torch.float16 if dtype == torch.float16 else torch.bfloat16
-
-
-class QuantizedLinear(nn.Module, abc.ABC):
-    """A frozen Linear with quantised weights. `matmul` picks the kernel: lmforge's own (native)
-    CPU kernel at every number of rows where it is built; otherwise torch's weight-only GEMV
-    below `gemm_rows` and a GEMM with dequantised weights at or above."""
-
-    gemm_rows = 8  # measured crossover on a Sapphire Rapids core (int8 GEMV vs bf16 AMX GEMM)
-    # cpu_gemv.NativeGemv where this layer runs lmforge's kernel. It multiplies a block of 16
-    # weight rows by up to 4 rows of x per pass, so it stays compute-efficient at any batch: on a
-    # Zen 4 core, SmolLM2's layers, int8 ran 1.6-2x the bf16 GEMM from 1 to 256 rows (138-154
-    # against 85-90 GMAC/s at 64-256 rows: vpdpbusd does 64 products, the bf16 dot 32)
-    _native = None
-    chunk_weights = 1 << 20  # weights dequantised at once by the fp32 GEMM path (4 MB)
-    bits = 0
-    # bf16 where `--dtype auto` chose fp32 activations on a CPU with bf16 units: the GEMM
-    # rounds its fp32 inputs to bf16 (the int8 values are exact in bf16) and runs 2x the fp32
-    # one on a Zen 4 core. None: the GEMM multiplies in the activations' dtype.
-    gemm_dtype: torch.dtype | None = None
-
-    def __init__(self, in_features: int, out_features: int, bias, dtype: torch.dtype):
-        super().__init__()
-        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x.reshape(-1, x.shape[-1]))
-        return y.view(*x.shape[:-1], self.out_features)
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, in] -> [M, out] (the decoder calls this directly: no module overhead)."""
-        if x.dtype != self.dtype:
-            x = x.to(self.dtype)
-        if self._native is not None or x.shape[0] < self.gemm_rows or x.device.type == "cuda":
-            y = self.gemv(x)
-        else:
-            y = self.gemm(x)
-        bias = self._buffers["bias"]  # a plain dict lookup: nn.Module.__getattr__ is slow
-        return y if bias is None else y + bias
-
-    @abc.abstractmethod
-    def gemv(self, x: torch.Tensor) -> torch.Tensor:
-        """Few-row product through the weight format's own kernel (int8 / int4 subclasses)."""
-
-    @abc.abstractmethod
-    def dequantize(
-        self, start: int = 0, stop: int | None = None, dtype: torch.dtype | None = None
-    ) -> torch.Tensor:
-        """Output rows start:stop of the weight, dequantised to `dtype` (default: the
-        activation dtype)."""
-
-    def gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """Many rows: a GEMM over the dequantised weights, a chunk of output rows at a time (the
-        chunk stays in cache; no full-size copy is kept), in `compute_dtype(x)`."""
-        n, compute = self.out_features, self.compute_dtype(x)
-        xc = x.to(compute)
-        step = max(32, self.chunk_weights // self.in_features // 32 * 32)
-        if step >= n:
-            return F.linear(xc, self.dequantize(dtype=compute)).to(x.dtype)
-        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-        for start in range(0, n, step):
-            stop = min(start + step, n)
-            out[:, start:stop] = F.linear(xc, self.dequantize(start, stop, compute))
-        return out
-
-    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        """The dtype the GEMM multiplies x in (`gemm_dtype` for fp32 inputs on a CPU)."""
-        if self.gemm_dtype is not None and x.dtype == torch.float32 and x.device.type == "cpu":
-            return self.gemm_dtype
-        return x.dtype
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int{self.bits}"
-
-
-class Int8Linear(QuantizedLinear):
-    """int8 weights with one scale per output channel (symmetric, absmax / 127)."""
-
-    bits = 8
-
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
-        super().__init__(linear.in_features, linear.out_features, linear.bias, dtype)
-        q, scale = quantize_int8(linear.weight)
-        self.register_buffer("scale", scale.to(dtype))
-        kernel = _cpu_kernel_dtype(dtype)
-        # the GEMV kernel wants its scales in its input dtype (bf16 even for fp32 activations)
-        self.register_buffer("kernel_scale", self.scale.to(kernel), persistent=False)
-        # lmforge's own CPU kernel (cpu_gemv.c) where it builds and the rows fit its blocks: the
-        # weights are kept in its layout only (`int8_rows` unpacks them for the GEMM)
-        native = gemv_kernel() if q.device.type == "cpu" and q.shape[1] % BLOCK == 0 else None
-        self._native = native
-        if native is not None:
-            packed = pack_int8(q)
-            padded = torch.zeros(packed.shape[0] * LANES)
-            padded[: q.shape[0]] = scale.float()
-            q = None
-        else:
-            packed = padded = None
-        self.register_buffer("weight_int8", q)
-        self.register_buffer("native_packed", packed)
-        self.register_buffer("native_scale", padded, persistent=False)
-        self._gemm_weight: torch.Tensor | None = None  # q in bf16, made on the first large call
-
-    def gemv(self, x: torch.Tensor) -> torch.Tensor:
-        buffers = self._buffers
-        if x.device.type != "cpu" or self.in_features % 16:
-            # no int8 GEMV kernel on a GPU; and torch 2.13's CPU one returns garbage when the
-            # inputs are not a multiple of 16 (tests/infer/test_cpu_gemv.py): the GEMM
-            return self.gemm(x)
-        if self._native is not None:
-            y = self._native.int8(x.float(), buffers["native_packed"], buffers["native_scale"],
-                                  self.out_features)  # fmt: skip
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
-        scale = buffers["kernel_scale"]
-        if x.dtype == scale.dtype:
-            return torch.ops.aten._weight_int8pack_mm(x, buffers["weight_int8"], scale)
-        y = torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), buffers["weight_int8"], scale)
-        return y.to(x.dtype)
-
-    def gemm(self, x: torch.Tensor) -> torch.Tensor:
-        buffers = self._buffers
-        compute = self.compute_dtype(x)
-        if compute == torch.float32:
-            return super().gemm(x)
-        # bf16/fp16: q in that dtype is exact, so one copy serves every call; scale the output
-        weight = self._gemm_weight
-        if weight is None or weight.device != x.device or weight.dtype != compute:
-            weight = self._gemm_weight = self.int8_rows().to(compute)
-        return (F.linear(x.to(compute), weight) * buffers["scale"]).to(x.dtype)
-
-    def int8_rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """The int8 weights of output rows start:stop (start a multiple of 16)."""
-        stop = self.out_features if stop is None else stop
-        packed = self._buffers["native_packed"]
-        if packed is None:
-            return self._buffers["weight_int8"][start:stop]
-        return unpack_int8(packed[start // LANES : -(-stop // LANES)], stop - start)
-
-    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
-        q, scale = self.int8_rows(start, stop), self._buffers["scale"][start:stop]
-        return (q.to(self.dtype) * scale[:, None]).to(dtype or self.dtype)
-
-
-class Int4Linear(QuantizedLinear):
-    """int4 weights, group-wise scale and zero (w = (q - 8) * scale + zero). On a CPU where the
-    native kernel is built and groups are 32, in its layout (cpu_gemv.pack_int4, fp16 scales
-    and offsets); otherwise through torch's int4pack kernels. On CPU that kernel's packed layout
-    is blocks of 32 output rows with rows r and r + 16 sharing a byte (checked once per process,
-    `_cpu_layout_known`); the GEMM path unpacks from it, or, on a torch build where the check
-    fails, from a plain copy of the codes.
-    Output rows are padded to a multiple of 32 for the kernel (zero weights, sliced off)."""
-
-    bits = 4
-
-    def __init__(
-        self,
-        linear: nn.Linear,
-        dtype: torch.dtype = torch.bfloat16,
-        group_size: int = DEFAULT_GROUP_SIZE,
-        name: str = "",
-    ):
-        check_int4_shape(name, linear.in_features, group_size)
-        q, scale, zero = quantize_int4(linear.weight, group_size)
-        self._pack(q, scale, zero, linear.bias, dtype, group_size)
-
-    @classmethod
-    def from_codes(
-        cls,
-        codes: torch.Tensor,
-        scale: torch.Tensor,
-        zero: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        dtype: torch.dtype = torch.bfloat16,
-        name: str = "",
-    ) -> Int4Linear:
-        """From codes already quantised (e.g. a GGUF Q4_0/Q4_1 tensor): codes [N, K] in 0..15,
-        scale and zero [N, K/g] with w = (q - 8) * scale + zero."""
-        n, k = codes.shape
-        group_size = k // scale.shape[1]
-        check_int4_shape(name, k, group_size)
-        self = cls.__new__(cls)
-        self._pack(codes.to(torch.uint8), scale.float(), zero.float(), bias, dtype, group_size)
-        return self
-
-    def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias,
-              dtype: torch.dtype, group_size: int) -> None:  # fmt: skip
-        """Set the module up from codes q [N, K] and their group scales and zeros."""
-        n, k = q.shape
-        QuantizedLinear.__init__(self, k, n, bias, dtype)
-        self.group_size = group_size
-        self._native = None
-        if q.device.type == "cpu" and group_size == BLOCK and (native := gemv_kernel()):
-            d, m = scale.half(), (zero - 8 * scale).half()  # w = q * d + m
-            if bool(torch.isfinite(d).all() and torch.isfinite(m).all()):  # fp16 holds them
-                self._native, self.padded = native, n
-                self.register_buffer("native_packed", pack_int4(q, d, m))
-                for name in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
-                    self.register_buffer(name, None)
-                return
-        self.register_buffer("native_packed", None)
-        self.padded = -(-n // 32) * 32
-        if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0
-            pad = self.padded - n
-            q = torch.cat([q, torch.full((pad, k), 8, dtype=q.dtype, device=q.device)])
-            scale = torch.cat([scale, scale.new_ones(pad, scale.shape[1])])
-            zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
-        sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
-        self.register_buffer("scale_zeros", sz.to(self.dtype))
-        cuda = q.device.type == "cuda"
-        kernel = self.dtype if cuda else _cpu_kernel_dtype(self.dtype)
-        self.register_buffer("kernel_scale_zeros", sz.to(kernel), persistent=False)
-        if cuda:
-            plain = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
-            tiles = next(t for t in (8, 4, 2) if k % (t * 16) == 0)
-            packed = torch.ops.aten._convert_weight_to_int4pack(plain, tiles)
-            self.register_buffer("codes", None)
-        else:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-            keep = None if _cpu_layout_known() else (q[:, ::2] | q[:, 1::2] << 4).to(torch.uint8)
-            self.register_buffer("codes", keep)  # plain nibbles, only where the layout is unknown
-        self.register_buffer("weight_int4", packed)
-
-    def gemv(self, x: torch.Tensor) -> torch.Tensor:
-        buffers = self._buffers
-        if self._native is not None:
-            if x.device.type != "cpu":  # moved off the CPU after quantising: the GEMM
-                return self.gemm(x)
-            y = self._native.int4(x.float(), buffers["native_packed"], self.out_features)
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
-        packed, sz = buffers["weight_int4"], buffers["kernel_scale_zeros"]
-        xk = x if x.dtype == sz.dtype else x.to(sz.dtype)
-        if x.device.type == "cuda":
-            y = torch.ops.aten._weight_int4pack_mm(xk, packed, self.group_size, sz)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, packed, self.group_size, sz)
-        if self.padded != self.out_features:
-            y = y[:, : self.out_features]
-        return y if y.dtype == x.dtype else y.to(x.dtype)
-
-    def unpacked_codes(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """The codes (uint8 0..15) of output rows start:stop (start a multiple of 32)."""
-        stop = self.padded if stop is None else stop
-        if self._native is not None:
-            return self._native_rows(start, stop)[0]
-        plain = self._buffers["codes"]
-        if plain is not None:
-            rows = plain[start:stop]
-            return torch.stack([rows & 15, rows >> 4], dim=-1).view(rows.shape[0], -1)
-        end = -(-stop // 32) * 32
-        blocks = self._buffers["weight_int4"][start:end].view(-1, self.in_features, 16)
-        q = torch.cat([blocks & 15, blocks >> 4], dim=-1).transpose(1, 2)  # [blocks, 32, K]
-        return q.reshape(-1, self.in_features)[: stop - start]
-
-    def _native_rows(self, start: int, stop: int):
-        """(codes, scale d, offset m) of output rows start:stop (start a multiple of 16) from the
-        native kernel's layout."""
-        blocks = self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
-        return unpack_int4(blocks, stop - start)
-
-    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
-        stop = self.out_features if stop is None else stop
-        dtype = dtype or self.dtype
-        buffers = self._buffers
-        if self._native is not None:  # w = q * d + m from the kernel's own fp16 scales
-            packed = buffers["native_packed"]
-            if packed.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
-                codes, d, m = self._native_rows(start, stop)
-                q = codes.to(dtype).view(stop - start, -1, BLOCK)
-                w = q * d.to(dtype)[..., None] + m.to(dtype)[..., None]
-                return w.view(stop - start, self.in_features)
-            made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
-            blocks = packed[start // LANES : -(-stop // LANES)]
-            return self._native.dequant_int4(blocks, stop - start, made).to(dtype)
-        q = self.unpacked_codes(start, stop).to(self.dtype)
-        sz = buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
-        g = self.group_size
-        scale, zero = sz[..., 0].t()[:, :, None], sz[..., 1].t()[:, :, None]
-        w = (q.view(stop - start, -1, g) - 8) * scale + zero
-        return w.view(stop - start, self.in_features).to(dtype)
-
-
-@functools.cache
-def _cpu_layout_known() -> bool:
-    """Whether this torch build's CPU int4 packing is the layout `Int4Linear.unpacked_codes`
-    reads (blocks of 32 output rows, row r in the low nibble and r + 16 in the high one)."""
-    q = torch.randint(0, 16, (64, 64), generator=torch.Generator().manual_seed(0))
-    try:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-    except (RuntimeError, AttributeError):
-        return False
-    blocks = q.view(2, 32, 64)
-    expect = (blocks[:, :16] | blocks[:, 16:] << 4).transpose(1, 2).reshape(64, 32)
-    return packed.shape == expect.shape and torch.equal(packed, expect.to(torch.uint8))
 
 
 # ---- conversion --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from torch import nn
 
 from lmforge.infer import cpu_gemv
 from lmforge.infer.cpu_features import cpu_features
-from lmforge.infer.quantize import Int4Linear, Int8Linear, quantize_int4
+from lmforge.infer.quantized_linear import Int4Linear, Int8Linear, quantize_int4
 
 pytestmark = pytest.mark.skipif(
     cpu_gemv.gemv_kernel() is None, reason=f"no native kernels: {cpu_gemv.unavailable_reason()}"

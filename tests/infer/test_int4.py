@@ -11,13 +11,8 @@ from torch import nn
 
 from lmforge.errors import ConfigError
 from lmforge.infer.engine import Engine, GenerationParams
-from lmforge.infer.quantize import (
-    Int4Linear,
-    Int8Linear,
-    QuantizedLinear,
-    quantize_int4,
-    to_inference_precision,
-)
+from lmforge.infer.quantize import to_inference_precision
+from lmforge.infer.quantized_linear import Int4Linear, Int8Linear, QuantizedLinear, quantize_int4
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 

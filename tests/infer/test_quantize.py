@@ -8,13 +8,12 @@ from torch import nn
 from lmforge.errors import ConfigError
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.infer.quantize import (
-    Int8Linear,
     decode_bytes,
-    quantize_int8,
     resolve_dtype,
     to_inference_precision,
     weight_bytes,
 )
+from lmforge.infer.quantized_linear import Int8Linear, quantize_int8
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 
