@@ -412,29 +412,40 @@ static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* ou
     default: kernel<1>(__VA_ARGS__, acc); break; \
   }
 
-/* y [m, n] (fp32) = x [m, k] (fp32) times int8 weights in the interleaved layout (n rounded up
- * to 16 rows: `w_scale` [that many] per output row, zero for the padding); k % 32 == 0.
+/* y [m, n] (fp32) = x [m, k] (fp32) times the interleaved weights (n rounded up to 16 rows),
+ * int8 (INT4 false: `w_scale` [that many] per output row, zero for the padding) or int4 (codes,
+ * fp16 scales d and offsets m per group, w = q d + m); k % 32 == 0. The two differ only in the
+ * block kernel and the store: a template, so each is compiled as its own loop (a version taking
+ * lambdas ran 1.4x slower at one row: the kernels were no longer inlined in the OpenMP loop).
  * Returns 0, or -1 when memory runs out (nothing written). */
-EXPORT int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_scale, float* y,
-                      int64_t m, int64_t n, int64_t k, int threads) {
+template <bool INT4>
+static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
+                int64_t n, int64_t k, int threads) {
+  constexpr int64_t block_bytes = INT4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES;
   if (k % BLOCK != 0 || m <= 0) return -1;
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
-  if (quantize_x(x, m, k, 0, &qx)) return -1;
+  if (quantize_x(x, m, k, INT4, &qx)) return -1;
   const int64_t passes = (m + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t* wb = w + b * groups * INT8_BLOCK_BYTES;
-    const uint8_t* next = b + 1 < blocks ? wb + groups * INT8_BLOCK_BYTES : NULL;
+    const uint8_t* wb = w + b * groups * block_bytes;
+    const uint8_t* next = b + 1 < blocks ? wb + groups * block_bytes : NULL;
     float acc[TILE * LANES];
     for (int64_t i0 = 0; i0 < m; i0 += TILE) {
       const int t = (int)(m - i0 < TILE ? m - i0 : TILE);
-      const Prefetch pf = prefetch_share(next, INT8_BLOCK_BYTES, i0 / TILE, passes);
-      TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, k, groups, pf)
+      const Prefetch pf = prefetch_share(next, block_bytes, i0 / TILE, passes);
+      if constexpr (INT4) {
+        TILE_DISPATCH(int4_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
+                      qx.xsum + i0 * groups, k, groups, pf)
+      } else {
+        TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, k, groups, pf)
+      }
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)
           y[(i0 + i) * n + b * LANES + r] =
-              w_scale[b * LANES + r] * (acc[i * LANES + r] - qx.offset[i0 + i]);
+              INT4 ? acc[i * LANES + r]
+                   : w_scale[b * LANES + r] * (acc[i * LANES + r] - qx.offset[i0 + i]);
     }
   }
   free(qx.q);
@@ -442,33 +453,14 @@ EXPORT int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_sc
   return 0;
 }
 
-/* y [m, n] (fp32) = x [m, k] (fp32) times int4 weights in the interleaved layout (codes, fp16
- * scales d and offsets m per group, w = q d + m); k % 32 == 0. Returns 0, or -1. */
+EXPORT int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_scale, float* y,
+                             int64_t m, int64_t n, int64_t k, int threads) {
+  return gemv<false>(x, w, w_scale, y, m, n, k, threads);
+}
+
 EXPORT int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
-                      int64_t k, int threads) {
-  if (k % BLOCK != 0 || m <= 0) return -1;
-  const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
-  QuantX qx;
-  if (quantize_x(x, m, k, 1, &qx)) return -1;
-  const int64_t passes = (m + TILE - 1) / TILE;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t* wb = w + b * groups * INT4_BLOCK_BYTES;
-    const uint8_t* next = b + 1 < blocks ? wb + groups * INT4_BLOCK_BYTES : NULL;
-    float acc[TILE * LANES];
-    for (int64_t i0 = 0; i0 < m; i0 += TILE) {
-      const int t = (int)(m - i0 < TILE ? m - i0 : TILE);
-      const Prefetch pf = prefetch_share(next, INT4_BLOCK_BYTES, i0 / TILE, passes);
-      TILE_DISPATCH(int4_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
-                    qx.xsum + i0 * groups, k, groups, pf)
-      for (int i = 0; i < t; i++)
-        for (int r = 0; r < LANES && b * LANES + r < n; r++)
-          y[(i0 + i) * n + b * LANES + r] = acc[i * LANES + r];
-    }
-  }
-  free(qx.q);
-  free(qx.scale);
-  return 0;
+                             int64_t k, int threads) {
+  return gemv<true>(x, w, NULL, y, m, n, k, threads);
 }
 
 /* w = q d + m for the rows [n, k] of interleaved int4 weights, written as fp32, or as bf16
