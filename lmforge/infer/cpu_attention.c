@@ -26,6 +26,8 @@
 #endif
 #include <omp.h>
 
+#include "cpu_half.h" /* half_to_float */
+
 #define EXPORT extern "C"
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
@@ -33,28 +35,11 @@ enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 static inline float scalar_load(const void* p, int64_t i, int dtype) {
   if (dtype == KV_F32) return ((const float*)p)[i];
   uint16_t h = ((const uint16_t*)p)[i];
-  if (dtype == KV_BF16) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-  }
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-  if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
-  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
-  else if (man == 0) bits = sign;
-  else {
-    exp = 113;
-    while (!(man & 0x400)) { man <<= 1; exp--; }
-    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-  }
+  if (dtype == KV_F16) return half_to_float(h);
+  uint32_t bits = (uint32_t)h << 16; /* bf16: the top half of a float */
   float f;
   memcpy(&f, &bits, 4);
   return f;
-#endif
 }
 
 /* ---- the vector type of this build --------------------------------------------------------- */

@@ -34,6 +34,7 @@ from lmforge.fileio import cache_root
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_gemv_ops.cpp"))  # fmt: skip
+HEADERS = (Path(__file__).with_name("cpu_half.h"),)  # part of the build's key, not compiled
 BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
 _fakes: set[str] = set()  # op namespaces whose shape functions are registered
 
@@ -157,7 +158,7 @@ def build(march: str | None = "native", namespace: str = "lmforge",
     if march:
         flags.append(f"-march={march}")
     key = hashlib.sha256("\0".join(
-        [*(p.read_text() for p in SOURCES), cxx, torch.__version__, " ".join(flags),
+        [*(p.read_text() for p in (*SOURCES, *HEADERS)), cxx, torch.__version__, " ".join(flags),
          _cpu_identity() if march == "native" else ""]).encode()).hexdigest()[:12]  # fmt: skip
     name = f"{namespace}_gemv_{key}"
     directory = (folder or cache_root() / "kernels") / name
