@@ -51,6 +51,9 @@ def plain_norm(m: nn.Module):
     return lambda x: F.layer_norm(x.float(), shape, w, b, eps).to(x.dtype)
 
 
+NATIVE_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def native_attention(q: torch.Tensor, k: torch.Tensor):
     """The native kernels (cpu_gemv) when their decode attention covers these inputs, else None."""
     if q.device.type != "cpu" or k.dtype not in NATIVE_KV_DTYPES or k.stride(-1) != 1:
@@ -60,10 +63,7 @@ def native_attention(q: torch.Tensor, k: torch.Tensor):
     return gemv_kernel()
 
 
-NATIVE_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def decode_attention(q, k, v, mask=None) -> torch.Tensor:
+def decode_attention(q, k, v, mask=None, kernel=None) -> torch.Tensor:
     """One query per row over the cache. q [B, H, 1, D], k/v [B, KV, L, D], mask None or bool
     [B, 1, 1, L] -> [B, H, 1, D].
 
@@ -73,8 +73,8 @@ def decode_attention(q, k, v, mask=None) -> torch.Tensor:
     materialise [B, heads, L, D] products, but under torch.compile (the only place this runs
     without the kernels) inductor turns them into one fused loop over the keys, where SDPA is an
     external kernel whose fixed cost (~15-30 us a call on a CPU) dominates a short decode step.
-    fp32 arithmetic either way."""
-    kernel = native_attention(q, k)
+    fp32 arithmetic either way. `kernel`: native_attention's answer when the caller has it."""
+    kernel = kernel or native_attention(q, k)
     if kernel is not None and (mask is None or mask.dtype == torch.bool):
         return kernel.decode_attention(q.float(), k, v, mask).to(q.dtype)
     b, h, _, d = q.shape
@@ -192,8 +192,9 @@ class FastDecoder:
         v = qkv[:, (nh + nkv) * hd :].view(b, t, nkv, hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(i, k, v)
-        if t == 1 and (torch.compiler.is_compiling() or native_attention(q, k) is not None):
-            y = decode_attention(q, k, v, mask)
+        kernel = native_attention(q, k) if t == 1 else None  # once per layer: a hot path
+        if t == 1 and (kernel is not None or torch.compiler.is_compiling()):
+            y = decode_attention(q, k, v, mask, kernel)
             return layer.o(y.reshape(b, nh * hd))
         if t == 1 and q.device.type == "cpu" and torch.float32 not in (q.dtype, k.dtype):
             # torch's CPU flash attention runs one bf16 query 3-4x slower than the same in fp32
