@@ -9,8 +9,8 @@
  *
  * Three passes over one (row, KV head): scores q.k * scale for every key, 4 keys at a time
  * (masked keys then set to -inf), softmax per query head (max, exp, sum), and the probability-
- * weighted sum of the values. Scores of one (row, KV head) live in a per-thread scratch of
- * G x L floats. The arithmetic is fp32 throughout; results match torch's SDPA on the upcast
+ * weighted sum of the values, each value converted once for up to 4 query heads. Scores of one
+ * (row, KV head) live in a per-thread scratch of G x (L + 1) floats. The arithmetic is fp32 throughout; results match torch's SDPA on the upcast
  * cache to float rounding (tests/infer/test_cpu_gemv.py).
  *
  * Vector width by ISA (AVX-512: 16 floats, AVX2 + F16C: 8, else scalar), chosen at compile time
@@ -136,8 +136,11 @@ static inline vec vexp(vec x) {
 }
 #endif
 
-/* Softmax of each query head's scores in place (masked keys hold -inf and come out 0). */
-static void softmax_rows(float* scores, int64_t g_count, int64_t len) {
+/* Softmax of each query head's scores in place, left unnormalised: exp(s - max) (masked keys
+ * hold -inf and come out 0), with 1 / sum in inv[g] (0 when every key is masked, never in a
+ * decode step: the head then attends to nothing). The value pass scales its G x D sums by inv,
+ * not the G x L probabilities. */
+static void softmax_rows(float* scores, int64_t g_count, int64_t len, float* inv) {
   for (int64_t g = 0; g < g_count; g++) {
     float* s = scores + g * len;
     float top = -INFINITY, sum = 0.f;
@@ -148,8 +151,9 @@ static void softmax_rows(float* scores, int64_t g_count, int64_t len) {
     top = vtop(vt);
 #endif
     for (; l < len; l++) top = fmaxf(top, s[l]);
-    if (top == -INFINITY) { /* every key masked (never in a decode step): attend to nothing */
+    if (top == -INFINITY) {
       for (l = 0; l < len; l++) s[l] = 0.f;
+      inv[g] = 0.f;
       continue;
     }
     l = 0;
@@ -166,13 +170,12 @@ static void softmax_rows(float* scores, int64_t g_count, int64_t len) {
       s[l] = expf(s[l] - top);
       sum += s[l];
     }
-    const float inv = 1.f / sum;
-    for (l = 0; l < len; l++) s[l] *= inv;
+    inv[g] = 1.f / sum;
   }
 }
 
 /* One (row, KV head): q [G, D] fp32 (contiguous), keys and values [L, D] (row stride ks / vs
- * elements), key mask [L] or NULL, out [G, D] fp32; scores: scratch of G x L floats. This is
+ * elements), key mask [L] or NULL, out [G, D] fp32; scores: scratch of G x (L + 1) floats. This is
  * the loop for any head_dim, one float at a time. */
 static void attend_scalar(const float* q, const char* k, const char* v, int64_t ks, int64_t vs,
                           const uint8_t* mask, float* out, int64_t g_count, int64_t len,
@@ -185,7 +188,8 @@ static void attend_scalar(const float* q, const char* k, const char* v, int64_t 
         s += q[g * d + c] * scalar_load(k + l * ks * elem, c, dtype);
       scores[g * len + l] = mask && !mask[l] ? -INFINITY : s * scale;
     }
-  softmax_rows(scores, g_count, len);
+  float* inv = scores + g_count * len;
+  softmax_rows(scores, g_count, len, inv);
   for (int64_t g = 0; g < g_count; g++) {
     const float* p = scores + g * len;
     for (int64_t c = 0; c < d; c++) out[g * d + c] = 0.f;
@@ -194,6 +198,7 @@ static void attend_scalar(const float* q, const char* k, const char* v, int64_t 
       for (int64_t c = 0; c < d; c++)
         out[g * d + c] += p[l] * scalar_load(v + l * vs * elem, c, dtype);
     }
+    for (int64_t c = 0; c < d; c++) out[g * d + c] *= inv[g];
   }
 }
 
@@ -202,6 +207,9 @@ static void attend_scalar(const float* q, const char* k, const char* v, int64_t 
  * prefetcher barely ramps up within one, and a step measured 6 GB/s. So pass 1 prefetches the
  * keys AHEAD rows on and the values pass 3 will read, and pass 3 the next pair's first keys. */
 #define AHEAD 8
+static inline void prefetch_far(const char* p, int64_t bytes) {
+  for (int64_t j = 0; j < bytes; j += 64) _mm_prefetch(p + j, _MM_HINT_T1);
+}
 static inline void prefetch_row(const char* p, int64_t bytes) {
 #if defined(__x86_64__) || defined(_M_X64)
   for (int64_t j = 0; j < bytes; j += 64) _mm_prefetch(p + j, _MM_HINT_T0);
@@ -211,6 +219,34 @@ static inline void prefetch_row(const char* p, int64_t bytes) {
 }
 
 #ifdef W
+/* Pass 3 for N query heads: out[n] = inv[n] sum_l p[n][l] v_l over the unmasked keys, with
+ * p [N, L] (row stride len). A value's C vectors are converted once and serve the N heads (one
+ * head at a time converted the fp16 cache N times: the conversions cost as much as the
+ * products); N x C accumulators stay in registers. The first pass also prefetches the next
+ * pair's first keys (next_k, row stride ks; NULL for none). */
+template <int C, int N>
+static inline void weigh_values(const float* p, const float* inv, const char* v, int64_t vs,
+                                const uint8_t* mask, float* out, int64_t len, int dtype,
+                                const char* next_k, int64_t ks) {
+  const int64_t d = C * W, elem = dtype == KV_F32 ? 4 : 2;
+  vec acc[N][C];
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) acc[n][c] = vset(0.f);
+  for (int64_t l = 0; l < len; l++) {
+    if (next_k) prefetch_far(next_k + l * ks * elem, d * elem);
+    if (mask && !mask[l]) continue;
+    const char* val = v + l * vs * elem;
+    vec pl[N];
+    for (int n = 0; n < N; n++) pl[n] = vset(p[n * len + l]);
+    for (int c = 0; c < C; c++) {
+      const vec x = vload(val, c * W, dtype);
+      for (int n = 0; n < N; n++) acc[n][c] = vfma(pl[n], x, acc[n][c]);
+    }
+  }
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) vstore(out + n * d + c * W, vmul(acc[n][c], vset(inv[n])));
+}
+
 /* The same on whole vectors, for head_dim = C x W: a key's C vectors are converted once and
  * serve every query head; the C output accumulators of a query head stay in registers. */
 template <int C>
@@ -223,7 +259,7 @@ static void attend_vec(const float* q, const char* k, const char* v, int64_t ks,
   for (; l + 4 <= len; l += 4) {
     for (int j = 0; j < 4; j++) { /* keys AHEAD rows on; the values pass 3 will read */
       if (l + j + AHEAD < len) prefetch_row(k + (l + j + AHEAD) * ks * elem, d * elem);
-      prefetch_row(v + (l + j) * vs * elem, d * elem);
+      prefetch_far(v + (l + j) * vs * elem, d * elem);
     }
     vec kc[4][C];
     for (int j = 0; j < 4; j++)
@@ -252,19 +288,20 @@ static void attend_vec(const float* q, const char* k, const char* v, int64_t ks,
     for (l = 0; l < len; l++)
       if (!mask[l])
         for (int64_t g = 0; g < g_count; g++) scores[g * len + l] = -INFINITY;
-  softmax_rows(scores, g_count, len);
-  for (int64_t g = 0; g < g_count; g++) {
-    const float* p = scores + g * len;
-    vec acc[C];
-    for (int c = 0; c < C; c++) acc[c] = vset(0.f);
-    for (int64_t l = 0; l < len; l++) {
-      if (g == 0 && next_k && l < AHEAD) prefetch_row(next_k + l * ks * elem, d * elem);
-      if (mask && !mask[l]) continue;
-      const char* val = v + l * vs * elem;
-      const vec pl = vset(p[l]);
-      for (int c = 0; c < C; c++) acc[c] = vfma(pl, vload(val, c * W, dtype), acc[c]);
-    }
-    for (int c = 0; c < C; c++) vstore(out + g * d + c * W, acc[c]);
+  float* inv = scores + g_count * len;
+  softmax_rows(scores, g_count, len, inv);
+  /* pass 3 for up to HEADS query heads at a time (N x C accumulators within the registers) */
+  constexpr int64_t HEADS = C <= 4 ? 4 : C <= 8 ? 2 : 1;
+  for (int64_t g = 0; g < g_count; g += HEADS) {
+    const int64_t n = g_count - g < HEADS ? g_count - g : HEADS;
+    const char* pf = g == 0 ? next_k : NULL;
+#define WEIGH(N) weigh_values<C, N>(scores + g * len, inv + g, v, vs, mask, out + g * d, len, \
+                                    dtype, pf, ks)
+    if (n >= 4) WEIGH(4);
+    else if (n == 3) WEIGH(3);
+    else if (n == 2) WEIGH(2);
+    else WEIGH(1);
+#undef WEIGH
   }
 }
 #endif
@@ -298,12 +335,12 @@ EXPORT int lmforge_decode_attention(const float* q, const void* k, const void* v
   const int64_t group = h / kv, tasks = b * kv, elem = dtype == KV_F32 ? 4 : 2;
   if (threads > tasks) threads = (int)tasks;
   if (threads < 1) threads = 1;
-  float* scratch = (float*)malloc(sizeof(float) * (size_t)(threads * group * len + 1));
+  float* scratch = (float*)malloc(sizeof(float) * (size_t)(threads * group * (len + 1)));
   if (!scratch) return -1;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < tasks; t++) {
     const int64_t row = t / kv, head = t % kv;
-    float* scores = scratch + (int64_t)omp_get_thread_num() * group * len;
+    float* scores = scratch + (int64_t)omp_get_thread_num() * group * (len + 1);
     const char* kp = (const char*)k + (row * k_strides[0] + head * k_strides[1]) * elem;
     const char* vp = (const char*)v + (row * v_strides[0] + head * v_strides[1]) * elem;
     const int64_t after = t + 1 < tasks ? t + 1 : t; /* the next pair this thread runs */

@@ -89,9 +89,11 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
 
 
 # (rows, heads, kv heads, head_dim, keys): GQA 3:1 at head_dim 64 (SmolLM2), MHA at 32, a
-# head_dim no vector width divides (the scalar loop), one key
+# head_dim no vector width divides (the scalar loop), one key, and query-head groups the value
+# pass splits (5 = 4 + 1 at 64; 7 = 2 + 2 + 2 + 1 at 128; one head at a time at 256)
 @pytest.mark.parametrize("shape", [(5, 9, 3, 64, 37), (2, 4, 4, 32, 20), (3, 6, 2, 40, 9),
-                                   (1, 2, 1, 16, 1)])  # fmt: skip
+                                   (1, 2, 1, 16, 1), (2, 10, 2, 64, 23), (2, 14, 2, 128, 19),
+                                   (1, 4, 2, 256, 6)])  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_decode_attention_matches_torch_sdpa(kernel, shape, dtype):
     b, h, kv, d, n = shape
