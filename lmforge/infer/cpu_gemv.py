@@ -168,7 +168,9 @@ def build(march: str | None = "native", namespace: str = "lmforge",
                            extra_ldflags=["-fopenmp"], build_directory=str(directory),
                            is_python_module=False, verbose=False)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - any failure: keep torch's kernels, say why
-        lines = [ln for ln in str(error).splitlines() if "error" in ln.lower()] or [str(error)]
+        text = str(error).splitlines()  # the compiler's diagnostic first, else torch's summary
+        lines = [ln for ln in text if "error:" in ln] or [
+            ln for ln in text if "error" in ln.lower()] or [str(error)]  # fmt: skip
         raise RuntimeError(f"building the native GEMV failed: {lines[0].strip()[:300]}") from None
     if namespace not in _fakes:  # output shapes, for tracing (torch.export, AOTInductor)
         _fakes.add(namespace)
