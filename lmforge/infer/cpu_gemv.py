@@ -33,7 +33,8 @@ import torch
 from lmforge.fileio import cache_root
 
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_gemv.c", "cpu_attention.c", "cpu_gemv_ops.cpp"))  # fmt: skip
+                for name in ("cpu_gemv.c", "cpu_gemv_half.c", "cpu_attention.c",
+                             "cpu_gemv_ops.cpp"))  # fmt: skip
 HEADERS = (Path(__file__).with_name("cpu_half.h"),)  # part of the build's key, not compiled
 BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
 _fakes: set[str] = set()  # op namespaces whose shape functions are registered
@@ -66,6 +67,12 @@ class NativeGemv:
     def dequant_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
         return self.ops.dequant_int4(packed, n, dtype == torch.bfloat16)
+
+    def half_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [M, K] times bf16 or fp16 weights w [N, K] (row-major, as the model holds them) ->
+        [M, N] in x's dtype: up to 8 rows (16 for fp16) lmforge's GEMV (cpu_gemv_half.c,
+        products and sums in fp32), above that torch's GEMM."""
+        return self.ops.half_linear(x, w)
 
     def decode_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -177,6 +184,7 @@ def build(march: str | None = "native", namespace: str = "lmforge",
         torch.library.register_fake(f"{namespace}::gemv_int8")(_fake_int8)
         torch.library.register_fake(f"{namespace}::gemv_int4")(_fake_int4)
         torch.library.register_fake(f"{namespace}::dequant_int4")(_fake_dequant_int4)
+        torch.library.register_fake(f"{namespace}::half_linear")(_fake_half)
         torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
     return NativeGemv(namespace)
 
@@ -192,6 +200,10 @@ def _fake_int4(x, packed, n):
 def _fake_dequant_int4(packed, n, bf16):
     dtype = torch.bfloat16 if bf16 else torch.float32
     return packed.new_empty(n, packed.shape[1] * BLOCK, dtype=dtype)
+
+
+def _fake_half(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])
 
 
 def _fake_attention(q, k, v, mask):

@@ -1,6 +1,7 @@
-// cpu_gemv.c's and cpu_attention.c's kernels as torch ops (namespace LMFORGE_NS, "lmforge" unless
-// a test builds a variant under its own name): eager calls go through torch's dispatcher, and an
-// ahead-of-time compiled decode step (exported_step.py) calls them like any other op.
+// cpu_gemv.c's, cpu_gemv_half.c's and cpu_attention.c's kernels as torch ops (namespace
+// LMFORGE_NS, "lmforge" unless a test builds a variant under its own name): eager calls go
+// through torch's dispatcher, and an ahead-of-time compiled decode step (exported_step.py)
+// calls them like any other op.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -20,6 +21,8 @@ int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int
                       int threads);
 void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16,
                           int threads);
+int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
+                      int64_t m, int64_t n, int64_t k, int threads);
 int lmforge_decode_attention(const float* q, const void* k, const void* v, int dtype,
                              const int64_t* k_strides, const int64_t* v_strides,
                              const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
@@ -85,6 +88,31 @@ at::Tensor dequant_int4(const at::Tensor& w, int64_t n, bool bf16) {
   return out;
 }
 
+// x [M, K] (any float dtype) times w [N, K] bf16 or fp16 -> [M, N] in x's dtype: lmforge's
+// GEMV (cpu_gemv_half.c: fp32 sums) up to a few rows, torch's GEMM above, where its blocked
+// kernels win (bf16 from 16 rows on a Zen 4 core; torch's fp16 ran 2-3x slower at 16 rows)
+at::Tensor half_linear(const at::Tensor& x, const at::Tensor& w) {
+  const auto wtype = w.scalar_type();
+  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() &&
+                  (wtype == at::kBFloat16 || wtype == at::kHalf),
+              "lmforge half linear: weights must be a contiguous 2-d CPU bf16 or fp16 tensor, "
+              "got ", wtype, " ", w.sizes());
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "lmforge half linear: shapes ", x.sizes(),
+              " x ", w.sizes());
+  const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
+  if (m > (wtype == at::kHalf ? 16 : 8)) return at::linear(x.to(wtype), w).to(x.scalar_type());
+  const bool x_bf16 = x.scalar_type() == at::kBFloat16;  // bf16 goes in as it is
+  auto xc = (x_bf16 ? x : x.to(at::kFloat)).contiguous();
+  auto y = at::empty({m, n}, xc.options().dtype(at::kFloat));
+  if (m > 0 && n > 0)
+    TORCH_CHECK(lmforge_gemv_half(xc.data_ptr(), x_bf16 ? 1 : 0,
+                                  reinterpret_cast<const uint16_t*>(w.data_ptr()),
+                                  wtype == at::kHalf ? 1 : 0, y.data_ptr<float>(), m, n, k,
+                                  at::get_num_threads()) == 0,
+                "lmforge half linear: out of memory");
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 // q [B, H, 1, D] fp32, k / v [B, KV, L, D] fp32, fp16 or bf16 (any strides but unit along D),
 // mask [B, L] (or [B, 1, 1, L]) bool or none -> [B, H, 1, D] fp32 (cpu_attention.c)
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -138,6 +166,7 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("gemv_int8(Tensor x, Tensor packed, Tensor scale, int n) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("dequant_int4(Tensor packed, int n, bool bf16) -> Tensor");
+  m.def("half_linear(Tensor x, Tensor w) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
   m.def("gemv_isa() -> str", &isa);
 }
@@ -146,5 +175,6 @@ LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("gemv_int8", &gemv_int8);
   m.impl("gemv_int4", &gemv_int4);
   m.impl("dequant_int4", &dequant_int4);
+  m.impl("half_linear", &half_linear);
   m.impl("decode_attention", &decode_attention);
 }

@@ -1,0 +1,200 @@
+/* Products with bf16 or fp16 weights on a CPU, for decoding: y[m, n] = sum_k x[m, k] * w[n, k]
+ * with few rows of x (the running rows of a decode step), the weights in the model's own
+ * row-major layout (no copy, no repacking).
+ *
+ * Why by hand: decoding reads every weight once a step, so a bf16 model decodes at the speed its
+ * weights stream from memory. torch's bf16 matmul with one row of activations ran at a third of
+ * the read bandwidth on a Zen 4 core (SmolLM2 bf16: 0.33-0.44x llama.cpp's F16 at batch 1,
+ * issue 19); llama.cpp's F16 rows convert each weight to fp32 in registers and multiply there.
+ * This file does the same: 16 (AVX-512) or 8 (AVX2 + F16C) weights are converted with one or
+ * two instructions (bf16: widen and shift into a float's top half; fp16: vcvtph2ps) and meet the
+ * fp32 activations in fused multiply-adds; a float's sum per row of x and of w comes out of a
+ * horizontal add once per row, not per block. The products are those of torch's bf16 matmul
+ * (the bf16 / fp16 values times the activations, summed in fp32), in another order.
+ *
+ * Tiles: 4 rows of weights times up to TMAX rows of x at once (4 x TMAX accumulators in
+ * registers), so each weight vector loaded serves every row of x in the tile and each x vector
+ * the 4 weight rows; a block of 4 weight rows (4.6 KB at k = 576) stays in L1 while the tiles
+ * of x pass over it. OpenMP threads split the blocks of output rows. Built by cpu_gemv.py with
+ * the other kernels (-march=native); without AVX2 a plain loop.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#include "cpu_half.h" /* half_to_float */
+
+#define EXPORT extern "C"
+
+enum { WEIGHTS_BF16 = 0, WEIGHTS_F16 = 1 };
+
+template <int WT>
+static inline float weight_at(const uint16_t* w, int64_t j) {
+  if (WT == WEIGHTS_F16) return half_to_float(w[j]);
+  uint32_t bits = (uint32_t)w[j] << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+#if defined(__AVX512F__)
+#define V 16
+#define TMAX 4
+typedef __m512 vec;
+template <int WT>
+static inline vec load_weights(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  if (WT == WEIGHTS_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline vec load_x(const float* p) { return _mm512_loadu_ps(p); }
+static inline vec vzero() { return _mm512_setzero_ps(); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline float hsum(vec a) { return _mm512_reduce_add_ps(a); }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define V 8
+#define TMAX 2 /* 16 vector registers: 4 x 2 accumulators, 4 weight vectors, x */
+typedef __m256 vec;
+template <int WT>
+static inline vec load_weights(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128((const __m128i*)p);
+  if (WT == WEIGHTS_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline vec load_x(const float* p) { return _mm256_loadu_ps(p); }
+static inline vec vzero() { return _mm256_setzero_ps(); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline float hsum(vec a) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#else
+#define TMAX 4
+#endif
+
+/* y[t] = x[t] . w for T rows of x (row stride k, y row stride n) and one row of weights, U
+ * vectors of columns at a time into U accumulators per row of x (a single sum would wait on
+ * each add). Each weight vector loaded serves the T rows of x. */
+template <int WT, int T, int U>
+static inline void dot_row(const float* x, const uint16_t* w, float* y, int64_t k, int64_t n) {
+  int64_t j = 0;
+  float sums[T];
+#ifdef V
+  vec acc[T][U];
+  for (int t = 0; t < T; t++)
+    for (int u = 0; u < U; u++) acc[t][u] = vzero();
+  for (; j + U * V <= k; j += U * V)
+    for (int u = 0; u < U; u++) {
+      const vec wv = load_weights<WT>(w + j + u * V);
+      for (int t = 0; t < T; t++) acc[t][u] = vfma(load_x(x + t * k + j + u * V), wv, acc[t][u]);
+    }
+  for (; j + V <= k; j += V) {
+    const vec wv = load_weights<WT>(w + j);
+    for (int t = 0; t < T; t++) acc[t][0] = vfma(load_x(x + t * k + j), wv, acc[t][0]);
+  }
+  for (int t = 0; t < T; t++) {
+    for (int u = 1; u < U; u++) acc[t][0] = vadd(acc[t][0], acc[t][u]);
+    sums[t] = hsum(acc[t][0]);
+  }
+#else
+  for (int t = 0; t < T; t++) sums[t] = 0.f;
+#endif
+  for (; j < k; j++) /* the columns after the last whole vector (all of them without AVX2) */
+    for (int t = 0; t < T; t++) sums[t] += x[t * k + j] * weight_at<WT>(w, j);
+  for (int t = 0; t < T; t++) y[t * n] = sums[t];
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BF16_DOT 1
+/* bf16 weights and bf16 activations where the CPU has the bf16 dot product (AVX512-BF16: Zen 4,
+ * Cooper Lake, Sapphire Rapids): vdpbf16ps multiplies 32 pairs and adds them into 16 fp32 lanes,
+ * so 32 weights cost one instruction and no conversion. Otherwise as dot_row. */
+static inline __m512bh load_bf16(const uint16_t* p) {
+  return (__m512bh)_mm512_loadu_si512((const void*)p);
+}
+template <int T, int U>
+static inline void dot_row_bf16(const uint16_t* x, const uint16_t* w, float* y, int64_t k,
+                                int64_t n) {
+  __m512 acc[T][U];
+  for (int t = 0; t < T; t++)
+    for (int u = 0; u < U; u++) acc[t][u] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 * U <= k; j += 32 * U)
+    for (int u = 0; u < U; u++) {
+      const __m512bh wv = load_bf16(w + j + 32 * u);
+      for (int t = 0; t < T; t++)
+        acc[t][u] = _mm512_dpbf16_ps(acc[t][u], load_bf16(x + t * k + j + 32 * u), wv);
+    }
+  for (; j + 32 <= k; j += 32) {
+    const __m512bh wv = load_bf16(w + j);
+    for (int t = 0; t < T; t++)
+      acc[t][0] = _mm512_dpbf16_ps(acc[t][0], load_bf16(x + t * k + j), wv);
+  }
+  for (int t = 0; t < T; t++) {
+    for (int u = 1; u < U; u++) acc[t][0] = _mm512_add_ps(acc[t][0], acc[t][u]);
+    float s = _mm512_reduce_add_ps(acc[t][0]);
+    for (int64_t c = j; c < k; c++)
+      s += weight_at<WEIGHTS_BF16>(x + t * k, c) * weight_at<WEIGHTS_BF16>(w, c);
+    y[t * n] = s;
+  }
+}
+#endif
+
+/* One row of weights against every row of x, TMAX rows at a time (x fp32, or bf16 for the bf16
+ * dot: XT = uint16_t). */
+template <int WT, typename XT>
+static void weight_row(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n,
+                       int64_t k) {
+  int64_t i = 0;
+#ifdef BF16_DOT
+  if constexpr (sizeof(XT) == 2) {
+    for (; i + TMAX <= m; i += TMAX) dot_row_bf16<TMAX, 4>(x + i * k, w, y + i * n, k, n);
+    for (; i < m; i++) dot_row_bf16<1, 4>(x + i * k, w, y + i * n, k, n);
+    return;
+  }
+#endif
+  if constexpr (sizeof(XT) == 4) {
+    for (; i + TMAX <= m; i += TMAX) dot_row<WT, TMAX, 4>(x + i * k, w, y + i * n, k, n);
+    for (; i < m; i++) dot_row<WT, 1, 4>(x + i * k, w, y + i * n, k, n);
+  }
+}
+
+/* The weights are read row after row, one stream front to back (4 rows side by side, each
+ * weight vector then serving 4 rows of x more, measured 0.7x the bandwidth at one row of x:
+ * 4 interleaved streams a row apart; x stays in L1 either way). */
+template <int WT, typename XT>
+static void gemv_half(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                      int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < n; r++) weight_row<WT>(x, w + r * k, y + r, m, n, k);
+}
+
+/* y [m, n] fp32 = x [m, k] times w [n, k]^T, both contiguous: w bf16 (fp16 when `w_f16`), x
+ * fp32 or bf16 (`x_bf16`). Returns 0, or -1 when memory runs out (nothing written). */
+EXPORT int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
+                             int64_t m, int64_t n, int64_t k, int threads) {
+#ifdef BF16_DOT
+  if (x_bf16 && !w_f16) {
+    gemv_half<WEIGHTS_BF16>((const uint16_t*)x, w, y, m, n, k, threads);
+    return 0;
+  }
+#endif
+  const float* xf = (const float*)x;
+  float* widened = NULL;
+  if (x_bf16) { /* no bf16 dot here (or fp16 weights): the activations in fp32 */
+    widened = (float*)malloc(sizeof(float) * (size_t)(m * k) + 1);
+    if (!widened) return -1;
+    for (int64_t i = 0; i < m * k; i++) widened[i] = weight_at<WEIGHTS_BF16>((const uint16_t*)x, i);
+    xf = widened;
+  }
+  if (w_f16) gemv_half<WEIGHTS_F16>(xf, w, y, m, n, k, threads);
+  else gemv_half<WEIGHTS_BF16>(xf, w, y, m, n, k, threads);
+  free(widened);
+  return 0;
+}
