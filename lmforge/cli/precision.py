@@ -56,4 +56,7 @@ def run(args) -> int:
         with_mode, _ = auto_dtype("cpu", quantize=mode)  # the native kernels take fp32
         kernels = describe_kernels(with_mode, mode).removeprefix("; ")
         print(f"  --quantize {kernels} (activations {str(with_mode).removeprefix('torch.')})")
+    half = describe_kernels(torch.bfloat16, None).removeprefix("; ")
+    if half:
+        print(f"  --dtype bfloat16: {half}")
     return 0

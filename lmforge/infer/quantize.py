@@ -148,10 +148,11 @@ def resolve_dtype(
 
 
 def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> str:
-    """'; int8: ...' naming the kernels a quantised model runs with these activations ('' for
-    none): what `--dtype auto` prints after its choice."""
+    """'; int8: ...' naming the kernels a quantised model runs with these activations (for an
+    unquantised one, those of bf16 / fp16 weights on a CPU; '' for torch's own): what `--dtype
+    auto` prints after its choice."""
     if quantize is None:
-        return ""
+        return _describe_half(dtype, device)
     if torch.device(device).type == "cuda":
         kernel = "_weight_int4pack_mm" if quantize == "int4" else "a GEMM on bf16-cast int8"
         return f"; {quantize}: {kernel} at every batch size"
@@ -179,6 +180,19 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
     rows = QuantizedLinear.gemm_rows
     return (f"; {quantize}: {kernel}{cast} below {rows} rows (decode), "
             f"{big} from {rows} rows (prefill)")  # fmt: skip
+
+
+def _describe_half(dtype: torch.dtype, device) -> str:
+    """'; bf16 weights: ...' where the engine multiplies 16-bit weights by lmforge's GEMV."""
+    if dtype not in (torch.bfloat16, torch.float16) or torch.device(device).type != "cpu":
+        return ""
+    if gemv_kernel() is None:
+        return ""
+    short, rows = ("bf16", 8) if dtype == torch.bfloat16 else ("fp16", 16)
+    how = "fp32 multiply-adds on converted weights"
+    if dtype == torch.bfloat16 and "avx512_bf16" in cpu_features().flags:
+        how = "the AVX512-BF16 dot product"
+    return f"; {short} weights: lmforge's GEMV ({how}) up to {rows} rows, torch's GEMM above"
 
 
 @functools.cache

@@ -115,3 +115,11 @@ def test_kernel_description_names_the_native_kernel_when_built(monkeypatch):
         line = describe_kernels(torch.float32, mode)
         assert f"lmforge's avx2 {mode} kernel" in line and "pack_mm" not in line
         assert "every batch size" in line and "GEMM" not in line
+    # unquantised 16-bit weights: the half GEMV for decode rows, and which arithmetic it uses
+    for flags, how in (({"avx512_bf16"}, "AVX512-BF16 dot"), (set(), "fp32 multiply-adds")):
+        monkeypatch.setattr(quantize, "cpu_features", lambda f=flags: type("F", (), {"flags": f}))
+        line = describe_kernels(torch.bfloat16, None)
+        assert "bf16 weights: lmforge's GEMV" in line and how in line and "8 rows" in line
+    assert "fp16 weights" in describe_kernels(torch.float16, None)
+    assert describe_kernels(torch.float32, None) == ""
+    assert describe_kernels(torch.bfloat16, None, device="cuda") == ""

@@ -88,6 +88,37 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     torch.testing.assert_close(kernel.dequant_int4(packed, n, torch.float32), w)
 
 
+# rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM
+# for bf16 weights, still the kernel for fp16), 20 (torch's GEMM for both); k = 200 leaves a tail
+# after the last whole vector of every width
+@pytest.mark.parametrize("rows", [1, 3, 5, 9, 20])
+@pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
+def test_half_linear_matches_torch_in_float64(kernel, rows, weights, activations):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(37, 200, generator=g).to(weights)
+    x = torch.randn(rows, 200, generator=g).to(activations)
+    y = kernel.half_linear(x, w)
+    assert y.dtype == activations and y.shape == (rows, 37)
+    # the same 16-bit weights and the same activations, multiplied and summed exactly by torch;
+    # torch's GEMM (more rows) takes x in the weights' dtype, and bf16 outputs are rounded
+    gemm = rows > (16 if weights == torch.float16 else 8)
+    x_in = x.to(weights) if gemm else x
+    expect = x_in.double() @ w.double().t()
+    exact = activations == torch.float32 and not gemm
+    tol = 2e-5 if exact else 2e-2
+    torch.testing.assert_close(y.double(), expect, rtol=tol, atol=tol * expect.abs().max().item())
+
+
+def test_half_linear_rejects_weights_it_cannot_read(kernel):
+    x = torch.randn(1, 64)
+    for w in (torch.randn(8, 64), torch.randn(64, 8).to(torch.bfloat16).t()):
+        with pytest.raises(RuntimeError, match="contiguous 2-d CPU bf16 or fp16"):
+            kernel.half_linear(x, w)
+    with pytest.raises(RuntimeError, match="shapes"):
+        kernel.half_linear(torch.randn(1, 32), torch.randn(8, 64).to(torch.bfloat16))
+
+
 # (rows, heads, kv heads, head_dim, keys): GQA 3:1 at head_dim 64 (SmolLM2), MHA at 32, a
 # head_dim no vector width divides (the scalar loop), one key, and query-head groups the value
 # pass splits (5 = 4 + 1 at 64; 7 = 2 + 2 + 2 + 1 at 128; one head at a time at 256)

@@ -55,6 +55,41 @@ def test_matches_transformer_forward(name):
         assert a.shape == (3, 1, 61) and torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@torch.inference_mode()
+def test_half_weights_decode_through_the_native_gemv(dtype, monkeypatch):
+    """bf16 / fp16 Linears on a CPU run lmforge's half GEMV for decode rows (cpu_gemv_half.c)
+    and agree with the model's own forward (torch's matmul on the same 16-bit weights)."""
+    from lmforge.infer import decoder
+
+    kernel = decoder.half_weights_kernel(torch.zeros(1, 1, dtype=dtype))
+    if kernel is None:
+        pytest.skip("native kernels unavailable")
+    model = build("gpt2-micro").to(dtype)  # biases too
+    calls = []
+
+    class Counting:  # the ops namespace, counting the rows the half GEMV gets
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def half_linear(self, x, w):
+            calls.append(x.shape[0])
+            return real.half_linear(x, w)
+
+    real = kernel.ops
+    monkeypatch.setattr(kernel, "ops", Counting())
+    fast = FastDecoder(model)
+    cache, reference = (new_cache(model.config, 2, 16, dtype=dtype) for _ in range(2))
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
+    fast(ids, cache=cache), model(ids, cache=reference)
+    nxt = torch.tensor([[5], [7]])
+    a = fast(nxt, cache=cache, last_only=True).float()
+    b = model(nxt, cache=reference, last_only=True).float()
+    assert {12, 2} <= set(calls)  # the prefill's 2 x 6 rows and the decode step's 2
+    # 16-bit activations round after every op on both sides, in different places
+    assert (a - b).abs().max() <= 0.05 * b.abs().max()
+
+
 @pytest.mark.parametrize(
     "overrides, reason",
     [
