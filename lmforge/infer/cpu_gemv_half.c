@@ -5,18 +5,21 @@
  * Why by hand: decoding reads every weight once a step, so a bf16 model decodes at the speed its
  * weights stream from memory. torch's bf16 matmul with one row of activations ran at a third of
  * the read bandwidth on a Zen 4 core (SmolLM2 bf16: 0.33-0.44x llama.cpp's F16 at batch 1,
- * issue 19); llama.cpp's F16 rows convert each weight to fp32 in registers and multiply there.
- * This file does the same: 16 (AVX-512) or 8 (AVX2 + F16C) weights are converted with one or
- * two instructions (bf16: widen and shift into a float's top half; fp16: vcvtph2ps) and meet the
- * fp32 activations in fused multiply-adds; a float's sum per row of x and of w comes out of a
- * horizontal add once per row, not per block. The products are those of torch's bf16 matmul
- * (the bf16 / fp16 values times the activations, summed in fp32), in another order.
+ * issue 19). Two ways here, both summing in fp32 like torch's bf16 matmul (in another order):
+ * - bf16 weights and bf16 activations on a CPU with AVX512-BF16 (Zen 4, Cooper Lake, Sapphire
+ *   Rapids): vdpbf16ps multiplies 32 pairs into 16 fp32 lanes, one instruction per 32 weights
+ *   and no conversion.
+ * - otherwise (fp16 weights, fp32 activations, AVX2 CPUs) as llama.cpp's F16 rows: 16 (AVX-512)
+ *   or 8 (AVX2 + F16C) weights converted in registers (bf16: widen and shift into a float's top
+ *   half; fp16: vcvtph2ps) meet fp32 activations in fused multiply-adds; without AVX2 a loop.
  *
- * Tiles: 4 rows of weights times up to TMAX rows of x at once (4 x TMAX accumulators in
- * registers), so each weight vector loaded serves every row of x in the tile and each x vector
- * the 4 weight rows; a block of 4 weight rows (4.6 KB at k = 576) stays in L1 while the tiles
- * of x pass over it. OpenMP threads split the blocks of output rows. Built by cpu_gemv.py with
- * the other kernels (-march=native); without AVX2 a plain loop.
+ * The weights are read one row after another, one stream front to back; each row's 4 vectors of
+ * columns in flight go into 4 accumulators per row of x (a single sum would wait on every add),
+ * up to TMAX rows of x share each weight vector loaded, and a row's sums come out of one
+ * horizontal add. (Tiles of 4 weight rows side by side, which would reuse each x vector 4 times,
+ * measured 0.7x the bandwidth at one row of x: 4 interleaved streams a row apart; x stays in L1
+ * anyway.) OpenMP threads split the rows of weights. Built by cpu_gemv.py with the other kernels
+ * (-march=native); cpu_gemv_ops.cpp hands more than a few rows of x to torch's GEMM.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,7 +35,7 @@
 enum { WEIGHTS_BF16 = 0, WEIGHTS_F16 = 1 };
 
 template <int WT>
-static inline float weight_at(const uint16_t* w, int64_t j) {
+static inline float half_at(const uint16_t* w, int64_t j) { /* element j, as a float */
   if (WT == WEIGHTS_F16) return half_to_float(w[j]);
   uint32_t bits = (uint32_t)w[j] << 16;
   float f;
@@ -106,15 +109,14 @@ static inline void dot_row(const float* x, const uint16_t* w, float* y, int64_t 
   for (int t = 0; t < T; t++) sums[t] = 0.f;
 #endif
   for (; j < k; j++) /* the columns after the last whole vector (all of them without AVX2) */
-    for (int t = 0; t < T; t++) sums[t] += x[t * k + j] * weight_at<WT>(w, j);
+    for (int t = 0; t < T; t++) sums[t] += x[t * k + j] * half_at<WT>(w, j);
   for (int t = 0; t < T; t++) y[t * n] = sums[t];
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define BF16_DOT 1
-/* bf16 weights and bf16 activations where the CPU has the bf16 dot product (AVX512-BF16: Zen 4,
- * Cooper Lake, Sapphire Rapids): vdpbf16ps multiplies 32 pairs and adds them into 16 fp32 lanes,
- * so 32 weights cost one instruction and no conversion. Otherwise as dot_row. */
+/* The same with bf16 weights and bf16 activations through the bf16 dot product (vdpbf16ps: 32
+ * products into 16 fp32 lanes, no conversion). */
 static inline __m512bh load_bf16(const uint16_t* p) {
   return (__m512bh)_mm512_loadu_si512((const void*)p);
 }
@@ -140,7 +142,7 @@ static inline void dot_row_bf16(const uint16_t* x, const uint16_t* w, float* y, 
     for (int u = 1; u < U; u++) acc[t][0] = _mm512_add_ps(acc[t][0], acc[t][u]);
     float s = _mm512_reduce_add_ps(acc[t][0]);
     for (int64_t c = j; c < k; c++)
-      s += weight_at<WEIGHTS_BF16>(x + t * k, c) * weight_at<WEIGHTS_BF16>(w, c);
+      s += half_at<WEIGHTS_BF16>(x + t * k, c) * half_at<WEIGHTS_BF16>(w, c);
     y[t * n] = s;
   }
 }
@@ -165,9 +167,7 @@ static void weight_row(const XT* x, const uint16_t* w, float* y, int64_t m, int6
   }
 }
 
-/* The weights are read row after row, one stream front to back (4 rows side by side, each
- * weight vector then serving 4 rows of x more, measured 0.7x the bandwidth at one row of x:
- * 4 interleaved streams a row apart; x stays in L1 either way). */
+/* Every row of weights against x, one after another (the header says why). */
 template <int WT, typename XT>
 static void gemv_half(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       int threads) {
@@ -190,7 +190,8 @@ EXPORT int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w
   if (x_bf16) { /* no bf16 dot here (or fp16 weights): the activations in fp32 */
     widened = (float*)malloc(sizeof(float) * (size_t)(m * k) + 1);
     if (!widened) return -1;
-    for (int64_t i = 0; i < m * k; i++) widened[i] = weight_at<WEIGHTS_BF16>((const uint16_t*)x, i);
+    const uint16_t* xb = (const uint16_t*)x;
+    for (int64_t i = 0; i < m * k; i++) widened[i] = half_at<WEIGHTS_BF16>(xb, i);
     xf = widened;
   }
   if (w_f16) gemv_half<WEIGHTS_F16>(xf, w, y, m, n, k, threads);
