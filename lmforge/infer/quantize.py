@@ -14,7 +14,7 @@ depends on the CPU (cpu_features.py), so the choice is made per machine:
   activations are quantised to int8 per block of 32, as llama.cpp does for Q8_0/Q4_0, and
   multiplied as integers (VNNI or AVX2) by weights interleaved 16 rows at a time, so one pass
   over the weights serves 4 rows of x. On a Zen 4 core that is 2-3x torch's GEMVs at batch 1 and
-  1.6x the bf16 GEMM at 64-256 rows. SmolLM2's perplexity through them: int8 +0.8%, int4 +1.2%
+  1.6x the bf16 GEMM at 64-256 rows. SmolLM2's perplexity through them: int8 +0.8%, int4 +1.0%
   over fp32 (tests/infer/test_int4.py).
 - Elsewhere (no compiler, a layer that does not fit, a GPU), torch's kernels. Small calls (fewer
   than `gemm_rows` rows): `aten._weight_int8pack_mm` (one scale per output channel) and
