@@ -158,6 +158,8 @@ def build(march: str | None = "native", namespace: str = "lmforge",
     the compiler's first complaint when the build fails."""
     from torch.utils import cpp_extension
 
+    if not namespace.isidentifier():  # it becomes a C++ namespace and a torch.ops attribute
+        raise ValueError(f"op namespace must be an identifier, got {namespace!r}")
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")

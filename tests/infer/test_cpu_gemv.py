@@ -21,12 +21,15 @@ pytestmark = pytest.mark.skipif(
 
 
 def _variants() -> list[str | None]:
-    """-march values whose code this CPU runs: native, AVX2 (Haswell) where the CPU has it, and
-    the compiler's default target (the portable C loops on x86-64)."""
+    """-march values whose code this CPU runs: native, AVX-512 without VNNI or BF16 (Skylake-X:
+    the AVX-512 paths that convert instead of using those instructions) and AVX2 (Haswell)
+    where the CPU has them, and the compiler's default target (the portable C loops on x86-64)."""
     out: list[str | None] = ["native", None]
     flags = cpu_features().flags
     if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= flags:
         out.insert(1, "haswell")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= flags:
+            out.insert(1, "skylake-avx512")
     return out
 
 
@@ -36,7 +39,8 @@ def kernel(request) -> cpu_gemv.NativeGemv:
     into the kernel cache like the real one, so CI builds each once per machine."""
     if request.param == "native":
         return cpu_gemv.gemv_kernel()
-    return cpu_gemv.build(request.param, f"lmforge_test_{request.param or 'default'}")
+    name = (request.param or "default").replace("-", "_")  # an identifier: the op namespace
+    return cpu_gemv.build(request.param, f"lmforge_test_{name}")
 
 
 def quantised_activations(x: torch.Tensor) -> torch.Tensor:
