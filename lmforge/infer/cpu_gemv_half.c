@@ -60,7 +60,7 @@ static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline float hsum(vec a) { return _mm512_reduce_add_ps(a); }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define V 8
-#define TMAX 2 /* 16 vector registers: 4 x 2 accumulators, 4 weight vectors, x */
+#define TMAX 2 /* 16 vector registers: 2 rows x 4 accumulators, the weights, x */
 typedef __m256 vec;
 template <int WT>
 static inline vec load_weights(const uint16_t* p) {
