@@ -1,7 +1,7 @@
 """KV-cache bytes per token for MHA / GQA / MQA / MLA (and window / linear) at one model size.
 
 Read from the cache objects lmforge actually allocates (new_cache), not a formula, and
-checked against the SPEC vector (B=1, H=32, L=4096, d_head=128: MHA 64 MiB, MQA 2 MiB per layer
+checked against a worked example (B=1, H=32, L=4096, d_head=128: MHA 64 MiB, MQA 2 MiB per layer
 in bf16). Also times a 256-token cached decode of each variant at a small size.
 
     python benchmarks/bench_kv_cache.py
@@ -39,7 +39,7 @@ VARIANTS = {
 def main() -> None:
     layer = KVCache(1, 1, 32, 4096, 128, torch.bfloat16)
     mqa = KVCache(1, 1, 1, 4096, 128, torch.bfloat16)
-    print(f"SPEC vector, one layer bf16: MHA {layer.nbytes() / 2**20:.0f} MiB "
+    print(f"Worked example, one layer bf16: MHA {layer.nbytes() / 2**20:.0f} MiB "
           f"({layer.k.numel() * 2:,} elements), MQA {mqa.nbytes() / 2**20:.0f} MiB")  # fmt: skip
     length = 4096
     print(f"\nbf16 cache per token at {length} tokens, d_model=768, 12 layers, 12 heads x 64:")

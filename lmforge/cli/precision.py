@@ -8,7 +8,7 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("precision", help="number formats: bits, range, smallest normal, "
                        "epsilon; FP8 round-trip error", description="Print the dtype table read "
-                       "from torch.finfo/torch.iinfo (SPEC §5), the relative error of an FP8 "
+                       "from torch.finfo/torch.iinfo, the relative error of an FP8 "
                        "per-tensor / per-channel round trip on random data, and the CPU features "
                        "and kernels --dtype auto chooses from.")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the table as JSON")

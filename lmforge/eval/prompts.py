@@ -53,7 +53,8 @@ def qa_prompt(question: str) -> str:
     return f"Question: {question.strip()}\nAnswer:"
 
 
-# SPEC §12 fixtures: the query and the answer a model that learned the pattern should give.
+# In-context learning fixtures (Brown et al. 2020): the query and the answer a model that
+# learned the pattern should give.
 SQUARES = ([Example("2", "4"), Example("3", "9"), Example("5", "25")], "7", "49")
 ADDITION = ([Example("2+3", "5"), Example("10+4", "14"), Example("6+7", "13")], "17+25", "42")
 LINEAR = (

@@ -1,4 +1,4 @@
-"""Vision-language models: images as tokens in lmforge's causal transformer (SPEC §6).
+"""Vision-language models: images as tokens in lmforge's causal transformer (LLaVA).
 
 vision.py     ViT patch encoder on lmforge's shared Block (trainable or frozen; linear or conv stem)
 hf_vision.py  load a CLIP / SigLIP vision tower from a Hugging Face directory

@@ -1,5 +1,5 @@
 """VisionLanguageModel: a vision encoder, a projector and lmforge's causal Transformer, with images
-as tokens in the text sequence (LLaVA-style; SPEC §6, seed 003 §1.5).
+as tokens in the text sequence (LLaVA-style: Liu et al. 2023, Visual Instruction Tuning).
 
 A prompt holds one block per image, `<|im_start|> <|image|> x N <|im_end|>`, before or among the
 text tokens. The placeholder ids embed like any token; a forward hook on the LM's `embed` then

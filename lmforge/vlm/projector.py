@@ -1,6 +1,6 @@
 """Projectors: vision features v_j (d_v) -> language-model embeddings h_j (d_model).
 
-SPEC §6 / seed 003 §1.5: h_j = W_proj v_j + b_proj (LLaVA 1.0). LLaVA 1.5 found a 2-layer MLP
+LLaVA (Liu et al. 2023): h_j = W_proj v_j + b_proj (LLaVA 1.0). LLaVA 1.5 found a 2-layer MLP
 (Linear -> GELU -> Linear) works better; both are picked by name from PROJECTORS.
 """
 

@@ -27,7 +27,7 @@ def test_prompt_masked_eos_trained(tok):
 
 
 def test_prompt_masking_invariance(tok):
-    """SPEC §10: changing logits at prompt positions leaves the SFT loss unchanged."""
+    """Completion-only loss: changing logits at prompt positions leaves the SFT loss unchanged."""
     b = D.collate_sft([D.encode_sft({"prompt": "12+3=", "response": "15"}, tok, 32)], tok.pad_id)
     logits = torch.randn(1, b["input_ids"].shape[1], tok.vocab_size)
     base = sft_loss(logits, b["labels"])

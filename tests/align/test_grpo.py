@@ -1,5 +1,5 @@
-"""GRPO wiring: group advantages from the SPEC vector, equal rewards give no update, and a short
-end-to-end run on a tiny model writes a checkpoint, metrics and a plot."""
+"""GRPO wiring: group advantages on a worked example (DeepSeekMath), equal rewards give no
+update, and a short end-to-end run on a tiny model writes a checkpoint, metrics and a plot."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""PPO wiring: GAE/targets on hand-computed rollouts (SPEC §10 vector), KL shaping, the PPO-KL
+"""PPO wiring: GAE/targets on hand-computed rollouts (GAE), KL shaping, the PPO-KL
 penalty, KL = 0 at the start, and short end-to-end runs with both critics."""
 
 import pytest

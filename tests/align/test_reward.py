@@ -140,7 +140,7 @@ def test_reward_trainer_learns_to_rank_held_out_pairs(tmp_path, loss):
                        batch_size=8, max_iters=20, eval_interval=20, progress=False, threads=1,
                        loss=loss, warmup_iters=1, pooling=pooling, lr=3e-3)  # fmt: skip
     t = RewardTrainer(cfg, log=lambda *a: None)
-    if loss == "bt":  # SPEC: equal rewards give ln 2
+    if loss == "bt":  # Bradley-Terry: equal rewards give ln 2
         b = t.batch([0, 1])
         with torch.no_grad():
             weight = t.rm.head.weight.clone()

@@ -12,9 +12,9 @@ trainers call (``model(ids) -> logits``, ``hidden_states``, ``norm``, ``lm_head`
 differentiate the very same parameters.
 
 Where lmforge and TRL differ on purpose, the test says so:
-- DPO ``sigmoid`` with label smoothing ε > 0: the SPEC's soft-label (conservative) DPO. TRL >= 1.0
-  ignores ε there, so that form is checked against TRL's ``CPOTrainer.cpo_loss`` (the same
-  expression, applied to the DPO log-ratios) and against TRL's DPO ``robust`` for ε = 0.
+- DPO ``sigmoid`` with label smoothing ε > 0: the soft-label (conservative) DPO (Mitchell 2023).
+  TRL >= 1.0 ignores ε there, so that form is checked against TRL's ``CPOTrainer.cpo_loss``
+  (the same expression, applied to the DPO log-ratios) and against TRL's DPO ``robust`` for ε = 0.
 - GRPO advantages: lmforge's ``scale: std`` is TRL's ``scale_rewards="group"`` and ``none`` is
   ``"none"``; TRL's ``"batch"`` is not offered.
 """
@@ -209,7 +209,7 @@ def test_dpo_loss_types_match_trl(tok, policy_and_ref, loss_type, label_smoothin
 
 
 def test_dpo_label_smoothing_is_trls_conservative_sigmoid(policy_and_ref):
-    """Our sigmoid with ε > 0 (SPEC: soft label p = 1 - ε) is TRL's conservative sigmoid form —
+    """Our sigmoid with ε > 0 (soft label p = 1 - ε) is TRL's conservative sigmoid form —
     in TRL 1.x that lives in CPOTrainer.cpo_loss (DPOTrainer's sigmoid dropped ε). Fed the DPO
     log-ratios, TRL's function must give our loss and gradients."""
     policy, ref = policy_and_ref

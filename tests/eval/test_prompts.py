@@ -1,4 +1,4 @@
-"""ICL and chain-of-thought prompt builders on the SPEC §12 fixtures."""
+"""ICL and chain-of-thought prompt builders on worked fixtures."""
 
 import re
 

@@ -1,5 +1,5 @@
 """The one sampler (lmforge.infer.sampling): the top-k / top-p rule against transformers' logits
-warpers, the SPEC's worked examples, and per-row randomness that makes seeds reproducible."""
+warpers, worked examples, and per-row randomness that makes seeds reproducible."""
 
 import pytest
 import torch

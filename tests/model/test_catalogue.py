@@ -1,4 +1,4 @@
-"""Every causal variant of the architecture catalogue (SPEC §1–§4) passes the same checks:
+"""Every causal variant of the architecture catalogue (model/config.py) passes the same checks:
 causality by autograd, cached = uncached decoding (also with left padding), one training step
 lowers the loss; plus config validation naming the fields."""
 

@@ -34,7 +34,7 @@ def test_cross_attention_uses_queries_from_x_and_keys_values_from_memory():
 
 
 def test_permutation_equivariance_without_positions():
-    """Attention(PX) = P·Attention(X) (SPEC §2)."""
+    """Attention(PX) = P·Attention(X) (permutation equivariance)."""
     torch.manual_seed(0)
     attn = CrossAttention(32, 4)
     x = torch.randn(1, 7, 32)

@@ -12,7 +12,7 @@ from lmforge.model.masks import (
 
 
 def prefix_lm_mask(length: int, prefix_len: int, device=None) -> torch.Tensor:
-    """[L, L] bool: j <= max(i, m) (1-indexed, SPEC §6): the prefix is bidirectional, the rest
+    """[L, L] bool: j <= max(i, m) (1-indexed; prefix LM): the prefix is bidirectional, the rest
     causal. L=5, m=2 -> rows 11000/11000/11100/11110/11111."""
     pos = torch.arange(length, device=device)
     return build_mask(pos, pos, prefix_len=prefix_len)
@@ -23,7 +23,7 @@ def rows(mask):
 
 
 def test_prefix_lm_mask_spec_vector():
-    """j <= max(i, m), 1-indexed: L=5, m=2 (SPEC §6)."""
+    """j <= max(i, m), 1-indexed: L=5, m=2."""
     assert rows(prefix_lm_mask(5, 2)) == ["11000", "11000", "11100", "11110", "11111"]
 
 

@@ -88,7 +88,7 @@ def test_top_k_larger_than_experts_fails_at_config():
         ModelConfig(mlp="moe", n_experts=2, experts_top_k=3)
 
 
-# ---- training extras: load-balancing loss, capacity, shared experts (SPEC §4) ----
+# ---- training extras: load-balancing loss, capacity, shared experts (Switch, DeepSeekMoE) ----
 
 
 def test_aux_loss_uniform_routing_gives_k():

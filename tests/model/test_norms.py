@@ -26,7 +26,7 @@ def test_rmsnorm_spec_vector():
 
 
 def test_rmsnorm_eps_inside_root():
-    """SPEC §4: x / sqrt(mean(x^2) + eps). With a tiny-variance input and a large eps the two
+    """RMSNorm: x / sqrt(mean(x^2) + eps). With a tiny-variance input and a large eps the two
     placements differ ~3x: mean(x^2) = 7.5e-4, so 1/sqrt(7.5e-4 + 1e-2) = 9.645 (inside) but
     1/(sqrt(7.5e-4) + 1e-2) = 26.75 (outside)."""
     x = torch.tensor([[0.01, -0.02, 0.03, 0.04]])

@@ -6,7 +6,7 @@ from lmforge.model.positions import RotaryEmbedding, sinusoidal_table
 
 
 def sinusoid_rotation(omega: float, k: int) -> torch.Tensor:
-    """R(k) with PE(p + k) = R(k) PE(p) for one [sin, cos] pair of frequency omega (SPEC §3)."""
+    """R(k) with PE(p + k) = R(k) PE(p) for one [sin, cos] pair of frequency omega."""
     c, s = math.cos(omega * k), math.sin(omega * k)
     return torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
 

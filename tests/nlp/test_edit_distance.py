@@ -6,7 +6,7 @@ from lmforge.errors import LMForgeError
 from lmforge.nlp.edit_distance import EditCosts, SpellCorrector, edit_alignment, edit_distance
 
 DICTIONARY = ["cat", "car", "cart", "care", "cards", "cast"]
-# SPEC §11 correction of the 001 example.
+# Levenshtein distance with unit costs (Jurafsky & Martin, ch. 2).
 CARR = {"cat": 2, "car": 1, "cart": 1, "care": 1, "cards": 2, "cast": 2}
 
 

@@ -8,7 +8,7 @@ from lmforge.nlp.tfidf import TfidfVectorizer, inverse_document_frequency, term_
 
 
 def test_spec_vector_base10_and_ln():
-    # 'cat' 3 times in 100 words; in 1,000 of 10,000,000 documents (SPEC §11 correction).
+    # 'cat' 3 times in 100 words; in 1,000 of 10,000,000 documents (Jurafsky & Martin, ch. 14).
     assert term_frequency(3, 100, 3) == pytest.approx(0.03)
     assert inverse_document_frequency(1000, 10_000_000, base=10) == pytest.approx(4.0)
     assert tfidf(3, 100, 1000, 10_000_000, base=10) == pytest.approx(0.12)
