@@ -19,10 +19,10 @@ def register(sub) -> None:
                            "generate.")  # fmt: skip
     c.add_argument("dir", metavar="DIR", help="run out_dir, checkpoints/ folder or step_* folder")
     c.add_argument("--out", help="output directory (default: the run's out_dir)")
-    c.set_defaults(func=consolidate)
+    c.set_defaults(func=run_consolidate)
 
 
-def consolidate(args) -> int:
+def run_consolidate(args) -> int:
     from lmforge.train.sharded_checkpoint import consolidate as consolidate_checkpoint
 
     path = consolidate_checkpoint(args.dir, args.out)

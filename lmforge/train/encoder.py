@@ -174,7 +174,7 @@ def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n\s*\n")
 
 
-def split_sentences(text: str) -> list[str]:
+def nsp_sentences(text: str) -> list[str]:
     """Sentences (text ending in . ! ? ; : or a blank line), stripped, empty ones dropped."""
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
@@ -184,7 +184,7 @@ def nsp_rows(texts: list[str], tok: Tokenizer, ids: dict[str, int], block_size: 
     paragraphs, so that "random" second sentences still come from elsewhere."""
     if len(texts) == 1:
         texts = [p for p in re.split(r"\n\s*\n", texts[0]) if p.strip()]
-    sentences = [split_sentences(t) for t in texts]
+    sentences = [nsp_sentences(t) for t in texts]
     flat = iter(tok.encode_batch([s for doc in sentences for s in doc]))
     docs = [[s for s in itertools.islice(flat, len(doc)) if s] for doc in sentences]
     g = torch.Generator().manual_seed(seed)

@@ -12,7 +12,7 @@ train.py      the training run behind `lmforge vlm train`
 
 from lmforge.vlm.data import ShapesDataset, load_image, to_pixels
 from lmforge.vlm.hf_vision import load_hf_vision_tower
-from lmforge.vlm.model import IMAGE, VisionLanguageModel, build_tokenizer
+from lmforge.vlm.model import IMAGE, VisionLanguageModel, build_vlm_tokenizer
 from lmforge.vlm.projector import PROJECTORS, build_projector
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
@@ -24,7 +24,7 @@ __all__ = [
     "VisionEncoder",
     "VisionLanguageModel",
     "build_projector",
-    "build_tokenizer",
+    "build_vlm_tokenizer",
     "load_hf_vision_tower",
     "load_image",
     "to_pixels",

@@ -39,7 +39,7 @@ IMAGE_TOKENS = {"image": IMAGE, "im_start": "<|im_start|>", "im_end": "<|im_end|
 IGNORE = -100
 
 
-def build_tokenizer(
+def build_vlm_tokenizer(
     texts: Sequence[str], kind: str = "whitespace", vocab_size: int = 512
 ) -> Tokenizer:
     """A tokenizer whose special tokens include the image tokens. Kinds: "whitespace" (one id
@@ -105,7 +105,9 @@ class VisionLanguageModel(nn.Module):
         super().__init__()
         missing = [t for t in IMAGE_TOKENS.values() if tokenizer.token_to_id(t) is None]
         if missing:
-            raise ConfigError(f"the tokenizer lacks the image tokens {missing} (build_tokenizer)")
+            raise ConfigError(
+                f"the tokenizer lacks the image tokens {missing} (build_vlm_tokenizer)"
+            )
         if tokenizer.vocab_size > language_model.config.vocab_size:
             raise ConfigError(
                 f"vocab_size={language_model.config.vocab_size} is smaller than the tokenizer's "

@@ -28,7 +28,7 @@ from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
 from lmforge.vlm.data import ShapesDataset
 from lmforge.vlm.hf_vision import load_hf_vision_tower
-from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_tokenizer
+from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_vlm_tokenizer
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
 
@@ -96,10 +96,10 @@ def build_data(cfg: VLMTrainConfig) -> ShapesDataset:
                          cfg.colours, cfg.shapes)  # fmt: skip
 
 
-def build_model(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
+def build_vlm(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
     """A fresh model sized for the shapes captions (vocabulary and sequence length)."""
     torch.manual_seed(cfg.seed)
-    tokenizer = build_tokenizer(data.vocabulary_texts(), cfg.tokenizer)
+    tokenizer = build_vlm_tokenizer(data.vocabulary_texts(), cfg.tokenizer)
     tower = pretrained_tower(cfg) if cfg.vision_tower else VisionEncoder(cfg.vision_config())
     vision = tower.config
     longest = "three yellow triangles left of three yellow triangles"
@@ -150,7 +150,9 @@ def caption_loss(
     return total / tokens
 
 
-def evaluate(vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int) -> dict[str, float]:
+def caption_scores(
+    vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int
+) -> dict[str, float]:
     """{split}_exact and {split}_loss on the first n images of `split`."""
     return {f"{split}_exact": caption_exact_match(vlm, data, split, n),
             f"{split}_loss": caption_loss(vlm, data, split, n)}  # fmt: skip
@@ -167,7 +169,7 @@ class VLMTrainer(Trainer):
     def __init__(self, cfg: VLMTrainConfig, resume: bool = False, log=print):
         self.start_time, self.start_cpu = time.perf_counter(), time.process_time()
         self.data = build_data(cfg)
-        self.vlm = build_model(cfg, self.data)
+        self.vlm = build_vlm(cfg, self.data)
         self.open_run(cfg, Parallel(torch.device("cpu")), resume, log)
         self.generator = torch.Generator().manual_seed(cfg.seed)  # text dropout
         self.best: dict[str, Any] = {}
@@ -198,7 +200,7 @@ class VLMTrainer(Trainer):
 
     def evaluate(self) -> dict[str, float]:
         """Validation scores; a new best step (higher exact match, then lower loss) is kept."""
-        scores = evaluate(self.vlm, self.data, "validation", self.cfg.eval_size)
+        scores = caption_scores(self.vlm, self.data, "validation", self.cfg.eval_size)
         key = [scores["validation_exact"], -scores["validation_loss"]]
         if not self.best or key > self.best["key"]:
             state = {k: v.detach().clone() for k, v in self.vlm.state_dict().items()}

@@ -23,7 +23,7 @@ from lmforge.train.encoder import (
     EncoderTrainConfig,
     MLMObjective,
     bert_token_ids,
-    split_sentences,
+    nsp_sentences,
     train_bert_tokenizer,
 )
 
@@ -87,7 +87,7 @@ def test_tokenizer_has_bert_tokens_and_wraps_for_hf(tmp_path):
     assert ids == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
     assert ids["cls"] not in tok.encode("The cat sat")  # ours adds nothing
     assert tok.backend.encode("The cat").ids[0] == ids["cls"]  # HF's encode wraps
-    assert split_sentences("A b. C d!\n\nE f? G") == ["A b.", "C d!", "E f?", "G"]
+    assert nsp_sentences("A b. C d!\n\nE f? G") == ["A b.", "C d!", "E f?", "G"]
 
 
 def test_training_lowers_mlm_loss_and_writes_run_files(tmp_path):

@@ -79,12 +79,12 @@ def test_clip_tower_inside_a_vlm_saves_and_loads(tmp_path):
     VLM checkpoint keeps its switches (QuickGELU, pre-norm, no final norm) and reloads equal."""
     from lmforge.model.config import ModelConfig
     from lmforge.model.transformer import Transformer
-    from lmforge.vlm.model import VisionLanguageModel, build_tokenizer
+    from lmforge.vlm.model import VisionLanguageModel, build_vlm_tokenizer
 
     torch.manual_seed(0)
     _save(transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**TINY)), tmp_path / "clip")
     tower = load_hf_vision_tower(tmp_path / "clip")
-    tok = build_tokenizer(["a red circle"])
+    tok = build_vlm_tokenizer(["a red circle"])
     lm = Transformer(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layer=1, n_head=4,
                                  max_seq_len=32))  # fmt: skip
     vlm = VisionLanguageModel(lm, tower, tok, freeze_vision=True)
@@ -98,14 +98,14 @@ def test_clip_tower_inside_a_vlm_saves_and_loads(tmp_path):
 
 def test_train_config_can_use_a_pretrained_tower(tmp_path):
     from lmforge.errors import ConfigError
-    from lmforge.vlm.train import VLMTrainConfig, build_data, build_model
+    from lmforge.vlm.train import VLMTrainConfig, build_data, build_vlm
 
     config = transformers.CLIPVisionConfig(**{**TINY, "image_size": 32})
     transformers.CLIPVisionModel(config).save_pretrained(tmp_path)
     cfg = VLMTrainConfig(vision_tower=str(tmp_path), freeze_vision=True, colours=4, shapes=3)
-    vlm = build_model(cfg, build_data(cfg))
+    vlm = build_vlm(cfg, build_data(cfg))
     assert vlm.tokens_per_image == 17 and vlm.vision_tower.frozen  # 16 patches + CLS
     assert vlm.projector.proj.in_features == 32
     with pytest.raises(ConfigError, match="image_size/patch_size \\(32, 8\\) differ"):
         bad = VLMTrainConfig(vision_tower=str(tmp_path), image_size=48)
-        build_model(bad, build_data(bad))
+        build_vlm(bad, build_data(bad))

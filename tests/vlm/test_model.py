@@ -7,14 +7,14 @@ import torch.nn.functional as F
 from lmforge.errors import CheckpointError, ConfigError, DataError
 from lmforge.infer.params import GenerationParams
 from lmforge.model.config import ModelConfig
-from lmforge.vlm.model import IGNORE, IMAGE, VisionLanguageModel, build_tokenizer
+from lmforge.vlm.model import IGNORE, IMAGE, VisionLanguageModel, build_vlm_tokenizer
 from lmforge.vlm.vision import VisionConfig
 
 WORDS = "a two three red green blue circle circles square squares left of above"
 
 
 def tiny(pos="rope", use_cls=False, projector="linear", patch_embed="linear", **text):
-    tok = build_tokenizer([WORDS])
+    tok = build_vlm_tokenizer([WORDS])
     text_cfg = ModelConfig(
         vocab_size=tok.vocab_size, d_model=32, n_layer=2, n_head=4, max_seq_len=64, pos=pos,
         **text,

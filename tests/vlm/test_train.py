@@ -16,7 +16,7 @@ from lmforge.vlm.model import VisionLanguageModel
 from lmforge.vlm.train import (
     VLMTrainConfig,
     build_data,
-    build_model,
+    build_vlm,
     caption_exact_match,
     caption_loss,
     train,
@@ -65,7 +65,7 @@ def test_training_lowers_held_out_loss_below_a_unigram_baseline(tmp_path, monkey
         with torch.no_grad():
             return vlm.eval().loss(ids, labels, pixels).item()
 
-    untrained = held_out_loss(build_model(cfg, data))
+    untrained = held_out_loss(build_vlm(cfg, data))
     # the PNG costs more CPU than the training here; the CLI test below checks it is written
     monkeypatch.setattr(MetricsLog, "plot", lambda self, curves, path, title="": Path(path))
     drawn = []  # (split, indices) of every batch train() renders
@@ -126,7 +126,7 @@ def test_caption_cli_converts_or_refuses_odd_images(tmp_path, capsys):
 
     cfg = VLMTrainConfig(vision_layers=1, vision_dim=16, vision_heads=2,
                          model={"n_layer": 1, "n_head": 2, "d_model": 16})  # fmt: skip
-    build_model(cfg, build_data(cfg)).save(tmp_path / "ckpt")
+    build_vlm(cfg, build_data(cfg)).save(tmp_path / "ckpt")
     rgb = ShapesDataset().sample("test", 0)[0]
     images = {
         "rgba.png": Image.fromarray(rgb).convert("RGBA"),
