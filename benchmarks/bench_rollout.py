@@ -7,10 +7,9 @@ each, up to 6 new tokens at temperature 1.0: 512 sequences per step. The model i
 initialised (sampling cost does not depend on what the weights say; a random model rarely
 stops early, so every row decodes all 6 tokens).
 
-- old: the loop rollouts used before the engine (lmforge/align/rollout.py at 435f4d3 called
-  lmforge.infer.generate.generate(policy, rows, params, stop_ids) on the 512 rows, each prompt
-  repeated 8 times). That module is now tests/infer/reference_generate.py, unchanged in
-  behaviour, and is imported from there: 512-row prefill, then 5 decode steps over all rows.
+- old: the plain generation loop rollouts used before the engine, kept as the engine's test
+  reference (tests/infer/reference_generate.py) and imported from there: the 512 rows (each
+  prompt repeated 8 times) prefilled together, then 5 decode steps over all rows.
 - new: `RolloutEngine.generate` (lmforge/align/rollout.py): the engine prefills the 64 distinct
   prompts once, copies each prompt's keys to its group's 8 rows, and decodes the 512 rows.
 
