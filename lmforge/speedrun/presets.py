@@ -27,25 +27,9 @@ STAGE_ORDER = ("tokenizer", "pretrain", "sft", "reward", "dpo", "grpo", "ppo", "
 
 # REPLAY. SFT, DPO and GRPO add replay_coef x the next-token loss on replay_batch_size windows of
 # 128 tokens of the pretraining stage's train.bin (align/replay.py; the stage fills in
-# replay_data), so that fine-tuning on the task does not cost the model its language. Chosen with
-# benchmarks/speedrun_replay.py on validation data the report never shows (docs ppl: val.bin
-# after the first eval.ppl_tokens tokens, the yardstick's; val acc: greedy exact match on 300
-# train-split problems no stage trains on); ratio = ppl / the pretrained model's (69.3 there).
-# Candidates, cpu-tiny otherwise (2-core AMD EPYC shared by other jobs, 1 thread each; coef =
-# replay_coef, bN = replay_batch_size N windows of 128 tokens):
-#   stage  candidate                       val docs ppl    ratio  val acc  (trainer's test em)
-#   sft    no replay (the old preset)         9,326,140  134,610    0.787  (0.570)
-#   sft    coef 1, b4, 225 steps                   72.6     1.05    0.057  (0.060)
-#   sft    coef 1, b2, 450 steps                   79.6     1.15    0.147  (0.205)
-#   sft    coef 0.5, b4, 450 steps (chosen)        73.3     1.06    0.667  (0.580)
-#   dpo    coef 1, b4 (from the coef-1-b2 SFT)     76.9     1.11    0.660  (SFT's was 0.147)
-#   grpo   no replay                            74.4     1.07    0.837  (0.645)
-#   grpo   coef 0.5, b4                         71.6     1.03    0.803  (0.630)
-#   grpo   coef 1, b4 (chosen)                  71.6     1.03    0.843  (0.655)
-# (GRPO from the README run's SFT model at d98c0f9; AMD EPYC Zen 4, 1 thread, the other core
-# busy.) Replay costs GRPO no validation accuracy here and keeps the ratio lowest; the three are
-# within about one standard error (0.02 on 300 problems) of each other in accuracy. A LoRA SFT
-# candidate and lower lr were set up in the benchmark but not run on the shared machine.
+# replay_data), so that fine-tuning on the task does not cost the model its language
+# (InstructGPT's PPO-ptx term). The values were chosen on validation data the report never shows
+# (benchmarks/speedrun_replay.py); docs/speedrun.md lists the candidates and their figures.
 
 # Settings every preset shares; presets below override what differs.
 BASE: dict[str, Any] = {
