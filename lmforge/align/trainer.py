@@ -12,7 +12,7 @@ cadence, Ctrl-C/SIGTERM save, exact resume, metrics and plot). A subclass provid
 `evaluate() -> metrics` and, where the saved model is not the (PEFT-wrapped) policy, `export`.
 
 Under `torchrun --nproc_per_node N -m lmforge sft ...` the same loop runs data-parallel (DDP,
-lmforge/train/distributed.py): `batch_size` stays the GLOBAL batch, every rank draws the same
+lmforge/train/parallel.py): `batch_size` stays the GLOBAL batch, every rank draws the same
 shuffled indices and takes its 1/N slice, the subclass's `loss` runs inside one DDP module call
 (`LossModule`) so gradients are all-reduced during backward, and each rank's loss is scaled by
 its share of `loss_weight` (rows, or response tokens for a token-mean loss) so the averaged
@@ -56,14 +56,9 @@ from lmforge.model.config import ModelConfig
 from lmforge.peft.export import export_peft
 from lmforge.tasks.synthetic import ALPHABET
 from lmforge.train.config import OptimConfig
-from lmforge.train.distributed import (
-    PARALLEL,
-    EpochSampler,
-    check_world_size,
-    init_parallel,
-    launched_by_torchrun,
-)
 from lmforge.train.loop import Trainer, split_rows
+from lmforge.train.parallel import PARALLEL, init_parallel, launched_by_torchrun
+from lmforge.train.samplers import EpochSampler, check_world_size
 
 
 @dataclass
@@ -168,7 +163,7 @@ class AlignTrainer(Trainer, ABC):
                 "sharded weights are not whole; run it with parallel: ddp (FSDP2 covers SFT, "
                 "DPO, reward models and GRPO)"
             )
-        # one process, or one rank of a torchrun job (DDP; lmforge/train/distributed.py)
+        # one process, or one rank of a torchrun job (DDP; lmforge/train/parallel.py)
         dist = init_parallel(cfg.parallel, require_device(cfg.device))
         dist.sync_buffers = False  # RoPE tables, NF4 weights: identical, never trained
         self.config_file = f"{self.name}_config.json"

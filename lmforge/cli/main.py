@@ -236,8 +236,9 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
     stopped, raising at once would leave each rank at a different point of a step, and their
     checkpoint collectives would not match (the save hangs until torchrun kills it): there
     SIGTERM and SIGINT only ask for a stop, which all ranks take together at the next step's
-    all-reduce (lmforge.train.distributed.request_stop). Yields the list of the signal taken."""
-    from lmforge.train.distributed import handling_signals, launched_by_torchrun, request_stop
+    all-reduce (lmforge.train.stop.request_stop). Yields the list of the signal taken."""
+    from lmforge.train.parallel import launched_by_torchrun
+    from lmforge.train.stop import handling_signals, request_stop
 
     received: list[int] = []
     deferred = launched_by_torchrun()

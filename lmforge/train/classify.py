@@ -20,9 +20,9 @@ from lmforge.fileio import read_json, read_jsonl
 from lmforge.model.bert import BertForSequenceClassification, BertModel, load_bert
 from lmforge.tokenizer import Tokenizer
 from lmforge.train.config import SmallRunConfig, require_fraction
-from lmforge.train.distributed import Parallel
 from lmforge.train.encoder import bert_token_ids, pad_rows, save_bert
 from lmforge.train.loop import Trainer
+from lmforge.train.parallel import Parallel
 
 POSITIVE = "good great excellent superb wonderful delightful brilliant charming lovely fine".split()
 NEGATIVE = "bad awful terrible dull boring poor dreadful bland mediocre clumsy".split()

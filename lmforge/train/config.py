@@ -98,7 +98,7 @@ class TrainConfig(OptimConfig):
     """A pretraining run. Defaults: a tiny GPT on the built-in Python docs, a few CPU minutes.
 
     `batch_size` is the micro-batch of one forward pass and `grad_accum` the micro-batches of one
-    optimizer step across all ranks (lmforge/train/distributed.py).
+    optimizer step across all ranks (lmforge/train/parallel.py).
     """
 
     out_dir: str = "out/pretrain"

@@ -43,8 +43,8 @@ from lmforge.model.bert import (
 from lmforge.tokenizer import Tokenizer
 from lmforge.train.checkpoint import model_state
 from lmforge.train.config import SmallRunConfig, require_fraction
-from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
+from lmforge.train.parallel import Parallel
 from lmforge.train.pretrain import build_tokenizer, train_tokenizer
 
 # BERT's spellings; "pad" first so that [PAD] gets id 0, BERT's padding id.

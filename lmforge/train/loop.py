@@ -62,21 +62,16 @@ from lmforge.train.checkpoint import (
     set_rng_state,
 )
 from lmforge.train.config import OptimConfig
-from lmforge.train.distributed import (
-    LossModule,
-    Parallel,
-    WholeCopy,
-    handling_signals,
-    launched_by_torchrun,
-    load_optimizer_state,
-    request_stop,
-    reset_stop,
-    stop_pending,
-    take_stop,
-    whole_optimizer_state,
-)
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import LossScaler, build_adamw
+from lmforge.train.parallel import (
+    Parallel,
+    launched_by_torchrun,
+    load_optimizer_state,
+    whole_optimizer_state,
+)
+from lmforge.train.stop import handling_signals, request_stop, reset_stop, stop_pending, take_stop
+from lmforge.train.whole_copy import LossModule, WholeCopy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -25,8 +25,9 @@ from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
 from lmforge.train.config import TrainConfig
-from lmforge.train.distributed import micro_batch_seed, setup_parallel
 from lmforge.train.loop import Trainer, training_dtype
+from lmforge.train.parallel import setup_parallel
+from lmforge.train.samplers import micro_batch_seed
 
 TOKENIZER_KINDS = ("bpe", "char", "word")
 
@@ -114,7 +115,7 @@ class Pretrainer(Trainer):
     dcp_state = True  # under torchrun: a sharded checkpoint, every rank writing its part
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
-        # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/distributed.py)
+        # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/parallel.py)
         self.open_run(cfg, setup_parallel(cfg, require_device(cfg.device)), resume, log)
         self.dtype = training_dtype(cfg.dtype, self.device)
         remove_stale_temps(self.out_dir / "data")

@@ -14,8 +14,8 @@ from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.model.seq2seq import NumberTask, Seq2Seq, Seq2SeqConfig
 from lmforge.train.config import SmallRunConfig, require_fraction
-from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
+from lmforge.train.parallel import Parallel
 
 
 @dataclass

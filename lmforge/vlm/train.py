@@ -24,8 +24,8 @@ from lmforge.infer.engine import eval_mode
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 from lmforge.train.config import SmallRunConfig
-from lmforge.train.distributed import Parallel
 from lmforge.train.loop import Trainer
+from lmforge.train.parallel import Parallel
 from lmforge.vlm.data import ShapesDataset
 from lmforge.vlm.hf_vision import load_hf_vision_tower
 from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_vlm_tokenizer

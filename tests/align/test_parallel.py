@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lmforge.train.distributed import WholeCopy, swapped_modules
+from lmforge.train.whole_copy import WholeCopy, swapped_modules
 
 
 class Engine:  # a plain object holding the model, like a rollout engine

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from lmforge.train.distributed import cleanup
+from lmforge.train.parallel import cleanup
 
 
 def _free_port() -> int:

@@ -24,8 +24,9 @@ from lmforge.cli.main import main as cli
 from lmforge.data import BatchSampler, TokenShard
 from lmforge.errors import CheckpointError, ConfigError, DataError
 from lmforge.train.config import TrainConfig
-from lmforge.train.distributed import LaneSampler, setup_parallel
+from lmforge.train.parallel import setup_parallel
 from lmforge.train.pretrain import Pretrainer, lm_loss
+from lmforge.train.samplers import LaneSampler
 from lmforge.train.sharded_checkpoint import consolidate
 
 TEXT = (
