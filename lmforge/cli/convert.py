@@ -53,15 +53,14 @@ def _to_gguf(args) -> int:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     from lmforge.lm import LM
+    from lmforge.progress import progress_bar
 
     if args.to_gguf:
         return _to_gguf(args)
     if not args.out:
         raise ConfigError("--out is required with --from-hf, --to-hf and --from-gguf")
-    steps = tqdm(total=2, desc="convert", unit="step")
+    steps = progress_bar(total=2, desc="convert", unit="step")
     lm = LM.load(args.from_hf or args.to_hf or args.from_gguf)
     steps.update()
     if args.from_gguf:

@@ -20,11 +20,14 @@ def register(sub) -> None:
 
 
 def run_train(args) -> int:
+    import sys
+
     from lmforge.data import read_documents
     from lmforge.train.pretrain import train_tokenizer
 
     docs = read_documents(args.data, text_field=args.text_field)
-    tok = train_tokenizer(args.kind, docs, args.vocab_size, show_progress=True)
+    # the tokenizers library's own bar redraws with carriage returns: on a terminal only
+    tok = train_tokenizer(args.kind, docs, args.vocab_size, show_progress=sys.stderr.isatty())
     tok.save(args.out)
     print(f"{args.kind} tokenizer with {tok.vocab_size:,} tokens saved to {args.out}")
     return 0

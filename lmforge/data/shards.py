@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from lmforge.data.corpus import TEXT_SUFFIXES, read_documents
 from lmforge.errors import ConfigError, DataError
 from lmforge.fileio import read_json, remove_stale_temps, temp_file_beside, write_json
+from lmforge.progress import progress_bar
 from lmforge.tokenizer import Tokenizer
 
 SHARD_FORMAT_VERSION = 1
@@ -150,7 +150,7 @@ def build_token_shards(
         with (
             os.fdopen(fd, "wb") as f,
             os.fdopen(fd_ends, "wb") as f_ends,  # document end offsets, on disk too
-            tqdm(desc="tokenizing", unit="doc", disable=not progress) as bar,
+            progress_bar(desc="tokenizing", unit="doc", disable=not progress) as bar,
         ):
             for flat, lengths in _encoded_batches(batches, tokenizer, dtype, workers):
                 f.write(flat.tobytes())

@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
 from lmforge.infer.engine import Engine, eval_mode
 from lmforge.infer.params import GenerationParams
+from lmforge.progress import progress_bar
 
 
 def _tokenizer(lm):
@@ -65,7 +65,7 @@ def generate_texts(
     chunk = 8 * batch_size  # progress granularity; the engine keeps its batch full within it
     with eval_mode(lm.model):
         engine = Engine(lm.model, tok, max_batch=min(batch_size, len(rows)), eos_ids=eos)
-        for s in tqdm(range(0, len(rows), chunk), desc="generating", disable=not progress):
+        for s in progress_bar(range(0, len(rows), chunk), desc="generating", disable=not progress):
             seeded = params if params.seed is None else replace(params, seed=params.seed + s)
             out += [c.text for c in engine.generate(rows[s : s + chunk], seeded)]
     return out
@@ -111,7 +111,7 @@ def loglikelihood(
         ctx = tok.encode(context) if context else [prefix_id(lm)]
         rows.append(((ctx + cont)[-(window + 1) :], len(cont)))
     out: list[tuple[float, bool]] = []
-    for s in tqdm(range(0, len(rows), batch_size), desc="scoring", disable=not progress):
+    for s in progress_bar(range(0, len(rows), batch_size), desc="scoring", disable=not progress):
         out += _score_rows(lm, rows[s : s + batch_size])
     return out
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.nlp.bm25 import BM25Index
 from lmforge.nlp.fusion import reciprocal_rank_fusion
+from lmforge.progress import progress_bar
 from lmforge.retrieval.chunking import Chunk
 
 FORMAT = "lmforge.rag-index/1"
@@ -115,7 +115,8 @@ class Retriever:
         parts = []
         with warnings.catch_warnings(record=True) as caught:  # one summary instead of a warning
             warnings.simplefilter("always")  # per batch that speaks of "queries"
-            for s in tqdm(range(0, len(texts), batch_size), desc="embedding", disable=not progress):
+            starts = range(0, len(texts), batch_size)
+            for s in progress_bar(starts, desc="embedding", disable=not progress):
                 parts.append(encoder.encode(texts[s : s + batch_size], batch_size=batch_size))
         if any("truncated" in str(w.message) for w in caught):
             limit = getattr(encoder, "max_seq_length", "its")

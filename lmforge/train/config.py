@@ -49,7 +49,7 @@ class OptimConfig:
     eval_interval: int = 250
     log_interval: int = 10
     checkpoint_interval: int | None = None  # None = eval_interval
-    progress: bool = True  # a tqdm bar
+    progress: bool = True  # a bar on a terminal, plain lines in a log (lmforge/progress.py)
 
     def __post_init__(self) -> None:
         # None stays None (resolved where used), so dataclasses.replace(cfg, max_iters=...)

@@ -53,6 +53,7 @@ from lmforge.errors import (
 )
 from lmforge.fileio import remove_stale_temps, write_json
 from lmforge.infer.engine import eval_mode
+from lmforge.progress import progress_bar
 from lmforge.train.checkpoint import (
     STATE_FILE,
     check_signature,
@@ -466,11 +467,9 @@ class Trainer(ABC):
         """Train to max_iters (or until should_stop / out_of_time) with periodic evaluation and
         checkpoints; then final evaluations, metrics and plot. Returns the final metrics."""
         cfg = self.cfg
-        from tqdm import tqdm
-
         show = cfg.progress and self.dist.is_main
-        bar = tqdm(total=cfg.max_iters, initial=self.step, unit="it", dynamic_ncols=True,
-                   disable=not show)  # fmt: skip
+        # a bar on a terminal, a plain line every few seconds in a redirected log
+        bar = progress_bar(total=cfg.max_iters, initial=self.step, desc=self.name, disable=not show)
         result: dict[str, Any] = {}
         evaluated_any = False
         every = cfg.checkpoint_interval or cfg.eval_interval

@@ -191,3 +191,12 @@ def test_validation_reports_bits_per_byte_of_the_scored_tokens(tmp_path):
     assert [int(r["step"]) for r in rows] == [2, 4]
     assert float(rows[-1]["value"]) == pytest.approx(expected, rel=1e-4)
     assert f"val bpb {expected:.4f}" in trainer.eval_line(result)
+
+
+def test_redirected_run_logs_plain_lines(tmp_path, capsys):
+    """stderr not a terminal (pytest's capture, a redirected log): no carriage-return bar."""
+    Pretrainer(config(tmp_path, progress=True, eval_interval=6), log=lambda *_: None).run()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert "pretraining: 12/12 it" in err and "step 6: train" in err
+    assert len(err.splitlines()) <= 6  # evaluations, tokenizing and closing lines only
