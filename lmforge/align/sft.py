@@ -20,14 +20,30 @@ from lmforge.tasks.answers import verify
 
 
 @dataclass
-class SFTConfig(ReplayConfig, PeftConfig, AlignConfig):
+class GenerationEvalConfig:
+    """The periodic evaluation's greedy decoding of held-out prompts, scored by exact match."""
+
+    eval_generate: int = 100  # held-out task:/file: prompts scored by greedy exact match
+    max_new_tokens: int = 16
+
+
+@dataclass
+class SFTConfig(GenerationEvalConfig, ReplayConfig, PeftConfig, AlignConfig):
     """An SFT run (`lmforge sft`; `lmforge lora` sets peft)."""
 
     out_dir: str = "out/sft"
     packing: bool = False
     label_smoothing: float = 0.0
-    eval_generate: int = 100  # held-out task:/file: prompts scored by greedy exact match
-    max_new_tokens: int = 16
+
+
+def generation_records(cfg) -> list[dict]:
+    """The held-out prompt records a run's evaluation decodes (`eval_generate` of them; cfg an
+    AlignConfig with GenerationEvalConfig's fields): those of a task: or file: evaluation source,
+    else none."""
+    source, split = eval_source(cfg)
+    if cfg.eval_generate > 0 and str(source).startswith(("task:", "file:")):
+        return D.load_prompts(source, cfg.eval_generate, cfg.seed + 1, split)
+    return []
 
 
 @torch.no_grad()
@@ -64,10 +80,7 @@ class SFTTrainer(AlignTrainer):
             src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
         if cfg.packing:
             self.train_examples = D.pack_sft(self.train_examples, cfg.max_len)
-        source, split = eval_source(cfg)
-        self.eval_records = []
-        if cfg.eval_generate > 0 and str(source).startswith(("task:", "file:")):
-            self.eval_records = D.load_prompts(source, cfg.eval_generate, cfg.seed + 1, split)
+        self.eval_records = generation_records(cfg)
         self.peft_names = apply_peft(self.lm.model, cfg)
 
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:

@@ -78,3 +78,37 @@ def test_rpo_adds_the_chosen_per_token_nll(tmp_path, cfg):
     assert loss.item() == pytest.approx(math.log(2) + 0.5 * nll.item(), abs=1e-4)
     with pytest.raises(ConfigError, match="rpo_alpha"):
         DPOConfig(rpo_alpha=-1)
+
+
+def test_dpo_on_policy_pairs(tmp_path, cfg, monkeypatch):
+    """pairs_from policy: the pairs are the starting model's own samples, the chosen one right
+    and the rejected one wrong by the verifier; they are written as text for a baseline to
+    train on; eval_generate adds greedy exact match to the evaluation."""
+    import json
+
+    import lmforge.align.reward as reward_module
+
+    def odd_first(record, completion):  # a stand-in verifier: right when it starts odd
+        return float(completion[:1] != "" and completion[:1] in "13579")
+
+    monkeypatch.setattr(reward_module, "verify", odd_first)
+    t = DPOTrainer(cfg(tmp_path, data="task:add:1", pairs_from="policy", pair_samples=8,
+                       pair_max_new_tokens=3, eval_generate=4, max_new_tokens=3),
+                   log=lambda *a: None)  # fmt: skip
+    tok = t.tokenizer
+    assert t.train_examples and t.eval_examples
+    for e in t.train_examples + t.eval_examples:
+        n = e.chosen.prompt_len
+        right, wrong = (tok.decode(x.input_ids[n:], skip_special_tokens=True)
+                        for x in (e.chosen, e.rejected))  # fmt: skip
+        assert odd_first({}, right) == 1.0 and odd_first({}, wrong) == 0.0
+    written = [json.loads(line) for line in (tmp_path / "policy_pairs_train.jsonl").open()]
+    assert len(written) == len(t.train_examples)
+    for row, e in zip(written, t.train_examples):
+        n = e.chosen.prompt_len
+        assert row["prompt"] == tok.decode(e.chosen.input_ids[:n])
+        assert row["chosen"] == tok.decode(e.chosen.input_ids[n:], skip_special_tokens=True)
+    result = t.run()
+    assert 0.0 <= result["exact_match"] <= 1.0 and math.isfinite(result["loss"])
+    with pytest.raises(ConfigError, match="pairs_from"):
+        DPOConfig(pairs_from="labellers")

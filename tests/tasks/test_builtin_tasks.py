@@ -128,3 +128,26 @@ def test_bad_jsonl_names_the_line(tmp_path):
     path.write_text('{"question": "q", "answer": "#### 1"}\n{oops\n')
     with pytest.raises(DataError, match="bad.jsonl:2"):
         gsm8k.load_gsm8k(path)
+
+
+def test_the_recipes_chat_arith_splits_are_disjoint_and_verified():
+    """configs/recipes/*-arith-*.yaml read task:arith:2:SPLIT:chat with different seeds per
+    split (train 1337, validation 1338, the benchmark's test 0): still no prompt is shared, each
+    prompt is one user message, and the verifier accepts exactly the stated answer."""
+    from lmforge.align.data import records_from
+
+    seen = {}
+    for split, seed in (("train", 1337), ("validation", 1338), ("test", 0)):
+        rows = [r for _, r in records_from(f"task:arith:2:{split}:chat", "prompts", 400, seed)]
+        assert all(len(r["prompt"]) == 1 and r["prompt"][0]["role"] == "user" for r in rows)
+        seen[split] = {r["prompt"][0]["content"] for r in rows}
+        assert len(seen[split]) == 400
+        for r in rows:
+            a, op, b = r["prompt"][0]["content"][:-1].partition(next(
+                c for c in r["prompt"][0]["content"][1:] if c in "+-*"))  # fmt: skip
+            assert int(r["answer"]) == eval(f"{int(a)}{op}{int(b)}")  # noqa: S307 (digits only)
+            assert answers.verify(r, r["answer"]) == 1.0
+            assert answers.verify(r, str(int(r["answer"]) + 1)) == 0.0
+            assert answers.verify(r, f"{a} {op} {b} = {r['answer']}") == 0.0  # the bare answer
+    assert not seen["train"] & (seen["validation"] | seen["test"])
+    assert not seen["validation"] & seen["test"]
