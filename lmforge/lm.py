@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from lmforge.errors import CheckpointError, ConfigError
-from lmforge.infer.engine import Engine, eval_mode
+from lmforge.infer.engine import Engine
 from lmforge.infer.params import Completion, GenerationParams
 from lmforge.interop.checkpoint import load_model
 from lmforge.model.config import ModelConfig
+from lmforge.model.modes import eval_mode
 from lmforge.model.transformer import Transformer
 
 

@@ -1,4 +1,4 @@
-"""The import graph of lmforge/ is acyclic, and lmforge.model sits below everything else.
+"""The import graph of lmforge/ is acyclic and follows the layer table of docs/ARCHITECTURE.md.
 
 The graph is read from the source with `ast` (nothing is imported, so a cycle hidden behind a
 function-level import counts as much as one at module level):
@@ -13,17 +13,23 @@ function-level import counts as much as one at module level):
 
 A cycle is reported as the strongly connected component it lies in plus one concrete loop
 through it, e.g. `lmforge.a -> lmforge.b -> lmforge.a`.
+
+The layers are read from the table in docs/ARCHITECTURE.md (so the document and the rule cannot
+drift apart): a package imports only packages of lower layers, plus the few same-layer uses that
+table's notes name (SIDEWAYS).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "lmforge"
+ARCHITECTURE = ROOT.parent / "docs" / "ARCHITECTURE.md"
 
 # Cycles outside lmforge/model/ that are still to be removed, each as the set of modules of one
 # strongly connected component. The test fails if a cycle appears that is not inside one of these
@@ -31,8 +37,11 @@ ROOT = Path(__file__).resolve().parents[1] / "lmforge"
 # delete its entry, so the list only ever shrinks to empty.
 KNOWN_CYCLES: list[frozenset[str]] = []
 
-# Packages that build on the model; lmforge.model must import none of them.
-ABOVE_MODEL = ("interop", "infer", "train", "align", "serve", "cli", "speedrun", "eval")
+# Same-layer imports the layer table allows (importer, imported), as its notes say.
+SIDEWAYS = {("data", "tokenizer"), ("fileio", "errors")}
+# Entry points above every layer: `python -m lmforge` runs the CLI; the package root re-exports
+# LM and ModelConfig lazily.
+ENTRY_POINTS = {"__main__": 99, "": 99}
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -226,13 +235,62 @@ def test_known_cycles_are_still_there(graph):
     assert not stale, f"update KNOWN_CYCLES, these are fixed or changed: {stale}"
 
 
-def test_model_imports_nothing_above_it(graph):
-    above = tuple(f"lmforge.{pkg}" for pkg in ABOVE_MODEL)
-    upward = sorted(
-        f"{module} -> {target}"
-        for module, targets in graph.items()
-        if module == "lmforge.model" or module.startswith("lmforge.model.")
-        for target in targets
-        if target in above or target.startswith(tuple(f"{p}." for p in above))
-    )
-    assert not upward, "lmforge.model imports from higher layers:\n" + "\n".join(upward)
+def layer_table(path: Path = ARCHITECTURE) -> dict[str, int]:
+    """Top-level package or module of lmforge/ -> its layer, from the markdown table whose rows
+    read `| <layer> | `pkg/`, `mod.py` | ... |`."""
+    layers = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
+        if row:
+            for name in re.findall(r"`([\w.]+?)(?:/|\.py)?`", row.group(2)):
+                layers[name] = int(row.group(1))
+    return layers
+
+
+def top_package(module: str) -> str:
+    """lmforge.infer.engine -> 'infer'; lmforge -> ''."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_layer_table_is_read_and_covers_every_package():
+    layers = layer_table()
+    assert layers["cli"] == 7 and layers["model"] == 1 and layers["errors"] == 0, layers
+    tops = {top_package(m) for m in module_files()} - set(ENTRY_POINTS)
+    missing = sorted(tops - set(layers))
+    assert not missing, f"docs/ARCHITECTURE.md's layer table does not list: {missing}"
+
+
+def test_layer_check_flags_upward_and_sideways_imports():
+    layers = {"low": 0, "mid": 1, "side": 1, "top": 2}
+    graph = {
+        "lmforge.top.a": {"lmforge.mid.b"},
+        "lmforge.mid.b": {"lmforge.top.a", "lmforge.side", "lmforge.low", "lmforge.mid.c"},
+    }
+    assert layer_violations(graph, layers, set()) == [
+        "lmforge.mid.b (layer 1) -> lmforge.side (layer 1)",
+        "lmforge.mid.b (layer 1) -> lmforge.top.a (layer 2)",
+    ]
+    assert layer_violations(graph, layers, {("mid", "side")}) == [
+        "lmforge.mid.b (layer 1) -> lmforge.top.a (layer 2)"
+    ]
+
+
+def layer_violations(
+    graph: dict[str, set[str]], layers: dict[str, int], sideways: set[tuple[str, str]]
+) -> list[str]:
+    """Edges from a package to one of the same or a higher layer (other than `sideways`)."""
+    levels = {**layers, **ENTRY_POINTS}
+    found = []
+    for module, targets in graph.items():
+        for target in targets:
+            src, dst = top_package(module), top_package(target)
+            if src == dst or (src, dst) in sideways:
+                continue
+            if levels[dst] >= levels[src]:
+                found.append(f"{module} (layer {levels[src]}) -> {target} (layer {levels[dst]})")
+    return sorted(found)
+
+
+def test_every_import_points_down_the_layer_table(graph):
+    bad = layer_violations(graph, layer_table(), SIDEWAYS)
+    assert not bad, "imports against docs/ARCHITECTURE.md's layers:\n" + "\n".join(bad)

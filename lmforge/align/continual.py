@@ -1,12 +1,13 @@
 """Continual learning: learn a new task while forgetting as little of the old one as possible.
 
-The parameters split into frozen and trainable parts (SPEC §10, 003 §4.1): `full` (everything),
-`lora` (low-rank updates), `bias` (bias vectors only) or `mlp` (a small bottleneck MLP after each
-block's MLP). The loss is L_new + λΩ with Ω one of: `l2` (Σ‖θ - θ_prev‖²), `ewc` (½ Σ F_i (θ_i -
-θ_prev,i)², diagonal Fisher from the old task) or `replay` (distillation from the frozen previous
-model on replayed old-task inputs). Training can stop when the held-out new-task loss reaches
-`stop_at_new_loss`, so methods are compared at equal new-task loss. The forgetting report
-(`forgetting.json`) holds old- and new-task losses before and after.
+The parameters split into frozen and trainable parts (as compared in Biderman et al. 2024, "LoRA
+Learns Less and Forgets Less"): `full` (everything), `lora` (low-rank updates), `bias` (bias vectors
+only) or `mlp` (a small bottleneck MLP after each block's MLP). The loss is L_new + λΩ with Ω one
+of: `l2` (Σ‖θ - θ_prev‖²), `ewc` (½ Σ F_i (θ_i - θ_prev,i)², diagonal Fisher from the old task) or
+`replay` (distillation from the frozen previous model on replayed old-task inputs). Training can
+stop when the held-out new-task loss reaches `stop_at_new_loss`, so methods are compared at equal
+new-task loss. The forgetting report (`forgetting.json`) holds old- and new-task losses before and
+after.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Direct Preference Optimisation: fit the policy to preference pairs with no reward model.
 
-L = -log σ(β[(log πθ(y⁺|x) - log π_ref(y⁺|x)) - (log πθ(y⁻|x) - log π_ref(y⁻|x))]) (SPEC §10), with
-sequence log-probs summed over completion tokens only and π_ref a frozen copy of the starting
-policy. Chosen and rejected rows go through the model in ONE forward pass ([2B, T]), and
+L = -log σ(β[(log πθ(y⁺|x) - log π_ref(y⁺|x)) - (log πθ(y⁻|x) - log π_ref(y⁻|x))]) (Rafailov et al.
+2023), with sequence log-probs summed over completion tokens only and π_ref a frozen copy of the
+starting policy. Chosen and rejected rows go through the model in ONE forward pass ([2B, T]), and
 `precompute_ref` scores the whole dataset under π_ref once up front (as TRL's
 precompute_ref_log_probs), so a training step is one policy forward + backward. Label smoothing ε
 gives conservative DPO, which is also the probability variant: with p the chance that "chosen"

@@ -3,10 +3,10 @@ per-sequence log-probs of labels, masked statistics, and the SFT loss (next-toke
 response tokens). Preference losses are in `preference_losses.py`, RL losses in `rl_losses.py`,
 continual-learning penalties in `regularizers.py`.
 
-Conventions (SPEC §10): logits [B, T, V] are already aligned with labels [B, T] — the caller passes
-``logits[:, :-1]`` and ``labels = input_ids[:, 1:]`` — except ``sft_loss``, which takes unshifted
-HF-style labels and shifts itself. Masks are 1 on real (completion) tokens and 0 elsewhere.
-Means over tokens are masked means. Everything is computed in fp32.
+Conventions (as TRL's DPOTrainer): logits [B, T, V] are already aligned with labels [B, T] — the
+caller passes ``logits[:, :-1]`` and ``labels = input_ids[:, 1:]`` — except ``sft_loss``, which
+takes unshifted HF-style labels and shifts itself. Masks are 1 on real (completion) tokens and 0
+elsewhere. Means over tokens are masked means. Everything is computed in fp32.
 """
 
 import torch

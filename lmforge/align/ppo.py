@@ -1,4 +1,5 @@
-"""PPO for RLHF (Ziegler et al. 2019, InstructGPT; TRL's PPOTrainer), in the SPEC §10 form.
+"""PPO for RLHF (Ziegler et al. 2019, InstructGPT; TRL's PPOTrainer): reward minus β·KL per
+token, GAE advantages, the clipped surrogate.
 
 One step: sample completions, score each with the frozen reward (a reward model or a verifier),
 and record π_old log-probs, π_ref log-probs and the critic's values — all fixed at rollout time.

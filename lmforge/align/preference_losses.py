@@ -110,7 +110,8 @@ def dpo_loss(
     - ``sigmoid``: -(1-ε)·log σ(βh) - ε·log σ(-βh). ε is label smoothing (conservative DPO); a
       soft preference label p ∈ [0,1] (chance that "chosen" really is preferred) is ε = 1 - p, per
       pair if a tensor. With ε = 0 this is TRL's ``sigmoid``; TRL ≥ 1.0 ignores ε there (it
-      moved smoothing to ``robust``/``exo_pair``), we keep the SPEC's label variant.
+      moved smoothing to ``robust``/``exo_pair``), we keep the label variant (conservative DPO,
+      Mitchell 2023, "A note on DPO with noisy preferences").
     - ``robust`` (Chowdhury et al. 2024): [-(1-ε)·log σ(βh) + ε·log σ(-βh)] / (1 - 2ε), an
       unbiased loss under labels flipped with probability ε ∈ [0, 0.5).
     - ``hinge`` (SLiC): max(0, 1 - βh).

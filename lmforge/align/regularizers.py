@@ -1,6 +1,7 @@
-"""Continual-learning penalties that keep a fine-tuned model near its previous self (SPEC §10):
-L2 to the reference weights, elastic weight consolidation with a diagonal Fisher, and Hinton-style
-distillation from the previous model's outputs. Used by `continual.py`'s regularisers."""
+"""Continual-learning penalties that keep a fine-tuned model near its previous self: L2 to the
+reference weights, elastic weight consolidation with a diagonal Fisher (Kirkpatrick et al. 2017),
+and Hinton-style distillation (Li & Hoiem 2016, "Learning without Forgetting") from the previous
+model's outputs. Used by `continual.py`'s regularisers."""
 
 from collections.abc import Callable, Iterable, Mapping
 

@@ -12,10 +12,11 @@ the configs/align SFT model: `last` stays at 60-80% held-out pair accuracy after
 position earlier), `match` reaches >= 95% in a few hundred. The attention mask drives positions as
 well as attention, so left- and right-padded batches give the same rewards.
 
-Losses (SPEC §10): Bradley–Terry -log σ(r⁺ - r⁻), hinge max(0, m - Δ), MSE to a target gap, and
-K-way listwise (softmax CE; with pairs, K = 2). `lm_weight` adds the next-token loss on chosen
-responses: a full fine-tune on a 1-bit preference signal otherwise erases what the backbone knew
-(held-out exact match of the add:2 SFT model fell from ~90% to 0% at lr 1e-3).
+Losses (Ouyang et al. 2022; TRL's RewardTrainer): Bradley–Terry -log σ(r⁺ - r⁻), hinge max(0, m -
+Δ), MSE to a target gap, and K-way listwise (softmax CE; with pairs, K = 2). `lm_weight` adds the
+next-token loss on chosen responses: a full fine-tune on a 1-bit preference signal otherwise erases
+what the backbone knew (held-out exact match of the add:2 SFT model fell from ~90% to 0% at lr
+1e-3).
 
 Pairs come from `pairs_from`: `data` (the preference file, or a task's canned near misses) or
 `policy`: InstructGPT's recipe, where labellers compare the policy's own outputs. For each prompt

@@ -233,7 +233,7 @@ def grpo_loss(
     (differentiable) ratio o (DeepSeek-V3.2; TRL's ``use_bias_correction_kl``, on by default in
     TRL 1.x): then the KL gradient is the unbiased gradient of KL(π‖π_ref) — without it, even
     on-policy, E[∇k3] is the gradient of the *forward* KL(π_ref‖π). Off by default here: the
-    DeepSeekMath formula, which the SPEC's GRPO line and earlier TRL releases use.
+    DeepSeekMath formula, which earlier TRL releases use.
     """
     require_choice("GRPO loss_type", loss_type, GRPO_LOSS_TYPES)
     if loss_type == "dr_grpo" and not max_completion_length:

@@ -32,8 +32,9 @@ from torch.nn import functional as F
 from lmforge.align.logprobs import token_logprobs
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError, LMForgeError
-from lmforge.infer.engine import Engine, eval_mode
+from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
+from lmforge.model.modes import eval_mode
 
 
 class RewardError(LMForgeError):
@@ -65,7 +66,7 @@ def completion_logits(
     the tokens were actually drawn from (TRL does the same).
     """
     h = completion_hidden(model, input_ids, attention_mask, start)
-    logits = model.lm_head(h * getattr(model, "output_scale", 1.0))  # as forward() (SPEC §1)
+    logits = model.lm_head(h * getattr(model, "output_scale", 1.0))  # as forward() (logit scaling)
     if temperature not in (0, 1):
         logits = logits / temperature
     return logits, h

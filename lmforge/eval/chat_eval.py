@@ -32,7 +32,8 @@ from lmforge.eval.core import (
 )
 from lmforge.eval.core_scoring import lm_head
 from lmforge.eval.multiple_choice import LETTERS
-from lmforge.infer.engine import Engine, GenerationParams, eval_mode
+from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.model.modes import eval_mode
 from lmforge.tasks.answers import exact_match, extract_numeric_answer
 from lmforge.tasks.gsm8k import load_gsm8k
 

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.data.batches import pad_collate
-from lmforge.infer.engine import eval_mode
 from lmforge.model.cache import KVCache, full_attention
+from lmforge.model.modes import eval_mode
 
 HEAD_CHUNK = 512  # scored positions per LM-head call: bounds the [N, vocab] logits in memory
 # A batch's padding may add PAD_SLACK of its real tokens plus PAD_FREE positions: short rows

@@ -4,7 +4,8 @@ Bits per byte is the one loss number comparable across tokenizers: the summed NL
 tokens divided by ln 2 times the UTF-8 bytes those same tokens stand for. The byte count comes
 from the tokenizer's per-token byte lengths (`Tokenizer.token_byte_lengths`, special tokens 0,
 as nanochat counts them), so it covers exactly the tokens scored. Pretraining's validation, this
-module's `perplexity` and the speedrun's yardstick all use the functions here.
+module's `perplexity` and the speedrun's yardstick all count bytes with
+`lmforge.tokenizer.byte_counts`.
 """
 
 from __future__ import annotations
@@ -17,29 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.errors import DataError
-
-
-def token_bytes_table(tokenizer, device: str | torch.device = "cpu") -> torch.Tensor:
-    """The tokenizer's byte length of every id as an int64 tensor (index = id), for
-    `target_bytes`; build it once per run and keep it on the device the targets live on."""
-    return torch.tensor(tokenizer.token_byte_lengths(), dtype=torch.long, device=device)
-
-
-def target_bytes(targets: torch.Tensor, token_bytes: torch.Tensor) -> torch.Tensor:
-    """UTF-8 bytes of the scored target ids (a 0-d int64 tensor on the targets' device, so a
-    loop can add it up without a host sync). Ignored positions (negative, e.g. -100) count 0."""
-    table = token_bytes.to(targets.device)
-    scored = targets >= 0
-    return torch.where(scored, table[targets.clamp(min=0)], 0).sum()
-
-
-def bits_per_byte(total_nats: float, n_bytes: int) -> float:
-    """Bits per byte: summed NLL in nats over the scored tokens / (ln 2 × their UTF-8 bytes).
-    NaN when the scored tokens hold no text bytes (only special tokens)."""
-    n_bytes = int(n_bytes)
-    if n_bytes <= 0:
-        return math.nan
-    return float(total_nats) / (math.log(2) * n_bytes)
+from lmforge.tokenizer.byte_counts import bits_per_byte, target_bytes
 
 
 @dataclass
@@ -67,7 +46,8 @@ def perplexity(
 ) -> PerplexityResult:
     """Score every token of `ids` after the first once, with windows of `window` tokens moved by
     `stride`; bits per byte divides by the bytes of exactly those tokens (`token_bytes`: the
-    tokenizer's per-id byte lengths, `Tokenizer.token_byte_lengths()` or `token_bytes_table`).
+    tokenizer's per-id byte lengths, `Tokenizer.token_byte_lengths()` or
+    `byte_counts.token_bytes_table`).
 
     Default stride = window (no overlap). With stride < window, each window after the first
     scores only its last `stride` tokens, so each has at least window - stride of context.

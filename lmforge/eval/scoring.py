@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
-from lmforge.infer.engine import Engine, eval_mode
+from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
+from lmforge.model.modes import eval_mode
 from lmforge.progress import progress_bar
 
 

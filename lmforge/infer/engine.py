@@ -52,7 +52,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
-from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.errors import ConfigError
@@ -66,7 +65,7 @@ from lmforge.infer.sampling import RowSampler, request_uniforms
 from lmforge.infer.speculative import SpeculativeDecoder, SpeculativeStats
 from lmforge.model.cache import SlotCache, full_attention, new_cache
 
-__all__ = ["Engine", "GenerationParams", "StepOutput", "Completion", "eval_mode"]
+__all__ = ["Engine", "GenerationParams", "StepOutput", "Completion"]
 
 
 @dataclass
@@ -88,20 +87,6 @@ class _Sequence:
     def prefix_key(self) -> tuple:
         """Sequences with equal keys share one prefill."""
         return (tuple(self.prompt), id(self.embeds) if self.embeds is not None else None)
-
-
-@contextmanager
-def eval_mode(*models: nn.Module | None):
-    """Models in eval mode for a generation; their training flags are restored afterwards
-    (an RL policy or a model being fine-tuned goes on training)."""
-    flags = [(m, m.training) for m in models if m is not None]
-    for m, _ in flags:
-        m.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.train(training)
 
 
 class Engine:

@@ -28,7 +28,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     top-k keeps the k largest logits and any tied with the k-th (as transformers'
     TopKLogitsWarper). top-p keeps the smallest set of most likely tokens whose probability
     reaches p: a token is dropped when the more likely tokens before it already reach p, so the
-    most likely token always survives (transformers' TopPLogitsWarper; SPEC's rule).
+    most likely token always survives (transformers' TopPLogitsWarper; Holtzman et al. 2020).
     """
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     kth = sorted_logits.gather(-1, (top_k.clamp(1, logits.shape[-1]) - 1)[:, None])

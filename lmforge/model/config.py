@@ -63,7 +63,7 @@ class ModelConfig:
     dropout: float = 0.0
     attn_impl: str = "sdpa"
     init_std: float = 0.02
-    # ---- the architecture catalogue (SPEC §2, §4): attention kinds, masks, block wiring ----
+    # ---- the architecture catalogue: attention kinds, masks, block wiring ----
     attention: str = "softmax"  # softmax | linear | mla
     attention_pattern: dict[str, Any] | None = None  # {"type": "block_local", "block_size": 16}
     linear_feature_map: str = "elu"  # attention="linear": elu | relu | relu2 | exp | rff
@@ -147,7 +147,7 @@ class ModelConfig:
                 )
 
     def validate_catalogue(self) -> None:
-        """Rules for the attention kinds, masks and block wirings (SPEC §2, §4)."""
+        """Rules for the attention kinds, masks and block wirings."""
         self._check_choices(
             attention=ATTENTION_CLASSES, norm_position=NORM_POSITIONS,
             parallel_scale=BRANCH_SCALES, linear_feature_map=FEATURE_MAP_NAMES,

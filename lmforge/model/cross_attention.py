@@ -1,7 +1,7 @@
-"""Cross-attention (SPEC §2): queries from one sequence, keys/values from another ("memory": the
-encoder output in a translation model, the input in a Perceiver). With memory = x it is plain
-bidirectional self-attention. Used by the seq2seq decoder; the Perceiver latent block built on it
-is a specification exhibit in tests/model/spec_exhibits.py.
+"""Cross-attention (Vaswani et al. 2017, §3.2.3): queries from one sequence, keys/values from
+another ("memory": the encoder output in a translation model, the input in a Perceiver). With memory
+= x it is plain bidirectional self-attention. Used by the seq2seq decoder; the Perceiver latent
+block built on it is a specification exhibit in tests/model/spec_exhibits.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Linear attention (Katharopoulos et al. 2020; SPEC §2): softmax replaced by a feature map φ ≥ 0.
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"): softmax replaced by a
+feature map φ ≥ 0.
 
     attn_i = S_V φ(q_i) / (S_K φ(q_i) + ε),   S_V = Σ_j v_j φ(k_j)ᵀ,   S_K = Σ_j φ(k_j)ᵀ
 

@@ -1,4 +1,4 @@
-"""Multi-head Latent Attention (DeepSeek-V2/V3; SPEC §2 Decision): a small KV cache by
+"""Multi-head Latent Attention (DeepSeek-V2, arXiv:2405.04434; DeepSeek-V3): a small KV cache by
 low-rank joint compression of keys and values.
 
 Each token is projected to one latent c = W_DKV x of `kv_lora_rank` dims (much smaller than

@@ -1,18 +1,19 @@
 """Mixture of experts: a router picks `top_k` of `n_experts` SwiGLU feed-forward networks per
-token (config mlp="moe"), with the training extras of SPEC §4.
+token (config mlp="moe"), with the training extras of Switch Transformer (Fedus et al. 2021)
+and DeepSeekMoE (Dai et al. 2024).
 
 Routing follows Mixtral (and transformers' `MixtralSparseMoeBlock`) exactly, so converted
 checkpoints give the same logits: P = softmax(W_r x) over *all* experts in fp32, keep the top-k
-probabilities, renormalise them to sum to one (SPEC §4: P=[0.5, 0.3, 0.2], k=2 -> [0.625, 0.375]),
+probabilities, renormalise them to sum to one (P=[0.5, 0.3, 0.2], k=2 -> [0.625, 0.375]),
 and return sum_e gate_e * expert_e(x). Tokens are dispatched in one batch per expert: the loop
 runs over experts, never over tokens.
 
 The extras, all off by default (and then the output is plain Mixtral routing):
 
-- Capacity C = ⌊α·k·N/E⌋ token slots per expert for N tokens (SPEC Decision: with the k factor,
-  so α = 1 fits perfectly balanced top-k routing). Assignments past C are dropped: that expert's
-  contribution becomes 0 and the token passes through the residual. First choices claim slots
-  before second choices (GShard/Switch priority), then token order. Batched: a cumsum over a
+- Capacity C = ⌊α·k·N/E⌋ token slots per expert for N tokens (with the k factor, as GShard counts
+  top-k slots, so α = 1 fits perfectly balanced top-k routing). Assignments past C are dropped: that
+  expert's contribution becomes 0 and the token passes through the residual. First choices claim
+  slots before second choices (GShard/Switch priority), then token order. Batched: a cumsum over a
   one-hot of the assignments gives every assignment its slot, no loop over tokens.
 - L_aux = E · Σ_e f_e · m_e, f_e = fraction of tokens routed to e (top-k, so Σ f = k),
   m_e = mean router probability of e. Uniform routing gives k, collapse onto one expert with

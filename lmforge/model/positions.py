@@ -81,7 +81,8 @@ def _rope_linear(head_dim, base, scaling, seq_len):
 
 
 def _rope_ntk(head_dim, base, scaling, seq_len):
-    """Static NTK-aware scaling: a larger base b' = b * s^(d/(d-2)) (SPEC §3)."""
+    """Static NTK-aware scaling: a larger base b' = b * s^(d/(d-2)) (bloc97 2023, "NTK-Aware
+    Scaled RoPE"; transformers' "dynamic" without the growth)."""
     s = scaling["factor"]
     return _default_freq(head_dim, base * s ** (head_dim / (head_dim - 2))), 1.0
 
@@ -105,8 +106,8 @@ def yarn_mscale(s: float, mscale: float = 1.0) -> float:
 
 
 def _rope_yarn(head_dim, base, scaling, seq_len):
-    """YaRN (paper/HF direction, SPEC §3 correction): planes that turn more than beta_fast times
-    over the original context L keep their frequency, planes turning fewer than beta_slow times are
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): planes that turn more than beta_fast times over
+    the original context L keep their frequency, planes turning fewer than beta_slow times are
     interpolated (divided by s), with a linear ramp in plane index between the two correction dims
     (floored/ceiled unless truncate=False), exactly as transformers computes it."""
     s = scaling["factor"]

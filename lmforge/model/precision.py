@@ -1,7 +1,7 @@
-"""Number formats and FP8 scaling (SPEC §5).
+"""Number formats and FP8 scaling (Micikevicius et al. 2022, "FP8 Formats for Deep Learning").
 
-The dtype table is read from torch.finfo / torch.iinfo rather than typed in, so it cannot drift
-from what the hardware kernels do (SPEC corrections: fp16 max 65504; E4M3fn max 448, smallest
+The dtype table is read from torch.finfo / torch.iinfo rather than typed in, so it cannot drift from
+what the hardware kernels do (IEEE 754 and the FP8 paper: fp16 max 65504; E4M3fn max 448, smallest
 normal 2^-6; E5M2 max 57344, smallest normal 2^-14; int4 -8..7, which torch has no iinfo for).
 
 FP8 has so little range that tensors are scaled before the cast: x_s = x·S with S = fmax/amax(x),

@@ -1,15 +1,15 @@
-"""Encoder-decoder transformer for translation (SPEC §6), and a built-in synthetic task.
+"""Encoder-decoder transformer for translation (Vaswani et al. 2017, "Attention Is All You
+Need"), and a built-in synthetic task.
 
     encoder:  x = Emb(src) + PE;  N × [x += SelfAttn(LN x) (padding mask);  x += FFN(LN x)]
     decoder:  y = Emb(shift_right(tgt)) + PE;
               N × [y += MaskedSelfAttn(LN y);  y += CrossAttn(LN y <- memory);  y += FFN(LN y)]
     logits = W · LN(y)
-
-Training is teacher forcing: the decoder reads the target shifted right behind <BOS> and predicts
-every target token at once. `forward` returns logits (SPEC correction: never softmax
-probabilities) and never modifies its inputs. Decoding, greedy or beam search, caches the
-decoder's self-attention keys/values and the cross-attention keys/values of the memory (computed
-once per source), so each step costs one token.
+ Training is teacher forcing: the decoder reads the target shifted right behind <BOS> and predicts
+every target token at once. `forward` returns logits (never softmax probabilities: the loss takes
+logits, as torch's cross_entropy does) and never modifies its inputs. Decoding, greedy or beam
+search, caches the decoder's self-attention keys/values and the cross-attention keys/values of the
+memory (computed once per source), so each step costs one token.
 
 The task (`NumberTask`): English number words <-> digits, "three hundred twelve" <-> "312", with
 held-out numbers for an honest exact-match score.

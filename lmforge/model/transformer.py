@@ -87,7 +87,7 @@ class Transformer(nn.Module):
         h = self.hidden_states(input_ids, attention_mask, positions, cache, prefix_len)
         if last_only:
             h = h[:, -1:]
-        return self.lm_head(self.norm(h) * self.output_scale)  # logit scaling (SPEC §1)
+        return self.lm_head(self.norm(h) * self.output_scale)  # logit scaling: / sqrt(d_model)
 
     def hidden_states(
         self, input_ids, attention_mask=None, positions=None, cache=None, prefix_len=None

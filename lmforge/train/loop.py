@@ -52,7 +52,7 @@ from lmforge.errors import (
     require_choice,
 )
 from lmforge.fileio import remove_stale_temps, write_json
-from lmforge.infer.engine import eval_mode
+from lmforge.model.modes import eval_mode
 from lmforge.progress import progress_bar
 from lmforge.train.checkpoint import (
     STATE_FILE,

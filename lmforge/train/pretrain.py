@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
 from lmforge.errors import ConfigError, require_device
-from lmforge.eval.perplexity import bits_per_byte, target_bytes, token_bytes_table
 from lmforge.fileio import remove_stale_temps
-from lmforge.infer.engine import eval_mode
 from lmforge.lm import LM
+from lmforge.model.modes import eval_mode
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.byte_counts import bits_per_byte, target_bytes, token_bytes_table
 from lmforge.train.config import TrainConfig
 from lmforge.train.loop import Trainer, training_dtype
 from lmforge.train.parallel import setup_parallel

@@ -229,8 +229,9 @@ class VisionLanguageModel(nn.Module):
         next image's features (row by row) as prompt embeddings, prefilled once; decoding then
         feeds text tokens only. The placeholder id is never sampled: a generated one would have
         no image behind it."""
-        from lmforge.infer.engine import Engine, eval_mode
+        from lmforge.infer.engine import Engine
         from lmforge.infer.params import GenerationParams
+        from lmforge.model.modes import eval_mode
 
         prompts = [[int(t) for t in p] for p in prompts]
         width = max(len(p) for p in prompts)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from lmforge.errors import ConfigError, require_positive_ints
-from lmforge.infer.engine import eval_mode
 from lmforge.model.config import ModelConfig
+from lmforge.model.modes import eval_mode
 from lmforge.model.transformer import Transformer
 from lmforge.train.config import SmallRunConfig
 from lmforge.train.loop import Trainer

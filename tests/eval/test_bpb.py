@@ -6,15 +6,11 @@ import math
 import pytest
 import torch
 
-from lmforge.eval.perplexity import (
-    bits_per_byte,
-    perplexity,
-    target_bytes,
-    token_bytes_table,
-)
+from lmforge.eval.perplexity import perplexity
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.byte_counts import bits_per_byte, target_bytes, token_bytes_table
 
 TRAIN = ["The café's naïve owner sold crème brûlée — twice. 東京 is far; 7 + 35 = 42.\n"] * 20
 TINY = "the cat sat on the mat, twice. 42"  # ASCII: every token decodes to itself
