@@ -149,11 +149,81 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata=No
     atomic_write(path, lambda tmp: save_file(clean, tmp, metadata=metadata))
 
 
-def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Load a safetensors file; a missing, truncated or corrupt file raises CheckpointError."""
+# safetensors' format (huggingface/safetensors README): an 8-byte little-endian header length,
+# a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}, then
+# the data, offsets relative to its start. The Rust reader caps the header at 100 MB.
+SAFETENSORS_MAX_HEADER = 100_000_000
+SAFETENSORS_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+    "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+
+
+def check_safetensors_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file, checked before any tensor is read: its length
+    within the file and the format's 100 MB cap, every entry a known dtype with a shape of
+    non-negative integers whose byte count equals its data_offsets span, every span inside the
+    file and no two overlapping. A truncated, garbage or hostile file raises one CheckpointError
+    line naming the file and the field; memory stays bounded by the file's real size."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"weights file not found: {path}")
+    size = path.stat().st_size
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: corrupt or truncated safetensors file ({what})")
+
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise bad(f"{size} bytes, shorter than the 8-byte header length")
+        n = int.from_bytes(head, "little")
+        if n > min(size - 8, SAFETENSORS_MAX_HEADER):
+            raise bad(f"header length {n} exceeds the file's {size - 8} remaining bytes or "
+                      f"the format's {SAFETENSORS_MAX_HEADER}")  # fmt: skip
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise bad(f"header is not JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    data = size - 8 - n
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise bad(f"tensor {name!r}: entry is not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPE_BYTES:
+            raise bad(f"tensor {name!r}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise bad(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= data):  # fmt: skip
+            raise bad(f"tensor {name!r}: data_offsets {offsets!r} outside the {data} data bytes")
+        count = 1
+        for d in shape:  # bounded at every step: huge claimed shapes stop here
+            count *= d
+            if count > data:
+                break
+        if count * SAFETENSORS_DTYPE_BYTES[dtype] != offsets[1] - offsets[0]:
+            raise bad(f"tensor {name!r}: {dtype} {shape} does not fill data_offsets {offsets}")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise bad(f"tensors {a!r} and {b!r} overlap")
+    return header
+
+
+def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Load a safetensors file; a missing, truncated or corrupt file raises CheckpointError."""
+    path = Path(path)
+    check_safetensors_header(path)
     try:
         return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError) as err:

@@ -24,7 +24,6 @@ before any tensor is dequantised, so bad input costs one CheckpointError and no 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
+from lmforge.interop.gguf_header import GGUFHeader, TensorInfo
 from lmforge.interop.hf import hf_config_to_ours, hf_shapes, to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.io import build_model
@@ -61,54 +61,57 @@ def is_gguf(path: str | Path) -> bool:
 
 
 class GGUFFile:
-    """A parsed GGUF: metadata as Python values and the tensor table, tensors left in the file."""
+    """A parsed GGUF: metadata as Python values and the tensor table (lmforge.interop.gguf_header,
+    every field checked before use), the tensors left in the file, read through a memory map."""
 
     def __init__(self, path: str | Path):
-        import gguf
-
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise CheckpointError(f"GGUF file not found: {self.path}")
-        if not is_gguf(self.path):
-            raise CheckpointError(f"{self.path}: not a GGUF file (no GGUF magic bytes)")
-        try:
-            reader = gguf.GGUFReader(str(self.path))
-            self.meta: dict[str, Any] = {k: f.contents() for k, f in reader.fields.items()}
-        except Exception as err:  # the reader fails with whatever numpy/struct raise on short data
-            raise CheckpointError(
-                f"{self.path}: truncated or corrupt GGUF file ({type(err).__name__}: {err})"
-            ) from err
+        self.header = GGUFHeader(path)
+        self.path, self.meta = self.header.path, self.header.meta
         if int(self.meta.get("split.count", 1)) > 1:
+            self.header.close()
             raise CheckpointError(
                 f"{self.path}: one shard of a {self.meta['split.count']}-file split GGUF; merge "
                 "the shards first (llama-gguf-split --merge)"
             )
-        size = os.path.getsize(self.path)
-        self.tensors = {}
-        for t in reader.tensors:
-            if t.data_offset + int(t.n_bytes) > size:
-                raise CheckpointError(
-                    f"{self.path}: truncated GGUF file (tensor {t.name} ends at byte "
-                    f"{t.data_offset + int(t.n_bytes)}, the file has {size})"
-                )
-            self.tensors[t.name] = t
+        self.tensors: dict[str, TensorInfo] = self.header.tensors
         self.architecture = self.meta.get("general.architecture")
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape in torch order (GGUF lists dimensions fastest-moving first)."""
-        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+        return self.tensors[name].shape
 
     def type_name(self, name: str) -> str:
-        return self.tensors[name].tensor_type.name
+        return self.tensors[name].type_name
 
-    def read(self, name: str) -> torch.Tensor:
-        """The tensor dequantised to float32, in torch order."""
+    def blocks(self, name: str) -> np.ndarray:
+        """The stored bytes of a tensor as uint8 [rows, bytes per row]: a read-only view of the
+        file's memory map (no copy), what gguf.quants.dequantize takes."""
+        shape = self.shape(name)
+        rows = math.prod(shape[:-1])
+        return self.header.raw(name).reshape(rows, -1)
+
+    def read(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The tensor dequantised to `dtype` (via float32 for the block formats), torch order.
+        F32/F16/BF16 tensors are converted straight from the file's bytes."""
+        kind, shape = self.type_name(name), self.shape(name)
+        if kind in PLAIN_TYPES:
+            raw = torch.from_numpy(self.header.raw(name).copy())  # one copy, writable
+            return raw.view(PLAIN_TYPES[kind]).view(shape).to(dtype)
         from gguf.quants import dequantize
 
         t = self.tensors[name]
-        # np.array copies: F32/F16 "dequantise" to views of the read-only memory map.
-        values = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        return torch.from_numpy(values).reshape(self.shape(name))
+        values = dequantize(self.blocks(name), gguf_type(t.type_id))
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        return torch.from_numpy(values).view(shape).to(dtype)
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's memory map once it has been converted (the
+        OS keeps them in its page cache): loading one tensor at a time then holds the converted
+        model plus one tensor, not the model plus the whole mapped file."""
+        self.header.release(name)
+
+    def close(self) -> None:
+        self.header.close()
 
     def key(self, name: str) -> Any:
         """The architecture-scoped metadata value `{arch}.{name}`; a clear error if absent."""
@@ -119,6 +122,16 @@ class GGUFFile:
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.meta.get(f"{self.architecture}.{name}", default)
+
+
+PLAIN_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def gguf_type(type_id: int):
+    """gguf's GGMLQuantizationType for a type id."""
+    import gguf
+
+    return gguf.GGMLQuantizationType(type_id)
 
 
 # ---- metadata -> HF config ---------------------------------------------------------------------
@@ -384,13 +397,12 @@ def read_q4_codes(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, t
     w = (q - 8) * scale + zero, torch's int4pack convention. Q4_0 (w = (q - 8) d) has zero 0;
     Q4_1 (w = q d + m) has zero m + 8 d. A block is an fp16 d (Q4_1: then an fp16 m) and 16
     bytes holding elements j (low nibble) and j + 16 (high nibble)."""
-    t = f.tensors[name]
-    kind = t.tensor_type.name
+    kind = f.type_name(name)
     if kind not in Q4_TYPES:
         raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(Q4_TYPES)}")
     rows, k = f.shape(name)
     head = 2 if kind == "Q4_0" else 4
-    raw = np.asarray(t.data, dtype=np.uint8).reshape(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
+    raw = f.blocks(name).reshape(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
     d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     qs = raw[..., head:]
     codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, k)

@@ -12,7 +12,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lmforge.errors import CheckpointError
-from lmforge.fileio import check_state, load_tensors, read_json, save_tensors, write_json
+from lmforge.fileio import (
+    check_safetensors_header,
+    check_state,
+    load_tensors,
+    read_json,
+    save_tensors,
+    write_json,
+)
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 
@@ -108,6 +115,7 @@ def weight_files(directory: Path) -> dict[str, Path]:
             "checkpoints are read: convert pickled weights, e.g. with transformers "
             "AutoModel.from_pretrained(DIR).save_pretrained(DIR)"
         )
+    check_safetensors_header(single)
     try:
         with safe_open(str(single), "pt") as f:
             return dict.fromkeys(f.keys(), single)
@@ -122,6 +130,7 @@ def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Te
         by_file.setdefault(files[name], []).append(name)
     out = {}
     for path, keys in by_file.items():
+        check_safetensors_header(path)
         try:
             with safe_open(str(path), "pt") as f:
                 out.update({key: f.get_tensor(key) for key in keys})

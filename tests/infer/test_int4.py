@@ -142,7 +142,7 @@ def test_gguf_q4_codes_map_exactly_onto_int4(tmp_path, kind):
     w = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
     f = write(tmp_path / "q4.gguf", quantize(w, qtype), qtype)
     codes, scale, zero = read_q4_codes(f, "w")
-    theirs = torch.from_numpy(np.array(dequantize(f.tensors["w"].data, qtype), dtype=np.float32))
+    theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), qtype), dtype=np.float32))
     m = Int4Linear.from_codes(codes, scale, zero, dtype=torch.float32, name="w")
     assert torch.allclose(m.dequantize(), theirs.view(48, 96), rtol=1e-6, atol=1e-6)
     assert (m.dequantize() - torch.from_numpy(w)).abs().max() > 0  # it is a lossy format
