@@ -251,6 +251,7 @@ class Engine:
             unsupported = [name for name, on in [
                 ("penalties", params.has_penalties), ("logprobs", params.logprobs is not None),
                 ("suppress_token_ids", bool(params.suppress_token_ids)),
+                ("constraint", params.constraint is not None),
                 ("prompt_embeds", prompt_embeds is not None)] if on]  # fmt: skip
             if unsupported:
                 raise ConfigError(f"speculative decoding does not support {unsupported[0]}")

@@ -3,7 +3,11 @@ it gets back (StepOutput as it goes, Completion at the end)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
 
 from lmforge.errors import ConfigError
 
@@ -19,12 +23,26 @@ class TokenLogprobs:
     top: list[tuple[int, float]]
 
 
+class TokenConstraint(Protocol):
+    """One sample's grammar state (structured output, tool calls): which tokens may come next,
+    and the token that did. The engine's sampler masks every other token out before it draws."""
+
+    def allowed(self) -> torch.Tensor:
+        """A bool tensor over the vocabulary (at least the model's logits wide): True = allowed."""
+        ...
+
+    def consume(self, token: int) -> None:
+        """Advance past the sampled token."""
+        ...
+
+
 @dataclass
 class GenerationParams:
     """How to generate for one request (the one parameter class of every generation path).
     temperature 0 = greedy; logprobs=k returns the chosen token's log-probability and the k
     most likely alternatives (None = off); seed: a seeded request with n samples gets the same
-    tokens whatever else runs beside it; suppress_token_ids are never sampled."""
+    tokens whatever else runs beside it; suppress_token_ids are never sampled; constraint: called
+    once per sample for its TokenConstraint (e.g. a JSON schema's grammar, infer/structured.py)."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -39,6 +57,7 @@ class GenerationParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     suppress_token_ids: list[int] = field(default_factory=list)
+    constraint: Callable[[], TokenConstraint] | None = None
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lmforge.infer.params import GenerationParams, TokenLogprobs
+from lmforge.infer.params import GenerationParams, TokenConstraint, TokenLogprobs
 from lmforge.infer.penalties import PenaltyState
 
 
@@ -106,6 +106,7 @@ class RowSampler:
         self.penalized = [False] * rows
         self.suppress: list[torch.Tensor | None] = [None] * rows
         self.logprobs = [None] * rows  # None = off, k >= 0 = chosen token plus k alternatives
+        self.constraints: list[TokenConstraint | None] = [None] * rows
         self.penalties: PenaltyState | None = None  # allocated when a request first needs it
 
     def start_row(
@@ -125,6 +126,7 @@ class RowSampler:
         ids = params.suppress_token_ids
         self.suppress[row] = torch.as_tensor(ids, device=self.device) if ids else None
         self.logprobs[row] = params.logprobs
+        self.constraints[row] = params.constraint() if params.constraint is not None else None
         if params.has_penalties and self.penalties is None:
             rows = self.temperature.shape[0]
             self.penalties = PenaltyState(rows, self.vocab_size, self.device)
@@ -134,7 +136,9 @@ class RowSampler:
     def move_row(self, src: int, dst: int) -> None:
         for t in (self.temperature, self.top_k, self.top_p, self.uniforms, self.drawn):
             t[dst] = t[src]
-        for lst in (self.greedy, self.filtered, self.penalized, self.suppress, self.logprobs):
+        lists = (self.greedy, self.filtered, self.penalized, self.suppress, self.logprobs,
+                 self.constraints)  # fmt: skip
+        for lst in lists:
             lst[dst] = lst[src]
         if self.penalties is not None:
             self.penalties.move_row(src, dst)
@@ -158,6 +162,14 @@ class RowSampler:
         if self.penalties is not None and any(self.penalized[rows]):
             # Extreme penalties can overflow; keep logits finite so softmax stays a distribution.
             logits = self.penalties.apply(logits, rows).clamp(-1e30, 1e30)
+            greedy = None
+        constraints = self.constraints[rows]
+        constrained = any(c is not None for c in constraints)
+        if constrained:  # a grammar's mask: what it forbids is never drawn (nor reported)
+            logits = logits.clone()
+            for i, c in enumerate(constraints):
+                if c is not None:
+                    logits[i].masked_fill_(~c.allowed()[: logits.shape[-1]], float("-inf"))
             greedy = None
         greedy_rows = self.greedy[rows]
         if greedy is None and any(greedy_rows):
@@ -185,10 +197,15 @@ class RowSampler:
                 tokens[pick] = drawn
         if self.penalties is not None:
             self.penalties.observe(tokens, lo)
+        token_list = tokens.tolist()
+        if constrained:
+            for c, token in zip(constraints, token_list):
+                if c is not None:
+                    c.consume(token)
         wanted = self.logprobs[rows]
         if all(k is None for k in wanted):
-            return tokens, tokens.tolist(), [None] * n
-        return tokens, tokens.tolist(), self._logprobs(logits, tokens, wanted)
+            return tokens, token_list, [None] * n
+        return tokens, token_list, self._logprobs(logits, tokens, wanted)
 
     @staticmethod
     def _logprobs(logits, tokens, wanted) -> list[TokenLogprobs | None]:
