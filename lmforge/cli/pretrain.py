@@ -34,6 +34,11 @@ def run(args) -> int:
         f"val perplexity {result['val_ppl']:.2f}  val bits/byte {result['val_bpb']:.4f}  "
         f"{result['tokens_per_s']:,.0f} tokens/s  {result['elapsed_s']:.1f} s training"
     )
+    for loss, m in result["milestones"].items():
+        print(f"val loss <= {loss}: step {m['step']}, {m['seconds']:.1f} s after start")
+    for loss in cfg.loss_milestones:
+        if f"{loss:g}" not in result["milestones"]:
+            print(f"val loss <= {loss:g}: not reached")
     for i, text in enumerate(trainer.samples()):
         print(f"\n--- sample {i + 1} ---\n{text}")
     print(f"\ncheckpoint: {cfg.out_dir}   loss plot: {result['plot']}")

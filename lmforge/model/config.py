@@ -63,6 +63,9 @@ class ModelConfig:
     dropout: float = 0.0
     attn_impl: str = "sdpa"
     init_std: float = 0.02
+    # residual-branch output projections (o_proj, down_proj) start at zero: each block starts as
+    # the identity (modded-nanogpt; Zhang et al. 2019, "Fixup")
+    zero_init_proj: bool = False
     # ---- the architecture catalogue: attention kinds, masks, block wiring ----
     attention: str = "softmax"  # softmax | linear | mla
     attention_pattern: dict[str, Any] | None = None  # {"type": "block_local", "block_size": 16}

@@ -14,6 +14,7 @@ MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
     "gelu": (MLP, "gelu"),
     "gelu_tanh": (MLP, "gelu_tanh"),
     "relu": (MLP, "relu"),
+    "relu2": (MLP, "relu2"),
     "silu": (MLP, "silu"),
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),  # exact GELU (erf)

@@ -12,6 +12,7 @@ ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),  # ReLU^2 (So et al. 2021, "Primer"; modded-nanogpt)
     "silu": F.silu,
 }
 

@@ -48,7 +48,8 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)."""
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)
+        (or zero with config.zero_init_proj)."""
         std = self.config.init_std
         for name, p in self.named_parameters():
             if name.endswith("bias"):
@@ -56,7 +57,10 @@ class Transformer(nn.Module):
             elif "norm" in name:
                 nn.init.ones_(p)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
             else:
                 nn.init.normal_(p, 0.0, std)
         for module in self.modules():  # components with their own init (e.g. branch scales)

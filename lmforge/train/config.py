@@ -18,7 +18,7 @@ import yaml
 from lmforge.errors import ConfigError, check_field_types, require_choice, require_positive_ints
 from lmforge.fileio import coerce_numbers, load_yaml
 from lmforge.model.config import ModelConfig
-from lmforge.train.optim import cosine_lr
+from lmforge.train.optim import MUON_LR_ADJUST, OPTIMIZERS, SCHEDULES, cosine_lr, wsd_lr
 
 # Names of earlier versions (and of other tools) for OptimConfig fields: one ConfigError line.
 RENAMED = {"steps": "max_iters", "warmup": "warmup_iters"}
@@ -32,15 +32,24 @@ def require_fraction(cfg: object, name: str) -> None:
 
 @dataclass
 class OptimConfig:
-    """What every run config embeds (its fields are top-level keys of the run's YAML): AdamW,
-    the warmup + cosine schedule, the number of steps, clipping, accumulation, and when the loop
-    logs, evaluates and saves. A run config redeclares a field to change its default."""
+    """What every run config embeds (its fields are top-level keys of the run's YAML): the
+    optimizer (AdamW, or Muon + AdamW) and its schedule (warmup + cosine, or warmup-stable-decay),
+    the number of steps, clipping, accumulation, and when the loop logs, evaluates and saves. A
+    run config redeclares a field to change its default. lmforge/train/optim.py has the maths."""
 
     max_iters: int = 1000  # optimizer steps (RL: rollouts)
+    optimizer: str = "adamw"  # adamw | muon (Muon for hidden matrices, AdamW at lr for the rest)
     lr: float = 1e-3
     min_lr: float = 1e-4
+    schedule: str = "cosine"  # cosine | wsd (warmup, flat at lr, linear cooldown to min_lr)
+    cooldown_frac: float = 0.2  # wsd: the last fraction of lr_decay_iters spent decaying
     warmup_iters: int = 0  # linear warmup steps (step 0 runs at lr / (warmup_iters + 1))
-    lr_decay_iters: int | None = None  # the cosine reaches min_lr here; None = max_iters
+    lr_decay_iters: int | None = None  # the schedule reaches min_lr here; None = max_iters
+    muon_lr: float = 0.02  # muon: the hidden matrices' peak lr (scheduled like lr)
+    muon_momentum: float = 0.95  # muon: Nesterov momentum
+    muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
+    ns_steps: int = 5  # muon: Newton-Schulz iterations per update
+    muon_lr_adjust: str = "original"  # muon: per-matrix lr factor (optim.MUON_LR_ADJUST)
     weight_decay: float = 0.0  # on matrices and embeddings only
     beta1: float = 0.9
     beta2: float = 0.99
@@ -58,6 +67,16 @@ class OptimConfig:
         for name in ("lr_decay_iters", "checkpoint_interval"):
             if getattr(self, name) is not None:
                 require_positive_ints(self, name)
+        require_choice("optimizer", self.optimizer, OPTIMIZERS)
+        require_choice("schedule", self.schedule, SCHEDULES)
+        require_choice("muon_lr_adjust", self.muon_lr_adjust, MUON_LR_ADJUST)
+        require_fraction(self, "cooldown_frac")
+        require_positive_ints(self, "ns_steps")
+        if not 0 <= self.muon_momentum < 1 or self.muon_lr <= 0 or self.muon_weight_decay < 0:
+            raise ConfigError(
+                f"muon_momentum must be in [0, 1), muon_lr > 0 and muon_weight_decay >= 0; got "
+                f"{self.muon_momentum}, {self.muon_lr}, {self.muon_weight_decay}"
+            )
         if self.lr <= 0 or self.min_lr < 0:
             raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
         if self.warmup_iters < 0 or self.grad_clip < 0 or self.weight_decay < 0:
@@ -67,8 +86,11 @@ class OptimConfig:
             )
 
     def lr_at(self, step: int) -> float:
-        """The learning rate of optimizer step `step` (0 for the first)."""
+        """The learning rate of optimizer step `step` (0 for the first); each param group runs
+        at this times its `lr_scale` (Muon's matrices: muon_lr / lr)."""
         decay = self.lr_decay_iters or self.max_iters
+        if self.schedule == "wsd":
+            return wsd_lr(step, self.lr, self.min_lr, self.warmup_iters, decay, self.cooldown_frac)
         return cosine_lr(step, self.lr, self.min_lr, self.warmup_iters, decay)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +135,9 @@ class TrainConfig(OptimConfig):
     block_size: int = 64
     max_iters: int = 2000
     max_time: float | None = None  # seconds; stop early when reached (same-wall-time runs)
+    # val losses whose first crossing is printed and saved (step, seconds since the run began)
+    loss_milestones: list[float] = field(default_factory=list)
+    target_loss: float | None = None  # stop at the first evaluation with val loss <= this
     warmup_iters: int = 100
     weight_decay: float = 0.1
     label_smoothing: float = 0.0
@@ -135,6 +160,10 @@ class TrainConfig(OptimConfig):
         require_positive_ints(self, "batch_size", "block_size")
         require_choice("dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         require_fraction(self, "val_fraction")
+        milestones = {float(m) for m in self.loss_milestones}
+        if self.target_loss is not None:
+            milestones.add(float(self.target_loss))
+        self.loss_milestones = sorted(milestones, reverse=True)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The ModelConfig for this run: preset, then `model:` overrides, vocab from tokenizer."""

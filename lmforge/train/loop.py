@@ -11,8 +11,9 @@ A trainer subclasses `Trainer` and supplies only what is its own:
 
 The loop does the rest the same way for every trainer:
 
-- AdamW (`build_adamw`) with linear warmup + cosine decay (`cosine_lr`). The step index is the
-  number of optimizer steps already taken: the first step runs at lr / (warmup_iters + 1).
+- AdamW, or Muon + AdamW (`build_optimizer`), with linear warmup + cosine decay (`cosine_lr`)
+  or warmup-stable-decay (`wsd_lr`). The step index is the number of optimizer steps already
+  taken: the first step runs at lr / (warmup_iters + 1).
 - Gradient accumulation over micro-batches, each weighted by its share of the batch
   (`loss_weight`: rows, or tokens for a token-mean loss), so the update is that of the whole
   batch; under torchrun the shares are of the global batch and DDP/FSDP reduce the gradients
@@ -64,7 +65,7 @@ from lmforge.train.checkpoint import (
 )
 from lmforge.train.config import OptimConfig
 from lmforge.train.metrics import MetricsLog
-from lmforge.train.optim import LossScaler, build_adamw
+from lmforge.train.optim import LossScaler, build_optimizer
 from lmforge.train.parallel import (
     Parallel,
     launched_by_torchrun,
@@ -184,7 +185,12 @@ class Trainer(ABC):
             self.loss_module = self.dist.wrap(LossModule(module, self.model_spec()))
         if not any(p.requires_grad for p in module.parameters()):
             raise ConfigError(f"{self.name}: nothing to train (every parameter is frozen)")
-        self.optimizer = build_adamw(module, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        if cfg.optimizer == "muon" and self.dist.shards_parameters:
+            raise ConfigError("optimizer: muon needs whole matrices; use parallel: ddp, not fsdp")
+        self.optimizer = build_optimizer(
+            module, cfg.optimizer, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2),
+            cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay, cfg.ns_steps, cfg.muon_lr_adjust,
+        )  # fmt: skip
         if self.dtype == "float16":
             self.scaler = LossScaler()
         if self.resume:
@@ -279,7 +285,7 @@ class Trainer(ABC):
     def set_lr(self) -> float:
         lr = self.cfg.lr_at(self.step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         return lr
 
     def train_step(self) -> dict[str, float]:

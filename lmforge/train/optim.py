@@ -1,11 +1,34 @@
-"""AdamW with the usual decay/no-decay split, and the warmup + cosine learning-rate schedule."""
+"""Optimizers and learning-rate schedules.
+
+- AdamW with the usual decay/no-decay split (`build_adamw`).
+- Muon (`Muon`, `build_optimizer(..., "muon")`): momentum SGD whose update for each hidden
+  weight matrix is orthogonalised by a Newton-Schulz iteration, with AdamW for everything else
+  (embeddings, the output head, norm gains, biases). K. Jordan et al., "Muon: An optimizer for
+  hidden layers in neural networks" (2024), https://kellerjordan.github.io/posts/muon/ ; the
+  modded-nanogpt speedrun records.
+- Schedules: linear warmup then cosine decay (`cosine_lr`, nanoGPT), or warmup-stable-decay
+  (`wsd_lr`: flat, then a linear cooldown over the last fraction; Hu et al. 2024, "MiniCPM").
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
+
+from lmforge.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "muon")
+# Muon's per-matrix lr factor for an [m, n] matrix: "original" sqrt(max(1, m/n)) (Jordan et
+# al.); "match_rms_adamw" 0.2 sqrt(max(m, n)), an update RMS like AdamW's so that AdamW's lr and
+# weight decay carry over (Liu et al. 2025, "Muon is Scalable for LLM Training", Moonlight)
+MUON_LR_ADJUST = ("original", "match_rms_adamw")
+SCHEDULES = ("cosine", "wsd")
+# Newton-Schulz quintic coefficients (a, b, c) of X <- aX + b(XX^T)X + c(XX^T)^2 X, chosen to
+# push every singular value into ~[0.7, 1.2] in 5 steps (Jordan et al. 2024)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def build_adamw(
@@ -23,6 +46,23 @@ def build_adamw(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
 
 
+def wsd_lr(
+    it: int, lr: float, min_lr: float, warmup: int, decay_iters: int, cooldown_frac: float
+) -> float:
+    """Warmup-stable-decay: the same linear warmup as `cosine_lr`, then lr until the last
+    `cooldown_frac` of decay_iters, then a straight line down to min_lr at decay_iters; flat
+    after."""
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it >= decay_iters:
+        return min_lr
+    cooldown = max(1, round(cooldown_frac * decay_iters))
+    start = decay_iters - cooldown
+    if it < start:
+        return lr
+    return lr + (min_lr - lr) * (it - start) / cooldown
+
+
 def cosine_lr(it: int, lr: float, min_lr: float, warmup: int, decay_iters: int) -> float:
     """Linear warmup to lr over `warmup` steps, cosine decay to min_lr at decay_iters, then flat."""
     if it < warmup:
@@ -31,6 +71,154 @@ def cosine_lr(it: int, lr: float, min_lr: float, warmup: int, decay_iters: int) 
         return min_lr
     ratio = (it - warmup) / max(1, decay_iters - warmup)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """An approximate orthogonalisation of `g` ([..., m, n], a batch of matrices): U S' V^T
+    where g = U S V^T and S' ~ 1 (each singular value s mapped by a fixed odd polynomial to
+    within ~[0.7, 1.2]), by `steps` quintic Newton-Schulz iterations after scaling g to unit
+    Frobenius norm. Runs in g's dtype (fp32 on a CPU: bf16 matmuls are slow without AMX)."""
+    x = g / (g.norm(dim=(-2, -1), keepdim=True) + eps)
+    wide = x.size(-2) <= x.size(-1)
+    if not wide:  # iterate on the smaller Gram matrix
+        x = x.mT
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x if wide else x.mT
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the groups marked `muon=True`, AdamW for the others, in one optimizer (one
+    state_dict, one `step`, the loop's lr schedule scaling every group through `lr_scale`).
+
+    A Muon group's update: buf <- mu buf + (1 - mu) g; u = g + mu (buf - g) with Nesterov, else
+    buf; W <- (1 - lr wd) W - lr f(m, n) NS(u) for each [m, n] matrix, f per `lr_adjust`
+    (MUON_LR_ADJUST). Matrices of the same shape are orthogonalised together (one batched
+    Newton-Schulz). torch.optim.Muon computes the same update (tests/train/test_optim.py).
+    """
+
+    def __init__(
+        self, groups: list[dict[str, Any]], lr: float = 0.02, momentum: float = 0.95,
+        nesterov: bool = True, ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8, weight_decay: float = 0.0, lr_adjust: str = "original",
+    ):  # fmt: skip
+        if lr_adjust not in MUON_LR_ADJUST:
+            raise ConfigError(f"muon_lr_adjust must be one of {', '.join(MUON_LR_ADJUST)}; "
+                              f"got {lr_adjust!r}")  # fmt: skip
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+                        betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
+                        lr_adjust=lr_adjust)  # fmt: skip
+        super().__init__(groups, defaults)
+        for group in self.param_groups:
+            if group["muon"] and any(p.dim() != 2 for p in group["params"]):
+                raise ConfigError("Muon updates 2-D matrices only; put the others in AdamW groups")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                (self._muon if group["muon"] else self._adamw)(group, params)
+        return loss
+
+    def _muon(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+        by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for p in params:
+            by_shape.setdefault(tuple(p.shape), []).append(p)
+        for (m, n), same in by_shape.items():
+            grads = [p.grad for p in same]
+            bufs = []
+            for p in same:
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(self.state[p]["momentum_buffer"])
+            torch._foreach_lerp_(bufs, grads, 1 - mu)
+            if group["nesterov"]:
+                updates = torch._foreach_lerp(grads, bufs, mu)
+            else:
+                updates = bufs
+            ortho = newton_schulz(torch.stack(updates), group["ns_steps"])
+            if wd:
+                torch._foreach_mul_(same, 1 - lr * wd)
+            if group["lr_adjust"] == "original":
+                factor = max(1.0, m / n) ** 0.5
+            else:  # match_rms_adamw
+                factor = 0.2 * max(m, n) ** 0.5
+            torch._foreach_add_(same, list(ortho.unbind(0)), alpha=-lr * factor)
+
+    def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        for p in params:
+            if not self.state[p]:
+                self.state[p].update(step=torch.zeros(()), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))  # fmt: skip
+        states = [self.state[p] for p in params]
+        grads = [p.grad for p in params]
+        exp_avg = [s["exp_avg"] for s in states]
+        exp_avg_sq = [s["exp_avg_sq"] for s in states]
+        for s in states:
+            s["step"] += 1
+        step = float(states[0]["step"])  # a group's parameters step together
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, 1 - beta2)
+        denom = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denom, math.sqrt(1 - beta2**step))
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, exp_avg, denom, -lr / (1 - beta1**step))
+
+
+def hidden_matrices(model: nn.Module) -> set[int]:
+    """ids of the parameters Muon should update: the weight matrices of the nn.Linear layers,
+    except an output head (a module named lm_head) and any matrix tied to an embedding."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return {
+        id(m.weight) for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.weight.requires_grad
+        and name.rpartition(".")[2] != "lm_head" and id(m.weight) not in embeddings
+    }  # fmt: skip
+
+
+def build_optimizer(
+    model: nn.Module, kind: str, lr: float, weight_decay: float, betas: tuple[float, float],
+    muon_lr: float = 0.02, muon_momentum: float = 0.95, muon_weight_decay: float = 0.0,
+    ns_steps: int = 5, muon_lr_adjust: str = "original",
+) -> torch.optim.Optimizer:  # fmt: skip
+    """The optimizer a run config names (OPTIMIZERS). Every param group carries `lr_scale`,
+    its learning rate over `lr`, so the schedule (which computes lr) moves all of them.
+
+    muon: Muon at muon_lr with muon_weight_decay for the hidden matrices (`hidden_matrices`),
+    AdamW at lr for the rest (weight_decay on embeddings and the head, none on gains, biases).
+    """
+    if kind == "adamw":
+        optimizer = build_adamw(model, lr, weight_decay, betas)
+    elif kind == "muon":
+        hidden = hidden_matrices(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if id(p) in hidden], "muon": True, "lr": muon_lr,
+             "lr_scale": muon_lr / lr, "weight_decay": muon_weight_decay},
+            {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2]},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]  # fmt: skip
+        groups = [g for g in groups if g["params"]]
+        optimizer = Muon(groups, lr=lr, momentum=muon_momentum, ns_steps=ns_steps, betas=betas,
+                         weight_decay=weight_decay, lr_adjust=muon_lr_adjust)  # fmt: skip
+    else:
+        raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {kind!r}")
+    for group in optimizer.param_groups:
+        group.setdefault("lr_scale", 1.0)
+    return optimizer
 
 
 class LossScaler:

@@ -115,6 +115,8 @@ class Pretrainer(Trainer):
     dcp_state = True  # under torchrun: a sharded checkpoint, every rank writing its part
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
+        self.began = time.perf_counter()  # milestone times count from here: setup included
+        self.milestones: dict[str, dict[str, float]] = {}  # "1.89" -> step, seconds, val loss
         # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/parallel.py)
         self.open_run(cfg, setup_parallel(cfg, require_device(cfg.device)), resume, log)
         self.dtype = training_dtype(cfg.dtype, self.device)
@@ -167,6 +169,9 @@ class Pretrainer(Trainer):
         aux = self.model.aux_loss()  # MoE load balancing (λ·L_aux); None when dense
         return (loss if aux is None else loss + aux), {}
 
+    def should_stop(self, evaluated: dict[str, float]) -> bool:
+        return self.cfg.target_loss is not None and evaluated["val_loss"] <= self.cfg.target_loss
+
     def out_of_time(self) -> bool:
         return self.cfg.max_time is not None and self.elapsed >= self.cfg.max_time
 
@@ -188,12 +193,31 @@ class Pretrainer(Trainer):
     def log_evaluation(self, r: dict[str, float]) -> None:
         self.metrics.log(self.step, "val", loss=r["val_loss"], ppl=r["val_ppl"], bpb=r["val_bpb"])
         self.metrics.log(self.step, "train_eval", loss=r["train_loss"])
+        seconds = time.perf_counter() - self.began
+        for m in self.cfg.loss_milestones:
+            if r["val_loss"] <= m and f"{m:g}" not in self.milestones:
+                self.milestones[f"{m:g}"] = {"step": self.step, "seconds": seconds,
+                                             "val_loss": r["val_loss"]}  # fmt: skip
 
     def eval_line(self, r: dict[str, float]) -> str:
+        reached = [f"{k} at {v['seconds']:.1f} s" for k, v in self.milestones.items()
+                   if v["step"] == self.step]  # fmt: skip
         return (
             f"step {self.step}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
             f"val ppl {r['val_ppl']:.2f}, val bpb {r['val_bpb']:.4f}"
+            + (f"; val loss reached {', '.join(reached)}" if reached else "")
         )
+
+    def extra_state(self) -> dict:
+        return {"milestones": self.milestones}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.milestones = dict(state.get("milestones", {}))
+
+    def finish(self, result: dict) -> dict:
+        """The milestones reached (val loss -> step, seconds since the run began) go in the
+        run's final_metrics.json."""
+        return {**result, "milestones": self.milestones}
 
     def samples(self, n: int | None = None, max_new_tokens: int | None = None) -> list[str]:
         """A few text samples from the current model (temperature 0.8, top-k 200 like nanoGPT)."""

@@ -88,3 +88,23 @@ def test_cpu_bf16_autocast_trains_and_stays_close_to_fp32():
     loss = torch.nn.functional.cross_entropy(low.float().reshape(-1, 40), ids.reshape(-1))
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_relu2_mlp_matches_transformers_relu_squared():
+    from transformers.activations import ACT2FN  # the oracle: HF's ReLUSquaredActivation
+
+    model = tiny(mlp="relu2")
+    mlp = model.blocks[0].mlp
+    x = torch.randn(3, 5, 32)
+    expected = mlp.down_proj(ACT2FN["relu2"](mlp.up_proj(x)))
+    torch.testing.assert_close(mlp(x), expected)
+
+
+def test_zero_init_proj_starts_every_block_as_the_identity():
+    model = tiny(zero_init_proj=True)
+    for block in model.blocks:
+        assert not block.attn.o_proj.weight.any() and not block.mlp.down_proj.weight.any()
+        assert block.mlp.up_proj.weight.std() > 0.01  # the rest keeps its random init
+    ids = torch.randint(0, 40, (2, 7))
+    embedded = model.embed(ids) + model.abs_pos(torch.arange(7))
+    torch.testing.assert_close(model.hidden_states(ids), embedded)

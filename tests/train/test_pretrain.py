@@ -47,10 +47,11 @@ def test_run_writes_checkpoint_metrics_and_plot(tmp_path):
     assert train_losses(out)[-1] < train_losses(out)[0]
 
 
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_continues_exactly(tmp_path, optimizer):
     # two data lanes and dropout: both lane streams and the masks must continue exactly
-    lanes = dict(grad_accum=2, model=dict(n_layer=1, n_head=2, d_model=16, max_seq_len=16,
-                                          dropout=0.1))  # fmt: skip
+    model = dict(n_layer=1, n_head=2, d_model=16, max_seq_len=16, dropout=0.1)
+    lanes = dict(grad_accum=2, optimizer=optimizer, model=model)
     full = Pretrainer(config(tmp_path / "a", **lanes), log=lambda *_: None)
     reference = [full.train_step() for _ in range(12)]
 
@@ -200,3 +201,27 @@ def test_redirected_run_logs_plain_lines(tmp_path, capsys):
     assert "\r" not in err
     assert "pretraining: 12/12 it" in err and "step 6: train" in err
     assert len(err.splitlines()) <= 6  # evaluations, tokenizing and closing lines only
+
+
+def test_loss_milestones_and_target_loss(tmp_path):
+    cfg = config(tmp_path, loss_milestones=[9.0, 0.0], target_loss=4.0, max_iters=40,
+                 eval_interval=4, lr=1e-2)  # fmt: skip
+    assert cfg.loss_milestones == [9.0, 4.0, 0.0]  # the target is a milestone too
+    lines = []
+    trainer = Pretrainer(cfg, log=lines.append)
+    result = trainer.run()
+    reached = result["milestones"]
+    assert set(reached) == {"9", "4"}  # 0.0 is never reached
+    assert reached["9"]["step"] <= reached["4"]["step"] == result["step"] < 40  # stopped there
+    assert reached["4"]["val_loss"] <= 4.0 and reached["4"]["seconds"] > 0
+    saved = json.loads((tmp_path / "run" / "final_metrics.json").read_text())
+    assert saved["milestones"] == reached
+
+
+def test_muon_wsd_run_learns(tmp_path):
+    cfg = config(tmp_path, optimizer="muon", schedule="wsd", muon_lr=0.05, lr=1e-2, max_iters=30,
+                 model=dict(n_layer=1, n_head=2, d_model=16, max_seq_len=16, mlp="relu2",
+                            qk_norm=True, zero_init_proj=True))  # fmt: skip
+    result = Pretrainer(cfg, log=lambda *_: None).run()
+    losses = train_losses(tmp_path / "run")
+    assert losses[-1] < losses[0] - 0.5 and math.isfinite(result["val_loss"])
