@@ -153,6 +153,9 @@ class LM:
         draft: a smaller LM with the same vocabulary for speculative decoding (draft_tokens
         proposals per target forward; same output distribution, greedy output unchanged)."""
         params = GenerationParams(max_new_tokens, stop_token_ids=self._eos_ids(eos_ids), **sampling)
+        if isinstance(prompts, str) or any(isinstance(p, str) for p in prompts):
+            raise ConfigError("LM.generate takes token ids (a list of lists of ints); for text "
+                              "use LM.complete(texts) or LM.chat(messages)")  # fmt: skip
         rows = [[int(t) for t in p] for p in prompts]
         return [c.token_ids for c in self._run(rows, params, n, None, draft, draft_tokens)]
 
@@ -193,6 +196,46 @@ class LM:
             for out in engine.stream(ids, params):
                 if out.text:
                     yield out.text
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        response_format: dict | None = None,
+        max_new_tokens: int = 256,
+        parallel_tool_calls: bool = True,
+        **sampling: Any,
+    ) -> dict[str, Any]:
+        """One assistant reply to an OpenAI-style conversation, as an OpenAI message dict
+        ({"role": "assistant", "content": ..., "tool_calls": [...]} when it calls tools).
+
+        The same code path as the server's /v1/chat/completions (lmforge.chat_completion):
+        tools rendered through the chat template (or the generic format), tool_choice
+        "auto" / "none" / "required" / {"type": "function", "function": {"name": ...}} (the last
+        two enforced by constrained decoding), response_format {"type": "json_object"} or
+        {"type": "json_schema", "json_schema": {"schema": {...}}}. `sampling`: GenerationParams
+        fields (temperature, top_p, seed, ...)."""
+        from lmforge.chat_completion import assistant_message, plan_chat
+
+        tok = self._require_tokenizer()
+        stop_ids = tok.chat_stop_ids(self._eos_ids(None))
+        plan = plan_chat(tok, lambda: self.grammars(stop_ids), messages, tools, tool_choice,
+                         response_format, parallel_tool_calls)  # fmt: skip
+        params = GenerationParams(max_new_tokens, stop_token_ids=stop_ids,
+                                  constraint=plan.constraint, **sampling)  # fmt: skip
+        rows = [tok.encode(plan.prompt)]
+        (completion,) = self._run(rows, params, 1, tok, None, 4)
+        message, _ = assistant_message(completion.text, plan)
+        return message
+
+    def grammars(self, stop_ids: Sequence[int] | None = None):
+        """Grammar constraints for this model's tokenizer (lmforge.infer.structured.Grammars),
+        ending at `stop_ids` (default: the EOS ids)."""
+        from lmforge.infer.structured import Grammars
+
+        stop = list(stop_ids) if stop_ids is not None else self._eos_ids(None)
+        return Grammars(self._require_tokenizer(), self.config.vocab_size, stop)
 
     @contextmanager
     def _engine(self, rows, params, n, tokenizer, draft, draft_tokens) -> Iterator[Engine]:
