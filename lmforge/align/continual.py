@@ -21,12 +21,12 @@ import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import sft_loss
+from lmforge.align.logprobs import lm_sft_loss
 from lmforge.align.regularizers import (
     diagonal_fisher,
-    distillation_loss,
     ewc_penalty,
     l2_to_reference,
+    lm_distillation_loss,
 )
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.align.trainer import frozen_copy
@@ -109,11 +109,8 @@ class Replay(Regularizer):
         t = self.trainer
         rows = self.rng.sample(t.old_train, min(t.cfg.batch_size, len(t.old_train)))
         b = t.collate(rows)
-        with torch.no_grad():
-            teacher = self.teacher(b["input_ids"])
-        student = t.lm.model(b["input_ids"])
-        temp = t.cfg.replay_temperature
-        return distillation_loss(student, teacher, temp, b["attention_mask"])
+        return lm_distillation_loss(t.lm.model, self.teacher, b["input_ids"],
+                                    t.cfg.replay_temperature, b["attention_mask"])  # fmt: skip
 
 
 REGULARIZERS: dict[str, Callable[[Any], Regularizer]] = {
@@ -154,7 +151,7 @@ class ContinualTrainer(SFTTrainer):
 
     def sft_batch_loss(self, rows: list[D.SFTExample]) -> Tensor:
         b = self.collate(rows)
-        return sft_loss(self.lm.model(b["input_ids"]), b["labels"])
+        return lm_sft_loss(self.lm.model, b["input_ids"], b["labels"])
 
     def loss(self, batch):
         new, _ = super().loss(batch)

@@ -15,20 +15,24 @@ accuracy is the headline metric.
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import sequence_logprobs
+from lmforge.align.logprobs import lm_sequence_logprobs
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.reward import PAIR_SOURCES, PairSourceConfig, data_pairs
 from lmforge.align.sft import GenerationEvalConfig, generation_records, greedy_accuracy
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, require_choice
+from lmforge.model.modes import eval_mode
 from lmforge.peft.config import PeftConfig, apply_peft
+from lmforge.peft.lora import adapters_disabled
 
 
 @dataclass
@@ -78,8 +82,7 @@ class DPOConfig(PairSourceConfig, GenerationEvalConfig, PreferenceConfig):
 def completion_logprobs(model, batch: dict[str, Tensor]) -> Tensor:
     """Σ log p(token) over completion tokens for every row of a right-padded batch -> [rows]."""
     # Right padding never changes the real tokens' logits under causal attention: no mask needed.
-    logits = model(batch["input_ids"])
-    return sequence_logprobs(logits[:, :-1], batch["labels"][:, 1:])
+    return lm_sequence_logprobs(model, batch["input_ids"], batch["labels"])
 
 
 class PreferenceTrainer(AlignTrainer, abc.ABC):
@@ -133,7 +136,7 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
 
 
 class DPOTrainer(PreferenceTrainer):
-    """DPO against a frozen copy of the starting policy."""
+    """DPO against the starting policy π_ref (how it is kept: `setup_reference`)."""
 
     name = "dpo"
 
@@ -153,24 +156,46 @@ class DPOTrainer(PreferenceTrainer):
         return result
 
     def setup_reference(self) -> None:
-        self.ref = frozen_copy(self.lm.model)
-        self.ref_train = self._ref_logps(self.train_examples) if self.cfg.precompute_ref else None
+        """Runs before PEFT wraps the policy, which is then still π_ref: it scores the held-out
+        pairs (and every training pair with precompute_ref) itself. A per-step reference is a
+        frozen copy, or for LoRA the policy with its adapters switched off (no second copy of
+        the weights, as TRL with a PEFT model; not under FSDP, whose shards the reference
+        forward outside the loss would not see whole)."""
+        cfg = self.cfg
+        self.ref = None
+        if not cfg.precompute_ref and not (cfg.peft == "lora" and not self.dist.shards_parameters):
+            self.ref = frozen_copy(self.lm.model)
+        self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
 
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """π_ref for the body, in eval mode: the frozen copy, else the policy with its LoRA
+        adapters off (before PEFT: the policy itself)."""
+        if self.ref is not None:
+            yield self.ref
+            return
+        with eval_mode(self.lm.model), adapters_disabled(self.lm.model) as model:
+            yield model
+
     @torch.no_grad()
+    def reference_logprobs(self, batch: dict[str, Tensor]) -> Tensor:
+        """[pairs, 2] reference log-probs (chosen, rejected) of a collated batch."""
+        with self.reference() as ref:
+            return completion_logprobs(ref, batch).view(2, -1).T
+
     def _ref_logps(self, examples) -> Tensor:
         """[N, 2] reference log-probs (chosen, rejected) for every pair."""
         batches = (self.collate(examples[i : i + 64], D.collate_preferences)
                    for i in range(0, len(examples), 64))  # fmt: skip
-        return torch.cat([completion_logprobs(self.ref, b).view(2, -1).T for b in batches])
+        return torch.cat([self.reference_logprobs(b) for b in batches])
 
     def batch(self, indices):
         b = super().batch(indices)
         if self.ref_train is not None:
             b["ref"] = self.ref_train[indices]
         else:
-            with torch.no_grad():
-                b["ref"] = completion_logprobs(self.ref, b).view(2, -1).T
+            b["ref"] = self.reference_logprobs(b)
         return b
 
     def eval_batch(self, start, stop):

@@ -37,20 +37,19 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lmforge.align.logprobs import masked_mean, masked_whiten, token_logprobs
+from lmforge.align.logprobs import masked_mean, masked_whiten
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rl_losses import (
     AdaptiveKLController,
     FixedKLController,
     dones_from_mask,
-    entropy_from_logits,
     gae,
     kl_per_token,
     ppo_policy_loss,
     ppo_value_loss,
     shape_rewards,
 )
-from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_logits
+from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_stats
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
 from lmforge.fileio import read_json, save_tensors, write_json
 from lmforge.train.checkpoint import model_state
@@ -284,14 +283,21 @@ class PPOTrainer(RLTrainer):
     def _minibatch_loss(self, mb: Rollout, beta: float) -> tuple[Tensor, dict[str, float]]:
         cfg: PPOConfig = self.cfg
         mask = mb.completion_mask
-        logits, hidden = completion_logits(
-            self.lm.model, mb.input_ids, mb.attention_mask, mb.prompt_width, cfg.temperature
+        labels = mb.completion_ids.masked_fill(mask == 0, -100)
+        stats, hidden = completion_stats(
+            self.lm.model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.prompt_width,
+            cfg.temperature,
+            labels,
+            entropy=True,
         )
-        logp = token_logprobs(logits, mb.completion_ids.masked_fill(mask == 0, -100))
+        logp = stats.logp  # fmt: skip
         values = self.critic(hidden, mb.input_ids, mb.attention_mask, mb.prompt_width)
         pg, pstats = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mask, cfg.clip_eps)
         vf = ppo_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
-        entropy = entropy_from_logits(logits, mask)
+        entropy = masked_mean(stats.entropy, mask)
         penalty = kl_penalty(cfg.variant, logp, mb.ref_logprobs, mask, beta)
         loss = cfg.vf_coef * vf
         if self.step >= cfg.critic_warmup:  # during warm-up only the critic learns

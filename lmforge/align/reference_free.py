@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from lmforge.align import data as D
 from lmforge.align.dpo import PreferenceConfig, PreferenceTrainer
-from lmforge.align.logprobs import sequence_logprobs, sft_loss
+from lmforge.align.logprobs import TokenStats, lm_token_stats, nll_from_stats
 from lmforge.align.preference_losses import CPO_LOSS_TYPES, cpo_loss, orpo_loss
 from lmforge.errors import ConfigError, require_choice
 
@@ -59,18 +61,26 @@ class SimPOConfig(PreferenceConfig):
                               f"{self.cpo_alpha}, {self.label_smoothing}")  # fmt: skip
 
 
+def completion_mean(logp: Tensor, labels: Tensor) -> Tensor:
+    """Mean per-token log-prob [B, T-1] over each row's completion tokens (HF-style labels)."""
+    mask = (labels[:, 1:] != D.IGNORE).to(logp.dtype)
+    return (logp * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+
+
 class ORPOTrainer(PreferenceTrainer):
     """ORPO: SFT on the chosen responses plus an odds-ratio preference term, no reference."""
 
     name = "orpo"
 
     def pair_loss(self, batch):
-        logits = self.lm.model(batch["input_ids"])
-        n = len(logits) // 2
-        avg = sequence_logprobs(logits[:, :-1], batch["labels"][:, 1:], average=True)
-        # TRL's NLL: every real token of the chosen rows, prompt included (attention mask)
-        ids = batch["input_ids"][:n]
-        nll = sft_loss(logits[:n], ids.masked_fill(batch["attention_mask"][:n] == 0, D.IGNORE))
+        ids = batch["input_ids"]
+        n = len(ids) // 2
+        # log-probs of every real token (one chunked head pass): TRL's NLL counts the chosen
+        # rows' prompt too (attention mask), the odds ratio only completions (labels)
+        real = ids.masked_fill(batch["attention_mask"] == 0, D.IGNORE)
+        stats = lm_token_stats(self.lm.model, ids, real)
+        avg = completion_mean(stats.logp, batch["labels"])
+        nll = nll_from_stats(TokenStats(stats.logp[:n], None, None), real[:n, 1:] != D.IGNORE)
         loss, _ = orpo_loss(avg[:n], avg[n:], nll, self.cfg.beta)
         rewards = (self.cfg.beta * avg).detach()
         return loss, rewards[:n], rewards[n:]
@@ -83,14 +93,18 @@ class SimPOTrainer(PreferenceTrainer):
 
     def pair_loss(self, batch):
         cfg: SimPOConfig = self.cfg
-        logits = self.lm.model(batch["input_ids"])
-        n = len(logits) // 2
+        labels = batch["labels"]
+        n = len(labels) // 2
+        stats = lm_token_stats(self.lm.model, batch["input_ids"], labels)
         # SimPO and IPO compare length-averaged log-probs, CPO and hinge summed ones (as TRL)
-        average = cfg.loss_type in ("simpo", "ipo")
-        lp = sequence_logprobs(logits[:, :-1], batch["labels"][:, 1:], average=average)
+        if cfg.loss_type in ("simpo", "ipo"):
+            lp = completion_mean(stats.logp, labels)
+        else:
+            lp = stats.logp.sum(-1)  # 0 on prompt and padding tokens
         loss = cpo_loss(lp[:n], lp[n:], cfg.beta, cfg.loss_type, cfg.label_smoothing,
                         cfg.simpo_gamma)  # fmt: skip
         if cfg.cpo_alpha > 0:  # NLL of the chosen responses only (labels mask the prompt)
-            loss = loss + cfg.cpo_alpha * sft_loss(logits[:n], batch["labels"][:n])
+            chosen = TokenStats(stats.logp[:n], None, None)
+            loss = loss + cfg.cpo_alpha * nll_from_stats(chosen, labels[:n, 1:] != D.IGNORE)
         rewards = (cfg.beta * lp).detach()
         return loss, rewards[:n], rewards[n:]

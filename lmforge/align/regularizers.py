@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.align.logprobs import masked_mean
+from lmforge.align.logprobs import chunk_tokens, lm_head_fn, map_token_chunks, masked_mean
 from lmforge.errors import LMForgeError
 
 Params = nn.Module | Mapping[str, Tensor]
@@ -77,3 +77,34 @@ def distillation_loss(
     q = F.log_softmax(teacher_logits.float().detach() / t, dim=-1)
     kl = (q.exp() * (q - s)).sum(-1) * t * t
     return kl.mean() if mask is None else masked_mean(kl, mask)
+
+
+def lm_distillation_loss(
+    student: nn.Module,
+    teacher: nn.Module,
+    input_ids: Tensor,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """`distillation_loss(student(input_ids), teacher(input_ids), temperature, mask)` with both
+    LM heads applied a chunk of tokens at a time (logprobs.map_token_chunks), so neither model's
+    [B, T, V] logits are ever built."""
+    with torch.no_grad():
+        teacher_h = teacher.hidden_states(input_ids)
+    student_h = student.hidden_states(input_ids)
+    head_s, head_t = lm_head_fn(student), lm_head_fn(teacher)
+    t = temperature
+
+    def kl(hs: Tensor, ht: Tensor) -> tuple[Tensor]:
+        s = F.log_softmax(head_s(student.norm(hs)).float() / t, dim=-1)
+        with torch.no_grad():
+            q = F.log_softmax(head_t(teacher.norm(ht)).float() / t, dim=-1)
+        return ((q.exp() * (q - s)).sum(-1) * t * t,)
+
+    b, n, d = student_h.shape
+    (per_token,) = map_token_chunks(
+        kl, [student_h.reshape(-1, d), teacher_h.reshape(-1, d)],
+        chunk_tokens(student.config.vocab_size),
+    )  # fmt: skip
+    per_token = per_token.view(b, n)
+    return per_token.mean() if mask is None else masked_mean(per_token, mask)

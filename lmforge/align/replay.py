@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lmforge.align.logprobs import sft_loss
+from lmforge.align.logprobs import lm_sft_loss
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 
 
@@ -129,7 +129,7 @@ class Replay:
     def loss(self, model: nn.Module, step: int) -> Tensor:
         """Mean next-token cross-entropy of `model` on this step's windows."""
         ids = self.windows(step)
-        return sft_loss(model(ids), ids)
+        return lm_sft_loss(model, ids, ids)
 
 
 def with_replay(trainer: Any, loss: Tensor, stats: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:

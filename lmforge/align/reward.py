@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import last_index, sft_loss
+from lmforge.align.logprobs import head_token_stats, last_index, lm_head_fn, nll_from_stats
 from lmforge.align.preference_losses import (
     bradley_terry_loss,
     hinge_loss,
@@ -113,18 +113,18 @@ class RewardModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Rewards [B] for token ids [B, T] (attention_mask 1 = real token, 0 = padding)."""
-        return self.rewards_and_logits(input_ids, attention_mask, with_logits=False)[0]
+        return self.rewards_and_hidden(input_ids, attention_mask)[0]
 
-    def rewards_and_logits(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, with_logits: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
-        """(rewards [B], the backbone's next-token logits [B, T, V] or None) from one pass."""
+    def rewards_and_hidden(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(rewards [B], the backbone's final-normed hidden states [B, T, d]) from one pass; the
+        hidden states feed the backbone's LM head for the optional language-modelling loss."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         h = self.backbone.norm(self.backbone.hidden_states(input_ids, attention_mask))
         pooled = POOLING[self.pooling](h, attention_mask, input_ids, self)
-        logits = self.backbone.lm_head(h * self.backbone.output_scale) if with_logits else None
-        return self.head(pooled).squeeze(-1).float(), logits
+        return self.head(pooled).squeeze(-1).float(), h
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         LM(self.backbone, tokenizer).save(path)
@@ -329,16 +329,17 @@ class RewardTrainer(AlignTrainer):
         return self.collate([self.train_examples[i] for i in indices], D.collate_preferences)
 
     def loss(self, batch):
-        with_lm = self.cfg.lm_weight > 0
-        r, logits = self.rm.rewards_and_logits(batch["input_ids"], batch["attention_mask"], with_lm)
+        r, hidden = self.rm.rewards_and_hidden(batch["input_ids"], batch["attention_mask"])
         rc, rr = r.chunk(2)
         loss = REWARD_LOSSES[self.cfg.loss](rc, rr, self.cfg.margin, self.cfg.target_gap)
         if self.cfg.center_rewards:
             loss = loss + self.cfg.center_rewards * reward_centering(rc, rr)
         stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
-        if with_lm:
-            n = rc.shape[0]
-            lm_loss = sft_loss(logits[:n], batch["labels"][:n])
+        if self.cfg.lm_weight > 0:  # next-token loss on the chosen responses, chunked head
+            labels = batch["labels"][: rc.shape[0], 1:]
+            head = lm_head_fn(self.rm.backbone)
+            chosen = head_token_stats(head, hidden[: rc.shape[0], :-1], labels)
+            lm_loss = nll_from_stats(chosen, labels != D.IGNORE)
             loss = loss + self.cfg.lm_weight * lm_loss
             stats["lm_loss"] = lm_loss.item()
         return loss, stats

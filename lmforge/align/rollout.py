@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lmforge.align.logprobs import token_logprobs
+from lmforge.align.logprobs import TokenStats, head_token_stats, lm_head_fn
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.engine import Engine
@@ -59,26 +59,41 @@ def completion_hidden(
 def completion_logits(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, start: int, temperature=1.0
 ) -> tuple[Tensor, Tensor]:
-    """(logits [B, C, V], hidden states [B, C, d]) that score ``input_ids[:, start:]``; the LM
-    head runs on those C positions only.
+    """(logits [B, C, V], hidden states [B, C, d]) that score ``input_ids[:, start:]``, divided
+    by the sampling temperature. Builds the whole [B, C, V] tensor: the trainers go through
+    `completion_stats` instead; this is for inspecting a few positions."""
+    h = completion_hidden(model, input_ids, attention_mask, start)
+    return lm_head_fn(model, temperature)(h), h
+
+
+def completion_stats(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    start: int,
+    temperature=1.0,
+    labels: Tensor | None = None,
+    entropy: bool = False,
+) -> tuple[TokenStats, Tensor]:
+    """(`TokenStats` [B, C] of the completion tokens ``input_ids[:, start:]``, final-normed
+    hidden states [B, C, d]) with the LM head applied a chunk of tokens at a time
+    (logprobs.head_token_stats), so the [B, C, V] logits are never built.
 
     Logits are divided by the sampling temperature, so log-probs are those of the distribution
-    the tokens were actually drawn from (TRL does the same).
-    """
+    the tokens were actually drawn from (TRL does the same). `labels` [B, C] default to the
+    completion tokens with padding ignored."""
     h = completion_hidden(model, input_ids, attention_mask, start)
-    logits = model.lm_head(h * getattr(model, "output_scale", 1.0))  # as forward() (logit scaling)
-    if temperature not in (0, 1):
-        logits = logits / temperature
-    return logits, h
+    if labels is None:
+        labels = input_ids[:, start:].masked_fill(attention_mask[:, start:] == 0, -100)
+    stats = head_token_stats(lm_head_fn(model, temperature), h, labels, entropy=entropy)
+    return stats, h
 
 
 def completion_logprobs(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, start: int, temperature=1.0
 ) -> Tensor:
     """log π(token) for every completion token → [B, C] (0 where the completion is padding)."""
-    logits, _ = completion_logits(model, input_ids, attention_mask, start, temperature)
-    labels = input_ids[:, start:].masked_fill(attention_mask[:, start:] == 0, -100)
-    return token_logprobs(logits, labels)
+    return completion_stats(model, input_ids, attention_mask, start, temperature)[0].logp
 
 
 class ValueHead(nn.Module):
@@ -251,9 +266,9 @@ class RolloutEngine:
         labels = rollout.completion_ids.masked_fill(rollout.completion_mask == 0, -100)
         if keep_logprobs or self.value_fn is not None:
             with eval_mode(self.policy):
-                logits, hidden = completion_logits(self.policy, *args)
+                stats, hidden = completion_stats(self.policy, *args, labels=labels)
             if keep_logprobs:
-                rollout.old_logprobs = token_logprobs(logits, labels)
+                rollout.old_logprobs = stats.logp
             if self.value_fn is not None:
                 rollout.values = self.value_fn(hidden, rollout) * rollout.completion_mask
         if self.reference is not None:

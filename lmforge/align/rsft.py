@@ -2,7 +2,7 @@
 
 Each round samples N completions (`group_size`) for `batch_size` prompts, scores them with a
 frozen reward (a verifier or a reward model), keeps some per prompt, and fine-tunes on the kept
-(prompt, completion) pairs with the SFT loss (response tokens only, `losses.sft_loss`) for
+(prompt, completion) pairs with the SFT loss (response tokens only, `logprobs.lm_sft_loss`) for
 `sft_epochs` passes. `max_iters` is the number of rounds; the mean reward of each round's samples
 is the curve that should rise.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lmforge.align.logprobs import sft_loss
+from lmforge.align.logprobs import lm_sft_loss
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
@@ -88,7 +88,7 @@ class RSFTTrainer(RLTrainer):
         """The SFT loss of a minibatch of kept samples: on their completion tokens only."""
         labels = mb.input_ids.masked_fill(mb.attention_mask == 0, -100)
         labels[:, : mb.prompt_width] = -100
-        return sft_loss(self.lm.model(mb.input_ids, attention_mask=mb.attention_mask), labels), {}
+        return lm_sft_loss(self.lm.model, mb.input_ids, labels, mb.attention_mask), {}
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg: RSFTConfig = self.cfg

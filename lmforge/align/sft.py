@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import sft_loss
+from lmforge.align.logprobs import lm_sft_loss
 from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.trainer import AlignConfig, AlignTrainer, eval_source
 from lmforge.errors import ConfigError
@@ -89,8 +89,8 @@ class SFTTrainer(AlignTrainer):
     def loss(self, batch):
         # Right padding: causal attention never lets a real token see the padding after it,
         # so no attention mask is needed (and SDPA keeps its fast causal path).
-        logits = self.lm.model(batch["input_ids"])
-        loss = sft_loss(logits, batch["labels"], label_smoothing=self.cfg.label_smoothing)
+        loss = lm_sft_loss(self.lm.model, batch["input_ids"], batch["labels"],
+                           label_smoothing=self.cfg.label_smoothing)  # fmt: skip
         return with_replay(self, loss, {})  # + replay_coef x LM loss on pretraining text
 
     def loss_weight(self, batch) -> float:
@@ -103,7 +103,7 @@ class SFTTrainer(AlignTrainer):
         for i in range(0, len(examples), self.cfg.batch_size):
             b = self.collate(examples[i : i + self.cfg.batch_size])
             n = self.loss_weight(b)
-            total += sft_loss(self.lm.model(b["input_ids"]), b["labels"]).item() * n
+            total += lm_sft_loss(self.lm.model, b["input_ids"], b["labels"]).item() * n
             count += n
         return total / max(1, count)
 

@@ -57,7 +57,12 @@ from lmforge.peft.export import export_peft
 from lmforge.tasks.synthetic import ALPHABET
 from lmforge.train.config import OptimConfig
 from lmforge.train.loop import Trainer, split_rows
-from lmforge.train.parallel import PARALLEL, init_parallel, launched_by_torchrun
+from lmforge.train.parallel import (
+    PARALLEL,
+    enable_activation_checkpointing,
+    init_parallel,
+    launched_by_torchrun,
+)
 from lmforge.train.samplers import EpochSampler, check_world_size
 
 
@@ -87,6 +92,7 @@ class AlignConfig(OptimConfig):
     device: str = "auto"
     threads: int | None = None  # CPU threads; 1 is fastest for tiny models on a busy machine
     parallel: str = "ddp"  # under torchrun: ddp (full replica per rank) | fsdp (FSDP2 shards)
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,7 +170,7 @@ class AlignTrainer(Trainer, ABC):
                 "DPO, reward models and GRPO)"
             )
         # one process, or one rank of a torchrun job (DDP; lmforge/train/parallel.py)
-        dist = init_parallel(cfg.parallel, require_device(cfg.device))
+        dist = init_parallel(cfg.parallel, require_device(cfg.device), cfg.activation_checkpointing)
         dist.sync_buffers = False  # RoPE tables, NF4 weights: identical, never trained
         self.config_file = f"{self.name}_config.json"
         self.open_run(cfg, dist, resume, log)
@@ -178,6 +184,8 @@ class AlignTrainer(Trainer, ABC):
             self.num_examples(), cfg.batch_size, cfg.seed, self.dist.rank, self.dist.world_size
         )
         module = self.trainable_module()
+        if cfg.activation_checkpointing:  # after setup: frozen copies (π_ref) stay as they are
+            enable_activation_checkpointing(module)
         self.start(module)
         params = [p for p in module.parameters() if p.requires_grad]
         n_train, n_all = sum(p.numel() for p in params), sum(p.numel() for p in module.parameters())

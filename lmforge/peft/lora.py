@@ -10,9 +10,10 @@ that came from a transformers family the modules are named as in that transforme
 keeps lmforge's module names. ``load_adapter`` reads both, and adapters HF PEFT trained.
 """
 
+import contextlib
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class LoRALinear(nn.Module):
         nn.init.zeros_(self.lora_B.weight)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.merged = False
+        self.disabled = False  # adapters_disabled: the base layer alone
 
     def _init_base(self, base: nn.Module) -> None:
         base.requires_grad_(False)
@@ -71,7 +73,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.base_forward(x)
-        if self.merged:  # the update is already inside the weight; adding it again double counts
+        # merged: the update is already inside the weight; adding it again double counts
+        if self.merged or self.disabled:
             return out
         h = self.lora_dropout(x).to(self.lora_A.weight.dtype)
         return out + (self.lora_B(self.lora_A(h)) * self.scaling).to(out.dtype)
@@ -99,6 +102,23 @@ class LoRALinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, r={self.r}, alpha={self.alpha}"
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` with every LoRA layer computing its frozen base layer alone for the body: the
+    model before fine-tuning, with no copy of its weights (a DPO reference, as PEFT's
+    `disable_adapter`). Merged layers cannot be switched off (LMForgeError)."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    if any(m.merged for m in layers):
+        raise ConfigError("adapters_disabled: unmerge the LoRA layers first")
+    for m in layers:
+        m.disabled = True
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.disabled = False
 
 
 @torch.no_grad()

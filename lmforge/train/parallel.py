@@ -55,9 +55,11 @@ def launched_by_torchrun() -> bool:
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each transformer block in the backward pass instead of storing its activations
     (torch.utils.checkpoint, non-reentrant): ~1/3 more compute for activation memory that no
-    longer grows with depth. Patching the instance's forward keeps parameter names unchanged."""
-    for block in model.blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    longer grows with depth. Patching the instance's forward keeps parameter names unchanged.
+    Every block inside `model` (`transformer_blocks`) is patched once; a second call is a no-op."""
+    for block in transformer_blocks(model):
+        if "forward" not in vars(block):  # not patched yet
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:

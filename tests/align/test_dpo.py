@@ -42,6 +42,22 @@ def test_logprobs_count_completion_tokens_only():
         assert lp[0].item() == pytest.approx(expect.item(), abs=1e-5)
 
 
+def test_lora_reference_is_the_policy_with_adapters_off(tmp_path, cfg):
+    """No second copy of the weights: π_ref is the LoRA policy with its adapters switched off,
+    and stays the starting model while the adapters train."""
+    pre = DPOTrainer(cfg(tmp_path / "a", peft="lora"), log=lambda *a: None)
+    live = DPOTrainer(cfg(tmp_path / "b", peft="lora", precompute_ref=False),
+                      log=lambda *a: None)  # fmt: skip
+    assert pre.ref is None and live.ref is None
+    for _ in range(3):
+        live.train_step()
+    b = live.batch([3, 1])
+    assert torch.allclose(pre.batch([3, 1])["ref"], b["ref"], atol=1e-5)
+    with torch.no_grad():
+        policy = completion_logprobs(live.lm.model, b).view(2, -1).T
+    assert (policy - b["ref"]).abs().max() > 1e-3  # the adapters did move the policy
+
+
 def test_precomputed_reference_equals_per_step(tmp_path, cfg):
     pre = DPOTrainer(cfg(tmp_path / "a"), log=lambda *a: None)
     live = DPOTrainer(cfg(tmp_path / "b", precompute_ref=False), log=lambda *a: None)

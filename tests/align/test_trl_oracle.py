@@ -5,7 +5,8 @@ loss AND its gradients twice on that same model: once with TRL's own trainer cod
 ``DPOTrainer``/``GRPOTrainer``/... built on the tiny model, calling the method TRL's training step
 calls) and once with lmforge (the trainer's loss method where one exists, else the pure functions
 in ``lmforge.align.preference_losses`` / ``rl_losses`` on log-probs from ``lmforge.align``
-helpers). Losses and every parameter gradient must agree to 1e-5.
+helpers). Losses and every parameter gradient must agree to 1e-5. lmforge's side applies the LM
+head two tokens at a time (its chunked path), TRL's to the whole batch.
 
 lmforge's side sees the HF model through `LMForgeView`, which only exposes the interface lmforge's
 trainers call (``model(ids) -> logits``, ``hidden_states``, ``norm``, ``lm_head``), so both sides
@@ -40,6 +41,7 @@ from transformers import (
 
 from lmforge.align import dpo as lm_dpo
 from lmforge.align import grpo as lm_grpo
+from lmforge.align import logprobs
 from lmforge.align.logprobs import sequence_logprobs, sft_loss
 from lmforge.align.preference_losses import (
     bradley_terry_loss,
@@ -59,6 +61,13 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 # ----------------------------------------------------------------------------- fixtures, helpers
+
+
+@pytest.fixture(autouse=True)
+def two_token_chunks(monkeypatch):
+    """lmforge's LM head runs two tokens at a time (logprobs.map_token_chunks): every loss below
+    is checked against TRL, which builds the whole logits tensor, through chunk borders."""
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 32)  # vocabulary 32
 
 
 @pytest.fixture(scope="module")
