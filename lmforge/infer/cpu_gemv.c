@@ -73,11 +73,14 @@ static inline float hsum256(__m256 v) {
 EXPORT const char* lmforge_gemv_kernel(void) { return KERNEL; }
 
 /* x [k] -> q [k] int8 and one scale per block of 32 (absmax / 127, rounding to nearest even as
- * lrintf does); xsum [k / 32] gets the float sums of x per block when not NULL. Returns
+ * lrintf does); xsum [k / 32], when not NULL, gets per block the float sums of x (sums == 1, for
+ * int4's offsets) or 128 times the sum of q (sums == 2, the share of the +128 in unsigned block
+ * int8 weights, which carry a scale per block and so need it per block). Returns
  * 128 * sum_b scale_b * sum(q_b): the activations' share of the +128 in unsigned int8 weights.
  * Vectorised: one row of x is quantised once per matrix, and the scalar loop cost 10% of a
  * decoding step's GEMV time. */
-static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, int64_t k) {
+static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, int sums,
+                          int64_t k) {
   float offset = 0.f;
   for (int64_t b = 0; b < k / BLOCK; b++) {
     const float* xb = x + b * BLOCK;
@@ -109,7 +112,7 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
     const int32_t sum = _mm_cvtsi128_si32(s4);
-    if (xsum) xsum[b] = hsum256(fsum);
+    if (xsum) xsum[b] = sums == 1 ? hsum256(fsum) : 128.f * (float)sum;
 #else
     float top = 0.f;
     for (int i = 0; i < BLOCK; i++) top = fmaxf(top, fabsf(xb[i]));
@@ -122,7 +125,7 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
       sum += v;
       fs += xb[i];
     }
-    if (xsum) xsum[b] = fs;
+    if (xsum) xsum[b] = sums == 1 ? fs : 128.f * (float)sum;
 #endif
     scale[b] = top / 127.f;
     offset += 128.f * scale[b] * (float)sum;
@@ -143,7 +146,9 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
  *
  *   int8: 8 pieces per block (512 bytes), weights stored as unsigned u = w + 128;
  *   int4: 4 pieces of codes (256 bytes; byte j of a row's group: column j low nibble, j + 16
- *         high), then the 16 rows' fp16 scales d (32 bytes) and offsets m (32 bytes).
+ *         high), then the 16 rows' fp16 scales d (32 bytes) and offsets m (32 bytes);
+ *   q8 (llama.cpp's Q8_0: w = q d per group of 32): the int8 block, then the 16 rows' fp16
+ *         scales d (32 bytes).
  * The packing is done by torch ops in cpu_gemv.py (pack_int8 / pack_int4_blocks).
  */
 #define LANES 16
@@ -182,6 +187,7 @@ static inline Prefetch prefetch_share(const uint8_t* next, int64_t stride, int64
 }
 #define INT8_BLOCK_BYTES (LANES * BLOCK)
 #define INT4_BLOCK_BYTES (LANES * BLOCK / 2 + 4 * LANES)
+#define Q8_BLOCK_BYTES (LANES * BLOCK + 2 * LANES)
 
 static inline int32_t piece(const int8_t* q, int64_t c) {
   int32_t v;
@@ -275,6 +281,77 @@ static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx
 #endif
 }
 
+/* The q8 sums of one block for T rows of x: acc[i] += d_g sx_i,g (sum(u q) - 128 sum(q)) per
+ * lane; `qs` holds 128 sum(q) per group of x (0 where the weights are multiplied signed). */
+template <int T>
+static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, const float* qs,
+                            int64_t k, int64_t groups, Prefetch pf, float* out) {
+#if defined(VNNI512)
+  __m512 acc[T];
+  for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++, w += Q8_BLOCK_BYTES) {
+    prefetch_part(pf, g);
+    __m512i s[T];
+    for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
+    for (int t = 0; t < 8; t++) {
+      __m512i u = _mm512_loadu_si512((const void*)(w + 64 * t));
+      for (int i = 0; i < T; i++)
+        s[i] = _mm512_dpbusd_epi32(s[i], u, _mm512_set1_epi32(piece(q + i * k, g * BLOCK + 4 * t)));
+    }
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + LANES * BLOCK)));
+    for (int i = 0; i < T; i++) {
+      __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(s[i]), _mm512_set1_ps(qs[i * groups + g]));
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(sx[i * groups + g])), d, acc[i]);
+    }
+  }
+  for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
+#elif defined(__AVX2__) && defined(__F16C__)
+  __m256 acc[T][2];
+  for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; g++, w += Q8_BLOCK_BYTES) {
+    prefetch_part(pf, g);
+    __m256i s[T][2];
+    for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+      __m256i u0 = _mm256_loadu_si256((const __m256i*)(w + 64 * t));
+      __m256i u1 = _mm256_loadu_si256((const __m256i*)(w + 64 * t + 32));
+      for (int i = 0; i < T; i++) {
+        __m256i qv = _mm256_set1_epi32(piece(q + i * k, g * BLOCK + 4 * t));
+        s[i][0] = dot4_u8(s[i][0], u0, qv);
+        s[i][1] = dot4_u8(s[i][1], u1, qv);
+      }
+    }
+    for (int h = 0; h < 2; h++) {
+      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + LANES * BLOCK + 16 * h)));
+      for (int i = 0; i < T; i++) {
+        __m256 v = _mm256_sub_ps(_mm256_cvtepi32_ps(s[i][h]), _mm256_set1_ps(qs[i * groups + g]));
+        acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(sx[i * groups + g])), d,
+                                    acc[i][h]);
+      }
+    }
+  }
+  for (int i = 0; i < T; i++) {
+    _mm256_storeu_ps(out + i * LANES, acc[i][0]);
+    _mm256_storeu_ps(out + i * LANES + 8, acc[i][1]);
+  }
+#else
+  for (int i = 0; i < T; i++)
+    for (int r = 0; r < LANES; r++) out[i * LANES + r] = 0.f;
+  for (int64_t g = 0; g < groups; g++, w += Q8_BLOCK_BYTES) {
+    const uint16_t* d = (const uint16_t*)(w + LANES * BLOCK);
+    for (int i = 0; i < T; i++)
+      for (int r = 0; r < LANES; r++) {
+        int32_t s = 0;
+        for (int t = 0; t < 8; t++)
+          for (int j = 0; j < 4; j++)
+            s += (int32_t)w[64 * t + 4 * r + j] * q[i * k + g * BLOCK + 4 * t + j];
+        out[i * LANES + r] +=
+            half_to_float(d[r]) * sx[i * groups + g] * ((float)s - qs[i * groups + g]);
+      }
+  }
+#endif
+}
+
 /* The int4 sums of one block for T rows of x: acc[i] += d sx_i,g sum(c q) + m sum(x_g) */
 template <int T>
 static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx,
@@ -361,8 +438,9 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
 #endif
 }
 
-/* Quantised rows of x: q [m, k] int8, scales [m, k / 32], and per row either the share of the
- * +128 in the int8 weights (`offset`) or the float sums of x per group (`xsum`, for int4). */
+/* Quantised rows of x: q [m, k] int8, scales [m, k / 32], and per row the share of the +128 in
+ * the int8 weights (`offset`) and, per group, the float sums of x (`xsum`, sums == 1, for int4)
+ * or the share of the +128 in q8 weights (sums == 2; zero where the weights are signed). */
 typedef struct {
   int8_t* q;
   float* scale;
@@ -379,8 +457,10 @@ static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* ou
   out->offset = out->xsum + m * groups;
   for (int64_t i = 0; i < m; i++) {
     out->offset[i] = quantize_row(x + i * k, out->q + i * k, out->scale + i * groups,
-                                  sums ? out->xsum + i * groups : NULL, k);
+                                  sums ? out->xsum + i * groups : NULL, sums, k);
     if (SIGNED_WEIGHTS_INT8) out->offset[i] = 0.f;
+    if (SIGNED_WEIGHTS_INT8 && sums == 2)
+      for (int64_t g = 0; g < groups; g++) out->xsum[i * groups + g] = 0.f;
   }
   return 0;
 }
@@ -394,20 +474,24 @@ static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* ou
     default: kernel<1>(__VA_ARGS__, acc); break; \
   }
 
-/* y [m, n] (fp32) = x [m, k] (fp32) times the interleaved weights (n rounded up to 16 rows),
- * int8 (INT4 false: `w_scale` [that many] per output row, zero for the padding) or int4 (codes,
- * fp16 scales d and offsets m per group, w = q d + m); k % 32 == 0. The two differ only in the
- * block kernel and the store: a template, so each is compiled as its own loop (a version taking
- * lambdas ran 1.4x slower at one row: the kernels were no longer inlined in the OpenMP loop).
- * Returns 0, or -1 when memory runs out (nothing written). */
-template <bool INT4>
+enum Kind { INT8 = 0, INT4 = 1, Q8 = 2 };
+
+/* y [m, n] (fp32) = x [m, k] (fp32) times the interleaved weights (n rounded up to 16 rows):
+ * int8 (`w_scale` [that many] per output row, zero for the padding), int4 (codes, fp16 scales d
+ * and offsets m per group, w = q d + m) or q8 (codes and an fp16 scale d per group, w = q d);
+ * k % 32 == 0. They differ only in the block kernel and the store: a template, so each is
+ * compiled as its own loop (a version taking lambdas ran 1.4x slower at one row: the kernels
+ * were no longer inlined in the OpenMP loop). Returns 0, or -1 when memory runs out (nothing
+ * written). */
+template <int KIND>
 static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
                 int64_t n, int64_t k, int threads) {
-  constexpr int64_t block_bytes = INT4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES;
+  constexpr int64_t block_bytes =
+      KIND == INT4 ? INT4_BLOCK_BYTES : KIND == Q8 ? Q8_BLOCK_BYTES : INT8_BLOCK_BYTES;
   if (k % BLOCK != 0 || m <= 0) return -1;
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
-  if (quantize_x(x, m, k, INT4, &qx)) return -1;
+  if (quantize_x(x, m, k, KIND == INT4 ? 1 : KIND == Q8 ? 2 : 0, &qx)) return -1;
   const int64_t passes = (m + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
@@ -417,8 +501,11 @@ static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y
     for (int64_t i0 = 0; i0 < m; i0 += TILE) {
       const int t = (int)(m - i0 < TILE ? m - i0 : TILE);
       const Prefetch pf = prefetch_share(next, block_bytes, i0 / TILE, passes);
-      if constexpr (INT4) {
+      if constexpr (KIND == INT4) {
         TILE_DISPATCH(int4_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
+                      qx.xsum + i0 * groups, k, groups, pf)
+      } else if constexpr (KIND == Q8) {
+        TILE_DISPATCH(q8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
                       qx.xsum + i0 * groups, k, groups, pf)
       } else {
         TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, k, groups, pf)
@@ -426,8 +513,8 @@ static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)
           y[(i0 + i) * n + b * LANES + r] =
-              INT4 ? acc[i * LANES + r]
-                   : w_scale[b * LANES + r] * (acc[i * LANES + r] - qx.offset[i0 + i]);
+              KIND != INT8 ? acc[i * LANES + r]
+                           : w_scale[b * LANES + r] * (acc[i * LANES + r] - qx.offset[i0 + i]);
     }
   }
   free(qx.q);
@@ -437,12 +524,17 @@ static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y
 
 EXPORT int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_scale, float* y,
                              int64_t m, int64_t n, int64_t k, int threads) {
-  return gemv<false>(x, w, w_scale, y, m, n, k, threads);
+  return gemv<INT8>(x, w, w_scale, y, m, n, k, threads);
 }
 
 EXPORT int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
                              int64_t k, int threads) {
-  return gemv<true>(x, w, NULL, y, m, n, k, threads);
+  return gemv<INT4>(x, w, NULL, y, m, n, k, threads);
+}
+
+EXPORT int lmforge_gemv_q8(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
+                           int64_t k, int threads) {
+  return gemv<Q8>(x, w, NULL, y, m, n, k, threads);
 }
 
 /* w = q d + m for the rows [n, k] of interleaved int4 weights, written as fp32, or as bf16

@@ -64,6 +64,11 @@ class NativeGemv:
         """x [M, K] fp32 times int4 weights [n, K] (`pack_int4`) -> [M, n] fp32."""
         return self.ops.gemv_int4(x, packed, n)
 
+    def q8(self, x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        """x [M, K] fp32 times int8 weights [n, K] with an fp16 scale per row and block of 32
+        (`pack_q8`: llama.cpp's Q8_0) -> [M, n] fp32."""
+        return self.ops.gemv_q8(x, packed, n)
+
     def dequant_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
         return self.ops.dequant_int4(packed, n, dtype == torch.bfloat16)
@@ -119,6 +124,33 @@ def unpack_int8(packed: torch.Tensor, n: int) -> torch.Tensor:
     return (rows.to(torch.int16) - 128).to(torch.int8)
 
 
+def _per_block(t: torch.Tensor, blocks: int) -> torch.Tensor:
+    """fp16 [N, G] per row and group -> uint8 [blocks, G, 32]: each group's 16 rows' values."""
+    n = t.shape[0]
+    t = torch.cat([t.half(), t.new_zeros(blocks * LANES - n, t.shape[1], dtype=torch.half)])
+    return t.view(blocks, LANES, -1).transpose(1, 2).contiguous().view(torch.uint8)
+
+
+def _per_row(packed: torch.Tensor, lo: int, n: int) -> torch.Tensor:
+    """The inverse of `_per_block` for the 32 bytes at `lo` of every block: fp16 [n, G]."""
+    blocks, groups, _ = packed.shape
+    t = packed[:, :, lo : lo + 2 * LANES].contiguous().view(torch.half)  # [blocks, G, 16]
+    return t.transpose(1, 2).reshape(blocks * LANES, groups)[:n]
+
+
+def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 codes q [N, K] with an fp16 `scale` [N, K / 32] (w = q * scale, llama.cpp's Q8_0)
+    -> the q8 kernel's layout: uint8 [ceil(N / 16), K / 32, 544]: the int8 block (`pack_int8`),
+    then the 16 rows' scales."""
+    codes = pack_int8(q)
+    return torch.cat([codes, _per_block(scale, codes.shape[0])], dim=-1).contiguous()
+
+
+def unpack_q8(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_q8`: int8 codes [n, K] and fp16 scales [n, K / 32]."""
+    return unpack_int8(packed, n), _per_row(packed, LANES * BLOCK, n)
+
+
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """Codes q [N, K] (0..15) with fp16 `scale` and `offset` [N, K / 32] (w = q * scale +
     offset) -> the int4 kernel's layout: uint8 [ceil(N / 16), K / 32, 320]: per block the codes
@@ -128,26 +160,16 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tor
     g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
     codes = _interleave(g[:, :, 0] | g[:, :, 1] << 4, 0)
     blocks = codes.shape[0]
-
-    def per_block(t: torch.Tensor) -> torch.Tensor:  # [N, G] fp16 -> [blocks, G, 32] bytes
-        t = torch.cat([t.half(), t.new_zeros(blocks * LANES - n, t.shape[1], dtype=torch.half)])
-        return t.view(blocks, LANES, -1).transpose(1, 2).contiguous().view(torch.uint8)
-
-    return torch.cat([codes, per_block(scale), per_block(offset)], dim=-1).contiguous()
+    parts = [codes, _per_block(scale, blocks), _per_block(offset, blocks)]
+    return torch.cat(parts, dim=-1).contiguous()
 
 
 def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inverse of `pack_int4`: codes uint8 [n, K] and fp16 scale and offset [n, K / 32]."""
-    blocks, groups, _ = packed.shape
     g = _deinterleave(packed, BLOCK // 2, n)
     codes = torch.cat([g & 15, g >> 4], dim=-1).reshape(n, -1)
     code_bytes = LANES * BLOCK // 2
-
-    def per_row(lo: int) -> torch.Tensor:
-        t = packed[:, :, lo : lo + 2 * LANES].contiguous().view(torch.half)  # [blocks, G, 16]
-        return t.transpose(1, 2).reshape(blocks * LANES, groups)[:n]
-
-    return codes, per_row(code_bytes), per_row(code_bytes + 2 * LANES)
+    return codes, _per_row(packed, code_bytes, n), _per_row(packed, code_bytes + 2 * LANES, n)
 
 
 def build(march: str | None = "native", namespace: str = "lmforge",
@@ -185,6 +207,7 @@ def build(march: str | None = "native", namespace: str = "lmforge",
         _fakes.add(namespace)
         torch.library.register_fake(f"{namespace}::gemv_int8")(_fake_int8)
         torch.library.register_fake(f"{namespace}::gemv_int4")(_fake_int4)
+        torch.library.register_fake(f"{namespace}::gemv_q8")(_fake_int4)
         torch.library.register_fake(f"{namespace}::dequant_int4")(_fake_dequant_int4)
         torch.library.register_fake(f"{namespace}::half_linear")(_fake_half)
         torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)

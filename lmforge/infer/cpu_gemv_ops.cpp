@@ -19,6 +19,8 @@ int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_scale, fl
                       int64_t n, int64_t k, int threads);
 int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       int threads);
+int lmforge_gemv_q8(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                    int threads);
 void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16,
                           int threads);
 int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
@@ -33,7 +35,8 @@ int lmforge_decode_attention(const float* q, const void* k, const void* v, int d
 namespace {
 
 constexpr int64_t kLanes = 16, kBlock = 32, kInt8Bytes = kLanes * kBlock,
-                  kInt4Bytes = kLanes * kBlock / 2 + 4 * kLanes;
+                  kInt4Bytes = kLanes * kBlock / 2 + 4 * kLanes,
+                  kQ8Bytes = kLanes * kBlock + 2 * kLanes;
 
 void check(const at::Tensor& t, at::ScalarType type, int64_t dim, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == dim &&
@@ -67,17 +70,28 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return y;
 }
 
-at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+// int4 (cpu_gemv.c's int4 layout) or q8 (its q8 layout: llama.cpp's Q8_0 blocks)
+template <int64_t kBytes>
+at::Tensor gemv_blocks(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   auto xc = x.contiguous();
   check(xc, at::kFloat, 2, "x");
-  const int64_t k = check_packed(w, n, kInt4Bytes), m = xc.size(0);
+  const int64_t k = check_packed(w, n, kBytes), m = xc.size(0);
   TORCH_CHECK(xc.size(1) == k, "lmforge GEMV: shapes ", xc.sizes(), " x packed ", w.sizes());
   auto y = at::empty({m, n}, xc.options());
   if (m == 0) return y;
-  TORCH_CHECK(lmforge_gemv_int4(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), y.data_ptr<float>(),
-                                m, n, k, at::get_num_threads()) == 0,
+  auto run = kBytes == kInt4Bytes ? lmforge_gemv_int4 : lmforge_gemv_q8;
+  TORCH_CHECK(run(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), y.data_ptr<float>(), m, n, k,
+                  at::get_num_threads()) == 0,
               "lmforge GEMV: out of memory");
   return y;
+}
+
+at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  return gemv_blocks<kInt4Bytes>(x, w, n);
+}
+
+at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  return gemv_blocks<kQ8Bytes>(x, w, n);
 }
 
 at::Tensor dequant_int4(const at::Tensor& w, int64_t n, bool bf16) {
@@ -165,6 +179,7 @@ std::string isa() { return lmforge_gemv_kernel(); }
 LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("gemv_int8(Tensor x, Tensor packed, Tensor scale, int n) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("gemv_q8(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("dequant_int4(Tensor packed, int n, bool bf16) -> Tensor");
   m.def("half_linear(Tensor x, Tensor w) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
@@ -174,6 +189,7 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
 LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("gemv_int8", &gemv_int8);
   m.impl("gemv_int4", &gemv_int4);
+  m.impl("gemv_q8", &gemv_q8);
   m.impl("dequant_int4", &dequant_int4);
   m.impl("half_linear", &half_linear);
   m.impl("decode_attention", &decode_attention);

@@ -25,8 +25,10 @@ from lmforge.infer.cpu_gemv import (
     gemv_kernel,
     pack_int4,
     pack_int8,
+    pack_q8,
     unpack_int4,
     unpack_int8,
+    unpack_q8,
 )
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept
@@ -221,6 +223,81 @@ class Int8Linear(QuantizedLinear):
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         q, scale = self.int8_rows(start, stop), self._buffers["scale"][start:stop]
         return (q.to(self.dtype) * scale[:, None]).to(dtype or self.dtype)
+
+
+def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_0 (ggml-quants.c quantize_row_q8_0_ref): per block of 32 input columns
+    d = absmax / 127 stored as fp16 and q = round(w / d): weight [N, K] -> (q int8 [N, K],
+    d fp16 [N, K / 32])."""
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // BLOCK, BLOCK)
+    d = w.abs().amax(-1) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(w * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(n, k), d.half()
+
+
+class BlockInt8Linear(QuantizedLinear):
+    """int8 weights with an fp16 scale per output row and block of 32 inputs, w = q * d:
+    llama.cpp's Q8_0, which a GGUF's Q8_0 tensors map onto code for code (`from_blocks`). On a
+    CPU with the native kernels, in their q8 layout (cpu_gemv.pack_q8) at every number of rows;
+    elsewhere a GEMM on dequantised weights (`QuantizedLinear.gemm`)."""
+
+    bits = 8
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+        if linear.in_features % BLOCK:
+            raise ConfigError(f"Q8_0 needs inputs in blocks of {BLOCK}, got {linear.in_features}")
+        q, d = quantize_q8(linear.weight)
+        self._pack(q, d, linear.bias, dtype)
+
+    @classmethod
+    def from_blocks(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> BlockInt8Linear:
+        """From Q8_0 blocks as stored: codes int8 [N, K], scale fp16 [N, K / 32]."""
+        if codes.shape[1] != scale.shape[1] * BLOCK:
+            raise ConfigError(f"Q8_0: {tuple(scale.shape)} scales for {tuple(codes.shape)} codes")
+        self = cls.__new__(cls)
+        self._pack(codes, scale, bias, dtype)
+        return self
+
+    def _pack(self, q: torch.Tensor, d: torch.Tensor, bias, dtype: torch.dtype) -> None:
+        n, k = q.shape
+        QuantizedLinear.__init__(self, k, n, bias, dtype)
+        self._native = gemv_kernel() if q.device.type == "cpu" else None
+        if self._native is not None:
+            self.register_buffer("native_packed", pack_q8(q, d))
+            self.register_buffer("codes", None)
+            self.register_buffer("block_scale", None)
+        else:
+            self.register_buffer("native_packed", None)
+            self.register_buffer("codes", q.to(torch.int8).contiguous())
+            self.register_buffer("block_scale", d.half().contiguous())
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native is None or x.device.type != "cpu":
+            return self.gemm(x)
+        y = self._native.q8(x.float(), self._buffers["native_packed"], self.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def blocks(self, start: int = 0, stop: int | None = None):
+        """(codes int8, scales fp16) of output rows start:stop (start a multiple of 16)."""
+        stop = self.out_features if stop is None else stop
+        packed = self._buffers["native_packed"]
+        if packed is None:
+            return self._buffers["codes"][start:stop], self._buffers["block_scale"][start:stop]
+        return unpack_q8(packed[start // LANES : -(-stop // LANES)], stop - start)
+
+    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
+        stop = self.out_features if stop is None else stop
+        q, d = self.blocks(start, stop)
+        w = q.float().view(stop - start, -1, BLOCK) * d.float()[..., None]
+        return w.view(stop - start, self.in_features).to(dtype or self.dtype)
 
 
 class Int4Linear(QuantizedLinear):

@@ -228,3 +228,42 @@ def test_an_int4_layer_moved_off_the_cpu_dequantises_with_torch_ops():
     moved = layer.to("meta")
     assert moved.dequantize().shape == on_cpu.shape and moved.dequantize().device.type == "meta"
     assert moved(torch.randn(1, 96, device="meta")).shape == (1, 40)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 9])
+@pytest.mark.parametrize("shape", [(70, 96), (36, 64), (16, 32)])
+def test_q8_matches_torch_on_the_same_quantised_activations(kernel, rows, shape):
+    """llama.cpp's Q8_0 blocks (fp16 scale per row and 32 inputs) through the q8 kernel."""
+    n, k = shape
+    g = torch.Generator().manual_seed(rows * n + 1)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    d = (torch.rand(n, k // 32, generator=g) / 50).half()
+    x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)
+    packed = cpu_gemv.pack_q8(q, d)
+    codes, scales = cpu_gemv.unpack_q8(packed, n)
+    assert torch.equal(codes, q) and torch.equal(scales, d)
+    w = (q.float().view(n, -1, 32) * d.float()[..., None]).view(n, k)
+    y = kernel.q8(x, packed, n)
+    torch.testing.assert_close(y, quantised_activations(x) @ w.t(), rtol=1e-4, atol=1e-4)
+    assert (y - x @ w.t()).norm() / (x @ w.t()).norm() < 2e-2
+
+
+def test_block_int8_layer_is_llama_cpps_q8_0():
+    """BlockInt8Linear quantises as gguf-py's Q8_0 quantiser does (the oracle) and its forward
+    (native q8 kernel) agrees with its own dequantised weights."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    from lmforge.infer.quantized_linear import BlockInt8Linear
+
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40)
+    layer = BlockInt8Linear(linear)
+    w = linear.weight.detach().numpy()
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    theirs = torch.from_numpy(dequantize(quantize(w, q8), q8).copy())
+    assert torch.equal(layer.dequantize(), theirs)
+    x = torch.randn(3, 96)
+    expect = x @ theirs.t() + linear.bias.detach()
+    assert layer._native is not None
+    assert (layer(x) - expect).norm() / expect.norm() < 1e-2
