@@ -107,13 +107,15 @@ ARITH_SHOTS = 8  # lora-sft-arith's baseline: the start model prompted with 8 so
 HH_WIN = {"cpu": {"n": 64, "max_new_tokens": 64, "batch": 32},
           "gpu": {"n": 213, "max_new_tokens": 128, "batch": 64}}  # fmt: skip
 # --smoke: every config key below that the verb's config has
+# (pairs_from data: a random tiny model's samples are never right, so it has no on-policy pairs)
 SMOKE = {"n_train": 8, "n_eval": 4, "max_iters": 2, "eval_interval": 2, "log_interval": 1,
          "batch_size": 2, "warmup_iters": 0, "max_len": 1024, "threads": 1, "device": "cpu",
          "eval_generate": 2, "max_new_tokens": 16, "group_size": 2,
-         "minibatch_size": None}  # fmt: skip
+         "minibatch_size": None, "pairs_from": "data"}  # fmt: skip
 SMOKE_TEST = {"n": 6, "max_new_tokens": 16, "batch": 8}
 SMOKE_WIN = {"n": 6, "max_new_tokens": 16, "batch": 8}
-MATCHED = ("max_iters", "batch_size", "n_train")  # a baseline's compute-matched fields
+MATCHED = ("max_iters", "batch_size", "n_train", "minibatch_size")  # a baseline's compute-matched
+# fields
 
 
 def config_fields(verb: str) -> set[str]:
@@ -426,7 +428,10 @@ def stage(name: str, job: dict, out: Path) -> dict:
         tail = log.read_text()[-3000:]
         raise SystemExit(f"stage {name} failed (exit {proc.returncode}); {log}:\n{tail}")
     result = json.loads(Path(job["result"]).read_text())
-    result.update(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024)
+    # CPU seconds beside the wall time: on a machine shared with other jobs the wall time
+    # overstates what the stage costs alone (CPU time, at 1 thread, is close to it)
+    result.update(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024,
+                  cpu_s=usage.ru_utime + usage.ru_stime)  # fmt: skip
     done.write_text(json.dumps(result))
     cuda = f"   CUDA {result['cuda_peak_mb']:.0f} MB" if "cuda_peak_mb" in result else ""
     print(f"  {name:<28} {wall:7.0f} s   peak RSS {result['peak_rss_mb']:7.0f} MB{cuda}")
@@ -555,10 +560,12 @@ def markdown(report: dict) -> str:
                   f"{w['minus_half']}) over the first {w['n']} test prompts that fit, greedy "
                   f"answers of up to {w['max_new_tokens']} tokens; {w['wins']} wins, {w['ties']} "
                   f"ties, {w['losses']} losses."]  # fmt: skip
-    lines += ["", "| stage | wall s | peak RSS MB | CUDA peak MB |", "|---|---:|---:|---:|"]
+    lines += ["", "| stage | wall s | CPU s | peak RSS MB | CUDA peak MB |",
+              "|---|---:|---:|---:|---:|"]  # fmt: skip
     for name, s in report["stages"].items():
         cuda = f"{s['cuda_peak_mb']:.0f}" if s.get("cuda_peak_mb") is not None else "-"
-        lines.append(f"| {name} | {s['wall_s']:.0f} | {s['peak_rss_mb']:.0f} | {cuda} |")
+        cpu = f"{s['cpu_s']:.0f}" if s.get("cpu_s") is not None else "-"
+        lines.append(f"| {name} | {s['wall_s']:.0f} | {cpu} | {s['peak_rss_mb']:.0f} | {cuda} |")
     lines += ["", "Validation curves (choose steps / checkpoints on these, never on test):"]
     for run, curve in report["validation"].items():
         metric = report["validation_metric"] if report["validation_metric"] in curve else "loss"
@@ -694,7 +701,7 @@ def run(args: argparse.Namespace) -> dict:
         "test": {"source": spec, **test, "scored": len(next(iter(
             test_scores(recipe, results).values()))["after"])},
         "metrics": metrics, "win_rate": win_rate,
-        "stages": {k: {f: v.get(f) for f in ("wall_s", "peak_rss_mb", "cuda_peak_mb")}
+        "stages": {k: {f: v.get(f) for f in ("wall_s", "cpu_s", "peak_rss_mb", "cuda_peak_mb")}
                    for k, v in stages.items()},
         "validation_metric": recipe.validation_metric,
         "validation": {"recipe": validation_curve(cfg["out_dir"]),
@@ -713,7 +720,41 @@ def run(args: argparse.Namespace) -> dict:
     encode = lambda o: dataclasses.asdict(o) if isinstance(o, Interval) else str(o)  # noqa: E731
     (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=encode))
     (out / f"{name}.md").write_text(text)
+    if not args.smoke:
+        record_report(report)
     return report
+
+
+BASELINES = {"lora-sft-gsm8k": "full fine-tuning, same steps and examples",
+             "grpo-gsm8k": "LoRA SFT on gold solutions, same steps and sequences",
+             "dpo-hh": "LoRA SFT on the chosen replies, same steps and pairs",
+             "lora-sft-arith": f"the start model prompted with {ARITH_SHOTS} solved train problems",
+             "dpo-arith": "LoRA SFT on the chosen (verified-correct) replies of the same on-policy "
+                          "pairs, same steps, pairs per step and lr",
+             "grpo-arith": "RSFT: the same rollouts per step, SFT on their verified-correct "
+                           "samples, one step each"}  # fmt: skip
+
+
+def record_report(report: dict) -> None:
+    """The report's test table in benchmarks/results (docs/benchmarks.md renders it)."""
+    from results import record
+
+    name = f"recipe-{report['recipe']}-{report['variant']}"
+    rows = [[metric, m["before"], m["after"], m["baseline"], str(m["after_minus_baseline"]),
+             str(m["after_minus_before"])] for metric, m in report["metrics"].items()]  # fmt: skip
+    stages = ", ".join(
+        f"{k} {v['wall_s']:.0f} s ({v.get('cpu_s') or 0:.0f} CPU s) / "
+        f"{v['peak_rss_mb'] / 1024:.1f} GB"
+        for k, v in report["stages"].items()
+    )
+    notes = (f"Start {report['start']}; test `{report['test']['source']}`, "
+             f"{report['test']['scored']} examples; baseline: {BASELINES[report['recipe']]}. "
+             f"Paired 95% bootstrap intervals. Stages (wall time (CPU time) / peak RSS): {stages}. "
+             f"{report['machine']['threads']} thread(s). Validation curves, configs and every "
+             "answer: the benchmark's --out folder; discussion in docs/recipes.md.")  # fmt: skip
+    record(name, f"Recipe {report['recipe']} ({report['variant']}): SmolLM2-135M-Instruct",
+           ["metric", "before", "after", "baseline", "after − baseline [95%]",
+            "after − before [95%]"], rows, notes)  # fmt: skip
 
 
 def main() -> None:

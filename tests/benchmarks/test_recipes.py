@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-METRICS = {"lora-sft-gsm8k": ["pass@1"], "grpo-gsm8k": ["pass@1"],
-           "dpo-hh": ["implicit_reward_accuracy", "likelihood_accuracy"]}  # fmt: skip
+PAIRS = ["implicit_reward_accuracy", "likelihood_accuracy"]
+TASK = ["exact_match", "numeric_match"]
+METRICS = {"lora-sft-gsm8k": ["pass@1"], "grpo-gsm8k": ["pass@1"], "dpo-hh": PAIRS,
+           "lora-sft-arith": TASK, "dpo-arith": TASK + PAIRS, "grpo-arith": TASK}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -23,7 +25,7 @@ def test_recipe_smoke(recipe, tmp_path, shared_data):
     run = subprocess.run(
         [sys.executable, "benchmarks/recipes.py", "--recipe", recipe, "--smoke", "--out",
          str(tmp_path), "--resamples", "500"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     name = f"{recipe}-cpu"
@@ -39,6 +41,10 @@ def test_recipe_smoke(recipe, tmp_path, shared_data):
             assert diff["confidence"] == 0.95 and diff["n"] == report["test"]["scored"] >= 2
     judged = {"reward-model", "after-answers", "baseline-answers", "win-rate"}
     stages = {"before-test", "recipe", "baseline", "after-test", "baseline-test"}
+    if recipe == "lora-sft-arith":  # the baseline is the start model prompted with 8 shots
+        stages.remove("baseline")
+    if recipe == "dpo-arith":  # a second scorer: the test pairs
+        stages |= {f"{m}-test-preference" for m in ("before", "after", "baseline")}
     assert set(report["stages"]) == stages | (judged if recipe == "dpo-hh" else set())
     for s in report["stages"].values():
         assert s["wall_s"] > 0 and s["peak_rss_mb"] > 50
@@ -48,18 +54,24 @@ def test_recipe_smoke(recipe, tmp_path, shared_data):
     cfg, base = report["config"], report["baseline_config"]
     test_source = report["test"]["source"]
     assert re.search(r":validation(:chat)?$", cfg["eval_data"])
+    assert report["validation"]["recipe"], "the recipe's periodic evaluation left no curve"
+    if recipe == "lora-sft-arith":
+        assert base == {"shots": 8, "shots_from": cfg["data"]} and "test" not in cfg["data"]
+        return
     for c in (cfg, base):
         assert test_source not in (c["data"], c["eval_data"])
-    assert report["validation"]["recipe"], "the recipe's periodic evaluation left no curve"
     # compute-matched: the same steps, from the same start
     assert base["max_iters"] == cfg["max_iters"] and base["init"] == cfg["init"]
     if recipe == "grpo-gsm8k":
         assert base["batch_size"] == cfg["batch_size"] * cfg["group_size"]
+    elif recipe == "grpo-arith":  # RSFT: the same rollouts, one SFT step on the kept samples
+        assert base["batch_size"] == cfg["batch_size"] and base["group_size"] == cfg["group_size"]
+        assert base["minibatch_size"] == cfg["batch_size"] * cfg["group_size"]
     else:
         assert base["batch_size"] == cfg["batch_size"]
     if recipe == "lora-sft-gsm8k":
         assert base["peft"] == "none" and cfg["peft"] == "lora"
-    if recipe == "dpo-hh":
+    if recipe.startswith("dpo"):
         first = json.loads(Path(base["data"]).read_text().splitlines()[0])
         assert set(first) == {"prompt", "response"}
     saved = yaml.safe_load((tmp_path / f"{name}-baseline.yaml").read_text())
