@@ -31,6 +31,7 @@ from typing import Any
 
 from lmforge.errors import ConfigError
 from lmforge.infer.params import TokenConstraint
+from lmforge.infer.structured import JSON_LAYOUT
 from lmforge.interop.chat_template import render_chat
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -162,6 +163,7 @@ def tool_call_grammar(functions: Sequence[dict], parallel: bool) -> str:
     `functions` with arguments valid for its schema."""
     schemas = [_call_schema(fn) for fn in functions]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    schema = {**schema, "x-guidance": JSON_LAYOUT}  # llguidance's compile options, in the schema
     call = f'"{CALL_OPEN}\\n" %json {json.dumps(schema)} "\\n{CALL_CLOSE}"'
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
     return f"{start}\ncall: {call}\n"

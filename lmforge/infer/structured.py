@@ -28,7 +28,7 @@ from lmforge.errors import ConfigError
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 # Whitespace between JSON tokens: exactly json.dumps's (", " and ": ", nothing else), so a small
 # model cannot loop on newlines inside a valid but endless document.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -99,7 +99,7 @@ class Grammars:
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
                 json.dumps(schema if schema is not None else ANY_JSON_OBJECT),
-                defaults=_JSON_OPTIONS,
+                defaults=JSON_LAYOUT,
             )
         except ValueError as err:
             raise ConfigError(f"invalid JSON schema: {err}") from None

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from lmforge.chat_completion import ChatPlan, ToolCallStream, assistant_message
 from lmforge.infer.async_engine import EngineFailure
 from lmforge.infer.engine import StepOutput
 
@@ -72,7 +73,17 @@ class CompletionFormat(_Format):
 
 
 class ChatFormat(_Format):
+    """Chat completions; with a ChatPlan that parses tool calls, a reply's `<tool_call>` blocks
+    become `tool_calls` (finish_reason "tool_calls"): whole in a response, and in a stream as
+    one delta when the sample finishes (text that could open a block is held back until then)."""
+
     object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, tokenizer, model: str, prompt_tokens: int, top_logprobs: int | None,
+                 plan: ChatPlan | None = None):  # fmt: skip
+        super().__init__(tokenizer, model, prompt_tokens, top_logprobs)
+        self.plan = plan
+        self.streams: dict[int, ToolCallStream] = {}
 
     def logprobs(self, lps) -> dict | None:
         if self.top is None or not lps:
@@ -89,15 +100,30 @@ class ChatFormat(_Format):
         return {"content": content}
 
     def chunk(self, out, first: bool) -> dict:
-        delta = {"role": "assistant", "content": out.text} if first else {"content": out.text}
+        text, calls, finish = out.text, [], out.finish_reason
+        if self.plan is not None and self.plan.parse_tools:
+            stream = self.streams.setdefault(out.index, ToolCallStream(self.plan))
+            text = stream.push(out.text)
+            if out.finished:
+                rest, calls = stream.finish()
+                text += rest
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+            finish = "tool_calls"
         choice = {"index": out.index, "delta": delta, "logprobs": self.logprobs(out.logprobs),
-                  "finish_reason": out.finish_reason}  # fmt: skip
+                  "finish_reason": finish}  # fmt: skip
         return {**self.head(self.chunk_object), "choices": [choice]}
 
     def choice(self, c: StepOutput) -> dict:
-        message = {"role": "assistant", "content": c.text}
+        finish = c.finish_reason
+        if self.plan is None:
+            message = {"role": "assistant", "content": c.text}
+        else:
+            message, called = assistant_message(c.text, self.plan)
+            finish = "tool_calls" if called else finish
         return {"index": c.index, "message": message, "logprobs": self.logprobs(c.logprobs),
-                "finish_reason": c.finish_reason}  # fmt: skip
+                "finish_reason": finish}  # fmt: skip
 
 
 async def collect(outputs: AsyncIterator[list], fmt: _Format, n: int) -> dict:

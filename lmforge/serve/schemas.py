@@ -86,10 +86,77 @@ class CompletionRequest(_Sampling):
     echo: Literal[False] = False
 
 
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    """A message; an assistant message may hold tool_calls instead of content, a `tool`
+    message answers one of them (tool_call_id)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("missing", "content is required (only an assistant message "
+                                      "with tool_calls may omit it)")  # fmt: skip
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid", "only assistant messages carry tool_calls")
+        if self.role == "developer":  # OpenAI's newer name for the system role
+            self.role = "system"
+        return self
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    """response_format.json_schema; the schema is always enforced (`strict` or not)."""
+
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -99,3 +166,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
