@@ -11,6 +11,7 @@ from lmforge.errors import ConfigError
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 KEY_ENV = "LMFORGE_API_KEY"
 COMPILE_CACHE = Path("~/.cache/lmforge/compile")
+HISTORY = Path("~/.local/share/lmforge/conversations.sqlite3")
 
 DESCRIPTION = f"""\
 Serve a checkpoint over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions
@@ -67,6 +68,11 @@ def register(sub) -> None:
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
     p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
+    p.add_argument(
+        "--history", default=str(HISTORY), metavar="PATH",
+        help="SQLite file keeping the chat page's conversations (default: %(default)s; "
+        "'none': keep them in memory until the server stops)",
+    )  # fmt: skip
     p.add_argument(
         "--embedding-model", default=None, metavar="PATH",
         help="sentence encoder for /v1/embeddings: a sentence-transformers folder or "
@@ -166,6 +172,7 @@ def run(args) -> int:
         max_queue=args.max_queue, read_timeout=args.read_timeout,
         check_host=key is None and loopback, warm_up=warm_up,
         embedding_model=args.embedding_model,
+        history=None if args.history.lower() == "none" else Path(args.history).expanduser(),
     )  # fmt: skip
     if not loopback and key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)

@@ -51,7 +51,13 @@ from lmforge.serve.guards import (
 )
 from lmforge.serve.metrics import ServerMetrics
 from lmforge.serve.responses import ChatFormat, CompletionFormat, collect, sse_stream
-from lmforge.serve.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from lmforge.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ConversationBody,
+    EmbeddingRequest,
+)
+from lmforge.serve.store import ConversationStore
 
 __all__ = ["APIError", "create_app", "error_response"]
 
@@ -109,6 +115,7 @@ def create_app(
     check_host: bool | None = None,
     warm_up: Callable[[], None] | None = None,
     embedding_model: str | None = None,
+    history: str | Path | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (which must have a tokenizer). A stream sends at most
     one chunk per `stream_interval` seconds (with all the tokens made meanwhile); 0 sends one
@@ -127,7 +134,9 @@ def create_app(
 
     /v1/embeddings embeds with `embedding_model` (a sentence-transformers folder or
     'all-MiniLM-L6-v2') when given, else with the served model's pooled hidden states
-    (serve/embeddings.py). /metrics serves Prometheus metrics (serve/metrics.py)."""
+    (serve/embeddings.py). /metrics serves Prometheus metrics (serve/metrics.py).
+    /api/conversations keeps the chat page's conversations in the SQLite file `history`
+    (serve/store.py; None: in memory, for this process only)."""
     if engine.tokenizer is None:
         raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
     runner = AsyncEngine(engine)
@@ -139,6 +148,7 @@ def create_app(
 
     state = {"ready": warm_up is None, "stopping": False}
     metrics = ServerMetrics(engine)
+    store = ConversationStore(history if history is not None else ":memory:")
     if embedding_model is not None:
         embedder = SentenceEmbedder(embedding_model)
         embedding_name = embedding_model
@@ -179,6 +189,7 @@ def create_app(
         yield
         state["stopping"] = True
         runner.stop()
+        store.close()
 
     app = FastAPI(title="lmforge", version="1", lifespan=lifespan)
     _install_error_handlers(app)
@@ -318,6 +329,43 @@ def create_app(
         params.constraint = plan.constraint
         fmt = ChatFormat(tok, model_name, len(ids), top, plan)
         return await respond(request, req, ids, params, fmt)
+
+    @app.get("/api/conversations")
+    async def list_conversations():
+        return {"conversations": await asyncio.to_thread(store.list)}
+
+    @app.post("/api/conversations")
+    async def create_conversation(body: ConversationBody):
+        return await asyncio.to_thread(store.save, body.title, body.data)
+
+    @app.get("/api/conversations/export")
+    async def export_conversations():
+        return await asyncio.to_thread(store.export)
+
+    @app.post("/api/conversations/import")
+    async def import_conversations(request: Request):
+        try:
+            document = await request.json()
+        except ValueError:
+            raise APIError(400, "malformed JSON body") from None
+        return {"imported": await asyncio.to_thread(store.import_, document)}
+
+    @app.get("/api/conversations/{conversation_id}")
+    async def get_conversation(conversation_id: str):
+        found = await asyncio.to_thread(store.get, conversation_id)
+        if found is None:
+            raise APIError(404, f"no conversation {conversation_id!r}", "conversation_id")
+        return found
+
+    @app.put("/api/conversations/{conversation_id}")
+    async def put_conversation(conversation_id: str, body: ConversationBody):
+        return await asyncio.to_thread(store.save, body.title, body.data, conversation_id)
+
+    @app.delete("/api/conversations/{conversation_id}")
+    async def delete_conversation(conversation_id: str):
+        if not await asyncio.to_thread(store.delete, conversation_id):
+            raise APIError(404, f"no conversation {conversation_id!r}", "conversation_id")
+        return {"deleted": conversation_id}
 
     @app.get("/", include_in_schema=False)
     async def index():

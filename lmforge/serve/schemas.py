@@ -189,3 +189,10 @@ class EmbeddingRequest(_ValidText):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: None = None
     user: str | None = None
+
+
+class ConversationBody(_ValidText):
+    """A conversation of the chat page (serve/store.py): a title and the page's own JSON."""
+
+    title: Annotated[str, Field(max_length=300)]
+    data: dict[str, Any]
