@@ -185,9 +185,9 @@ class RLTrainer(AlignTrainer):
                         gen: torch.Generator | None = None) -> dict[str, float]:  # fmt: skip
         """`epochs` passes over shuffled minibatches of `size` rows (order drawn from `gen`, by
         default seeded with the step), one `optimizer_step(loss_fn)` each; the mean of each of
-        the losses' stats in `keys`."""
+        the losses' stats in `keys` and of the gradient norm before clipping."""
         gen = gen or torch.Generator().manual_seed(self.cfg.seed + self.step)
-        totals, n = dict.fromkeys(keys, 0.0), 0
+        totals, n = dict.fromkeys((*keys, "grad_norm"), 0.0), 0
         for _ in range(epochs):
             for mb in rollout.minibatches(size, gen):
                 stats = self.optimizer_step([mb], loss_fn)

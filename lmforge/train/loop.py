@@ -346,14 +346,18 @@ class Trainer(ABC):
                 "or use bfloat16 instead of float16)."
             )
         params = [p for p in self.module.parameters() if p.grad is not None]
+        grad_norm = float("nan")  # a float16 step skipped for overflow
         if self.scaler is None or self.scaler.unscale_and_check(params):
-            if self.cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+            # the global norm before clipping (what TRL/transformers log as grad_norm)
+            clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self._whole is not None:
             self._whole.version = None  # the whole copies are stale after this update
-        return {"loss": value, **{k: v / world for k, v in zip(keys, values[2:])}}
+        stats = {k: v / world for k, v in zip(keys, values[2:])}
+        return {"loss": value, "grad_norm": grad_norm, **stats}
 
     def mean_over_ranks(self, stats: dict[str, float]) -> dict[str, float]:
         """The mean over ranks of metrics each rank computed on its own share (one all-reduce)."""
