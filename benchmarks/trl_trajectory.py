@@ -17,6 +17,8 @@ twin) and TRL's adapters start from lmforge's initial A matrices (B is zero on b
   LlamaForSequenceClassification whose score row is lmforge's initial head); full fine-tuning
   only (lmforge's reward trainer has no PEFT). TRL's pad token is set to <|endoftext|> so that
   its pooling finds the EOS (SmolLM2's pad is its EOS, which TRL would skip).
+- full fine-tuning: TRL's embedding gets padding_idx = None; stock transformers sets it to the
+  pad id, SmolLM2's EOS, whose embedding then never trains (lmforge trains it).
 - grpo / rloo: completions are sampled ONCE from the starting model by lmforge's engine, then
   replayed to both trainers (TRL's `_generate_single_turn` returns them), so the comparison
   isolates rewards, advantages, KL and the optimizer. One update per batch (π_old = π),
@@ -265,6 +267,11 @@ def run_trl(method, peft, rows, order, replay, ours, args) -> dict[str, Any]:
             if logs and "loss" in logs:
                 history.append(dict(logs))
 
+    if peft == "full":
+        # transformers builds the embedding with padding_idx = pad_token_id, which SmolLM2 sets
+        # to its EOS, so stock TRL never updates the EOS embedding (it gets no gradient); lmforge
+        # trains it like any real token. Compared like for like here; see docs/post-training.md.
+        model.get_input_embeddings().padding_idx = None
     data = Dataset.from_list(ordered)
     trainer = sequential(cls)(model=model, args=args_, train_dataset=data,
                               processing_class=hf_tok, peft_config=peft_config,
@@ -278,7 +285,7 @@ def run_trl(method, peft, rows, order, replay, ours, args) -> dict[str, Any]:
             completions = next(steps)
             if len(prompt_ids) != len(completions):
                 raise SystemExit("TRL asked for a different number of completions")
-            return completions, None
+            return completions if method == "rloo" else (completions, None)  # TRL's signatures
 
         trainer._generate_single_turn = replayed
     t0 = time.perf_counter()
