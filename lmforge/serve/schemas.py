@@ -196,3 +196,10 @@ class ConversationBody(_ValidText):
 
     title: Annotated[str, Field(max_length=300)]
     data: dict[str, Any]
+
+
+class SearchBody(_ValidText):
+    """POST /api/rag/search: the question, and how many passages."""
+
+    query: Annotated[str, Field(min_length=1, max_length=4000)]
+    k: Annotated[int, Field(ge=1, le=20)] = 4
