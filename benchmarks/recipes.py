@@ -101,6 +101,7 @@ HH_TEST = (f"file:{HH}:test", {"cpu": 100, "gpu": 213}, {"cpu": {}, "gpu": {}})
 ARITH_TEST = ("task:arith:2:test:chat", {"cpu": 500, "gpu": 2000},
               {"cpu": {"max_new_tokens": 8, "batch": 100},
                "gpu": {"max_new_tokens": 8, "batch": 500}})  # fmt: skip
+SUB_TEST = ("task:sub:2:test:chat", *ARITH_TEST[1:])  # grpo-arith: subtraction alone
 ARITH_SHOTS = 8  # lora-sft-arith's baseline: the start model prompted with 8 solved train problems
 # dpo-hh's win rate: the first `n` test prompts whose prompt leaves room for the answer within the
 # reward model's max_len, answered greedily with up to `max_new_tokens` (batch: prompts per call)
@@ -153,16 +154,15 @@ def sft_after_sft_baseline(cfg: dict, variant: str, out: Path) -> dict:
 def chosen_sft_baseline(cfg: dict, variant: str, out: Path) -> dict:
     """dpo-hh, dpo-arith: SFT on the chosen replies of the recipe's own train (and validation)
     pairs: those of its data, or with `pairs_from: policy` the pairs the DPO run sampled (its
-    OUT_DIR/policy_pairs_SPLIT.jsonl, so the baseline runs after the recipe)."""
+    OUT_DIR/policy_pairs_{train,eval}.jsonl, so the baseline runs after the recipe)."""
     from lmforge.align import data as D
     from lmforge.errors import DataError
 
     files = {}
-    for key, n, split in (("data", cfg["n_train"], "train"),
-                          ("eval_data", cfg["n_eval"], "validation")):  # fmt: skip
+    for key, n, role in (("data", cfg["n_train"], "train"), ("eval_data", cfg["n_eval"], "eval")):
         source = cfg[key]
         if cfg.get("pairs_from") == "policy":
-            source = str(ROOT / cfg["out_dir"] / f"policy_pairs_{split}.jsonl")
+            source = str(ROOT / cfg["out_dir"] / f"policy_pairs_{role}.jsonl")
         records = [r for _, r in D.records_from(source, "preference", n=n)]
         rows = []
         for record in records:
@@ -221,7 +221,7 @@ RECIPES = {
                              baseline_verb=None, scorers=("task",)),
     "dpo-arith": Recipe("dpo", ARITH_TEST, chosen_sft_baseline, "exact_match",
                         scorers=("task", "preference")),
-    "grpo-arith": Recipe("grpo", ARITH_TEST, rsft_baseline, "exact_match",
+    "grpo-arith": Recipe("grpo", SUB_TEST, rsft_baseline, "exact_match",
                          baseline_verb="rsft", scorers=("task",)),
 }  # fmt: skip
 

@@ -277,8 +277,9 @@ def data_pairs(trainer: AlignTrainer, source, skip_invalid=False, **kw) -> D.Dat
 def sampled_pairs(trainer: AlignTrainer, source, skip_invalid=False, n=1000, seed=0,
                   split="train") -> D.Dataset:  # fmt: skip
     """Verifier-labelled pairs of the starting model's own samples for the prompts of `source`
-    (trainer.cfg a PairSourceConfig); written as text to OUT_DIR/policy_pairs_SPLIT.jsonl
-    ({"prompt": the rendered prompt, "chosen", "rejected"}), for a baseline to train on."""
+    (trainer.cfg a PairSourceConfig); written as text to OUT_DIR/policy_pairs_train.jsonl (the
+    training pairs) or policy_pairs_eval.jsonl (the held-out ones) as {"prompt": the rendered
+    prompt, "chosen", "rejected"}, for a baseline to train on."""
     cfg = trainer.cfg
     records = D.load_prompts(source, n=n, seed=seed, split=split)
     policy = trainer.lm
@@ -294,7 +295,8 @@ def sampled_pairs(trainer: AlignTrainer, source, skip_invalid=False, n=1000, see
                 f"({unpaired} had only right or only wrong samples)")  # fmt: skip
     if trainer.dist.is_main:
         lines = [json.dumps(pair_text(p, trainer.tokenizer)) + "\n" for p in pairs.examples]
-        write_text(Path(cfg.out_dir) / f"policy_pairs_{split}.jsonl", "".join(lines))
+        role = "train" if split == "train" else "eval"
+        write_text(Path(cfg.out_dir) / f"policy_pairs_{role}.jsonl", "".join(lines))
     return pairs
 
 
