@@ -83,7 +83,7 @@ def ask(page, text: str) -> None:
     page.press("#input", "Enter")
     page.wait_for_function(
         f"document.querySelectorAll(\".assistant[data-done='true']\").length > {count}"
-        " && !document.getElementById('send').disabled", timeout=60_000)  # fmt: skip
+        " && !document.getElementById('send').disabled", timeout=120_000)  # fmt: skip
 
 
 def test_typed_message_streams_and_the_model_and_speed_show(page):
@@ -126,7 +126,7 @@ def test_edit_and_regenerate_make_branches(page):
     page.wait_for_function(
         "document.querySelector('.assistant .branch')?.textContent === '2/2'"
         " && !document.getElementById('send').disabled",
-        timeout=60_000,
+        timeout=120_000,
     )
     page.click(".assistant .prev")
     assert page.inner_text(".assistant .body") == first_reply
@@ -136,7 +136,7 @@ def test_edit_and_regenerate_make_branches(page):
     page.wait_for_function(
         "document.querySelector('.user .branch')?.textContent === '2/2'"
         " && !document.getElementById('send').disabled",
-        timeout=60_000,
+        timeout=120_000,
     )
     assert page.inner_text(".user .body") == "second question"
     page.click(".user .prev")
