@@ -1,170 +1,235 @@
-"""Wall time of nanoGPT's README CPU recipe: lmforge vs a nanoGPT-equivalent loop, same process.
+"""Time to val loss 1.89 on shakespeare-char: nanoGPT's own train.py against `lmforge pretrain`.
 
-The reference reproduces what nanoGPT's train.py does on a CPU for
-`config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1
---block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000
---lr_decay_iters=2000 --dropout=0.0`: its GPT (bias-free LayerNorm, fused c_attn, SDPA causal,
-GELU MLP, tied head), a fresh np.memmap per batch, AdamW without fused/foreach on CPU, an
-evaluation of 20 random batches per split every 250 iterations (iteration 0 included), and
-iterations 0..max_iters inclusive. Both runs see the same data and hyper-parameters.
+nanoGPT is the unmodified copy in ../shared/anchors/nanoGPT (train.py, model.py, its
+data/shakespeare_char/prepare.py), copied to a scratch folder, its data prepared there by its own
+prepare.py, and run with its README CPU recipe:
 
-    python benchmarks/bench_pretrain_nanogpt.py [--iters 2000] [--repeats 1]
+    python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20
+      --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+      --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
 
-Prints each wall time, tokens/s, final val loss and the ratio ours / reference (target <= 0.77).
+lmforge runs `lmforge pretrain --config configs/shakespeare-char-fast.yaml --seed S` (by default;
+`--config` picks another). Both are separate processes started the same way, with the same
+OMP_NUM_THREADS, alternating (nanoGPT, lmforge, nanoGPT, lmforge, ...), and each is timed from
+process start to the first evaluation line showing val loss <= the target (both evaluate every
+250 iterations over 20 x 12 blocks of 64 tokens of the validation split, and their evaluation time
+counts); the process is then stopped. Each side's data is prepared before the clock starts
+(nanoGPT's prepare.py; lmforge's tokenizer and token shards, which a run reuses). nanoGPT's
+train.py fixes its seed (1337); lmforge runs seeds 1337, 1338, 1339.
+
+    python benchmarks/bench_pretrain_nanogpt.py [--seeds 3] [--threads 1] [--record]
+
+Prints each run's time to the target, the ratio lmforge / nanoGPT per pair and of the means, the
+host load beside each run, and (for lmforge) the val loss of the saved model on the whole
+validation split. --record writes benchmarks/results/pretrain_nanogpt.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
+import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from lmforge.data.corpus import shared_data_dir  # noqa: E402
-from lmforge.train.config import TrainConfig, build_config  # noqa: E402
-from lmforge.train.pretrain import Pretrainer  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shakespeare-char.yaml"
-
-
-class RefBlock(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(d, bias=False)
-        self.c_attn = nn.Linear(d, 3 * d, bias=False)
-        self.c_proj = nn.Linear(d, d, bias=False)
-        self.ln_2 = nn.LayerNorm(d, bias=False)
-        self.c_fc = nn.Linear(d, 4 * d, bias=False)
-        self.mlp_proj = nn.Linear(4 * d, d, bias=False)
-        self.heads = heads
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+ANCHOR = shared_data_dir().parent / "anchors" / "nanoGPT"
+CONFIG = ROOT / "configs" / "shakespeare-char-fast.yaml"
+NANOGPT_ARGS = [
+    "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+    "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+    "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0",
+]  # fmt: skip
+# the evaluation lines: nanoGPT "step 250: train loss 2.0, val loss 2.1", ours "step 250:
+# train 2.0, val 2.1, ..."
+NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+LMFORGE_EVAL = re.compile(r"^step (\d+): train ([\d.]+), val ([\d.]+)")
 
 
-class RefGPT(nn.Module):
-    def __init__(self, vocab: int, block: int, layers: int, heads: int, d: int):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
-        self.h = nn.ModuleList(RefBlock(d, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d, bias=False)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.wte.weight = self.lm_head.weight
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
-
-    def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+def load() -> str:
+    """The 1-minute load average, for the record beside each timing."""
+    return f"{os.getloadavg()[0]:.2f}"
 
 
-def reference_run(data_dir: Path, iters: int, vocab: int) -> tuple[float, float]:
-    """nanoGPT's train.py loop on CPU. Returns (wall seconds, final val loss)."""
-    torch.manual_seed(1337)
-    block, batch, eval_iters, eval_interval = 64, 12, 20, 250
-    lr, min_lr, warmup = 1e-3, 1e-4, 100
+def prepare_nanogpt(scratch: Path) -> Path:
+    """An unmodified copy of nanoGPT in `scratch`, its shakespeare_char data built by its own
+    prepare.py from the shared tinyshakespeare.txt (the file it would download)."""
+    dest = scratch / "nanoGPT"
+    shutil.copytree(ANCHOR, dest, ignore=shutil.ignore_patterns("out*", "*.bin", "*.pkl"))
+    data = dest / "data" / "shakespeare_char"
+    shutil.copy(shared_data_dir() / "tinyshakespeare.txt", data / "input.txt")
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    return dest
 
-    def get_batch(split):
-        data = np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")
-        ix = torch.randint(len(data) - block, (batch,))
-        x = torch.stack([torch.from_numpy(data[i : i + block].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block].astype(np.int64)) for i in ix])  # fmt: skip  # noqa: E501
-        return x, y
 
-    model = RefGPT(vocab, block, 4, 4, 128)
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99))
+def prepare_lmforge(config: str, scratch: Path) -> Path:
+    """lmforge's tokenizer and token shards for `config`, built once before any timing (as
+    nanoGPT's prepare.py is): each timed run starts from a copy, which its cache reuses."""
+    from lmforge.data import prepare_corpus
+    from lmforge.train.config import TrainConfig, build_config
+    from lmforge.train.pretrain import build_tokenizer
 
-    @torch.no_grad()
-    def estimate_loss():
-        model.eval()
-        out = {}
-        for split in ("train", "val"):
-            losses = [model(*get_batch(split)).item() for _ in range(eval_iters)]
-            out[split] = sum(losses) / eval_iters
-        model.train()
-        return out
+    dest = scratch / "lmforge_data"
+    cfg = build_config(TrainConfig, config, {"out_dir": str(dest)})
+    dest.mkdir(parents=True)
+    tokenizer = build_tokenizer(cfg, dest)
+    tokenizer.save(dest)
+    prepare_corpus(cfg.data, tokenizer, dest / "data", val_fraction=cfg.val_fraction,
+                   text_field=cfg.text_field, progress=False)  # fmt: skip
+    return dest
 
-    def get_lr(it):
-        if it < warmup:
-            return lr * (it + 1) / (warmup + 1)
-        if it > iters:
-            return min_lr
-        ratio = (it - warmup) / (iters - warmup)
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
+def timed_run(cmd: list[str], cwd: Path, pattern: re.Pattern, target: float, threads: int,
+              log: Path, limit: float, finish: bool = False) -> dict:  # fmt: skip
+    """Run `cmd` until an evaluation line shows val loss <= target (then stop it, or with
+    `finish` let it end by itself: lmforge's target_loss saves the model and stops), the process
+    ends, or `limit` seconds pass. Returns seconds to the target (None if not reached), the step
+    and val loss there, and the last evaluation seen; the output goes to `log`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
     start = time.perf_counter()
-    x, y = get_batch("train")
-    val = float("nan")
-    for it in range(iters + 1):
-        for group in opt.param_groups:
-            group["lr"] = get_lr(it)
-        if it % eval_interval == 0:
-            val = estimate_loss()["val"]
-        loss = model(x, y)
-        x, y = get_batch("train")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()  # log_interval=1
-    return time.perf_counter() - start, val
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    watchdog = threading.Timer(limit, proc.kill)  # also when it stops printing
+    watchdog.start()
+    out = {"seconds": None, "step": None, "val": None, "last": None}
+    with open(log, "w") as fh:
+        for line in proc.stdout:
+            fh.write(line)
+            m = pattern.match(line.strip())
+            if m:
+                step, val = int(m.group(1)), float(m.group(3))
+                out["last"] = (step, val)
+                if val <= target:
+                    out.update(seconds=time.perf_counter() - start, step=step, val=val)
+                    break
+        if finish and out["seconds"] is not None:
+            fh.write(proc.stdout.read())  # the rest of its output, until it exits
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    watchdog.cancel()
+    return out
 
 
-def ours_run(out_dir: Path, iters: int) -> tuple[float, float, Pretrainer]:
-    cfg = build_config(
-        TrainConfig, CONFIG,
-        {"out_dir": str(out_dir), "max_iters": iters, "lr_decay_iters": iters, "progress": False},
-    )  # fmt: skip
-    trainer = Pretrainer(cfg, log=lambda *_: None)
-    start = time.perf_counter()
-    result = trainer.run()
-    return time.perf_counter() - start, result["val_loss"], trainer
+def full_val_loss(out_dir: Path) -> float:
+    """Val loss of the model saved in out_dir over the whole validation split (every block)."""
+    import torch
+
+    from lmforge.data import TokenShard
+    from lmforge.lm import LM
+    from lmforge.train.config import TrainConfig
+    from lmforge.train.pretrain import evaluate
+
+    lm = LM.load(out_dir)
+    shard = TokenShard.open(out_dir / "data" / "val.bin")
+    block = 64
+    cfg = TrainConfig(batch_size=1, block_size=block, eval_iters=len(shard) // (block + 1))
+    loss, _ = evaluate(lm.model, shard, cfg, torch.device("cpu"), contextlib.nullcontext)
+    return loss
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--config", default=str(CONFIG))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--target", type=float, default=1.89)
+    parser.add_argument("--limit", type=float, default=1200, help="seconds per run at most")
+    parser.add_argument("--logs", default=None, help="keep the runs' logs in this folder")
+    parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
-    if not (shared_data_dir() / "tinyshakespeare.txt").is_file():
-        sys.exit(f"skipped: {shared_data_dir() / 'tinyshakespeare.txt'} not found")
-    tokens = (args.iters + 1) * 12 * 64
-    ours, ref = [], []
+    if not (shared_data_dir() / "tinyshakespeare.txt").is_file() or not ANCHOR.is_dir():
+        sys.exit(f"skipped: needs {shared_data_dir() / 'tinyshakespeare.txt'} and {ANCHOR}")
+    rows, ratios, ours_s, ref_s = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):
-            wall, val, trainer = ours_run(Path(tmp) / f"ours{r}", args.iters)
-            ours.append(wall)
-            print(f"lmforge:   {wall:7.1f} s  {tokens / wall:8,.0f} tok/s  val loss {val:.4f}")
-            data_dir = Path(tmp) / f"ours{r}" / "data"
-            wall, val = reference_run(data_dir, args.iters, trainer.tokenizer.vocab_size)
-            ref.append(wall)
-            print(f"reference: {wall:7.1f} s  {tokens / wall:8,.0f} tok/s  val loss {val:.4f}")
-    ratio = statistics.median(ours) / statistics.median(ref)
-    print(f"wall-time ratio lmforge / nanoGPT-equivalent: {ratio:.2f} (target <= 0.77)")
+        scratch = Path(tmp)
+        logs = Path(args.logs) if args.logs else scratch / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        nanogpt = prepare_nanogpt(scratch)
+        prepared = prepare_lmforge(args.config, scratch)
+        for i in range(args.seeds):
+            seed = 1337 + i
+            load_ref = load()
+            ref_cmd = [sys.executable, "train.py", *NANOGPT_ARGS]
+            ref = timed_run(ref_cmd, nanogpt, NANOGPT_EVAL, args.target, args.threads,
+                            logs / f"nanogpt_{i}.log", args.limit)  # fmt: skip
+            out_dir = scratch / f"lmforge_{seed}"
+            shutil.copytree(prepared, out_dir)
+            cmd = [sys.executable, "-m", "lmforge.cli.main", "pretrain", "--config", args.config,
+                   "--out_dir", str(out_dir), "--seed", str(seed), "--samples", "0"]  # fmt: skip
+            load_ours = load()
+            ours = timed_run(cmd, ROOT, LMFORGE_EVAL, args.target, args.threads,
+                             logs / f"lmforge_{seed}.log", args.limit, finish=True)  # fmt: skip
+            full = full_val_loss(out_dir) if ours["seconds"] else float("nan")
+            both = ours["seconds"] and ref["seconds"]
+            ratio = round(ours["seconds"] / ref["seconds"], 3) if both else None
+            print(f"pair {i + 1}: nanoGPT {ref['seconds']} s (step {ref['step']}, val "
+                  f"{ref['val']}, last eval {ref['last']}, load {load_ref}); lmforge seed {seed} "
+                  f"{ours['seconds']} s (step {ours['step']}, val {ours['val']}, last eval "
+                  f"{ours['last']}, whole val split {full:.4f}, load {load_ours}); ratio "
+                  f"{ratio}", flush=True)  # fmt: skip
+            if ratio is not None:
+                ratios.append(ratio)
+                ours_s.append(ours["seconds"])
+                ref_s.append(ref["seconds"])
+            rows.append([i + 1, ref["seconds"] and round(ref["seconds"], 1), ref["step"],
+                         ref["val"], load_ref, seed, ours["seconds"] and round(ours["seconds"], 1),
+                         ours["step"], ours["val"], round(full, 4), load_ours, ratio])  # fmt: skip
+    if ratios:
+        mean_ratio = statistics.mean(ours_s) / statistics.mean(ref_s)
+        print(
+            f"mean time to val <= {args.target}: nanoGPT {statistics.mean(ref_s):.1f} s, "
+            f"lmforge {statistics.mean(ours_s):.1f} s; ratio of means {mean_ratio:.3f}; "
+            f"worst pair {max(ratios):.3f} (goal: <= 0.5, each <= 0.6)"
+        )
+        mean_ref, mean_ours = round(statistics.mean(ref_s), 1), round(statistics.mean(ours_s), 1)
+        rows.append(["mean", mean_ref, "", "", "", "", mean_ours, "", "", "", "",
+                     round(mean_ratio, 3)])  # fmt: skip
+    if args.record:
+        from benchmarks.results import record
+
+        record(
+            "pretrain_nanogpt",
+            f"Time to val loss {args.target} on shakespeare-char: nanoGPT's train.py vs lmforge",
+            [
+                "pair",
+                "nanoGPT s",
+                "nanoGPT step",
+                "nanoGPT val",
+                "load",
+                "lmforge seed",
+                "lmforge s",
+                "lmforge step",
+                "lmforge val",
+                "lmforge whole-val",
+                "load",
+                "lmforge / nanoGPT",
+            ],
+            rows,
+            notes=(
+                f"Seconds from process start to the first evaluation line with val loss <= "
+                f"{args.target} (both: every 250 iterations, 20 x 12 blocks of 64 tokens; "
+                f"evaluation time counted), alternating nanoGPT / lmforge, OMP_NUM_THREADS="
+                f"{args.threads} each, on a host shared with other jobs (load = 1-minute load "
+                f"average at each start). nanoGPT: its unmodified train.py, README CPU recipe "
+                f"(4 layers, 4 heads, 128 wide, block 64, batch 12, AdamW, 2000 iterations), "
+                f"fixed seed 1337. lmforge: {Path(args.config).name}. 'whole-val' is the saved "
+                f"lmforge model's loss over every block of the validation split."
+            ),
+        )
 
 
 if __name__ == "__main__":
