@@ -74,6 +74,11 @@ def register(sub) -> None:
         "'none': keep them in memory until the server stops)",
     )  # fmt: skip
     p.add_argument(
+        "--prefix-cache-mb", type=_number(int, positive=False), default=512, metavar="MB",
+        help="memory for keys and values of prompt blocks reused across requests (a shared "
+        "system prompt is prefilled once); 0 turns prefix caching off (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
         "--rag", default=None, metavar="INDEX",
         help="a folder written by `lmforge rag index`: the chat page's 'answer from my "
         "documents' switch retrieves passages from it and shows the cited ones",
@@ -149,6 +154,7 @@ def run(args) -> int:
     import uvicorn
 
     from lmforge.infer.engine import Engine
+    from lmforge.infer.prefix_cache import PrefixCachingEngine
     from lmforge.lm import LM
     from lmforge.serve.app import create_app
     from lmforge.serve.guards import uvicorn_config
@@ -161,9 +167,13 @@ def run(args) -> int:
         # next to ours instead of /tmp, which a reboot empties; its keys include torch's version
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     lm = LM.load(args.checkpoint, device=args.device)
-    engine = Engine.from_lm(
-        lm, max_batch=args.max_batch, compile=args.compile, dtype=args.dtype, quantize=args.quantize
-    )
+    options = dict(max_batch=args.max_batch, compile=args.compile, dtype=args.dtype,
+                   quantize=args.quantize)  # fmt: skip
+    if args.prefix_cache_mb:
+        engine = PrefixCachingEngine.from_lm(lm, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+                                             **options)  # fmt: skip
+    else:
+        engine = Engine.from_lm(lm, **options)
     name = args.model_name or Path(args.checkpoint).resolve().name
     loopback = args.host in LOOPBACK
     warm_up = None

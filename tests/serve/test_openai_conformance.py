@@ -223,3 +223,26 @@ def test_embedding_model_matches_sentence_transformers(live_server, make_engine)
     assert got.shape == want.shape == (2, 384)
     assert np.allclose(got, want, atol=1e-4)
     assert [m.id for m in client.models.list().data] == ["tiny", "all-MiniLM-L6-v2"]
+
+
+def test_prefix_cache_hit_rate_in_metrics(live_server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lmforge.infer.prefix_cache import PrefixCachingEngine
+
+    torch.manual_seed(0)
+    tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
+    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=512)
+    lm = LM.from_config(config, tokenizer=tok, seed=0)
+    url = live_server(create_app(PrefixCachingEngine.from_lm(lm, max_batch=2), "tiny")).url
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    system = {"role": "system", "content": "hello there, how are you today? " * 8}
+    replies = [
+        client.chat.completions.create(model="tiny", messages=[system, {"role": "user",
+                                       "content": q}], max_tokens=4, temperature=0)
+        for q in ("the quick fox", "the lazy dog")
+    ]  # fmt: skip
+    assert all(r.choices[0].message.content is not None for r in replies)
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert 0.25 < samples["lmforge_prefix_cache_hit_rate"] < 1

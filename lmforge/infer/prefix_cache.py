@@ -1,0 +1,200 @@
+"""Prefix caching across requests: prompt blocks whose keys and values were computed once are
+reused by later requests that start the same way (a shared system prompt, a long conversation
+growing turn by turn), so only the new tokens are prefilled.
+
+    engine = PrefixCachingEngine.from_lm(lm, max_batch=16, prefix_cache_bytes=512 * 2**20)
+
+A prompt is cut into blocks of `block_size` tokens; block i is known by a hash of its tokens and
+of block i-1's hash (so a block stands for the whole prefix up to its end, as in vLLM's automatic
+prefix caching). After a prefill, the keys and values of every whole block of the prompt are
+copied out of the slot cache into a pool (least recently used first out once the pool passes its
+byte budget; a lookup refreshes a chain from its last block to its first, so a chain loses its
+tail before its head and never becomes unreachable in the middle). When a request arrives, its
+longest chain of cached blocks is copied into its cache row and only the rest of the prompt
+(at least one token, whose logits start the reply) runs through the model, attending to the
+copied keys. The keys were rotated at the positions they have in every prompt that shares
+them (a prefix starts at position 0), so they are reused as they are.
+
+It applies to the slot-cache path (full softmax attention, no draft model) and to prompts given
+as token ids without prompt embeddings; anything else is prefilled as usual.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from lmforge.errors import ConfigError
+from lmforge.infer.engine import Engine
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up and found (hit / queried is the hit rate /metrics reports)."""
+
+    queried: int = 0
+    hit: int = 0
+
+
+@dataclass
+class _Block:
+    k: torch.Tensor  # [n_layer, n_kv_head, block_size, head_dim]
+    v: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class PrefixCache:
+    """Blocks of keys and values by the hash of the prefix they end, within a byte budget."""
+
+    def __init__(self, block_size: int = 16, max_bytes: int = 256 * 2**20):
+        if block_size < 1 or max_bytes < 0:
+            raise ConfigError("prefix cache: block_size must be >= 1 and max_bytes >= 0")
+        self.block_size, self.max_bytes = block_size, max_bytes
+        self.blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self.bytes = 0
+        self.stats = PrefixCacheStats()
+
+    def keys(self, tokens: list[int]) -> list[bytes]:
+        """The hash of every whole block of `tokens` (each chained to the ones before)."""
+        out, previous, b = [], b"", self.block_size
+        for i in range(len(tokens) // b):
+            block = tokens[i * b : (i + 1) * b]
+            previous = hashlib.blake2b(previous + repr(block).encode(), digest_size=16).digest()
+            out.append(previous)
+        return out
+
+    def lookup(self, tokens: list[int]) -> list[_Block]:
+        """The longest chain of cached blocks that `tokens` starts with, leaving at least one
+        token after it; counted in the stats and refreshed (tail first, head last)."""
+        found = []
+        for key in self.keys(tokens[:-1]):
+            block = self.blocks.get(key)
+            if block is None:
+                break
+            found.append((key, block))
+        for key, _ in reversed(found):
+            self.blocks.move_to_end(key)
+        self.stats.queried += len(tokens)
+        self.stats.hit += len(found) * self.block_size
+        return [block for _, block in found]
+
+    def insert(self, tokens: list[int], read_block) -> None:
+        """Store the whole blocks of `tokens` not stored yet; `read_block(i)` -> (k, v) of block
+        i. Evicts least recently used blocks beyond the budget."""
+        for i, key in enumerate(self.keys(tokens)):
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+                continue
+            k, v = read_block(i)
+            block = _Block(k.clone(), v.clone())
+            if block.nbytes > self.max_bytes:
+                return
+            self.blocks[key] = block
+            self.bytes += block.nbytes
+        while self.bytes > self.max_bytes and self.blocks:
+            _, old = self.blocks.popitem(last=False)
+            self.bytes -= old.nbytes
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.bytes = 0
+
+
+class _SuffixView:
+    """The rest of a prompt prefilled into slot-cache row `row`, whose first `length` tokens'
+    keys are already in columns col..col+length: the model sees a cache of that length."""
+
+    key_mask = None
+
+    def __init__(self, cache, row: int, col: int, length: int):
+        self.cache, self.row, self.col, self.length = cache, row, col, length
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        end = self.col + self.length + k_new.shape[2]
+        rows, cols = slice(self.row, self.row + 1), slice(self.col + self.length, end)
+        k, v = self.cache.k[layer], self.cache.v[layer]
+        k[rows, :, cols] = k_new
+        v[rows, :, cols] = v_new
+        return k[rows, :, self.col : end], v[rows, :, self.col : end]
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+class PrefixCachingEngine(Engine):
+    """An Engine whose prefills reuse the cached keys and values of earlier prompts' blocks."""
+
+    def __init__(self, *args, prefix_cache_bytes: int = 256 * 2**20, prefix_block: int = 16,
+                 **kwargs):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.prefix_cache = PrefixCache(prefix_block, prefix_cache_bytes)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.prefix_cache.stats
+
+    def _prefill(self, seqs):
+        if not self.slots:
+            return super()._prefill(seqs)
+        misses, hits, outputs = [], [], []
+        for seq in seqs:
+            blocks = self.prefix_cache.lookup(seq.prompt) if seq.embeds is None else []
+            (hits if blocks else misses).append((seq, blocks))
+        self._prefilling = True  # _emit stores the new rows' prompt blocks before any retires
+        try:
+            if misses:
+                outputs += super()._prefill([s for s, _ in misses])
+            for seq, blocks in hits:
+                outputs += self._prefill_from_cache(seq, blocks)
+        finally:
+            self._prefilling = False
+        return outputs
+
+    def _emit(self, logits, greedy=None, lo: int = 0):
+        if getattr(self, "_prefilling", False):
+            for row in range(lo, lo + logits.shape[0]):
+                self._store(row)
+        return super()._emit(logits, greedy, lo)
+
+    def _prefill_from_cache(self, seq, blocks: list[_Block]):
+        cache, n_layer = self.cache, len(self.cache.k)
+        lo, total = len(self.rows), len(seq.prompt)
+        cached = len(blocks) * self.prefix_cache.block_size
+        cache.room_for(total)
+        col = cache.length - total
+        k = torch.cat([b.k for b in blocks], dim=2)  # [n_layer, n_kv_head, cached, head_dim]
+        v = torch.cat([b.v for b in blocks], dim=2)
+        for layer in range(n_layer):
+            cache.k[layer][lo, :, col : col + cached] = k[layer]
+            cache.v[layer][lo, :, col : col + cached] = v[layer]
+        ids = torch.as_tensor(seq.prompt[cached:], device=self.device)[None]
+        view = _SuffixView(cache, lo, col, cached)
+        logits = self.forward(ids, cache=view, last_only=True)[:, -1]
+        cache.start_rows(lo, [total], [total])
+        self.sampler.start_row(lo, seq.params, seq.prompt, seq.uniforms)
+        self.rows.append(seq)
+        cache.n = len(self.rows)
+        return self._emit(logits, lo=lo)
+
+    def _store(self, row: int) -> None:
+        """Copy the whole blocks of row's prompt (just prefilled) into the pool."""
+        seq, cache, b = self.rows[row], self.cache, self.prefix_cache.block_size
+        first = cache.starts[row]
+
+        def read_block(i: int):
+            cols = slice(first + i * b, first + (i + 1) * b)
+            k = torch.stack([layer[row, :, cols] for layer in cache.k])
+            v = torch.stack([layer[row, :, cols] for layer in cache.v])
+            return k, v
+
+        self.prefix_cache.insert(seq.prompt, read_block)
+
+    def reset(self) -> None:
+        super().reset()
+        self.prefix_cache.clear()
