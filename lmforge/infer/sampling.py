@@ -169,7 +169,8 @@ class RowSampler:
             logits = logits.clone()
             for i, c in enumerate(constraints):
                 if c is not None:
-                    logits[i].masked_fill_(~c.allowed()[: logits.shape[-1]], float("-inf"))
+                    allowed = c.allowed()[: logits.shape[-1]].to(logits.device, non_blocking=True)
+                    logits[i].masked_fill_(~allowed, float("-inf"))
             greedy = None
         greedy_rows = self.greedy[rows]
         if greedy is None and any(greedy_rows):
