@@ -62,16 +62,19 @@ class ServerMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         start = last = time.perf_counter()
         first = True
-        async for outs in outputs:
-            now = time.perf_counter()
-            made = sum(len(o.token_ids) for o in outs)
-            if made:
-                self.generation_tokens.inc(made)
-                if first:
-                    self.ttft.observe(now - start)
-                    first, made = False, made - 1
-                for _ in range(made):  # tokens that arrived together share the gap
-                    self.itl.observe((now - last) / made)
-                last = now
-            yield outs
-        self.requests.labels(endpoint).inc()
+        try:
+            async for outs in outputs:
+                now = time.perf_counter()
+                made = sum(len(o.token_ids) for o in outs)
+                if made:
+                    self.generation_tokens.inc(made)
+                    if first:
+                        self.ttft.observe(now - start)
+                        first, made = False, made - 1
+                    for _ in range(made):  # tokens that arrived together share the gap
+                        self.itl.observe((now - last) / made)
+                    last = now
+                yield outs
+            self.requests.labels(endpoint).inc()
+        finally:  # closed early (a client gone): close the request's own stream now, which
+            await outputs.aclose()  # aborts it and frees its batch slot
