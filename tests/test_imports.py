@@ -38,7 +38,9 @@ ARCHITECTURE = ROOT.parent / "docs" / "ARCHITECTURE.md"
 KNOWN_CYCLES: list[frozenset[str]] = []
 
 # Same-layer imports the layer table allows (importer, imported), as its notes say.
-SIDEWAYS = {("data", "tokenizer"), ("fileio", "errors"), ("lm", "chat_completion")}
+SIDEWAYS = {
+    ("data", "tokenizer"), ("fileio", "errors"), ("lm", "chat_completion"), ("interop", "infer"),
+}  # fmt: skip
 # Entry points above every layer: `python -m lmforge` runs the CLI; the package root re-exports
 # LM and ModelConfig lazily.
 ENTRY_POINTS = {"__main__": 99, "": 99}

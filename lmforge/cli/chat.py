@@ -9,6 +9,7 @@ history, /exit (or Ctrl-D) quits.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
@@ -38,7 +39,10 @@ def run(args, stdin=None, stdout=None) -> int:
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     if args.system is not None:
         require_text(args.system, "--system")
-    lm = LM.load(args.checkpoint, device=args.device)
+    # a GGUF file is made at the asked precision as it loads (its own precision by default)
+    gguf = Path(args.checkpoint).is_file()
+    precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
+    lm = LM.load(args.checkpoint, device=args.device, **precision)
     tok = lm.tokenizer
     if tok is None:
         raise ConfigError(f"{args.checkpoint}: chat needs a tokenizer (tokenizer.json)")

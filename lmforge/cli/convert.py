@@ -45,7 +45,7 @@ def _to_gguf(args) -> int:
 
     if not args.checkpoint:
         raise ConfigError("--to-gguf needs --checkpoint (the model to write)")
-    lm = LM.load(args.checkpoint)
+    lm = LM.load(args.checkpoint, dtype="float32")  # a GGUF source too: dense weights to write
     path = export_gguf(lm, args.to_gguf, dtype=args.dtype)
     n = lm.model.num_parameters()
     print(f"wrote {path} ({n:,} parameters, llama GGUF, {args.dtype})")
@@ -61,7 +61,9 @@ def run(args) -> int:
     if not args.out:
         raise ConfigError("--out is required with --from-hf, --to-hf and --from-gguf")
     steps = progress_bar(total=2, desc="convert", unit="step")
-    lm = LM.load(args.from_hf or args.to_hf or args.from_gguf)
+    # float32: a GGUF file is read dense (LM.load would keep its own precision, which only
+    # inference uses); HF and lmforge checkpoints were read in float32 already
+    lm = LM.load(args.from_hf or args.to_hf or args.from_gguf, dtype="float32")
     steps.update()
     if args.from_gguf:
         lm.save(args.out, format="lmforge")  # LM.save alone would keep the HF family's layout

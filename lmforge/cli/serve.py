@@ -166,7 +166,10 @@ def run(args) -> int:
         # inductor's own cache (torch.compile's graphs, AOTInductor's precompiled headers)
         # next to ours instead of /tmp, which a reboot empties; its keys include torch's version
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-    lm = LM.load(args.checkpoint, device=args.device)
+    # a GGUF file is made at the asked precision as it loads (its own precision by default)
+    gguf = Path(args.checkpoint).is_file()
+    precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
+    lm = LM.load(args.checkpoint, device=args.device, **precision)
     options = dict(max_batch=args.max_batch, compile=args.compile, dtype=args.dtype,
                    quantize=args.quantize)  # fmt: skip
     if args.prefix_cache_mb:

@@ -114,8 +114,8 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
     """int8 weights [N, K] -> the int8 kernel's layout: uint8 [ceil(N / 16), K / 32, 512],
     each weight stored as w + 128 (padding rows are weight 0)."""
     n, k = weight.shape
-    unsigned = (weight.to(torch.int16) + 128).to(torch.uint8).view(n, k // BLOCK, BLOCK)
-    return _interleave(unsigned, 128)
+    unsigned = weight.to(torch.int8).view(torch.uint8) ^ 0x80  # w + 128 in two's complement
+    return _interleave(unsigned.view(n, k // BLOCK, BLOCK), 128)
 
 
 def unpack_int8(packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -158,7 +158,15 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tor
     the 16 rows' scales, then their offsets."""
     n, k = q.shape
     g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
-    codes = _interleave(g[:, :, 0] | g[:, :, 1] << 4, 0)
+    return pack_int4_nibbles(g[:, :, 0] | g[:, :, 1] << 4, scale, offset)
+
+
+def pack_int4_nibbles(
+    nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
+    """`pack_int4` from codes already in bytes: nibbles uint8 [N, K / 32, 16] (byte j: column j
+    low, j + 16 high, as llama.cpp's Q4_0 / Q4_1 blocks store them)."""
+    codes = _interleave(nibbles, 0)
     blocks = codes.shape[0]
     parts = [codes, _per_block(scale, blocks), _per_block(offset, blocks)]
     return torch.cat(parts, dim=-1).contiguous()

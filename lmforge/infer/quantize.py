@@ -32,10 +32,10 @@ depends on the CPU (cpu_features.py), so the choice is made per machine:
 int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group of `group_size` input
 columns, q in 0..15: torch's int4pack convention), so llama.cpp's Q4_0 (w = (q - 8) * d) and
 Q4_1 (w = q * d + m, i.e. zero = m + 8 d) blocks of 32 map onto it code for code
-(`Int4Linear.from_codes`, lmforge.interop.gguf_read.read_gguf_q4); the native kernel keeps
-them as fp16 d and m = zero - 8 d (Q4_1's form, exact for GGUF's fp16 scales). Q8_0 cannot map
-onto the int8 path that way: its scale is per block of 32, ours per output channel, so its
-weights are dequantised and requantised per channel.
+(`Int4Linear.from_q4_blocks`, lmforge.interop.gguf_load); the native kernel keeps them as fp16
+d and m (Q4_1's form, exact for GGUF's fp16 scales). Q8_0's scale is per block of 32, not per
+output channel, so it has its own layer (`BlockInt8Linear`, the native q8 kernel), which a GGUF
+loaded at its own precision uses; `quantize="int8"` requantises its weights per channel.
 
     model = to_inference_precision(model, dtype="auto", quantize="int8")
 """
@@ -57,6 +57,7 @@ from lmforge.infer.quantized_linear import (
     DEFAULT_GROUP_SIZE,
     Int4Linear,
     Int8Linear,
+    QuantizedEmbedding,
     QuantizedLinear,
     check_int4_shape,
     cpu_kernel_dtype,
@@ -227,13 +228,18 @@ def to_inference_precision(
 
     dtype 'auto' (or None with a quantize) picks per machine (`resolve_dtype`). int4 checks every
     layer's shape first. `int4_codes`: {linear name: (codes, scale, zero)} already quantised
-    (GGUF Q4_0/Q4_1, lmforge.interop.gguf_read.read_gguf_q4), used instead of quantising those
-    layers. With copy_model the input is left untouched (the engine's caller may keep training
-    it); a model already in the asked precision is returned as it is."""
+    (`Int4Linear.from_codes`), used instead of quantising those layers. With copy_model the
+    input is left untouched (the engine's caller may keep training it); a model already in the
+    asked precision is returned as it is, as is one already holding quantised layers (or a GGUF
+    file loaded at its own precision) when no dtype is asked for."""
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise ConfigError(
             f"quantize must be one of {list(QUANTIZE_CHOICES)} or None, got {quantize!r}"
         )
+    if dtype in (None, "auto") and any(
+        isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules()
+    ):  # already at an inference precision (quantised on load, or a GGUF file as stored)
+        return model
     device = next(model.parameters()).device
     announce = (quantize or "") if dtype == "auto" else None  # asked for: say what it chose
     if dtype is None and quantize is not None:

@@ -24,6 +24,7 @@ from lmforge.infer.cpu_gemv import (
     LANES,
     gemv_kernel,
     pack_int4,
+    pack_int4_nibbles,
     pack_int8,
     pack_q8,
     unpack_int4,
@@ -132,6 +133,18 @@ class QuantizedLinear(nn.Module, abc.ABC):
     ) -> torch.Tensor:
         """Output rows start:stop of the weight, dequantised to `dtype` (default: the
         activation dtype)."""
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Weight rows `ids` (1-d) dequantised to the activation dtype: an embedding lookup in a
+        table stored in this layer (`QuantizedEmbedding`). This generic version dequantises the
+        aligned 32-row block around each distinct id; the kernels' layouts override it."""
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        out = torch.empty(len(unique), self.in_features, dtype=self.dtype, device=ids.device)
+        for i, r in enumerate(unique.tolist()):
+            start = r // 32 * 32
+            block = self.dequantize(start, min(start + 32, self.out_features), self.dtype)
+            out[i] = block[r - start]
+        return out[inverse]
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         """Many rows: a GEMM over the dequantised weights, a chunk of output rows at a time (the
@@ -293,6 +306,20 @@ class BlockInt8Linear(QuantizedLinear):
             return self._buffers["codes"][start:stop], self._buffers["block_scale"][start:stop]
         return unpack_q8(packed[start // LANES : -(-stop // LANES)], stop - start)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        packed = self._buffers["native_packed"]
+        if packed is None:
+            q, d = self._buffers["codes"][ids], self._buffers["block_scale"][ids]
+        else:  # each id's lane of its 16-row block (cpu_gemv.c's interleaved layout)
+            t, groups = ids.numel(), packed.shape[1]
+            blocks, lane, every = packed[ids // LANES], ids % LANES, torch.arange(t)
+            pieces = blocks[..., : LANES * BLOCK].view(t, groups, 8, LANES, 4)[every, :, :, lane]
+            q = (pieces.reshape(t, groups, BLOCK).to(torch.int16) - 128).to(torch.int8)
+            scales = blocks[..., LANES * BLOCK :].contiguous().view(torch.half)
+            d = scales[every, :, lane]
+        w = q.float().view(len(ids), -1, BLOCK) * d.float()[..., None]
+        return w.view(len(ids), self.in_features).to(self.dtype)
+
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         stop = self.out_features if stop is None else stop
         q, d = self.blocks(start, stop)
@@ -340,6 +367,32 @@ class Int4Linear(QuantizedLinear):
         self = cls.__new__(cls)
         self._pack(codes.to(torch.uint8), scale.float(), zero.float(), bias, dtype, group_size)
         return self
+
+    @classmethod
+    def from_q4_blocks(
+        cls,
+        nibbles: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        name: str = "",
+    ) -> Int4Linear:
+        """From llama.cpp Q4_0 / Q4_1 blocks as stored: nibbles uint8 [N, K / 32, 16] (byte j:
+        element j low, j + 16 high), fp16 d and m [N, K / 32], w = q d + m. The native kernel's
+        format is the same bytes and fp16 values interleaved, so they are packed as they are."""
+        n, groups, _ = nibbles.shape
+        if nibbles.device.type == "cpu" and (native := gemv_kernel()) is not None:
+            self = cls.__new__(cls)
+            QuantizedLinear.__init__(self, groups * BLOCK, n, bias, dtype)
+            self.group_size, self._native, self.padded = BLOCK, native, n
+            self.register_buffer("native_packed", pack_int4_nibbles(nibbles, d, m))
+            for buffer in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
+                self.register_buffer(buffer, None)
+            return self
+        codes = torch.stack([nibbles & 15, nibbles >> 4], dim=2).view(n, groups * BLOCK)
+        scale = d.float()
+        return cls.from_codes(codes, scale, m.float() + 8 * scale, bias, dtype, name)
 
     def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias,
               dtype: torch.dtype, group_size: int) -> None:  # fmt: skip
@@ -410,6 +463,21 @@ class Int4Linear(QuantizedLinear):
         q = torch.cat([blocks & 15, blocks >> 4], dim=-1).transpose(1, 2)  # [blocks, 32, K]
         return q.reshape(-1, self.in_features)[: stop - start]
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        packed = self._buffers["native_packed"]
+        if self._native is None or packed.device.type != "cpu":
+            return super().rows(ids)
+        t, groups = ids.numel(), packed.shape[1]
+        blocks, lane, every = packed[ids // LANES], ids % LANES, torch.arange(t)
+        code_bytes = LANES * BLOCK // 2
+        c = blocks[..., :code_bytes].view(t, groups, 4, LANES, 4)[every, :, :, lane]
+        c = c.reshape(t, groups, BLOCK // 2)
+        q = torch.cat([c & 15, c >> 4], dim=-1).float()  # columns j and j + 16 of each group
+        scales = blocks[..., code_bytes:].contiguous().view(torch.half)  # [t, G, 32]: d then m
+        d, m = scales[every, :, lane].float(), scales[every, :, LANES + lane].float()
+        w = q * d[..., None] + m[..., None]
+        return w.view(t, self.in_features).to(self.dtype)
+
     def _native_rows(self, start: int, stop: int):
         """(codes, scale d, offset m) of output rows start:stop (start a multiple of 16) from the
         native kernel's layout."""
@@ -436,6 +504,63 @@ class Int4Linear(QuantizedLinear):
         scale, zero = sz[..., 0].t()[:, :, None], sz[..., 1].t()[:, :, None]
         w = (q.view(stop - start, -1, g) - 8) * scale + zero
         return w.view(stop - start, self.in_features).to(dtype)
+
+
+class HalfLinear(QuantizedLinear):
+    """A Linear whose bf16 / fp16 weights stay as stored (a GGUF's F16 / BF16 tensors) while the
+    model computes in `dtype` (fp32 by default): on a CPU with the native kernels lmforge's half
+    GEMV (cpu_gemv_half.c, fp32 sums) for few rows and torch's 16-bit GEMM above; elsewhere
+    torch's matmul in the weights' dtype."""
+
+    bits = 16
+
+    def __init__(self, weight: torch.Tensor, bias=None, dtype: torch.dtype = torch.float32):
+        if weight.dtype not in (torch.bfloat16, torch.float16):
+            raise ConfigError(f"HalfLinear takes bf16 or fp16 weights, got {weight.dtype}")
+        n, k = weight.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("weight_half", weight.detach().contiguous())
+        self._native = gemv_kernel() if weight.device.type == "cpu" else None
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        w = self._buffers["weight_half"]
+        if self._native is not None and x.device.type == "cpu":
+            return self._native.half_linear(x, w)
+        return F.linear(x.to(w.dtype), w).to(x.dtype)
+
+    gemm = gemv  # the half kernel itself hands many rows to torch's GEMM
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._buffers["weight_half"][ids].to(self.dtype)
+
+    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
+        return self._buffers["weight_half"][start:stop].to(dtype or self.dtype)
+
+    def extra_repr(self) -> str:
+        kind = str(self._buffers["weight_half"].dtype).removeprefix("torch.")
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """A token embedding whose table is kept in a QuantizedLinear's own layout (int8 / int4 /
+    Q8_0 blocks / 16-bit): a lookup dequantises only the rows it reads. The LM head of a tied
+    model is that same layer, so the table is stored once, as in a GGUF file. `weight` is a
+    zero-row tensor that carries only the device and the activation dtype (what callers read
+    from `model.embed.weight`); the table itself is `table`."""
+
+    def __init__(self, table: QuantizedLinear):
+        super().__init__()
+        self.table = table
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+        stand_in = torch.empty(0, table.in_features, dtype=table.dtype)
+        self.register_buffer("weight", stand_in, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        flat = input_ids.reshape(-1)
+        return self.table.rows(flat).view(*input_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, stored as {self.table.extra_repr()}"
 
 
 @functools.cache

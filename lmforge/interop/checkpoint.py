@@ -1,6 +1,7 @@
 """Load a model checkpoint in any format lmforge reads, by looking at what the path holds:
 
-    a .gguf file                          llama.cpp / Ollama (gguf.py, dequantised on load)
+    a .gguf file                          llama.cpp / Ollama (gguf.py; dense here, LM.load
+                                          runs it at its own precision)
     a directory, config.json model_type   "lmforge" or absent: our own format (lmforge.model.io)
                                           anything else: a Hugging Face checkpoint (hf.py)
 
@@ -15,7 +16,6 @@ from pathlib import Path
 import torch
 
 from lmforge.interop.gguf import gguf_config
-from lmforge.interop.gguf_read import load_gguf_model
 from lmforge.interop.hf import hf_config_to_ours, load_hf_model
 from lmforge.model import io as native
 from lmforge.model.config import ModelConfig
@@ -45,7 +45,9 @@ def load_model(
     """The model of a checkpoint (ours, Hugging Face or .gguf), weights loaded strictly."""
     path = Path(path)
     if path.is_file():
-        return load_gguf_model(path, device, dtype)
+        from lmforge.interop.gguf import load_gguf
+
+        return load_gguf(path, device, dtype or torch.float32)[0]  # dense: trainable weights
     if _foreign_model_type(path / "config.json") is not None:
         return load_hf_model(path, device, dtype)
     return native.load_model(path, device, dtype)

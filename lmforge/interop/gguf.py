@@ -25,15 +25,12 @@ from lmforge.interop.gguf_read import (
     ARCHITECTURES,
     SUPPORTED_TYPES,
     GGUFFile,
-    hf_config_from_gguf,
     is_gguf,
     read_config,
-    read_gguf_state,
 )
 from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
 from lmforge.interop.gguf_write import EXPORT_DTYPES, export_gguf
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import build_model
 from lmforge.model.transformer import Transformer
 
 __all__ = [
@@ -69,23 +66,31 @@ def generation_config(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_gguf(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> tuple[Transformer, Any, dict[str, Any]]:
-    """(Transformer, Tokenizer or None, generation config dict) for a GGUF file.
+    """(Transformer, Tokenizer or None, generation config dict) for a GGUF file, built one
+    tensor at a time from the memory-mapped file (lmforge.interop.gguf_load): dtype None and no
+    quantize runs the file's own precision on a CPU (Q8_0 and Q4_0/Q4_1 blocks in the kernels'
+    layouts, F16/BF16 kept 16-bit, float32 activations); a dtype dequantises every tensor to it;
+    quantize ('int8' / 'int4') makes lmforge's quantised layers."""
+    from lmforge.interop.gguf_load import load_gguf_weights
 
-    Weights are dequantised to `dtype` (fp32 by default); Q8_0 is not mapped onto our int8
-    inference path, whose per-channel scales cannot represent its 32-element blocks exactly.
-    """
     f = GGUFFile(path)
-    hf_config_from_gguf(f)  # architecture and metadata errors before tokenizer errors
-    tokenizer = None
-    if f.meta.get("tokenizer.ggml.tokens"):
-        tokenizer, _add_bos = tokenizer_from_gguf(f.meta, str(f.path))
-    config, state = read_gguf_state(f)
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(
-            f"{f.path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
-            f"{config.vocab_size} embedding rows"
-        )
-    model: Transformer = build_model(config, state, device, dtype or torch.float32)
-    return model, tokenizer, generation_config(f.meta)
+    try:
+        config, _family = read_config(f)  # architecture and metadata errors before tokenizer's
+        tokenizer = None
+        if f.meta.get("tokenizer.ggml.tokens"):
+            tokenizer, _add_bos = tokenizer_from_gguf(f.meta, str(f.path))
+        if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+            raise CheckpointError(
+                f"{f.path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
+                f"{config.vocab_size} embedding rows"
+            )
+        generation = generation_config(f.meta)
+        model, _config = load_gguf_weights(f, device, dtype, quantize)
+    finally:
+        f.close()
+    return model, tokenizer, generation

@@ -44,6 +44,7 @@ _SCALARS = {
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
           10: "<u8", 11: "<i8", 12: "<f8"}  # fmt: skip
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 def ggml_types() -> dict[int, tuple[str, int, int]]:
@@ -124,7 +125,29 @@ class _Cursor:
             values = np.frombuffer(self.buf, _NUMPY[inner], count, self.pos)
             self.pos += count * least
             return values.astype(bool).tolist() if inner == 7 else values.tolist()
+        if inner == STRING:  # vocabularies: 100k+ strings, read in one tight loop
+            return self.strings(count, what)
         return [self.value(inner, f"{what}[{i}]", depth + 1) for i in range(count)]
+
+    def strings(self, count: int, what: str) -> list[str]:
+        buf, pos, size, length = self.buf, self.pos, self.size, _U64.unpack_from
+        out = []
+        try:
+            for _ in range(count):
+                n = length(buf, pos)[0]
+                end = pos + 8 + n
+                if end > size:
+                    raise self.fail(f"{what}[{len(out)}] needs {n} bytes at byte {pos + 8}, the "
+                                    f"file has {size}")  # fmt: skip
+                out.append(str(buf[pos + 8 : end], "utf-8"))
+                pos = end
+        except struct.error:
+            raise self.fail(f"{what}[{len(out)}] length needs 8 bytes at byte {pos}, the file "
+                            f"has {size}") from None  # fmt: skip
+        except UnicodeDecodeError as err:
+            raise self.fail(f"{what}[{len(out)}] is not UTF-8 ({err.reason})") from None
+        self.pos = pos
+        return out
 
 
 class GGUFHeader:

@@ -8,17 +8,16 @@ knows only what GGUF does differently from an HF checkpoint:
 - names (`blk.N.attn_q.weight`) and the metadata keys (`llama.rope.freq_base`, ...);
 - llama.cpp permutes the q/k rows of the llama architecture (Llama, Mistral, SmolLM2) so that its
   interleaved-pair RoPE computes HF's rotate-half RoPE; we undo it (transformers' reverse_permute);
-- quantised tensors: every type is dequantised with `gguf.quants.dequantize` (Q8_0 too: its
-  scales are per 32-block, our Int8Linear's per output channel, so mapping it there would not be
-  exact; `LM.load(..., quantize="int8")` requantises the dequantised weights instead); Q4_0 and
-  Q4_1 blocks are also read as codes (`read_gguf_q4`) for the int4 path, which takes them as
-  they are (`LM.load(..., quantize="int4")`);
+- quantised tensors: Q8_0 and Q4_0 / Q4_1 blocks are read as they are stored (`read_q4_blocks`,
+  `read_q8_blocks`) for the kernels that run those formats; every type can be
+  dequantised with `gguf.quants.dequantize` (`GGUFFile.read`);
 - GPT-2's projections are stored [out, in] (already our layout, no Conv1D transpose);
 - Llama 3.x stores its RoPE scaling as a `rope_freqs` tensor of per-frequency divisors, which is
   matched back to HF's "llama3" rope_scaling (and rejected if it is not of that form).
 
-Everything (architecture, tensor types, file length, every tensor's name and shape) is checked
-before any tensor is dequantised, so bad input costs one CheckpointError and no half-built model.
+Everything (the header's fields and bounds: gguf_header.py; architecture, tensor types, every
+tensor's name and shape: `check_tensors`) is checked before any tensor is read, so bad input
+costs one CheckpointError and no half-built model. lmforge.interop.gguf_load builds the model.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ import torch
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
 from lmforge.interop.gguf_header import GGUFHeader, TensorInfo
-from lmforge.interop.hf import hf_config_to_ours, hf_shapes, to_ours
+from lmforge.interop.hf import hf_config_to_ours, hf_shapes
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import build_model
 from lmforge.model.positions import rope_inv_freq
 from lmforge.model.transformer import Transformer
 
@@ -338,19 +336,18 @@ def read_config(f: GGUFFile) -> tuple[ModelConfig, Family]:
     return hf_config_to_ours(hf, str(f.path)), FAMILIES[hf["model_type"]]
 
 
-def _join(rule, parts: list[torch.Tensor]) -> torch.Tensor:
-    """Our tensor from its GGUF parts: as from an HF file, but GPT-2's projections are already
-    stored [out, in] (no Conv1D transpose)."""
-    return parts[0] if rule.transform == "transpose" else to_ours(rule, parts)
-
-
-def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(our ModelConfig, our state dict in float32) for a GGUF file, all checks done first."""
-    config, family = read_config(f)
-    config.extra["gguf_architecture"] = f.architecture
+def check_tensors(
+    f: GGUFFile, family: Family, config: ModelConfig, model: Transformer | None = None
+) -> dict[str, str]:
+    """GGUF tensor name -> HF name for every tensor our model needs, after checking the file
+    holds exactly those (plus rope_freqs and a tied output), with supported types and the shapes
+    the metadata implies: all before any tensor is read, so bad input costs one CheckpointError
+    and no half-built model. `model`: the config's model on the meta device, if already made."""
     name_map = _name_map(f, family, config)
-    with torch.device("meta"):
-        expected = hf_shapes(family, config, Transformer(config).state_dict(), conv1d=False)
+    if model is None:
+        with torch.device("meta"):
+            model = Transformer(config)
+    expected = hf_shapes(family, config, model.state_dict(), conv1d=False)
     if bad_types := sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES)):
         raise CheckpointError(
             f"{f.path}: tensor type(s) {', '.join(bad_types)} are not supported; supported: "
@@ -370,68 +367,37 @@ def read_gguf_state(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                 f"{f.path}: tensor {gguf_name} has shape {f.shape(gguf_name)}, the GGUF metadata "
                 f"implies {expected[hf_name]}"
             )
-    arch = f.architecture
-    hf_tensors = {hf: permute_named(g, f.read(g), config, arch, True) for g, hf in name_map.items()}
-    return config, {
-        ours: _join(rule, [hf_tensors[k] for k in rule.hf_keys])
-        for ours, rule in family.key_map(config).items()
-    }
-
-
-def load_gguf_model(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> Transformer:
-    """A Transformer holding a GGUF file's weights (dequantised; fp32 unless `dtype`)."""
-    config, state = read_gguf_state(GGUFFile(path))
-    return build_model(config, state, device, dtype or torch.float32)
+    return name_map
 
 
 # ---- Q4 blocks onto the int4 inference path ----------------------------------------------------
 Q4_TYPES = ("Q4_0", "Q4_1")
-Q4_BLOCK = 32
+Q4_BLOCK = Q8_BLOCK = 32
 
 
-def read_q4_codes(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Q4_0/Q4_1 tensor's 4-bit codes as they are in the file, not dequantised:
-    (codes uint8 [rows, K] in 0..15, scale fp32 [rows, K/32], zero fp32 [rows, K/32]) with
-    w = (q - 8) * scale + zero, torch's int4pack convention. Q4_0 (w = (q - 8) d) has zero 0;
-    Q4_1 (w = q d + m) has zero m + 8 d. A block is an fp16 d (Q4_1: then an fp16 m) and 16
-    bytes holding elements j (low nibble) and j + 16 (high nibble)."""
+def read_q4_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0/Q4_1 tensor's blocks as they are in the file, not dequantised: (nibbles uint8
+    [rows, K/32, 16], d fp16 [rows, K/32], m fp16 [rows, K/32]) with w = q d + m for the codes
+    q in 0..15: byte j of a block holds element j in its low nibble and j + 16 in its high one.
+    A Q4_1 block is an fp16 d, an fp16 m and the 16 bytes; a Q4_0 block an fp16 d and the 16
+    bytes, with w = (q - 8) d, i.e. m = -8 d (exact in fp16: a power-of-two multiple)."""
     kind = f.type_name(name)
     if kind not in Q4_TYPES:
         raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(Q4_TYPES)}")
     rows, k = f.shape(name)
     head = 2 if kind == "Q4_0" else 4
-    raw = f.blocks(name).reshape(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
-    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    qs = raw[..., head:]
-    codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, k)
-    if kind == "Q4_0":
-        zero = np.zeros_like(d)
-    else:
-        zero = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
-    return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero)
+    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
+    d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    m = -8 * d if kind == "Q4_0" else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    return raw[..., head:].contiguous(), d, m
 
 
-def read_gguf_q4(f: GGUFFile) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """{our Linear's name: (codes, scale, zero)} for every Linear whose GGUF tensors are all
-    Q4_0/Q4_1, mapped like `read_gguf_state` maps weights (q/k rows un-permuted, fused tensors
-    concatenated: both act on whole rows, which carry their own block scales). For
-    `to_inference_precision(..., quantize="int4", int4_codes=...)`: those layers keep the file's
-    codes instead of being dequantised and quantised again."""
-    config, family = read_config(f)
-    to_gguf = {h: g for g, h in _name_map(f, family, config).items()}
-    out = {}
-    for ours, rule in family.key_map(config).items():
-        names = [to_gguf.get(h) for h in rule.hf_keys]
-        if not ours.endswith(".weight") or rule.transform not in ("copy", "cat", "slice"):
-            continue
-        if any(n is None or n not in f.tensors or f.type_name(n) not in Q4_TYPES for n in names):
-            continue
-        parts = [
-            [permute_named(n, t, config, f.architecture, True) for t in read_q4_codes(f, n)]
-            for n in names
-        ]
-        joined = (_join(rule, [p[i] for p in parts]).contiguous() for i in range(3))
-        out[ours.removesuffix(".weight")] = tuple(joined)
-    return out
+def read_q8_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor's blocks as stored: (codes int8 [rows, K], scales fp16 [rows, K / 32]);
+    a block is an fp16 scale d then 32 int8 codes, w = q d."""
+    if f.type_name(name) != "Q8_0":
+        raise CheckpointError(f"{f.path}: tensor {name} is {f.type_name(name)}, not Q8_0")
+    rows, k = f.shape(name)
+    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q8_BLOCK, 2 + Q8_BLOCK)
+    d = raw[..., :2].contiguous().view(torch.float16)[..., 0]
+    return raw[..., 2:].contiguous().view(torch.int8).view(rows, k), d

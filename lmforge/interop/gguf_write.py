@@ -20,7 +20,7 @@ from lmforge.fileio import atomic_write
 from lmforge.interop.families import FAMILIES
 from lmforge.interop.gguf_read import gguf_names, permute_named
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
-from lmforge.interop.hf import export_state
+from lmforge.interop.hf import export_state, require_dense
 from lmforge.model.config import ModelConfig
 from lmforge.model.positions import rope_inv_freq, rope_scaling_type
 
@@ -96,6 +96,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"GGUF dtype {dtype!r} is not supported; supported: {EXPORT_DTYPES}")
     model, tok = lm.model, lm.tokenizer
+    require_dense(model, "export")
     config = model.config
     if problems := export_problems(config):
         raise ConfigError(

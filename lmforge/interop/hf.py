@@ -217,6 +217,7 @@ def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> 
     """Write `lm` (model + tokenizer) as an HF checkpoint directory; returns the directory."""
     directory = Path(directory)
     model, tok = lm.model, lm.tokenizer
+    require_dense(model, "export")
     config = model.config
     family = choose_family(config)
     state = export_state(family, model)
@@ -250,6 +251,21 @@ def origin_family(config: ModelConfig) -> Family | None:
     return None if family is None or family.export_problems(config) else family
 
 
+def require_dense(model: torch.nn.Module, action: str) -> None:
+    """ConfigError when `model` holds inference-only layers (quantised, or a GGUF file loaded at
+    its own precision), whose weights no checkpoint format here stores."""
+    from lmforge.infer.quantized_linear import QuantizedEmbedding, QuantizedLinear
+
+    found = [n for n, m in model.named_modules()
+             if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]  # fmt: skip
+    if found:
+        raise ConfigError(
+            f"cannot {action} a model with quantised or as-stored inference layers ({found[0]}, "
+            f"{len(found)} in all); load it with dtype='float32' (LM.load(path, "
+            "dtype='float32'), --dtype float32) to get dense weights"
+        )
+
+
 def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
     """Write `lm` (model + tokenizer) to `directory`; what `LM.save` does.
 
@@ -258,6 +274,7 @@ def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
     "hf": the HF layout whatever the origin (ConfigError if no family fits); "lmforge": ours.
     Both layouts are read back by `LM.load`."""
     require_choice("save format", format, SAVE_FORMATS)
+    require_dense(lm.model, "save")
     if format == "hf" or (format == "auto" and origin_family(lm.model.config) is not None):
         return export_hf(lm, directory)
     directory = Path(directory)

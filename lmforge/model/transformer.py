@@ -45,7 +45,8 @@ class Transformer(nn.Module):
         self.output_scale = 1 / math.sqrt(config.d_model) if config.logit_scaling else 1.0
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.reset_parameters()
+        if not self.lm_head.weight.is_meta:  # on the meta device (shapes only) init is moot
+            self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)

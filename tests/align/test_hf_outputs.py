@@ -178,7 +178,9 @@ def test_smollm2_lora_outputs_load_in_transformers_and_peft(smollm2_gguf, shared
     the merged folder loads in transformers and the adapter in PEFT on the original weights,
     both with our logits to 1e-5 of the largest logit (30 layers of fp32 sums in two attention
     kernels, and the merged weights W0 + ΔW rounded once, differ by ~1e-4 at logits ~30)."""
-    base = LM.load(smollm2_gguf).save(tmp_path / "base")  # llama layout: the GGUF's family
+    base = LM.load(smollm2_gguf, dtype="float32").save(
+        tmp_path / "base"
+    )  # llama layout: the GGUF's family
     rows = [json.loads(line) for line in (shared_data / "gsm8k_train.jsonl").open()][:8]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"messages": [

@@ -356,7 +356,7 @@ def test_default_folder_is_filled_from_the_bundle(tmp_path, monkeypatch, core_di
 # ---- SmolLM2 (slow) -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2(smollm2_gguf) -> LM:
-    return LM.load(smollm2_gguf)
+    return LM.load(smollm2_gguf, dtype="float32")
 
 
 @pytest.mark.slow

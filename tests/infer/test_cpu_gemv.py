@@ -82,8 +82,13 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     scaled = (q.float().view(n, -1, 32) * d.float()[..., None]).view(n, k)
     packed = cpu_gemv.pack_int4(q, d, m)
     y = kernel.int4(x, packed, n)
-    # the scaled codes meet the quantised activations; the offsets the exact group sums
-    expect = quantised_activations(x) @ scaled.t() + x.view(rows, -1, 32).sum(-1) @ m.float().t()
+    # the centred scaled codes meet the quantised activations; the offsets (with the centring's
+    # 8 d) the exact group sums
+    centred = ((q.float() - 8).view(n, -1, 32) * d.float()[..., None]).view(n, k)
+    expect = (
+        quantised_activations(x) @ centred.t()
+        + x.view(rows, -1, 32).sum(-1) @ (m.float() + 8 * d.float()).t()
+    )
     torch.testing.assert_close(y, expect, rtol=1e-4, atol=1e-4)
     w = scaled + m.float().repeat_interleave(32, dim=1)
     assert (y - x @ w.t()).norm() / (x @ w.t()).norm() < 2e-2

@@ -127,7 +127,7 @@ def test_gguf_q4_codes_map_exactly_onto_int4(tmp_path, kind):
     import gguf
     from gguf.quants import dequantize, quantize
 
-    from lmforge.interop.gguf_read import GGUFFile, read_q4_codes
+    from lmforge.interop.gguf_read import GGUFFile, read_q4_blocks
 
     def write(path, data, qtype=None):
         writer = gguf.GGUFWriter(str(path), "llama")
@@ -141,13 +141,13 @@ def test_gguf_q4_codes_map_exactly_onto_int4(tmp_path, kind):
     qtype = gguf.GGMLQuantizationType[kind]
     w = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
     f = write(tmp_path / "q4.gguf", quantize(w, qtype), qtype)
-    codes, scale, zero = read_q4_codes(f, "w")
+    nibbles, d, m = read_q4_blocks(f, "w")
     theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), qtype), dtype=np.float32))
-    m = Int4Linear.from_codes(codes, scale, zero, dtype=torch.float32, name="w")
-    assert torch.allclose(m.dequantize(), theirs.view(48, 96), rtol=1e-6, atol=1e-6)
-    assert (m.dequantize() - torch.from_numpy(w)).abs().max() > 0  # it is a lossy format
+    layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, name="w")
+    assert torch.equal(layer.dequantize(), theirs.view(48, 96))
+    assert (layer.dequantize() - torch.from_numpy(w)).abs().max() > 0  # it is a lossy format
     with pytest.raises(Exception, match="not Q4_0 or Q4_1"):
-        read_q4_codes(write(tmp_path / "f.gguf", w), "w")
+        read_q4_blocks(write(tmp_path / "f.gguf", w), "w")
 
 
 @pytest.mark.real_model
@@ -155,13 +155,13 @@ def test_smollm2_int8_int4_perplexity_close_to_fp32(smollm2_gguf):
     """~10k tokens of builtin:pydoc, window 1024, stride 512 (fp32 measured 11.34): int8 within
     1%, int4 within 3% of fp32, both through the prefill path (dequantised fp32 GEMMs) and
     through the decode GEMV (where the native kernel quantises the activations to int8). int4
-    keeps the file's Q4_1 codes (read_gguf_q4) and quantises only the tied head (Q8_0 in the
-    file); 'int4 ours' quantises every layer from the dequantised weights."""
+    keeps the file's Q4_1 codes and quantises only the tied head (Q8_0 in the file); 'int4 ours'
+    quantises every layer from the dequantised weights; 'as stored' is LM.load's default (the
+    Q4_1 blocks and the Q8_0 table and head as they are in the file)."""
     from lmforge.data import read_documents
     from lmforge.eval.perplexity import perplexity
-    from lmforge.interop.gguf_read import GGUFFile, read_gguf_q4
 
-    lm = LM.load(smollm2_gguf)
+    lm = LM.load(smollm2_gguf, dtype="float32")
     tok = lm.tokenizer
     ids: list[int] = []
     for doc in read_documents("builtin:pydoc"):
@@ -169,16 +169,18 @@ def test_smollm2_int8_int4_perplexity_close_to_fp32(smollm2_gguf):
         if len(ids) >= 10240:
             break
     ids, table = ids[:10240], tok.token_byte_lengths()
-    codes = read_gguf_q4(GGUFFile(smollm2_gguf))
+    int4 = LM.load(smollm2_gguf, dtype="float32", quantize="int4").model
+    stored = LM.load(smollm2_gguf).model
     name = "blocks.0.mlp.down_proj"
-    native = Int4Linear.from_codes(*codes[name], dtype=torch.float32, name=name)
     weight = lm.model.get_submodule(name).weight
-    assert torch.equal(native.dequantize(), weight)  # Q4_1 -> int4 loses nothing
+    for model in (int4, stored):  # Q4_1 -> int4 loses nothing
+        assert torch.equal(model.get_submodule(name).dequantize(), weight)
     models = {
         "fp32": lm.model,
         "int8": to_inference_precision(lm.model, "float32", "int8"),
-        "int4": to_inference_precision(lm.model, "float32", "int4", int4_codes=codes),
+        "int4": int4,
         "int4 ours": to_inference_precision(lm.model, "float32", "int4"),
+        "as stored": stored,
     }
     for mode in ("int8", "int4"):  # every product through the decode GEMV (native: int8 x)
         models[f"{mode} gemv"] = copy.deepcopy(models[mode])
@@ -193,3 +195,4 @@ def test_smollm2_int8_int4_perplexity_close_to_fp32(smollm2_gguf):
     assert abs(ppl["int8"] / ppl["fp32"] - 1) < 0.01
     assert abs(ppl["int4"] / ppl["fp32"] - 1) < 0.03
     assert abs(ppl["int4 ours"] / ppl["fp32"] - 1) < 0.03
+    assert abs(ppl["as stored"] / ppl["fp32"] - 1) < 0.01

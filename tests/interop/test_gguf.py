@@ -7,6 +7,7 @@ projections transposed), from random transformers models; the oracle for every c
 """
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from lmforge.cli.main import main
 from lmforge.errors import CheckpointError, ConfigError
+from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear, Int4Linear
 from lmforge.interop.gguf import export_gguf, load_gguf
 from lmforge.interop.gguf_read import gguf_names, permute_qk
 from lmforge.lm import LM
@@ -242,6 +244,43 @@ def _assert_same_model(ref, lm, vocab_size, tol=1e-4):
     assert theirs[0, 8:].tolist() == ours[0]
 
 
+# the layer each stored type runs in by default (LM.load without a dtype), and whether that is
+# the file's numbers exactly (else: re-quantised, with one warning saying so)
+AS_STORED = {
+    "F32": (torch.nn.Linear, True), "F16": (HalfLinear, True), "BF16": (HalfLinear, True),
+    "Q8_0": (BlockInt8Linear, True), "Q4_0": (Int4Linear, True), "Q4_1": (Int4Linear, True),
+    "Q4_K": (Int4Linear, False), "Q6_K": (BlockInt8Linear, False),
+}  # fmt: skip
+
+
+def _assert_as_stored(path, ref, dense, vocab_size):
+    """LM.load's default (the file's own precision) against transformers' float32 model: the
+    layers are the kernels' formats, exact ones hold the file's numbers (the dense load's
+    weights), and the logits agree up to the activations' rounding (int8 per block of 32 in the
+    quantised kernels, 16-bit in the half GEMM)."""
+    kind = gguf.GGUFReader(str(path)).tensors[1].tensor_type.name  # a block tensor of the file
+    layer_type, exact = AS_STORED[kind]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lm = LM.load(path)
+    converted = [w for w in caught if "re-quantised" in str(w.message)]
+    assert len(converted) == (0 if exact else 1)
+    name = "blocks.0.mlp.down_proj"
+    layer = lm.model.get_submodule(name)
+    assert type(layer) is layer_type
+    weight = dense.model.get_submodule(name).weight
+    if exact and layer_type is not torch.nn.Linear:
+        assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
+    x = _batch(vocab_size)
+    with torch.no_grad():
+        a, b = ref(x).logits, lm.model(x)
+    assert (a - b).norm() / a.norm() < 0.03
+    prompt = x[:1, :8].tolist()
+    ours = lm.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
+    theirs = dense.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
+    assert len(ours[0]) == 8 and ours[0][0] == theirs[0][0]  # later tokens: near-ties may flip
+
+
 # ---- import ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name
@@ -250,9 +289,10 @@ def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype, build_
     vocab = bpe_vocab
     hf = build_hf("LlamaConfig", len(vocab["tokens"]), tie_word_embeddings=qtype == Q.Q4_K)
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", qtype, vocab)
-    lm = LM.load(path)
+    lm = LM.load(path, dtype="float32")
     ref = hf_from_gguf(path)
     _assert_same_model(ref, lm, hf.config.vocab_size)
+    _assert_as_stored(path, ref, lm, hf.config.vocab_size)
     if qtype == Q.F32:  # unquantised: the source model itself is a second oracle
         x = _batch(hf.config.vocab_size)
         with torch.no_grad():
@@ -274,8 +314,10 @@ def test_other_architectures_match_transformers(
 ):
     hf = build_hf(cls_name, len(bpe_vocab["tokens"]), **kwargs)
     path = write_gguf(tmp_path / "m.gguf", hf, arch, Q.Q8_0, bpe_vocab)
-    lm = LM.load(path)
-    _assert_same_model(hf_from_gguf(path), lm, hf.config.vocab_size)
+    lm = LM.load(path, dtype="float32")
+    ref = hf_from_gguf(path)
+    _assert_same_model(ref, lm, hf.config.vocab_size)
+    _assert_as_stored(path, ref, lm, hf.config.vocab_size)
     assert lm.config.extra["hf_model_type"] == arch
 
 
@@ -304,7 +346,7 @@ def test_tokenizer_matches_transformers(tmp_path, bpe_vocab, spm_vocab, kind, ar
 def test_generation_config_and_cli_checkpoint(tmp_path, bpe_vocab, capsys, build_hf):
     hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.Q8_0, bpe_vocab)
-    model, tok, generation = load_gguf(path)
+    model, tok, generation = load_gguf(path, dtype=torch.float32)
     assert generation["eos_token_id"] == bpe_vocab["eos"]
     assert main(["convert", "--from-gguf", str(path), "--out", str(tmp_path / "ours")]) == 0
     back = LM.load(tmp_path / "ours")
@@ -357,7 +399,7 @@ def test_llama3_rope_freqs_tensor(tmp_path, bpe_vocab, build_hf):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    lm = LM.load(tmp_path / "r.gguf")
+    lm = LM.load(tmp_path / "r.gguf", dtype="float32")
     assert lm.config.rope_scaling["rope_type"] == "llama3"
     x = _batch(hf.config.vocab_size, seq=48)
     with torch.no_grad():
@@ -388,7 +430,7 @@ def test_export_loads_in_transformers_and_back(tmp_path, dtype, kw):
     lm = _our_llama(tok, **kw)
     path = export_gguf(lm, tmp_path / "out.gguf", dtype=dtype)
     ref = hf_from_gguf(path)
-    back = LM.load(path)
+    back = LM.load(path, dtype="float32")
     x = _batch(lm.config.vocab_size)
     with torch.no_grad():
         theirs, ours, original = ref(x).logits, back.model(x), lm.model(x)
@@ -533,7 +575,7 @@ def test_bad_file_convert_says_one_line_and_writes_nothing(tmp_path, bpe_vocab, 
 @pytest.mark.real_model
 def test_smollm2_gguf_matches_transformers(smollm2_gguf):
     path = smollm2_gguf
-    lm = LM.load(path)
+    lm = LM.load(path, dtype="float32")
     ref = hf_from_gguf(path)
     x = _batch(lm.config.vocab_size, seq=32)
     prompt = x[:1, :10]

@@ -1,0 +1,278 @@
+"""A GGUF file into a Transformer one tensor at a time, each tensor going from the memory-mapped
+file straight into the layer that will run it.
+
+The model is built on the meta device (no memory), then each of its tensors is read from the
+file, converted and placed, and the file's pages for it are dropped from this process
+(GGUFFile.release): loading holds the finished layers plus one tensor in flight, never a float32
+copy of the whole model. Three policies:
+
+- `as_stored` (LM.load's default): the file's own precision. Q8_0 blocks become BlockInt8Linear
+  and Q4_0 / Q4_1 blocks Int4Linear code for code (both are the native kernels' formats, only
+  interleaved), F16 / BF16 stay 16-bit (HalfLinear), F32 stays F32; the token table too
+  (QuantizedEmbedding, whose layer is also the head of a tied model). Formats the kernels have no
+  layout for (the K-quants, Q5_x, the IQ types) are dequantised one tensor at a time and
+  quantised again: to int4 (groups of 32, scale and offset: Q4_1's layout) when they store at
+  most 5 bits per weight, else to Q8_0; one warning states which tensors and the largest
+  relative weight error that caused. Activations are float32.
+- `dense`: every tensor dequantised to one dtype (training, export, `--dtype` given).
+- `quantized`: lmforge's int8 / int4 (`--quantize`), as lmforge.infer.quantize makes them, from
+  each layer's dequantised weights; Q4_0 / Q4_1 tensors keep their codes under int4.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from lmforge.errors import CheckpointError
+from lmforge.infer.quantized_linear import (
+    BLOCK,
+    BlockInt8Linear,
+    HalfLinear,
+    Int4Linear,
+    Int8Linear,
+    QuantizedEmbedding,
+    QuantizedLinear,
+)
+from lmforge.interop.gguf_header import ggml_types
+from lmforge.interop.gguf_read import (
+    PLAIN_TYPES,
+    Q4_TYPES,
+    GGUFFile,
+    check_tensors,
+    permute_named,
+    read_config,
+    read_q4_blocks,
+    read_q8_blocks,
+)
+from lmforge.interop.hf import to_ours
+from lmforge.model.config import ModelConfig
+from lmforge.model.transformer import Transformer
+
+POLICIES = ("as_stored", "dense", "quantized")
+CONVERT_TO_INT4_BITS = 5.0  # at most Q4_1's bits per weight: int4 loses nothing it had
+
+
+def bits_per_weight(type_name: str) -> float:
+    _, block, nbytes = next(t for t in ggml_types().values() if t[0] == type_name)
+    return 8 * nbytes / block
+
+
+class _Loader:
+    """Fills a meta-device Transformer from a GGUF file, tensor by tensor."""
+
+    def __init__(self, f: GGUFFile, policy: str, dtype: torch.dtype, quantize: str | None,
+                 device: torch.device):  # fmt: skip
+        self.f, self.policy, self.dtype, self.quantize = f, policy, dtype, quantize
+        self.device = device
+        self.config, self.family = read_config(f)
+        self.config.extra["gguf_architecture"] = f.architecture
+        with torch.device("meta"):
+            self.model = Transformer(self.config)
+        names = check_tensors(f, self.family, self.config, self.model)
+        self.to_gguf = {hf: g for g, hf in names.items()}
+        self.converted: list[tuple[str, str, float]] = []  # (gguf name, type, relative error)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def parts(self, rule) -> list[str]:
+        return [self.to_gguf[h] for h in rule.hf_keys]
+
+    def join(self, rule, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Our tensor from its GGUF parts: as from an HF file, but GPT-2's projections are
+        already stored [out, in] (no Conv1D transpose)."""
+        return tensors[0] if rule.transform == "transpose" else to_ours(rule, tensors)
+
+    def unpermute(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        return permute_named(name, t, self.config, self.f.architecture, reverse=True)
+
+    def dense(self, rule, dtype: torch.dtype) -> torch.Tensor:
+        """Our tensor dequantised to `dtype` (through float32 for the block formats)."""
+        names = self.parts(rule)
+        parts = [self.unpermute(g, self.f.read(g, dtype)) for g in names]
+        out = self.join(rule, parts)
+        self.release(names)
+        return out.to(self.device).contiguous()
+
+    def components(self, rule, read: Callable) -> list[torch.Tensor]:
+        """Each per-row component `read(f, name)` returns (codes, scales, ...), joined over the
+        rule's parts: rows carry their own block scales, so un-permuting and concatenating rows
+        is exact."""
+        names = self.parts(rule)
+        per_part = [[self.unpermute(g, t) for t in read(self.f, g)] for g in names]
+        joined = [self.join(rule, [p[i] for p in per_part]).contiguous()
+                  for i in range(len(per_part[0]))]  # fmt: skip
+        self.release(names)
+        return joined
+
+    def release(self, names: list[str]) -> None:
+        for g in names:
+            self.f.release(g)
+
+    def kinds(self, rule) -> set[str]:
+        return {self.f.type_name(g) for g in self.parts(rule)}
+
+    # ---- layers ------------------------------------------------------------------------------
+    def stored_layer(self, rule, bias: torch.Tensor | None, name: str) -> nn.Module | None:
+        """The file's precision: an exact layer where the kernels hold the format, a converted
+        one where they do not; None for F32 (a plain Linear)."""
+        kinds = self.kinds(rule)
+        if kinds == {"F32"}:
+            return None
+        if kinds == {"Q8_0"}:
+            q, d = self.components(rule, read_q8_blocks)
+            return BlockInt8Linear.from_blocks(q, d, bias, self.dtype)
+        if kinds <= set(Q4_TYPES):
+            q, d, m = self.components(rule, read_q4_blocks)
+            return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
+        if len(kinds) == 1 and (kind := next(iter(kinds))) in ("F16", "BF16"):
+            return HalfLinear(self.dense(rule, PLAIN_TYPES[kind]), bias, self.dtype)
+        weight = self.dense(rule, torch.float32)
+        bits = max(bits_per_weight(k) for k in kinds)
+        linear = _linear(weight, None)
+        if bits <= CONVERT_TO_INT4_BITS and weight.shape[1] % BLOCK == 0:
+            layer: QuantizedLinear = Int4Linear(linear, self.dtype, BLOCK, name)
+        else:
+            layer = BlockInt8Linear(linear, self.dtype)
+        error = float((layer.dequantize(dtype=torch.float32) - weight).norm() / weight.norm())
+        self.converted.append((",".join(self.parts(rule)), "/".join(sorted(kinds)), error))
+        layer.register_buffer("bias", None if bias is None else bias.to(self.dtype))
+        return layer
+
+    def quantized_layer(self, rule, bias: torch.Tensor | None, name: str) -> nn.Module:
+        """lmforge's int8 / int4 (lmforge.infer.quantize's choices: int4 keeps the output head
+        at int8), Q4_0 / Q4_1 codes kept under int4."""
+        if self.quantize == "int4" and self.kinds(rule) <= set(Q4_TYPES):
+            q, d, m = self.components(rule, read_q4_blocks)
+            return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
+        linear = _linear(self.dense(rule, torch.float32), bias)
+        if self.quantize == "int8" or name == "lm_head":
+            return Int8Linear(linear, self.dtype)
+        return Int4Linear(linear, self.dtype, BLOCK, name)
+
+    def linear(self, module: nn.Linear, rule, bias_rule, name: str) -> nn.Module:
+        bias = None if bias_rule is None else self.dense(bias_rule, self.dtype)
+        if self.policy == "as_stored":
+            layer = self.stored_layer(rule, bias, name)
+        elif self.policy == "quantized":
+            layer = self.quantized_layer(rule, bias, name)
+        else:
+            layer = None
+        if layer is not None:
+            return layer
+        _assign(module, "weight", self.dense(rule, self.dtype))
+        if bias is not None:
+            _assign(module, "bias", bias)
+        return module
+
+    # ---- the model ---------------------------------------------------------------------------
+    def build(self) -> Transformer:
+        config, model = self.config, self.model
+        key_map = self.family.key_map(config)
+        linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+        for ours, rule in key_map.items():
+            module_name, _, attr = ours.rpartition(".")
+            if module_name in linears and attr == "bias":
+                continue  # placed with its weight
+            if module_name in linears:
+                layer = self.linear(linears[module_name], rule,
+                                    key_map.get(f"{module_name}.bias"), module_name)  # fmt: skip
+                _set_module(model, module_name, layer)
+            elif ours == "embed.weight" and self.policy == "as_stored":
+                table = self.stored_layer(rule, None, "embed")
+                if table is None:
+                    _assign(model.embed, "weight", self.dense(rule, self.dtype))
+                else:
+                    model.embed = QuantizedEmbedding(table)
+            else:
+                module = model.get_submodule(module_name)
+                _assign(module, attr, self.dense(rule, self.dtype if _is_float(module, attr)
+                                                 else torch.float32))  # fmt: skip
+        if config.tie_embeddings:
+            if isinstance(model.embed, QuantizedEmbedding):
+                model.lm_head = model.embed.table  # one table: the lookup and the head
+            elif self.policy == "quantized":  # the head at int8 under both (quantize.py's rule)
+                linear = _linear(model.embed.weight.detach().float(), None)
+                model.lm_head = Int8Linear(linear, self.dtype)
+            else:
+                model.lm_head.weight = model.embed.weight
+        for name, buf in list(model.named_buffers()):
+            if buf.is_meta:  # tables the model computes (RoPE): refilled below
+                module_name, _, attr = name.rpartition(".")
+                module = model.get_submodule(module_name)
+                module._buffers[attr] = torch.empty_like(buf, device=self.device)
+        model.reset_buffers()
+        if left := [n for n, p in model.named_parameters() if p.is_meta]:
+            raise CheckpointError(f"{self.f.path}: no tensor for {', '.join(left[:5])}")
+        if self.converted:
+            self.warn_converted()
+        model.eval()
+        if self.policy != "dense":
+            model.requires_grad_(False)
+        return model
+
+    def warn_converted(self) -> None:
+        names, kinds, errors = zip(*self.converted)
+        worst = max(range(len(errors)), key=errors.__getitem__)
+        warnings.warn(
+            f"{self.f.path}: {len(names)} tensor(s) of type {', '.join(sorted(set(kinds)))} have "
+            "no exact layout in lmforge's kernels and were re-quantised per tensor (int4 groups "
+            f"of 32 up to {CONVERT_TO_INT4_BITS:g} bits per weight, Q8_0 above); largest "
+            f"relative weight error {errors[worst]:.2%} ({names[worst]})",
+            stacklevel=4,
+        )
+
+
+def _is_float(module: nn.Module, attr: str) -> bool:
+    t = getattr(module, attr, None)
+    return t is None or t.dtype.is_floating_point
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An nn.Linear holding `weight` (and `bias`) without initialising anything."""
+    with torch.device("meta"):
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    _assign(linear, "weight", weight)
+    if bias is not None:
+        _assign(linear, "bias", bias)
+    return linear
+
+
+def _assign(module: nn.Module, attr: str, tensor: torch.Tensor) -> None:
+    """Replace a (meta) parameter or buffer by `tensor`."""
+    if attr in module._parameters:
+        module._parameters[attr] = nn.Parameter(tensor, requires_grad=tensor.is_floating_point())
+    else:
+        module._buffers[attr] = tensor
+
+
+def _set_module(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent), attr, layer)
+
+
+def load_gguf_weights(
+    f: GGUFFile,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    quantize: str | None = None,
+) -> tuple[Transformer, ModelConfig]:
+    """The Transformer of an opened GGUF file, built one tensor at a time (module docstring).
+    dtype None and no quantize: the file's own precision on a CPU (float32 activations), every
+    tensor dequantised to float32 elsewhere; a dtype alone: every tensor dequantised to it;
+    quantize ('int8' / 'int4'): lmforge's quantised layers with `dtype` activations."""
+    device = torch.device(device)
+    if quantize is not None:
+        policy = "quantized"
+    elif dtype is None and device.type == "cpu":
+        policy = "as_stored"
+    else:
+        policy = "dense"
+    loader = _Loader(f, policy, dtype or torch.float32, quantize, device)
+    try:
+        model = loader.build()
+    finally:
+        f.close()
+    return model, loader.config
