@@ -404,15 +404,28 @@ def worker(job_file: str) -> None:
 REUSE = False  # --reuse: a stage whose job file is unchanged and finished is not run again
 
 
+def finished_stage(job: dict, out: Path) -> Path | None:
+    """The .stage.json of a finished stage in `out` that ran the same job (any stage name: one
+    recipe's "after" model is the next one's "before"), else None."""
+    for job_file in sorted(out.glob("*.job.json")):
+        done = job_file.with_name(job_file.name.replace(".job.json", ".stage.json"))
+        other = json.loads(job_file.read_text())
+        if done.is_file() and {k: v for k, v in other.items() if k != "result"} == {
+            k: v for k, v in job.items() if k != "result"
+        }:
+            return done
+    return None
+
+
 def stage(name: str, job: dict, out: Path) -> dict:
     """Run `job` in a fresh process (stdout and stderr to OUT/NAME.log); its result, wall time
     and peak RSS (the process's own high-water mark, from wait4), also kept in
     OUT/NAME.stage.json for --reuse."""
     job = {**job, "result": str(out / f"{name}.result.json")}
     job_file, done = out / f"{name}.job.json", out / f"{name}.stage.json"
-    if REUSE and done.is_file() and job_file.is_file() and json.loads(job_file.read_text()) == job:
-        result = json.loads(done.read_text())
-        print(f"  {name:<28} reused ({result['wall_s']:.0f} s when it ran)")
+    if REUSE and (same := finished_stage(job, out)):
+        result = json.loads(same.read_text())
+        print(f"  {name:<28} reused {same.name} ({result['wall_s']:.0f} s when it ran)")
         return result
     done.unlink(missing_ok=True)
     job_file.write_text(json.dumps(job, indent=1))
@@ -568,6 +581,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {s['wall_s']:.0f} | {cpu} | {s['peak_rss_mb']:.0f} | {cuda} |")
     lines += ["", "Validation curves (choose steps / checkpoints on these, never on test):"]
     for run, curve in report["validation"].items():
+        if not curve:  # a baseline that did not train
+            continue
         metric = report["validation_metric"] if report["validation_metric"] in curve else "loss"
         points = ", ".join(f"step {s}: {v:.4g}" for s, v in curve.get(metric, []))
         lines.append(f"- {run} ({metric}): {points}")
