@@ -202,7 +202,7 @@ class _Loader:
             if buf.is_meta:  # tables the model computes (RoPE): refilled below
                 module_name, _, attr = name.rpartition(".")
                 module = model.get_submodule(module_name)
-                module._buffers[attr] = torch.empty_like(buf, device=self.device)
+                module._buffers[attr] = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)
         model.reset_buffers()
         if left := [n for n, p in model.named_parameters() if p.is_meta]:
             raise CheckpointError(f"{self.f.path}: no tensor for {', '.join(left[:5])}")

@@ -223,6 +223,8 @@ class RotaryEmbedding(nn.Module):
     def reset_buffers(self) -> None:
         """(Re)compute the cos/sin tables, e.g. after building the model on the meta device."""
         device = self.cos.device
+        if device.type == "meta":  # shapes only (no values to compute): made when materialised
+            return
         positions = torch.arange(self.max_seq_len, dtype=torch.float32)
         cos, sin = self._cos_sin(positions, *rope_inv_freq(self.head_dim, self.base, self.scaling))
         self.cos, self.sin = cos.to(device), sin.to(device)

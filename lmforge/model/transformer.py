@@ -27,7 +27,11 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # on the meta device (shapes only) no init: there nn.Embedding's normal_ is a Python
+        # decomposition that imports torch._dynamo, 3 s and 150 MB for a GGUF load
+        table = torch.empty(config.vocab_size, config.d_model)
+        kept = {"_weight": table} if table.is_meta else {}
+        self.embed = nn.Embedding(config.vocab_size, config.d_model, **kept)
         self.abs_pos = None
         if config.pos in ABSOLUTE_POSITIONS:  # added to the embeddings; rope acts in attention
             self.abs_pos = ABSOLUTE_POSITIONS[config.pos](config.max_seq_len, config.d_model)
