@@ -226,8 +226,10 @@ def main() -> None:
                 f"{args.threads} each, on a host shared with other jobs (load = 1-minute load "
                 f"average at each start). nanoGPT: its unmodified train.py, README CPU recipe "
                 f"(4 layers, 4 heads, 128 wide, block 64, batch 12, AdamW, 2000 iterations), "
-                f"fixed seed 1337. lmforge: {Path(args.config).name}. 'whole-val' is the saved "
-                f"lmforge model's loss over every block of the validation split."
+                f"fixed seed 1337. lmforge: {Path(args.config).name}. lmforge scores the first "
+                f"240 blocks of the validation split (the same ones every time), nanoGPT 240 "
+                f"random ones per evaluation; the first blocks are easier than the split as a "
+                f"whole, so 'whole-val' gives the saved lmforge model's loss over every block."
             ),
         )
 
