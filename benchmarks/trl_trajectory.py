@@ -144,8 +144,9 @@ def our_config(method: str, peft: str, data: Path, eval_data: Path, out: Path, a
     return GRPOConfig(**common, loss_type="rloo", beta=0.05)
 
 
-def run_ours(method, peft, data, eval_data, out, order, replay, args) -> dict[str, Any]:
-    """Train `args.steps` steps; (per-step loss, grad_norm, LoRA A matrices at the start)."""
+def run_ours(method, peft, data, eval_data, out, order, replay, args, perturb=0.0) -> dict:
+    """Train `args.steps` steps; (per-step loss, grad_norm, LoRA A matrices at the start).
+    `perturb` multiplies every trainable weight by 1 + perturb first (the control run)."""
     from lmforge.align.dpo import DPOTrainer
     from lmforge.align.grpo import GRPOTrainer
     from lmforge.align.reward import RewardTrainer
@@ -158,6 +159,10 @@ def run_ours(method, peft, data, eval_data, out, order, replay, args) -> dict[st
     trainer = cls(cfg, log=lambda *a: None, **kw)
     lora_a = {k: v for k, v in lora_state_dict(trainer.lm.model).items() if ".lora_A." in k}
     head = trainer.rm.head.weight.detach().clone() if method == "reward" else None
+    with torch.no_grad():
+        for p in trainer.module.parameters() if perturb else ():
+            if p.requires_grad:
+                p.mul_(1 + perturb)
     drawn: list[list[int]] = []
     next_indices = trainer.sampler.next
     trainer.sampler.next = lambda: drawn.append(next_indices()) or drawn[-1]
@@ -357,16 +362,20 @@ def run(method: str, peft: str, args) -> Path:
         if method in RL:
             replay = sample_replay(method, peft, data, eval_data, tmp / "sample", order, args)
         ours = run_ours(method, peft, data, eval_data, tmp / "ours", order, replay, args)
-        theirs = run_trl(method, peft, rows, order, replay, ours, args)
+        if args.control:  # lmforge against itself, started a rounding error away
+            theirs = run_ours(method, peft, data, eval_data, tmp / "control", order, replay,
+                              args, perturb=args.control)  # fmt: skip
+        else:
+            theirs = run_trl(method, peft, rows, order, replay, ours, args)
     diff = differences(ours, theirs)
     result = {"method": method, "peft": peft, "steps": args.steps, "batch": batch,
               "group": args.group if method in RL else None, "lr": LR[peft],
               "threads": args.threads, "ours": {k: ours[k] for k in ("loss", "grad_norm")},
               "trl": {k: theirs[k] for k in ("loss", "grad_norm")},
               "seconds": {"ours": ours["seconds"], "trl": theirs["seconds"]},
-              "max_difference": diff}  # fmt: skip
+              "max_difference": diff, "control": args.control}  # fmt: skip
     args.curves.mkdir(parents=True, exist_ok=True)
-    path = args.curves / f"{method}_{peft}.json"
+    path = args.curves / f"{method}_{peft}{'_control' if args.control else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{method} {peft}: {json.dumps(diff)}  (lmforge {ours['seconds']:.0f} s, TRL "
           f"{theirs['seconds']:.0f} s)")  # fmt: skip
@@ -385,7 +394,8 @@ def report() -> None:
     rows = []
     for r in sorted(runs, key=lambda r: (METHODS.index(r["method"]), r["peft"])):
         d = r["max_difference"]
-        rows.append([r["method"], r["peft"], r["steps"], r["batch"], r["lr"],
+        weights = f"{r['peft']}, control" if r.get("control") else r["peft"]
+        rows.append([r["method"], weights, r["steps"], r["batch"], r["lr"],
                      f"{d['loss_abs']:.2e}", f"{d['loss_rel']:.2e}", f"{d['grad_norm_abs']:.2e}",
                      f"{d['grad_norm_rel']:.2e}"])  # fmt: skip
     record("trl_trajectory", "Trajectory parity with TRL on SmolLM2-135M-Instruct (fp32, CPU)",
@@ -398,6 +408,8 @@ def report() -> None:
                  "from the starting model (batch = prompts; 4 completions each). Δ is per step; "
                  "relative Δ is |lmforge - TRL| / max(|TRL|, 1e-3) (GRPO's loss sits near 0); "
                  "grad norm is the global norm before clipping. "
+                 "Control rows: lmforge against itself with every trainable weight multiplied by "
+                 "1 + 1e-7 at the start (--control 1e-7), the divergence rounding alone causes. "
                  "Curves: benchmarks/trajectories/*.json, plots docs/img/trajectory_*.png.",
            command="python benchmarks/trl_trajectory.py --method M --peft P; "
                    "python benchmarks/trl_trajectory.py --report")  # fmt: skip
@@ -409,6 +421,18 @@ def report() -> None:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         for r in mine:
             steps = range(1, r["steps"] + 1)
+            if r.get("control"):  # lmforge vs itself from a perturbed start: relative Δ only
+                for key, style in (("loss", "-"), ("grad_norm", ":")):
+                    a, b = torch.tensor(r["ours"][key]), torch.tensor(r["trl"][key])
+                    rel = ((a - b).abs() / b.abs().clamp_min(FLOOR)).clamp_min(1e-12)
+                    axes[2].semilogy(
+                        steps,
+                        rel,
+                        style,
+                        color="grey",
+                        label=f"{key} {r['peft']}: lmforge vs lmforge x(1+1e-7)",
+                    )
+                continue
             for ax, key in zip(axes[:2], ("loss", "grad_norm")):
                 ax.plot(steps, r["ours"][key], label=f"lmforge {r['peft']}", linewidth=2.5,
                         alpha=0.6)  # fmt: skip
@@ -439,6 +463,12 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--examples", type=int, default=64, help="records in the training set")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--curves", type=Path, default=CURVES, help="where each run's JSON goes")
+    ap.add_argument(
+        "--control",
+        type=float,
+        default=0.0,
+        help="instead of TRL, lmforge again with every trainable weight x (1 + this)",
+    )
     ap.add_argument("--report", action="store_true", help="table and plots from stored curves")
     args = ap.parse_args(argv)
     written = []
