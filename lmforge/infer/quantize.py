@@ -55,6 +55,7 @@ from lmforge.infer.cpu_features import CPUFeatures, cpu_features
 from lmforge.infer.cpu_gemv import gemv_kernel
 from lmforge.infer.quantized_linear import (
     DEFAULT_GROUP_SIZE,
+    HalfLinear,
     Int4Linear,
     Int8Linear,
     QuantizedEmbedding,
@@ -236,9 +237,15 @@ def to_inference_precision(
         raise ConfigError(
             f"quantize must be one of {list(QUANTIZE_CHOICES)} or None, got {quantize!r}"
         )
-    if dtype in (None, "auto") and any(
-        isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules()
-    ):  # already at an inference precision (quantised on load, or a GGUF file as stored)
+    layers = [m for m in model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]
+    as_stored = any(isinstance(m, (QuantizedEmbedding, HalfLinear)) for m in layers)
+    if as_stored and (quantize is not None or dtype not in (None, "auto")):
+        raise ConfigError(
+            "this model runs a GGUF file at its own precision; ask for another one when loading "
+            f"it (LM.load(path, dtype=..., quantize=...)), not afterwards (dtype={dtype!r}, "
+            f"quantize={quantize!r})"
+        )
+    if dtype in (None, "auto") and layers:  # quantised on load, or a GGUF file as stored
         return model
     device = next(model.parameters()).device
     announce = (quantize or "") if dtype == "auto" else None  # asked for: say what it chose

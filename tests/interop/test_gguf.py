@@ -15,6 +15,7 @@ import torch
 
 from lmforge.cli.main import main
 from lmforge.errors import CheckpointError, ConfigError
+from lmforge.infer.quantize import to_inference_precision
 from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear, Int4Linear
 from lmforge.interop.gguf import export_gguf, load_gguf
 from lmforge.interop.gguf_read import gguf_names, permute_qk
@@ -279,6 +280,8 @@ def _assert_as_stored(path, ref, dense, vocab_size):
     ours = lm.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
     theirs = dense.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
     assert len(ours[0]) == 8 and ours[0][0] == theirs[0][0]  # later tokens: near-ties may flip
+    with pytest.raises(ConfigError, match="own precision"):  # asked for after loading: one line
+        to_inference_precision(lm.model, "float32", "int8")
 
 
 # ---- import ------------------------------------------------------------------------------------
