@@ -395,12 +395,12 @@ def report() -> None:
     for r in sorted(runs, key=lambda r: (METHODS.index(r["method"]), r["peft"])):
         d = r["max_difference"]
         weights = f"{r['peft']}, control" if r.get("control") else r["peft"]
-        rows.append([r["method"], weights, r["steps"], r["batch"], r["lr"],
+        rows.append([r["method"], weights, r["steps"], r["batch"], f"{r['lr']:g}",
                      f"{d['loss_abs']:.2e}", f"{d['loss_rel']:.2e}", f"{d['grad_norm_abs']:.2e}",
                      f"{d['grad_norm_rel']:.2e}"])  # fmt: skip
     record("trl_trajectory", "Trajectory parity with TRL on SmolLM2-135M-Instruct (fp32, CPU)",
-           ["method", "weights", "steps", "batch", "lr", "max |Δ loss|", "max rel Δ loss",
-            "max |Δ grad norm|", "max rel Δ grad norm"], rows,
+           ["method", "weights", "steps", "batch", "lr", "max abs Δ loss", "max rel Δ loss",
+            "max abs Δ grad norm", "max rel Δ grad norm"], rows,
            notes="lmforge and TRL 1.16 train the same SmolLM2-135M-Instruct weights in fp32 on "
                  "the same two-digit-addition records in the same order, AdamW (0.9, 0.999), "
                  "constant lr, clip 1.0; LoRA r=8 α=16 on o/gate/up/down_proj with TRL's "
