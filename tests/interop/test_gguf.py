@@ -280,8 +280,9 @@ def _assert_as_stored(path, ref, dense, vocab_size):
     ours = lm.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
     theirs = dense.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
     assert len(ours[0]) == 8 and ours[0][0] == theirs[0][0]  # later tokens: near-ties may flip
-    with pytest.raises(ConfigError, match="own precision"):  # asked for after loading: one line
-        to_inference_precision(lm.model, "float32", "int8")
+    if layer_type is not torch.nn.Linear:  # (an F32 file loads as a plain float32 model)
+        with pytest.raises(ConfigError, match="own precision"):  # asked for after loading
+            to_inference_precision(lm.model, "float32", "int8")
 
 
 # ---- import ------------------------------------------------------------------------------------
