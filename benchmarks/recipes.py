@@ -132,6 +132,18 @@ def only_fields(verb: str, cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k in names}
 
 
+def smoke_settings(verb: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """SMOKE's sizes for a recipe's config: they shrink what the recipe runs and never switch on
+    what it leaves off (a DPO recipe on HH pairs has no held-out generation to shrink)."""
+    from lmforge.align.methods import METHODS
+
+    smoke = only_fields(verb, SMOKE)
+    defaults = {f.name: f.default for f in dataclasses.fields(METHODS[verb].config)}
+    if not cfg.get("eval_generate", defaults.get("eval_generate")):
+        smoke.pop("eval_generate", None)
+    return smoke
+
+
 # ---------------------------------------------------------------------------- baselines
 
 
@@ -640,7 +652,7 @@ def run(args: argparse.Namespace) -> dict:
     spec, sizes, settings = recipe.test
     test = {"n": sizes[args.variant], **settings[args.variant]}
     if args.smoke:
-        cfg.update(only_fields(recipe.verb, SMOKE), init=str(tiny_start(out)))
+        cfg.update(smoke_settings(recipe.verb, cfg), init=str(tiny_start(out)))
         cfg["out_dir"] = str(out / name)
         test.update(SMOKE_TEST)
     if args.init:
