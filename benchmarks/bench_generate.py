@@ -16,7 +16,7 @@ times the weight matmuls alone (one GEMV per Linear). On a quiet machine the int
 (aten._weight_int8pack_mm) runs at 88-97% of the bound, so what separates batch 1 from the bound
 is the per-token work outside the matmuls (norms, RoPE, attention, sampling, Python). Eagerly
 that is ~2 of 4.4 ms per token; `--compile` (on CPU: the decode step exported and compiled ahead
-of time by AOTInductor, lmforge/infer/exported_step.py) leaves ~0.25 ms at one thread. fp32 GEMVs
+of time by AOTInductor, infer/steps.py ExportedStep) leaves ~0.25 ms at one thread. fp32 GEMVs
 run near the bandwidth too (--dtype float32 --quantize none) but read 4x the bytes. The last
 line says which targets this mode met. `--device cuda` runs both sides on a GPU in --dtype
 (lmforge replays its decode step as a CUDA graph); there the small model is launch-bound.
@@ -178,7 +178,7 @@ def accuracy(hf, engine, length: int = 320) -> str:
     prompt = torch.randint(0, 8192, (1, 64), generator=torch.Generator().manual_seed(2))
     seq = torch.cat([prompt, torch.tensor(run_hf(hf, prompt, length - 64))], dim=1).to(DEVICE)
     ref = hf(seq).logits[0, 63:-1].float()
-    ours = engine.forward(seq)[0, 63:-1].float()
+    ours = engine.model(seq)[0, 63:-1].float()
     top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
     err = (ours - ref).abs()
     return (f"teacher-forced on {ref.shape[0]} positions vs fp32 transformers: top-1 agreement "

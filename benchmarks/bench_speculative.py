@@ -2,7 +2,7 @@
 
 The draft is the SAME network with weight-only int8 Linear layers and bf16 activations
 (lmforge.infer.quantize), so it agrees with the target on most tokens while reading ~4x fewer
-weight bytes per token. Both runs decode with FastDecoder (lmforge.infer.decoder) over a KV
+weight bytes per token. Both runs decode with the engine (the model's own forward) over a KV
 cache; the baseline is plain one-token-per-forward decoding of the target. Greedy and sampled
 (temperature 1) runs, K in {2, 4, 6}; alternating runs in one process, median of 3.
 

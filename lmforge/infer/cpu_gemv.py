@@ -9,7 +9,7 @@ source and its torch binding (cpu_gemv_ops.cpp) are compiled by torch's extensio
 own instructions, into $LMFORGE_CACHE/kernels (~/.cache/lmforge/kernels), keyed by the sources,
 the CPU, the compiler and torch: about 10 s once, then a load. As torch ops (`torch.ops.lmforge.
 gemv_int8` / `gemv_int4`) they run eagerly through the dispatcher and inside the decode step
-AOTInductor compiles (exported_step.py). Where there is no C++ compiler or ninja, the build
+AOTInductor compiles (steps.ExportedStep). Where there is no C++ compiler or ninja, the build
 fails, or LMFORGE_NATIVE_KERNELS=0, `gemv_kernel()` is None and the quantised layers keep torch's
 kernels (quantized_linear.py).
 

@@ -14,8 +14,8 @@ copied), then runs one decode step for every running sequence. Finished sequence
 and their slot is reused by the next request. Per token the host work is one `.tolist()` and a
 few list operations: masks and positions are updated in place (model/cache.py SlotCache),
 logits are computed for the last position only, and sampling is vectorized over rows
-(sampling.py). The forward is decoder.FastDecoder (same math as the model's, half the ops)
-whenever it covers the model.
+(sampling.py). The forward is the model's own (`Transformer.forward` with the cache), on a copy
+whose layers run the kernels `quantize.inference_model` picks.
 
 Three paths, one API:
 - full softmax attention (`model.cache.full_attention`): the slot cache above, continuous
@@ -30,16 +30,12 @@ A request may bring `prompt_embeds` [len(prompt), d_model]: its input embeddings
 the token embeddings at prefill (a VLM's image features spliced into its text).
 
 Precision: `dtype="bfloat16"` and/or `quantize="int8"` (weight-only, per-channel scales) run a
-converted copy of the model (quantize.py); the caller's model is untouched. On CPU, int8 reads
-4x fewer weight bytes per token than fp32 and prefill / large batches use bf16 GEMMs.
+converted copy of the model (quantize.py); the caller's model is untouched.
 
-`compile=True` compiles the decode step: on CPU ahead of time with AOTInductor (exported_step.py,
-~1.6x faster decoding after ~20 s of compiling per range of batch sizes), elsewhere with
-torch.compile (compiled_step.py).
-
-On a GPU the decode step replays as a CUDA graph (cuda_graphs.py; on by default there): one
-launch per token instead of ~100. On an H100, bf16, the bench model decodes ~11x faster than
-transformers' `generate` at batch 1 and 16 (benchmarks/bench_generate.py --device cuda).
+The decode step is one object, picked when the engine is built (`EngineConfig.compile`,
+`cuda_graphs`): `EagerStep` below, or steps.py's `ExportedStep` (CPU + compile: AOTInductor),
+`CompiledStep` (torch.compile) or `GraphStep` (a CUDA graph per batch bucket; on by default on a
+GPU). Speed figures: docs/inference.md and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -52,20 +48,72 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.errors import ConfigError
-from lmforge.infer.compiled_step import compile_decode_step, warm_up_by_decoding
-from lmforge.infer.cuda_graphs import StaticDecodeStep
-from lmforge.infer.decoder import fixed_step_unsupported, inference_forward
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
-from lmforge.infer.exported_step import ExportedDecodeStep, exportable
 from lmforge.infer.params import Completion, GenerationParams, StepOutput, TokenLogprobs
+from lmforge.infer.quantize import inference_model
 from lmforge.infer.sampling import RowSampler, request_uniforms
 from lmforge.infer.speculative import SpeculativeDecoder, SpeculativeStats
+from lmforge.infer.steps import (
+    CompiledStep,
+    ExportedStep,
+    GraphStep,
+    compile_forward,
+    exportable,
+    fixed_step_unsupported,
+)
 from lmforge.model.cache import SlotCache, full_attention, new_cache
 
-__all__ = ["Engine", "GenerationParams", "StepOutput", "Completion"]
+__all__ = ["Engine", "EngineConfig", "GenerationParams", "StepOutput", "Completion"]
+
+
+@dataclass
+class EngineConfig:
+    """How an engine is built (what each request asks for is GenerationParams).
+
+    max_batch: running sequences at most (cache rows); max_len: context per sequence (default
+    and cap: the model's max_seq_len); eos_ids: stop tokens (default: the tokenizer's EOS);
+    max_prefill_tokens: the prompt tokens one prefill may take; dtype / quantize: precision
+    (quantize.py); kv_dtype: the KV cache's dtype (default: the activations'); compile: compile
+    the decode step; cuda_graphs: replay it as CUDA graphs (None: on a GPU when it can);
+    draft_tokens: tokens a draft model proposes per round (speculative decoding)."""
+
+    max_batch: int = 16
+    max_len: int | None = None
+    eos_ids: Sequence[int] | None = None
+    max_prefill_tokens: int = 8192
+    dtype: torch.dtype | str | None = None
+    quantize: str | None = None
+    kv_dtype: torch.dtype | None = None
+    compile: bool = False
+    cuda_graphs: bool | None = None
+    draft_tokens: int = 4
+
+    def __post_init__(self):
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ConfigError(f"max_batch must be an integer >= 1, got {self.max_batch!r}")
+
+
+class EagerStep:
+    """The decode step as the model runs it: ids [n, 1] (the running rows' next tokens) ->
+    (logits [n, V], None), the cache one column on and the rows' positions one further. The
+    other steps (steps.py) have the same interface."""
+
+    def __init__(self, model: nn.Module, cache: SlotCache):
+        self.model, self.cache = model, cache
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        cache, n = self.cache, ids.shape[0]
+        positions = cache.positions[:n, None]
+        logits = self.model(ids, positions=positions, cache=cache, last_only=True)[:, -1]
+        cache.positions[:n] += 1
+        return logits, None
+
+    def warm_up(self, engine, progress=print, cache_dir=None) -> None:
+        """Nothing to prepare."""
 
 
 @dataclass
@@ -93,89 +141,75 @@ class Engine:
     """Continuous-batching generation for a Transformer (thread-safe add/abort; one stepper)."""
 
     def __init__(
-        self,
-        model,
-        tokenizer=None,
-        max_batch: int = 16,
-        max_len: int | None = None,
-        eos_ids: Sequence[int] | None = None,
-        max_prefill_tokens: int = 8192,
-        compile: bool = False,
-        dtype: torch.dtype | str | None = None,
-        quantize: str | None = None,
-        cuda_graphs: bool | None = None,
-        draft=None,
-        draft_tokens: int = 4,
-        kv_dtype: torch.dtype | None = None,
+        self, model, tokenizer=None, config: EngineConfig | None = None, draft=None, **options
     ):
-        config = model.config
-        self.tokenizer, self.config, self.quantize = tokenizer, config, quantize
-        self.model, self.forward = inference_forward(model.eval(), dtype, quantize)
-        self.max_len = min(max_len or config.max_seq_len, config.max_seq_len)
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
+        """`options`: EngineConfig fields, overriding `config`'s (Engine(model, max_batch=4)).
+        `draft`: a smaller model sharing the vocabulary, for speculative decoding."""
+        cfg = replace(config or EngineConfig(), **options)
+        self.tokenizer, self.config, self.quantize = tokenizer, model.config, cfg.quantize
+        self.model = inference_model(model, cfg.dtype, cfg.quantize)
+        self.max_len = min(cfg.max_len or model.config.max_seq_len, model.config.max_seq_len)
+        self.max_batch, self.max_prefill_tokens = cfg.max_batch, cfg.max_prefill_tokens
+        eos_ids = cfg.eos_ids
         if eos_ids is None:
             eos_ids = [tokenizer.eos_id] if tokenizer and tokenizer.eos_id is not None else []
         self.eos_ids = frozenset(int(i) for i in eos_ids)
-        weight = self.model.embed.weight if hasattr(self.model, "embed") else None
+        weight = getattr(getattr(self.model, "embed", None), "weight", None)
         weight = weight if weight is not None else next(self.model.parameters())
         self.device, self.dtype = weight.device, weight.dtype  # activations and KV cache
         self.speculative: SpeculativeDecoder | None = None
         self.speculative_stats = SpeculativeStats()  # summed over this engine's sequences
         if draft is not None:
-            draft_model, draft_forward = inference_forward(draft.eval(), dtype, quantize)
-            self.speculative = SpeculativeDecoder(
-                self.model, draft_model, draft_tokens, self.forward, draft_forward
-            )
+            draft_model = inference_model(draft, cfg.dtype, cfg.quantize)
+            self.speculative = SpeculativeDecoder(self.model, draft_model, cfg.draft_tokens)
         # The slot cache needs keys that may sit in any column; other kinds take the per-kind
         # path, speculative decoding keeps one rewindable cache per sequence.
-        self.slots = full_attention(config) and draft is None
-        export = bool(compile and self.slots and not cuda_graphs)
-        export = export and exportable(self.forward, self.device)
+        self.slots = full_attention(self.config) and draft is None
+        export = cfg.compile and self.slots and not cfg.cuda_graphs
+        export = export and exportable(self.model, self.device)
         # Keys and values in fp16 where a quantised model decodes in fp32 through the CPU's
-        # compiled step, as llama.cpp keeps its cache in F16 whatever the weights: every step
-        # reads each row's whole cache, at batch 8 SmolLM2's fp32 cache was ~1/3 of the bytes a
-        # step read, and the compiled attention reads fp16 into fp32 arithmetic in the same
-        # loop (eagerly the upcast would be a copy: fp32 stays). Elsewhere the activations'.
-        fp16_kv = export and quantize is not None and self.dtype == torch.float32
-        self.kv_dtype = kv_dtype or (torch.float16 if fp16_kv else self.dtype)
-        self.cache = SlotCache(config, max_batch, self.max_len, self.kv_dtype, self.device) \
-            if self.slots else None  # fmt: skip
-        self.sampler = RowSampler(max_batch, config.vocab_size, self.max_len, self.device)
-        self.next_tokens = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+        # exported step, as llama.cpp keeps its cache in F16 whatever the weights: every step
+        # reads each row's whole cache, and the compiled attention reads fp16 into fp32
+        # arithmetic in the same loop (eagerly the upcast would be a copy: fp32 stays there).
+        fp16_kv = export and cfg.quantize is not None and self.dtype == torch.float32
+        self.kv_dtype = cfg.kv_dtype or (torch.float16 if fp16_kv else self.dtype)
+        self.cache = SlotCache(self.config, cfg.max_batch, self.max_len, self.kv_dtype,
+                               self.device) if self.slots else None  # fmt: skip
+        self.sampler = RowSampler(cfg.max_batch, self.config.vocab_size, self.max_len, self.device)
+        self.next_tokens = torch.zeros(cfg.max_batch, dtype=torch.long, device=self.device)
         self.rows: list[_Sequence] = []  # running sequences, in cache-row order
         self.waiting: deque[_Sequence] = deque()
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._decode = self.forward
-        # CPU + compile: the AOTInductor step (no dynamo per call); else torch.compile, which
-        # the CUDA-graph step (on by default on GPUs) captures.
-        self._exported = None
-        if compile and not self.slots:
-            raise ConfigError("compile needs full softmax attention and no draft model")
-        if export:
-            self._exported = ExportedDecodeStep(self.forward, self.cache)
-        elif compile:
-            self._decode = compile_decode_step(self.forward, self.cache)
-        self._static = self._static_step(cuda_graphs)
+        self.decode_step = self._pick_step(cfg, export)
 
-    def _static_step(self, cuda_graphs: bool | None) -> StaticDecodeStep | None:
-        """The CUDA-graph decode step (cuda_graphs.py): by default on whenever the engine runs
-        on a GPU with the fast decoder. cuda_graphs=True on a CPU runs the same static step
-        without graphs (what the tests compare against the dynamic step)."""
-        why_not = fixed_step_unsupported(self.forward)
-        if why_not is None and not self.slots:
-            why_not = "speculative decoding verifies several tokens per step"
-        if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda" and why_not is None
-        if not cuda_graphs:
-            return None
-        if why_not:
+    def _pick_step(self, cfg: EngineConfig, export: bool):
+        """The one decode step object of the slot cache path (None on the others): exported on
+        CPU with compile, a CUDA graph on a GPU (by default; cuda_graphs=True on a CPU runs the
+        same static step without graphs, which the tests compare), compiled, or eager."""
+        why_not = fixed_step_unsupported(self.model)
+        if not self.slots:
+            if cfg.compile:
+                raise ConfigError("compile needs full softmax attention and no draft model")
+            why_not = "this attention kind has no slot cache"
+            if self.speculative is not None:
+                why_not = "speculative decoding verifies several tokens per step"
+        graphs = cfg.cuda_graphs
+        if graphs is None:
+            graphs = self.device.type == "cuda" and why_not is None
+        if graphs and why_not:
             raise ConfigError(f"cuda_graphs needs a static decode step, but {why_not}")
-        return StaticDecodeStep(self._decode, self.cache, self.next_tokens,
-                                use_graphs=self.device.type == "cuda")  # fmt: skip
+        if not self.slots:
+            return None
+        if export:
+            return ExportedStep(self.model, self.cache)
+        if graphs:
+            forward = compile_forward(self.model, self.cache) if cfg.compile else self.model
+            return GraphStep(forward, self.cache, self.next_tokens,
+                             use_graphs=self.device.type == "cuda")  # fmt: skip
+        return CompiledStep(self.model, self.cache) if cfg.compile else \
+            EagerStep(self.model, self.cache)  # fmt: skip
 
     @property
     def precision(self) -> str:
@@ -191,16 +225,12 @@ class Engine:
         return cls(lm.model, lm.tokenizer, **kwargs)
 
     def warm_up(self, progress=print, cache_dir=None) -> None:
-        """With compile=True: compile the decode step for every batch size up to max_batch now,
-        not inside the first requests (a server calls this before it reports ready), reporting
-        each through `progress`. On CPU, cache_dir keeps the compiled steps for the next engine
-        over the same weights (exported_step.py). Without compile this does nothing."""
-        if self._exported is not None:
-            if cache_dir is not None:
-                self._exported.use_cache_dir(cache_dir)
-            self._exported.warm_up(self.max_batch, progress)
-        elif self._decode is not self.forward or self._static is not None:
-            warm_up_by_decoding(self, progress)
+        """With compile=True (or CUDA graphs): prepare the decode step for every batch size up
+        to max_batch now, not inside the first requests (a server calls this before it reports
+        ready), reporting each through `progress`. On CPU, cache_dir keeps the compiled steps
+        for the next engine over the same weights (steps.ExportedStep). Eager: nothing to do."""
+        if self.decode_step is not None:
+            self.decode_step.warm_up(self, progress, cache_dir)
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -311,7 +341,7 @@ class Engine:
         elif admitted:
             outputs += self._prefill(admitted)
         if self.rows:
-            outputs += self._decode_step()
+            outputs += self._decode()
         return outputs
 
     def _drop_aborted(self) -> list[StepOutput]:
@@ -383,7 +413,7 @@ class Engine:
             pad_mask = None if bool(pad.all()) else pad.to(self.device)
             view = cache.prefill_view(lo, lo + len(prompts), width, pad_mask)
             with self._prompt_embeds(embeds, width):
-                logits = self.forward(ids, cache=view, last_only=True)[:, -1]
+                logits = self.model(ids, cache=view, last_only=True)[:, -1]
             lengths = [len(s.prompt) for s in ordered]
             cache.start_rows(lo, lengths, lengths)
             if len(ordered) > len(prompts):  # the samples that share a prefilled prompt
@@ -396,7 +426,7 @@ class Engine:
             if not bool(pad.all()):
                 cache.set_padding(pad.to(self.device))
             with self._prompt_embeds(embeds, width):
-                logits = self.forward(ids, cache=cache, last_only=True)[:, -1]
+                logits = self.model(ids, cache=cache, last_only=True)[:, -1]
             if source != list(range(len(prompts))):
                 cache.reorder(torch.as_tensor(source, device=self.device))
             self.cache = cache
@@ -411,7 +441,7 @@ class Engine:
     def _prompt_embeds(self, embeds: list[torch.Tensor | None], width: int):
         """While prefilling left-padded prompts `width` wide: the token embeddings of rows
         that brought prompt embeddings are replaced by those (a forward hook on the embedding
-        table, so the fast decoder and the model's own forward both see them)."""
+        table)."""
         if all(e is None for e in embeds):
             yield
             return
@@ -429,27 +459,16 @@ class Engine:
         finally:
             handle.remove()
 
-    def _decode_step(self) -> list[StepOutput]:
+    def _decode(self) -> list[StepOutput]:
         if self.speculative is not None:
             return self._speculative_round()
         n = len(self.rows)
         if not self.slots:
-            logits = self.forward(self.next_tokens[:n, None], cache=self.cache, last_only=True)
+            logits = self.model(self.next_tokens[:n, None], cache=self.cache, last_only=True)
             return self._emit(logits[:, -1], lo=0)
-        cache = self.cache
-        cache.begin_decode()
-        if self._exported is not None:  # also advances the positions, and argmaxes
-            return self._emit(*self._exported(self.next_tokens[:n, None]), lo=0)
-        if self._static is not None:
-            logits = self._static(n)
-            cache.advance(1)
-        else:
-            logits = self._decode(
-                self.next_tokens[:n, None], positions=cache.positions[:n, None], cache=cache,
-                last_only=True,
-            )[:, -1]  # fmt: skip
-        cache.positions[:n] += 1
-        return self._emit(logits, lo=0)
+        self.cache.begin_decode()
+        logits, greedy = self.decode_step(self.next_tokens[:n, None])
+        return self._emit(logits, greedy, lo=0)
 
     def _speculative_round(self) -> list[StepOutput]:
         outputs = [self._push(seq, next(seq.rounds, []), None) for seq in self.rows]

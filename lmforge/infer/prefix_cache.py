@@ -175,7 +175,7 @@ class PrefixCachingEngine(Engine):
             cache.v[layer][lo, :, col : col + cached] = v[layer]
         ids = torch.as_tensor(seq.prompt[cached:], device=self.device)[None]
         view = _SuffixView(cache, lo, col, cached)
-        logits = self.forward(ids, cache=view, last_only=True)[:, -1]
+        logits = self.model(ids, cache=view, last_only=True)[:, -1]
         cache.start_rows(lo, [total], [total])
         self.sampler.start_row(lo, seq.params, seq.prompt, seq.uniforms)
         self.rows.append(seq)

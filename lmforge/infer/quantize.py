@@ -1,5 +1,6 @@
-"""Inference precision: the activation dtype per machine, and a model's Linears converted to the
-weight-only int8 / int4 layers of quantized_linear.py (`to_inference_precision`).
+"""Inference precision and kernels: the activation dtype per machine, a model's Linears converted
+to the weight-only int8 / int4 layers of quantized_linear.py (`to_inference_precision`), and the
+one place that picks the kernel each layer of the engine's model runs (`inference_model`).
 
 Decoding one token reads every weight once, so on a CPU a small batch runs at memory bandwidth /
 weight bytes: int8 weights read 4x fewer bytes than fp32, int4 8x fewer. What computes fastest
@@ -37,13 +38,14 @@ d and m (Q4_1's form, exact for GGUF's fp16 scales). Q8_0's scale is per block o
 output channel, so it has its own layer (`BlockInt8Linear`, the native q8 kernel), which a GGUF
 loaded at its own precision uses; `quantize="int8"` requantises its weights per channel.
 
-    model = to_inference_precision(model, dtype="auto", quantize="int8")
+    model = inference_model(model, dtype="auto", quantize="int8")  # what the engine runs
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import sys
 import warnings
 
@@ -63,6 +65,7 @@ from lmforge.infer.quantized_linear import (
     check_int4_shape,
     cpu_kernel_dtype,
 )
+from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -287,6 +290,71 @@ def to_inference_precision(
             if isinstance(layer, QuantizedLinear):
                 layer.gemm_dtype = torch.bfloat16
     return model
+
+
+def inference_model(
+    model: nn.Module, dtype: torch.dtype | str | None = None, quantize: str | None = None
+) -> nn.Module:
+    """The model the engine runs, in eval mode: in `dtype` with `quantize`d Linears (a converted
+    copy, `to_inference_precision`), or, where the model already is in that precision, a copy of
+    its module tree that shares every parameter and buffer (training updates stay visible; the
+    caller's modules are never changed). Each layer's kernel is chosen here:
+
+    - Linear: Int8Linear / Int4Linear with `quantize` (quantized_linear.py picks their kernels);
+      bf16 / fp16 weights on a CPU with lmforge's kernels built: HalfLinear; else nn.Linear.
+    - softmax attention decoding one token per row on a CPU: lmforge's fused decode attention
+      (cpu_attention.c, `CausalSelfAttention.decode_kernel`); else SDPA.
+    """
+    converted = to_inference_precision(model, dtype, quantize)
+    if converted is model:
+        shared = itertools.chain(model.parameters(), model.buffers())
+        converted = copy.deepcopy(model, memo={id(t): t for t in shared})
+    converted.eval()
+    device = next(converted.parameters()).device
+    native = gemv_kernel() if device.type == "cpu" else None
+    if native is not None:
+        swap_linears(converted, lambda linear, name: HalfLinear(linear.weight, linear.bias,
+                     linear.weight.dtype) if _half_weights(linear) else linear)  # fmt: skip
+        for layer in converted.modules():
+            if isinstance(layer, CausalSelfAttention):
+                layer.decode_kernel = native.decode_attention
+    call_directly(converted)
+    return converted
+
+
+def _half_weights(linear: nn.Linear) -> bool:
+    """bf16 / fp16 weights on a CPU: lmforge's half GEMV reads them at the memory bandwidth
+    (HalfLinear over the same tensors, so training updates stay visible)."""
+    w = linear.weight
+    return w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16)
+
+
+def _call_forward(self, *args, **kwargs):
+    return self.forward(*args, **kwargs)  # the instance's own forward, if it has one
+
+
+@functools.cache
+def _direct(cls: type) -> type:
+    """`cls` whose call is its forward, without nn.Module's hook dispatch."""
+    return type(cls.__name__, (cls,), {"__call__": _call_forward, "__module__": cls.__module__})
+
+
+def call_directly(model: nn.Module) -> None:
+    """Make the engine's private copy cheap to call. Decoding one token calls ~10 modules per
+    layer; nn.Module's __call__ (hook dispatch) and its __getattr__ (submodules and weights live
+    in dicts it searches) cost about a microsecond each, several percent of a small model's step.
+    So every module below the root becomes an instance of a subclass whose __call__ is its
+    forward, and its submodules and parameters are also plain instance attributes. Left as they
+    are: modules with hooks now (someone is watching them), and the token embedding (the engine
+    hooks it for prompt embeddings)."""
+    embed = getattr(model, "embed", None)
+    for name, module in model.named_modules():
+        hooked = module._forward_hooks or module._forward_pre_hooks
+        if not name or hooked or module is embed or isinstance(module, nn.Embedding):
+            continue
+        module.__class__ = _direct(type(module))
+        module.__dict__.update(module._modules)
+        module.__dict__.update(module._parameters)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -1,6 +1,7 @@
-"""Quantised Linear layers: weight-only int8 (per output channel) and int4 (group-wise), and the
-kernel each product runs through (see lmforge/infer/quantize.py, which converts a model and picks
-the activation dtype, for the why of each choice).
+"""Inference Linear layers: weight-only int8 (per output channel) and int4 (group-wise), 16-bit
+weights through lmforge's GEMV (`HalfLinear`), and the kernel each product runs through (see
+lmforge/infer/quantize.py, which converts a model and picks the activation dtype, for the why of
+each choice).
 
 - lmforge's CPU kernels (cpu_gemv.c) take every product of a layer they fit (inputs a multiple
   of 32; int4 groups of 32), decode and prefill alike, with the weights kept only in the
@@ -109,11 +110,13 @@ class QuantizedLinear(nn.Module, abc.ABC):
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # the model's attention and MLP pass [B*T, in]
+            return self.matmul(x)
         y = self.matmul(x.reshape(-1, x.shape[-1]))
         return y.view(*x.shape[:-1], self.out_features)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, in] -> [M, out] (the decoder calls this directly: no module overhead)."""
+        """x [M, in] -> [M, out]."""
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
         if self._native is not None or x.shape[0] < self.gemm_rows or x.device.type == "cuda":

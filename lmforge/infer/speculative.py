@@ -37,7 +37,6 @@ from dataclasses import dataclass
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.decoder import fast_forward
 from lmforge.infer.params import GenerationParams
 from lmforge.infer.sampling import sampling_probs
 from lmforge.model.cache import KVCache, LatentKVCache, new_cache
@@ -112,11 +111,10 @@ class _Side:
 class SpeculativeDecoder:
     """Generate from `target` with `draft` proposing `draft_tokens` tokens per target forward.
 
-    Both models must share the vocabulary. The forwards default to the fast decoder where it
-    covers the model (the engine passes the ones it built, in its precision)."""
+    Both models must share the vocabulary (the engine passes its inference copies of both,
+    in its precision)."""
 
-    def __init__(self, target, draft, draft_tokens: int = 4, target_forward=None,
-                 draft_forward=None):  # fmt: skip
+    def __init__(self, target, draft, draft_tokens: int = 4):
         t_vocab, d_vocab = target.config.vocab_size, draft.config.vocab_size
         if t_vocab != d_vocab:
             raise ConfigError(
@@ -126,8 +124,6 @@ class SpeculativeDecoder:
         if not isinstance(draft_tokens, int) or draft_tokens < 1:
             raise ConfigError(f"draft_tokens must be an integer >= 1, got {draft_tokens}")
         self.target, self.draft, self.k = target, draft, draft_tokens
-        self.target_forward = target_forward or fast_forward(target)
-        self.draft_forward = draft_forward or fast_forward(draft)
         for model in (target, draft):
             cache = new_cache(model.config, 1, 1)
             if type(cache) not in REWINDABLE:
@@ -138,11 +134,11 @@ class SpeculativeDecoder:
         self.target_side: _Side | None = None  # state of the latest stream (tests inspect it)
         self.draft_side: _Side | None = None
 
-    def _side(self, model, forward, prompt: list[int], max_len: int) -> _Side:
+    def _side(self, model, prompt: list[int], max_len: int) -> _Side:
         weight = model.embed.weight
         dtype = weight.dtype if weight.dtype.is_floating_point else torch.float32
         cache = new_cache(model.config, 1, max_len, dtype, weight.device)
-        return _Side(forward, cache, list(prompt), weight.device)
+        return _Side(model, cache, list(prompt), weight.device)
 
     @torch.inference_mode()
     def stream(
@@ -164,8 +160,8 @@ class SpeculativeDecoder:
         room = t_config.max_seq_len - len(prompt)
         budget = min(params.max_new_tokens if budget is None else budget, room)
         draft_max = min(d_config.max_seq_len, len(prompt) + budget)
-        draft = self._side(self.draft, self.draft_forward, prompt, draft_max)
-        target = self._side(self.target, self.target_forward, prompt, len(prompt) + budget)
+        draft = self._side(self.draft, prompt, draft_max)
+        target = self._side(self.target, prompt, len(prompt) + budget)
         self.target_side, self.draft_side = target, draft
         stats = stats if stats is not None else SpeculativeStats()
         eos, produced = set(int(e) for e in eos_ids), 0

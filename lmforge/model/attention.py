@@ -53,8 +53,32 @@ def sdpa_attention(q, k, v, mask=None, is_causal=False, dropout=0.0) -> torch.Te
 ATTENTION_KERNELS = {"explicit": explicit_attention, "sdpa": sdpa_attention}
 
 
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One query per row over its keys as broadcast products and sums, in fp32: q [B, H, 1, D],
+    k / v [B, G, L, D], mask None or bool [B, 1, 1, L] -> [B, H, 1, D]. Eagerly this would
+    materialise [B, H, L, D] products; it is what a compiled decode step runs, where inductor
+    turns it into one fused loop over the keys (SDPA there is an external kernel whose fixed cost
+    per call outweighs a short step's attention)."""
+    b, h, _, d = q.shape
+    g, dtype = k.shape[1], q.dtype
+    q = q.view(b, g, h // g, 1, d).float()
+    scores = (q * k[:, :, None].float()).sum(-1) * d**-0.5  # [B, G, H/G, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    y = (probs[..., None] * v[:, :, None].float()).sum(-2)  # [B, G, H/G, D]
+    return y.to(dtype).view(b, h, 1, d)
+
+
 class CausalSelfAttention(nn.Module):
     """Projects to Q/K/V (one fused matmul), rotates Q/K if RoPE, attends, projects back."""
+
+    # A fused kernel for one query per row over a cache (decoding), with the signature of
+    # `decode_attention`, or None. Inference sets it (lmforge.infer.quantize.inference_model:
+    # the CPU's native kernel, which reads each cached key once for all the heads sharing it).
+    decode_kernel = None
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -64,7 +88,6 @@ class CausalSelfAttention(nn.Module):
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.attention_out_bias)
-        self.split_sizes = (q_dim, kv_dim, kv_dim)
         self.q_norm = self.k_norm = None
         if config.qk_norm:  # per-head RMSNorm keeps attention logits bounded (Qwen3)
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
@@ -88,30 +111,63 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.project(x, rope, rope_tables)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        dropout = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # Under CPU autocast, matmuls gain ~5x from bf16 (AMX), but the CPU flash-attention
+            # Under CPU autocast, matmuls gain from bf16 (AMX), but the CPU flash-attention
             # backward is several times slower in bf16 than in fp32: attend in fp32.
             with torch.autocast("cpu", enabled=False):
-                y = self.kernel(q.float(), k.float(), v.float(), mask, is_causal, dropout)
+                y = self.kernel(q.float(), k.float(), v.float(), mask, is_causal, self.p_drop)
+        elif t == 1 and not self.training and self.kernel is sdpa_attention:
+            y = self.decode(q, k, v, mask)
         else:
-            y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=dropout)
-        return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)))
+            y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=self.p_drop)
+        y = self.o_proj(y.transpose(1, 2).reshape(b * t, -1)).view(b, t, -1)
+        return self.resid_dropout(y) if self.training else y
+
+    @property
+    def p_drop(self) -> float:
+        """Attention dropout: only while training."""
+        return self.dropout if self.training else 0.0
 
     def project(self, x: torch.Tensor, rope=None, rope_tables=None) -> tuple[torch.Tensor, ...]:
         """x [B, T, d_model] -> q [B, n_head, T, D], k and v [B, n_kv_head, T, D] (q and k
-        normed and rotated where the config asks)."""
+        normed and rotated where the config asks): one view of the fused projection's output as
+        heads, queries and keys rotated in one pass."""
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        nh = self.n_head
+        qkv = self.qkv_proj(x.reshape(b * t, -1))  # 2-D for the matmul kernels
+        heads = qkv.view(b, t, -1, self.head_dim).transpose(1, 2)  # the q, k and v heads
+        qk, v = heads[:, : nh + self.n_kv_head], heads[:, nh + self.n_kv_head :]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            qk = torch.cat([self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])], dim=1)
         if rope is not None:
-            cos, sin = rope_tables
-            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
-        return q, k, v
+            qk = rope.rotate(qk, *rope_tables)
+        return qk[:, :nh], qk[:, nh:], v
+
+    def decode(self, q, k, v, mask) -> torch.Tensor:
+        """One new query per row over the cache (no dropout, no causal part: the mask says which
+        keys are real). The fused `decode_kernel` where it takes these inputs; inside a compiled
+        step `decode_attention` (inductor fuses it); else SDPA."""
+        kernel = self.decode_kernel
+        if (
+            kernel is not None
+            and q.device.type == "cpu"
+            and k.stride(-1) == 1
+            and (mask is None or mask.dtype == torch.bool)
+            and not q.requires_grad
+            and not (torch.compiler.is_compiling() and not torch.compiler.is_exporting())
+        ):
+            # (torch.compile specialises on every cache width with an external op: not there)
+            return kernel(q.float(), k, v, mask).to(q.dtype)  # fmt: skip
+        if torch.compiler.is_compiling():
+            return decode_attention(q, k, v, mask)
+        if q.device.type == "cpu" and torch.float32 not in (q.dtype, k.dtype):
+            # torch's CPU flash attention runs one bf16 query several times slower than the
+            # same in fp32: upcasting the cache rows costs less
+            y = sdpa_attention(q.float(), k.float(), v.float(), mask)
+            return y.to(q.dtype)
+        if k.dtype != q.dtype:  # e.g. an fp16 cache under fp32 activations
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        return sdpa_attention(q, k, v, mask)
 
 
 def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:

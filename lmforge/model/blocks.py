@@ -103,6 +103,10 @@ class Block(nn.Module):
         """x [B, T, d_model] -> [B, T, d_model]; the other arguments (rope, rope_tables, mask,
         is_causal, cache) go to the attention as they are."""
 
+        if self.wiring == "pre" and not self.training:  # inference: no DropPath to apply
+            x = x + self.attn(self.attn_norm(x), *attn_args, **attn_kwargs)
+            return x + self.mlp(self.mlp_norm(x))
+
         def attn(h: torch.Tensor) -> torch.Tensor:
             return self.drop_attn(self.attn(h, *attn_args, **attn_kwargs))
 

@@ -96,7 +96,10 @@ class Transformer(nn.Module):
         h = self.hidden_states(input_ids, attention_mask, positions, cache, prefix_len)
         if last_only:
             h = h[:, -1:]
-        return self.lm_head(self.norm(h) * self.output_scale)  # logit scaling: / sqrt(d_model)
+        h = self.norm(h)
+        if self.output_scale != 1.0:  # logit scaling: / sqrt(d_model)
+            h = h * self.output_scale
+        return self.lm_head(h)
 
     def hidden_states(
         self, input_ids, attention_mask=None, positions=None, cache=None, prefix_len=None
@@ -114,7 +117,13 @@ class Transformer(nn.Module):
             key_mask = attention_mask.bool()
         if positions is None:
             positions = self._positions(start, end, key_mask, input_ids.device)
-        mask, is_causal = self._mask(t, end, key_mask, input_ids.device, self.config.sliding_window)
+        window = self.config.sliding_window
+        if t == 1 and cache is not None and key_mask is not None and window is None:
+            # decoding: the cache marks the new column real, so the query sees exactly the
+            # real keys (no causal part to build: one op instead of ten per token)
+            mask, is_causal = key_mask[:, None, None, :end], False
+        else:
+            mask, is_causal = self._mask(t, end, key_mask, input_ids.device, window)
         k_start = getattr(cache, "visible_start", 0) if cache is not None else 0
         if self.config.attention_pattern is not None or prefix_len is not None or k_start > 0:
             mask, is_causal = self._pattern_mask(start, end, k_start, key_mask, prefix_len), False
@@ -122,7 +131,8 @@ class Transformer(nn.Module):
         h = self.embed(input_ids)
         if self.abs_pos is not None:
             h = h + self.abs_pos(positions)
-        h = self.drop(h)
+        if self.training:  # dropout is the identity at inference; its call is not free
+            h = self.drop(h)
         rope_tables = self.rope.tables(positions, h.dtype) if self.rope is not None else None
         for block in self.blocks:
             h = block(h, self.rope, rope_tables, mask, is_causal, cache)

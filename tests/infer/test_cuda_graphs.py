@@ -1,12 +1,13 @@
 """CUDA-graph decoding on a GPU: same tokens as the dynamic step, graphs recorded per bucket.
 
 These run only where a GPU is present (CI has none; the static step's logic is also checked on
-CPU in test_decoder.py::test_static_decode_step_decodes_the_same_tokens)."""
+CPU in test_steps.py::test_static_decode_step_decodes_the_same_tokens)."""
 
 import pytest
 import torch
 
 from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.infer.steps import GraphStep
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 
@@ -21,10 +22,10 @@ def test_graphs_decode_the_same_tokens(preset):
     params = GenerationParams(max_new_tokens=12, temperature=0.0, stop_token_ids=[])
     plain = Engine(model, max_batch=4, eos_ids=[], cuda_graphs=False)
     graphed = Engine(model, max_batch=4, eos_ids=[])  # on by default on a GPU
-    assert graphed._static is not None and graphed._static.use_graphs
+    assert isinstance(graphed.decode_step, GraphStep) and graphed.decode_step.use_graphs
     want = [c.token_ids for c in plain.generate(prompts, params)]
     assert [c.token_ids for c in graphed.generate(prompts, params)] == want
-    assert set(graphed._static.graphs) <= {1, 2, 4}  # recorded for the batch sizes seen
+    assert set(graphed.decode_step.graphs) <= {1, 2, 4}  # recorded for the batch sizes seen
 
 
 def test_seeded_sampling_with_graphs_is_reproducible():

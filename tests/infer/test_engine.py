@@ -96,8 +96,8 @@ def test_prefix_reuse_equals_separate_prefills(lm):
     params = GenerationParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=5)
     shared = Engine(lm.model, max_batch=4, eos_ids=[])
     prefill_rows = []
-    forward = shared.forward
-    shared.forward = lambda ids, **kw: prefill_rows.append(ids.shape[0]) or forward(ids, **kw)
+    forward = shared.model  # prefills call the engine's model; decode steps their own handle
+    shared.model = lambda ids, **kw: prefill_rows.append(ids.shape[0]) or forward(ids, **kw)
     reused = [c.token_ids for c in shared.generate([PROMPTS[0]], params, n=3)]
     assert prefill_rows == [1]  # three samples, one prefill of the prompt
     # One sample at a time (max_batch=1): no reuse; each still draws its own seeded stream.

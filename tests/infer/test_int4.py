@@ -107,7 +107,7 @@ def test_int4_engine_computes_its_dequantised_model():
             if isinstance(m, (Int4Linear, Int8Linear)):
                 back.model.get_submodule(name).weight.copy_(m.dequantize())
     with torch.inference_mode():
-        ref, out, orig = back.model(ids), engine.forward(ids), lm.model(ids)
+        ref, out, orig = back.model(ids), engine.model(ids), lm.model(ids)
     if engine.model.lm_head._native is None:  # the dequantised GEMM: the same model exactly
         assert torch.allclose(out, ref, atol=1e-4 * ref.abs().max())
     else:  # lmforge's kernel prefills too, on activations quantised to int8 per 32

@@ -91,7 +91,7 @@ def test_reduced_precision_engine_agrees_with_fp32(lm, precision, max_rel_error)
     act = "bfloat16" if "dtype" in precision else str(resolve_dtype("auto", quantize="int8"))[6:]
     assert engine.precision in ("bfloat16", f"int8 weights, {act} activations")
     with torch.inference_mode():
-        ref, out = lm.model(ids), engine.forward(ids).float()
+        ref, out = lm.model(ids), engine.model(ids).float()
     assert (out - ref).abs().max() / ref.std() < max_rel_error
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9  # teacher-forced greedy
     # decoding (one row at a time: the int8 GEMV kernel) matches the fp32 engine's first tokens

@@ -12,7 +12,7 @@ import requests
 import torch
 
 from lmforge.infer.engine import Engine, GenerationParams
-from lmforge.infer.exported_step import ExportedDecodeStep
+from lmforge.infer.steps import ExportedStep
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.serve.app import create_app
@@ -89,7 +89,7 @@ def test_warm_up_compiles_every_range_of_rows_once(monkeypatch):
         return rows, range(2, 10**6), lambda flat: list(self.step(*flat[:3], self.cache.k,
                                                                   self.cache.v))  # fmt: skip
 
-    monkeypatch.setattr(ExportedDecodeStep, "_compile", compile_fake)
+    monkeypatch.setattr(ExportedStep, "_compile", compile_fake)
     lm = _one_layer_lm()
     engine = Engine.from_lm(lm, max_batch=10, compile=True)
     lines: list[str] = []
@@ -147,7 +147,7 @@ def test_served_compile_happens_before_ready_and_a_restart_loads_it(tmp_path, li
     _wait_ready(live.url)
     assert health_while_compiling == [503]
     assert seen_when_ready == {"compile": 1, "load": 1}  # compiled (then loaded) before ready
-    assert engine._exported.counts == {"compiled": 1, "loaded": 0}  # not the eager fallback
+    assert engine.decode_step.counts == {"compiled": 1, "loaded": 0}  # not the eager fallback
     assert _complete(live.url).status_code == 200
     assert engine.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids == want
     assert calls == {"compile": 1, "load": 1}  # the requests compiled nothing
@@ -155,17 +155,19 @@ def test_served_compile_happens_before_ready_and_a_restart_loads_it(tmp_path, li
 
     again = Engine.from_lm(lm, max_batch=1, compile=True)
     again.warm_up(progress=lambda line: None, cache_dir=cache)
-    assert again._exported.dir == engine._exported.dir  # the same key
+    assert again.decode_step.dir == engine.decode_step.dir  # the same key
     assert calls == {"compile": 1, "load": 2}  # the cache hit: loaded, not compiled
-    assert again._exported.counts == {"compiled": 0, "loaded": 1}
+    assert again.decode_step.counts == {"compiled": 0, "loaded": 1}
     assert again.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids == want
     assert calls == {"compile": 1, "load": 2}
 
     # other weights, or the same weights in another precision, are other keys: never the first
     # model's library (which holds the weights as constants)
-    folder = again._exported.dir
+    folder = again.decode_step.dir
     other = LM.from_config(lm.config, tokenizer=lm.tokenizer, seed=1)
-    assert Engine.from_lm(other, max_batch=1, compile=True)._exported.use_cache_dir(cache) != folder
-    bf16 = Engine.from_lm(lm, max_batch=1, compile=True, dtype="bfloat16")._exported
+    assert (
+        Engine.from_lm(other, max_batch=1, compile=True).decode_step.use_cache_dir(cache) != folder
+    )
+    bf16 = Engine.from_lm(lm, max_batch=1, compile=True, dtype="bfloat16").decode_step
     assert bf16.use_cache_dir(cache) != folder
     assert calls == {"compile": 1, "load": 2}

@@ -1,13 +1,18 @@
-"""FastDecoder computes what Transformer.forward computes (with and without a cache, padding,
-last_only), on the configs it covers; the others are reported and the engine falls back."""
+"""The engine runs the model's own forward: its inference copy (inference_model: the kernels it
+picks, decode attention, 16-bit GEMV) computes what the training model computes (with and
+without a cache, padding, last_only), on every wiring; the decode steps (eager, exported,
+compiled, static/CUDA-graph) decode the same tokens."""
 
 import pytest
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.decoder import FastDecoder, decode_attention
+from lmforge.infer.cpu_gemv import gemv_kernel
 from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.infer.quantize import inference_model
+from lmforge.infer.steps import ExportedStep, GraphStep
 from lmforge.lm import LM
+from lmforge.model.attention import decode_attention
 from lmforge.model.cache import new_cache
 from lmforge.model.config import ModelConfig
 
@@ -23,6 +28,8 @@ COVERED = {
         pos="rope",
     ),  # fmt: skip
     "sinusoidal-relu": dict(preset="gpt2-micro", pos="sinusoidal", mlp="relu", bias=False),
+    "post-norm": dict(preset="llama-micro", norm_position="post"),
+    "parallel": dict(preset="llama-micro", parallel_block=True),
 }
 
 
@@ -35,7 +42,7 @@ def build(preset, **overrides):
 @torch.inference_mode()
 def test_matches_transformer_forward(name):
     model = build(**COVERED[name])
-    fast = FastDecoder(model)
+    fast = inference_model(model)
     ids = torch.randint(0, 61, (3, 10), generator=torch.Generator().manual_seed(0))
     assert torch.allclose(fast(ids), model(ids), atol=1e-5)
     # a left-padded batch through a cache: prefill, then three decode steps
@@ -60,9 +67,7 @@ def test_matches_transformer_forward(name):
 def test_half_weights_decode_through_the_native_gemv(dtype, monkeypatch):
     """bf16 / fp16 Linears on a CPU run lmforge's half GEMV for decode rows (cpu_gemv_half.c)
     and agree with the model's own forward (torch's matmul on the same 16-bit weights)."""
-    from lmforge.infer import decoder
-
-    kernel = decoder.half_weights_kernel(torch.zeros(1, 1, dtype=dtype))
+    kernel = gemv_kernel()
     if kernel is None:
         pytest.skip("native kernels unavailable")
     model = build("gpt2-micro").to(dtype)  # biases too
@@ -78,7 +83,7 @@ def test_half_weights_decode_through_the_native_gemv(dtype, monkeypatch):
 
     real = kernel.ops
     monkeypatch.setattr(kernel, "ops", Counting())
-    fast = FastDecoder(model)
+    fast = inference_model(model)
     cache, reference = (new_cache(model.config, 2, 16, dtype=dtype) for _ in range(2))
     ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
     fast(ids, cache=cache), model(ids, cache=reference)
@@ -91,37 +96,33 @@ def test_half_weights_decode_through_the_native_gemv(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "overrides, reason",
-    [
-        (dict(norm_position="post"), "post-norm"),
-        (dict(parallel_block=True), "parallel"),
-        (dict(mlp="moe", n_experts=2, experts_top_k=1), "MLP module"),
-    ],
-)
-def test_other_configs_fall_back_to_the_model(overrides, reason):
+    "overrides",
+    [dict(norm_position="post"), dict(parallel_block=True),
+     dict(mlp="moe", n_experts=2, experts_top_k=1)],
+)  # fmt: skip
+def test_every_wiring_decodes_like_the_reference_loop(overrides, reference_generate):
     model = build("llama-micro", **overrides)
-    assert reason in FastDecoder.unsupported(model)
-    with pytest.raises(ValueError, match="does not cover"):
-        FastDecoder(model)
     engine = Engine(model, max_batch=2, eos_ids=[])
-    assert engine.forward is engine.model  # the model's own forward
-    lm = LM(model)
     prompts = [[1, 2, 3], [4, 5]]
-    ref = lm.generate(prompts, max_new_tokens=5, temperature=0.0, eos_ids=[])
     params = GenerationParams(max_new_tokens=5, temperature=0.0)
+    ref = reference_generate.generate(model, prompts, params)
     assert [c.token_ids for c in engine.generate(prompts, params)] == ref
 
 
-def test_engine_uses_the_fast_decoder_and_keeps_weights_live():
+def test_engine_runs_the_callers_weights_live():
+    """The engine's model is a copy of the module tree (its layers get the inference kernels;
+    the caller's modules are untouched) sharing every weight: a training step in between is
+    seen by the next generation."""
     model = build("llama-micro")
     engine = Engine(model, max_batch=2, eos_ids=[])
-    assert isinstance(engine.forward, FastDecoder) and engine.model is model
+    assert engine.model is not model and engine.model.embed.weight is model.embed.weight
+    assert model.blocks[0].attn.decode_kernel is None  # the caller's module is unchanged
     ids = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
         model.blocks[0].mlp.up_proj.weight.mul_(2.0)  # e.g. a training step in between
         model.blocks[0].attn_norm.weight.add_(0.5)
     with torch.inference_mode():
-        assert torch.allclose(engine.forward(ids), model(ids), atol=1e-5)
+        assert torch.allclose(engine.model(ids), model(ids), atol=1e-5)
 
 
 @torch.inference_mode()
@@ -179,10 +180,9 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
     from torch._dynamo.utils import counters
 
     from lmforge.infer import engine as engine_module
-    from lmforge.infer.exported_step import ExportedDecodeStep
 
     if not exported:
-        monkeypatch.setattr(engine_module, "exportable", lambda forward, device: False)
+        monkeypatch.setattr(engine_module, "exportable", lambda model, device: False)
     lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=64))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(61, (int(n),), generator=g).tolist() for n in [5, 2, 9, 1, 3, 7, 4]]
@@ -209,8 +209,8 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
         outputs.append((list(tokens.values()), single[0].token_ids))
     assert outputs[1] == outputs[0]
     if exported:
-        assert isinstance(compiled._exported, ExportedDecodeStep)
-        steps = compiled._exported.compiled
+        assert isinstance(compiled.decode_step, ExportedStep)
+        steps = compiled.decode_step.compiled
         assert 1 <= len(steps) <= 2 and all(run is not None for *_, run in steps)  # 1, 2..4 rows
     else:
         assert counters["stats"]["unique_graphs"] <= 6
@@ -218,12 +218,11 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
 
 def test_engine_decodes_eagerly_when_the_step_cannot_be_compiled(monkeypatch):
     """No C++ compiler (or an export that fails): one warning, then the same tokens eagerly."""
-    from lmforge.infer.exported_step import ExportedDecodeStep
 
     def fail(self, *example):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(ExportedDecodeStep, "_compile", fail)
+    monkeypatch.setattr(ExportedStep, "_compile", fail)
     lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
     params = GenerationParams(max_new_tokens=6, temperature=0.0, stop_token_ids=[])
     prompts = [[1, 2, 3], [4, 5]]
@@ -245,17 +244,18 @@ def test_static_decode_step_decodes_the_same_tokens():
         c.token_ids for c in Engine(lm.model, max_batch=3, eos_ids=[]).generate(prompts, params)
     ]
     static = Engine(lm.model, max_batch=3, eos_ids=[], cuda_graphs=True)
-    assert static._static is not None and static._static.buckets == [1, 2, 3]
+    assert isinstance(static.decode_step, GraphStep) and static.decode_step.buckets == [1, 2, 3]
     assert [c.token_ids for c in static.generate(prompts, params)] == want
 
 
 def test_static_decode_step_refuses_models_it_cannot_cover():
-    """Off by default on CPU; asked for on a model the fast decoder does not cover: one error."""
+    """Off by default on CPU; asked for on a model a fixed step cannot run (a mixture of experts'
+    data-dependent routing): one error."""
     plain = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
-    assert Engine(plain.model, max_batch=2)._static is None
-    post = build("llama-micro", norm_position="post")
+    assert not isinstance(Engine(plain.model, max_batch=2).decode_step, GraphStep)
+    moe = build("llama-micro", mlp="moe", n_experts=2, experts_top_k=1)
     with pytest.raises(ConfigError, match="cuda_graphs needs a static decode step"):
-        Engine(post, max_batch=2, cuda_graphs=True)
+        Engine(moe, max_batch=2, cuda_graphs=True)
 
 
 BF16_LOGPROB_TOL = 0.03  # a couple of bf16 steps at these logits (see the test below)
@@ -313,4 +313,4 @@ def test_compiled_int8_engine_with_every_slot_full():
     # the full batch is its own range where Int8Linear switches from torch's GEMV to the GEMM
     # at 8 rows; the native kernel takes every batch, so 2-8 share one range there
     full = (2, 9) if engine.model.lm_head._native is not None else (8, 9)
-    assert [(r.start, r.stop) for r, _, _ in engine._exported.compiled][-1] == full
+    assert [(r.start, r.stop) for r, _, _ in engine.decode_step.compiled][-1] == full

@@ -1,26 +1,38 @@
-"""The CPU decode step compiled ahead of time with AOTInductor (Engine(compile=True) on CPU).
+"""The engine's decode steps besides the eager one (engine.EagerStep): the model's own forward
+compiled or recorded, behind one interface. `Engine.__init__` picks one:
 
-torch.compile runs a compiled step through dynamo on every call: guard checks, fetching the ~120
-weights from the decoder's objects, converting them for the C++ wrapper: ~0.3 ms of a ~2.9 ms
-token on the bench model at one thread. Here the step is exported once (`torch.export`) and
-compiled by AOTInductor into a shared library holding the weights as constants: a call passes
-the token ids, positions, key mask and KV buffers to C++ and nothing else. The step also takes
-the argmax and advances the positions, because the host's work after a step runs cold (streaming
-the weights evicted its caches; the first torch ops after a step cost ~20 us each).
+- `ExportedStep`: on CPU with `compile=True`, the step exported once (`torch.export`) and compiled
+  ahead of time by AOTInductor into a shared library holding the weights as constants: a call
+  passes the token ids, positions, key mask and KV buffers to C++ and nothing else (no dynamo
+  guards or weight fetching per call). It also takes the argmax and advances the positions: the
+  host's work after a step runs cold (streaming the weights evicted its caches).
+- `CompiledStep`: `torch.compile` of the forward (GPUs, and models an export does not cover).
+- `GraphStep`: on a GPU (by default), the step recorded as a CUDA graph and replayed: one launch
+  per token instead of one per kernel (a small model's decoding is launch-bound).
 
-The KV buffers and positions are updated in place (the export records them as mutated inputs).
-Dynamic: the running rows and the cache length. Each export holds for a range of rows (narrowed
-by the model's own branches: Int8Linear switches kernels at 8 rows), so batch 1, 2-7 and 8+
-each compile once. Compiling is slow: the C++ of one range takes 60-70 s for SmolLM2-135M on a
-quiet 2-core AMD EPYC, and ~110 s for a one-layer toy model on the same machine under load
-(mostly the C++ compiler, whatever the model's size). So a server compiles every range before it
-reports ready (`warm_up`), and keeps the compiled packages on disk (`cache_dir`, keyed by the
-weights, their precision, the cache shape, the torch version and the CPU's vector ISA): a restart
-loads them in about a second instead of compiling again. A shape outside every range (the very
-last cache column, for some models) runs eagerly, as does everything if compiling fails (no C++
-compiler). Covers decoder.FastDecoder on CPU without dynamic RoPE scaling; the engine uses
-torch.compile (compiled_step.py) elsewhere. The weights are copied into each compiled step when
-it compiles: build a new engine after changing them.
+A step is called with the running rows' next tokens [n, 1] after `SlotCache.begin_decode`,
+returns (logits [n, V], greedy tokens [n] or None), and advances the cache by one column and the
+rows' positions by one. `warm_up(engine, progress, cache_dir)` prepares every batch size before
+the first request (a server calls it before it reports ready). Timings: docs/inference.md.
+
+ExportedStep: the KV buffers and positions are updated in place (the export records them as
+mutated inputs); the running rows and the cache length are dynamic. Each export holds for a range
+of rows (narrowed by the model's own branches: Int8Linear switches kernels at 8 rows), so batch 1,
+2-7 and 8+ each compile once; compiling takes a minute or more, mostly the C++ compiler, so a
+server compiles every range before it reports ready and keeps the packages on disk (`cache_dir`,
+keyed by the weights, their precision, the cache shape, the torch version and the CPU's vector
+ISA): a restart loads them in about a second. A shape outside every range (the very last cache
+column, for some models) runs eagerly, as does everything if compiling fails (no C++ compiler).
+The weights are copied into each compiled step when it compiles: build a new engine after
+changing them.
+
+GraphStep: a graph replays fixed shapes and fixed addresses, so the recorded step is static: the
+batch is padded up to a bucket (1, 2, 4, 8, ... rows), one graph per bucket; attention covers the
+whole KV buffer, the padding mask hiding the columns not yet written; the column the new keys go
+to is a device tensor (`index_copy_`), not a Python int; the inputs are the engine's persistent
+tensors, updated in place between steps. Rows past the running ones compute values nobody reads
+and write keys into free slots that a joining sequence overwrites. It also runs without graphs
+(`use_graphs=False`): that is how the CPU tests check the static step.
 """
 
 from __future__ import annotations
@@ -43,17 +55,167 @@ import torch
 from torch import nn
 
 from lmforge.infer.cpu_features import cpu_features
-from lmforge.infer.decoder import FastDecoder, fixed_step_unsupported
+from lmforge.infer.params import GenerationParams
 from lmforge.model.cache import SlotCache
+from lmforge.model.mlp import MLP, GatedMLP
+from lmforge.model.positions import rope_scaling_type
+from lmforge.model.transformer import Transformer
 
 
-def exportable(forward, device: torch.device) -> bool:
-    """Whether ExportedDecodeStep covers this forward on this device."""
-    return device.type == "cpu" and fixed_step_unsupported(forward) is None
+def fixed_step_unsupported(model) -> str | None:
+    """Why a decode step compiled into fixed code (a CUDA graph, an ahead-of-time export) cannot
+    run this model; None when it can."""
+    if not isinstance(model, Transformer):
+        return f"{type(model).__name__} is not a Transformer"
+    if not all(isinstance(block.mlp, (MLP, GatedMLP)) for block in model.blocks):
+        return "a mixture of experts routes tokens with data-dependent shapes"
+    if rope_scaling_type(getattr(model.config, "rope_scaling", None)) == "dynamic":
+        return "dynamic RoPE scaling reads the positions on the host every step"
+    return None
+
+
+def exportable(model, device: torch.device) -> bool:
+    """Whether ExportedStep covers this model on this device."""
+    return device.type == "cpu" and fixed_step_unsupported(model) is None
+
+
+def compile_forward(model: nn.Module, cache: SlotCache):
+    """`torch.compile` for the decode step: what varies is dynamic, the rest fixed and unguarded.
+
+    Dynamic: the number of running rows (marked on each call; batch size 1 gets its own graph)
+    and the cache length (an int that changes every step: dynamo makes it symbolic after the
+    first change). Everything else is static: with `dynamic=True` every weight and buffer size
+    became a symbolic argument the compiled step converts on each call. The model's weights and
+    structure are fixed for the engine's life, so the guards dynamo would re-check on every call
+    (on each weight and module) are skipped. The KV cache is written in place (one tensor per
+    layer: slices of one shared buffer were functionalised into whole-buffer copies)."""
+    options: dict = {"cpp_wrapper": cache.mask.device.type == "cpu"}  # no Python wrapper per call
+    if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):  # torch >= 2.8
+        fixed = ("L['fn']", "L['self']")  # the model module
+        options["guard_filter_fn"] = lambda entries: [not e.name.startswith(fixed) for e in entries]
+    compiled = torch.compile(model, options=options)
+
+    def forward(ids, positions, cache, last_only):
+        if ids.shape[0] > 1:
+            for t in (ids, positions, cache.key_mask):
+                if t is not None:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+        return compiled(ids, positions=positions, cache=cache, last_only=last_only)
+
+    return forward
+
+
+def warm_up_by_decoding(engine, progress: Callable[[str], None] = print, cache_dir=None) -> None:
+    """Decode a few greedy tokens at batch sizes 1, 2, 8 and max_batch (those up to max_batch),
+    so that torch.compile makes its graphs (batch 1 is its own, Int8Linear's switch of kernels
+    at 8 rows splits the rest, the cache length turns symbolic on the second step) and the CUDA
+    graphs are recorded now, not inside the first requests. inductor keeps what it compiled in
+    its own cache (TORCHINDUCTOR_CACHE_DIR; `lmforge serve` points it under ~/.cache/lmforge):
+    a restart traces again but compiles nothing. (`cache_dir` is ExportedStep's.)"""
+    sizes = sorted({s for s in (1, 2, 8, engine.max_batch) if s <= engine.max_batch})
+    length = max(1, min(4, engine.max_len - 4))  # room for the prompt and three new tokens
+    params = GenerationParams(max_new_tokens=3, temperature=0.0, stop_token_ids=[])
+    for n in sizes:
+        progress(f"compiling the decode step for {n} running row(s)")
+        began = time.perf_counter()
+        engine.generate([[0] * length] * n, params)
+        progress(f"  batch size {n}: ready in {time.perf_counter() - began:.1f} s")
+
+
+class CompiledStep:
+    """The model's forward through torch.compile (`compile_forward`), one token per row."""
+
+    warm_up = staticmethod(warm_up_by_decoding)
+
+    def __init__(self, model: nn.Module, cache: SlotCache):
+        self.forward, self.cache = compile_forward(model, cache), cache
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        cache, n = self.cache, ids.shape[0]
+        positions = cache.positions[:n, None]
+        logits = self.forward(ids, positions=positions, cache=cache, last_only=True)[:, -1]
+        cache.positions[:n] += 1
+        return logits, None
+
+
+class StaticCacheView:
+    """The engine's SlotCache as a full-width, fixed-shape KV cache for the first `rows` rows."""
+
+    def __init__(self, cache, rows: int, column: torch.Tensor):
+        self.cache, self.rows, self.column = cache, rows, column
+        self.length = cache.max_len - 1  # the model attends to length + 1 = all columns
+        self.key_mask = cache.mask[:rows]
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        k, v = self.cache.k[layer][: self.rows], self.cache.v[layer][: self.rows]
+        k.index_copy_(2, self.column, k_new)
+        v.index_copy_(2, self.column, v_new)
+        return k, v
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+def buckets(max_batch: int) -> list[int]:
+    """Batch sizes that get a graph: powers of two up to max_batch, and max_batch itself."""
+    below = [1 << i for i in range((max_batch - 1).bit_length())]  # 1, 2, 4, ... < max_batch
+    return sorted({1, *below, max_batch})
+
+
+class GraphStep:
+    """The decode step in static form (padded batch, full-width attention), replayed as a CUDA
+    graph per bucket of batch sizes (`use_graphs=False`: the same static step run directly).
+    `forward`: the model, or its `compile_forward`."""
+
+    warm_up = staticmethod(warm_up_by_decoding)
+
+    def __init__(self, forward, cache, next_tokens: torch.Tensor, use_graphs: bool = True):
+        self.forward, self.cache, self.next_tokens = forward, cache, next_tokens
+        self.use_graphs = use_graphs
+        self.column = torch.zeros(1, dtype=torch.long, device=next_tokens.device)
+        self.buckets = buckets(cache.slots)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """ids: the engine's next_tokens[:n, None] (the graph reads that buffer itself)."""
+        n, cache = ids.shape[0], self.cache
+        rows = next(b for b in self.buckets if b >= n)
+        self.column.fill_(cache.length)
+        if not self.use_graphs:
+            logits = self._step(rows)[:n]
+        else:
+            if rows not in self.graphs:
+                self._record(rows)
+            self.graphs[rows].replay()
+            logits = self.outputs[rows][:n]
+        cache.advance(1)
+        cache.positions[:n] += 1
+        return logits, None
+
+    def _step(self, rows: int) -> torch.Tensor:
+        view = StaticCacheView(self.cache, rows, self.column)
+        ids, positions = self.next_tokens[:rows, None], self.cache.positions[:rows, None]
+        return self.forward(ids, positions=positions, cache=view, last_only=True)[:, -1]
+
+    def _record(self, rows: int) -> None:
+        """Warm up on a side stream (cuBLAS handles, lazily made buffers), then record. The
+        warm-up writes the same keys the real step writes, so it changes nothing."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step(rows)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.outputs[rows] = self._step(rows)
+        self.graphs[rows] = graph
 
 
 class _CacheView:
-    """What FastDecoder needs of a cache, built from the exported step's inputs: the running
+    """What the model needs of a cache, built from the exported step's inputs: the running
     rows' key mask [n, length + 1] (its width carries the cache length) and the KV buffers."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], key_mask: torch.Tensor):
@@ -68,30 +230,29 @@ class _CacheView:
 
 class _Step(nn.Module):
     """The function exported: one decode step -> float32 logits [n, V] and their argmax; the
-    positions move on by one in place. The host's work after a step runs cold (streaming the
-    weights evicted its caches: each first torch op costs ~20 us), so what can be done in the
-    compiled code is done there."""
+    positions move on by one in place (work the host would do cold after a step is done in the
+    compiled code)."""
 
-    def __init__(self, decoder: FastDecoder):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.model, self.decoder = decoder.model, decoder  # model: weights get stable names
+        self.model = model  # a submodule: its weights get stable names
 
     def forward(self, ids, positions, key_mask, k: list[torch.Tensor], v: list[torch.Tensor]):
         cache = _CacheView(k, v, key_mask)
-        logits = self.decoder(ids, positions=positions, cache=cache, last_only=True)[:, -1]
+        logits = self.model(ids, positions=positions, cache=cache, last_only=True)[:, -1]
         positions.add_(1)
         logits = logits.float()
         return logits, logits.max(dim=-1).indices
 
 
-class ExportedDecodeStep:
-    """The engine's decode step: (ids [n, 1], cache) -> (logits [n, V], greedy tokens [n]),
+class ExportedStep:
+    """The decode step compiled ahead of time: ids [n, 1] -> (logits [n, V], greedy tokens [n]),
     advancing the cache and its rows' positions. Compiles a step per range of running rows on
-    first need, or all of them at once with `warm_up`; with `use_cache_dir` the compiled steps
-    are also kept on disk and loaded from there by the next engine over the same weights."""
+    first need, or all of them at once with `warm_up`; with a cache_dir the compiled steps are
+    also kept on disk and loaded from there by the next engine over the same weights."""
 
-    def __init__(self, decoder: FastDecoder, cache: SlotCache):
-        self.step, self.cache = _Step(decoder), cache
+    def __init__(self, model: nn.Module, cache: SlotCache):
+        self.step, self.cache = _Step(model), cache
         self.compiled: list[tuple[range, range, object]] = []  # (rows, widths, model)
         self.counts = {"compiled": 0, "loaded": 0}  # steps compiled here / loaded from disk
         self.dir: Path | None = None  # where compiled packages go (a temporary one by default)
@@ -115,10 +276,13 @@ class ExportedDecodeStep:
         eager after a failed compile); None when n has none yet."""
         return next((rows for rows, _, _ in self.compiled if n in rows), None)
 
-    def warm_up(self, max_rows: int, progress: Callable[[str], None] = print) -> None:
-        """Compile (or load from the cache folder) the step for every number of running rows
-        from 1 to max_rows now, so that no request waits for a compiler; reports each range."""
-        n = 1
+    def warm_up(self, engine, progress: Callable[[str], None] = print, cache_dir=None) -> None:
+        """Compile (or load from cache_dir) the step for every number of running rows from 1 to
+        the engine's max_batch now, so that no request waits for a compiler; reports each
+        range."""
+        if cache_dir is not None:
+            self.use_cache_dir(cache_dir)
+        max_rows, n = engine.max_batch, 1
         while n <= max_rows:
             rows = self.covers(n)
             if rows is None:
@@ -257,8 +421,7 @@ def cache_key(step: nn.Module, cache: SlotCache) -> str:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     digest = hashlib.sha256()
-    modules = {type(m).__module__ for m in step.modules()} | {
-        type(step.decoder).__module__, __name__, type(cache).__module__}  # fmt: skip
+    modules = {type(m).__module__ for m in step.modules()} | {__name__, type(cache).__module__}
     sources = {name: _source_hash(name) for name in sorted(modules)}
     meta = {
         "torch": torch.__version__,
