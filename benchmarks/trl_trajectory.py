@@ -23,7 +23,8 @@ twin) and TRL's adapters start from lmforge's initial A matrices (B is zero on b
   replayed to both trainers (TRL's `_generate_single_turn` returns them), so the comparison
   isolates rewards, advantages, KL and the optimizer. One update per batch (π_old = π),
   `--prompts` prompts x `--group` completions per step, a deterministic reward of the text;
-  GRPO: loss_type grpo, std-scaled group advantages, β = 0.04; RLOO: β = 0.05 (TRL's default).
+  GRPO: loss_type grpo, std-scaled group advantages, β = 0.04 with TRL's ratio-corrected KL;
+  RLOO: β = 0.05 (TRL's default).
 
 Each run writes benchmarks/trajectories/<method>_<lora|full>.json (both curves); every run's
 largest differences are recorded with `benchmarks/results.py` (table `trl_trajectory`) and one
@@ -140,7 +141,8 @@ def our_config(method: str, peft: str, data: Path, eval_data: Path, out: Path, a
               temperature=1.0, num_iterations=1, scale="std")  # fmt: skip
     common.update(rl)
     if method == "grpo":
-        return GRPOConfig(**common, loss_type="grpo", beta=0.04)
+        # TRL 1.x multiplies the k3 KL by the ratio (use_bias_correction_kl, its default)
+        return GRPOConfig(**common, loss_type="grpo", beta=0.04, kl_correction=True)
     return GRPOConfig(**common, loss_type="rloo", beta=0.05)
 
 
@@ -255,7 +257,7 @@ def run_trl(method, peft, rows, order, replay, ours, args) -> dict[str, Any]:
                   temperature=1.0, num_iterations=1, shuffle_dataset=False)  # fmt: skip
         if method == "grpo":
             args_ = trl.GRPOConfig(**common, **rl, loss_type="grpo", scale_rewards="group",
-                                   beta=0.04)  # fmt: skip
+                                   beta=0.04, use_bias_correction_kl=True)  # fmt: skip
             cls = trl.GRPOTrainer
         else:
             args_ = trl.RLOOConfig(**common, **rl, beta=0.05)
