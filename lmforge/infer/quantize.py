@@ -329,14 +329,10 @@ def _half_weights(linear: nn.Linear) -> bool:
     return w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16)
 
 
-def _call_forward(self, *args, **kwargs):
-    return self.forward(*args, **kwargs)  # the instance's own forward, if it has one
-
-
 @functools.cache
 def _direct(cls: type) -> type:
     """`cls` whose call is its forward, without nn.Module's hook dispatch."""
-    return type(cls.__name__, (cls,), {"__call__": _call_forward, "__module__": cls.__module__})
+    return type(cls.__name__, (cls,), {"__call__": cls.forward, "__module__": cls.__module__})
 
 
 def call_directly(model: nn.Module) -> None:
@@ -345,12 +341,14 @@ def call_directly(model: nn.Module) -> None:
     in dicts it searches) cost about a microsecond each, several percent of a small model's step.
     So every module below the root becomes an instance of a subclass whose __call__ is its
     forward, and its submodules and parameters are also plain instance attributes. Left as they
-    are: modules with hooks now (someone is watching them), and the token embedding (the engine
+    are: modules with hooks now (someone is watching them), modules whose forward was replaced on
+    the instance (e.g. activation checkpointing's wrapper), and the token embedding (the engine
     hooks it for prompt embeddings)."""
     embed = getattr(model, "embed", None)
     for name, module in model.named_modules():
         hooked = module._forward_hooks or module._forward_pre_hooks
-        if not name or hooked or module is embed or isinstance(module, nn.Embedding):
+        own = "forward" in module.__dict__
+        if not name or hooked or own or module is embed or isinstance(module, nn.Embedding):
             continue
         module.__class__ = _direct(type(module))
         module.__dict__.update(module._modules)
