@@ -117,7 +117,7 @@ def test_smol_plan_end_to_end_on_a_tiny_start(tmp_path, shared_data, capsys):
         out / "sft"
     )
     assert (
-        "| model after | kl | core | arc-easy | gsm8k | chatcore |"
+        "| model after | accuracy | kl | core | arc-easy | gsm8k | chatcore |"
         in (out / "report.md").read_text()
     )
     assert f"lmforge chat --checkpoint {out}/grpo" in capsys.readouterr().out
