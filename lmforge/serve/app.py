@@ -104,7 +104,7 @@ def max_token_chars(tokenizer) -> int:
 
 
 def pdf_text(data: bytes) -> str:
-    """The text of a PDF's pages, with pypdf (an optional dependency)."""
+    """The text of a PDF's pages (pypdf), for an attachment sent as context."""
     try:
         import pypdf
     except ImportError:
