@@ -7,7 +7,7 @@ starting policy. Chosen and rejected rows go through the model in ONE forward pa
 precompute_ref_log_probs), so a training step is one policy forward + backward. Label smoothing ε
 gives conservative DPO, which is also the probability variant: with p the chance that "chosen"
 really is better, ε = 1 - p. `loss_type` swaps in TRL's robust, hinge (SLiC) or IPO losses on the
-same log-ratios (`preference_losses.dpo_loss`; tests/align/test_trl_oracle.py checks them
+same log-ratios (`preference_losses.dpo_loss`; tests/align/trl_oracle/ checks them
 against TRL). The implicit reward β(log π - log π_ref) scores held-out pairs: its preference
 accuracy is the headline metric.
 """

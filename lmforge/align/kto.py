@@ -2,7 +2,7 @@
 unpaired thumbs-up / thumbs-down completions against a frozen reference.
 
 Every example is a prompt, one completion and a binary label; the loss is
-`preference_losses.kto_loss` (checked against TRL in tests/align/test_trl_oracle.py). Its
+`preference_losses.kto_loss` (checked against TRL in tests/align/trl_oracle/). Its
 reference point z₀ estimates KL(π‖π_ref) as TRL does: each step pairs every prompt of the batch
 with the completion of the previous row (a mismatched pair, "x with some other y") and scores
 those pairs under π and π_ref without gradients. π_ref log-probs of the real pairs are computed

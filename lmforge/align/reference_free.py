@@ -8,7 +8,7 @@ policy on chosen and rejected rows together ([2B, T]) and the memory of a DPO re
   family on the same data: ``sigmoid`` is CPO, ``hinge`` and ``ipo``; ``cpo_alpha`` adds the CPO
   NLL term, which is how TRL spells CPO-SimPO.
 
-Both are checked against TRL in tests/align/test_trl_oracle.py. Data, batches and held-out
+Both are checked against TRL in tests/align/trl_oracle/. Data, batches and held-out
 metrics are `dpo.PreferenceTrainer`'s; the implicit reward is β·log-prob as TRL logs it
 (averaged for ORPO/SimPO/IPO, summed for CPO/hinge).
 """

@@ -3,7 +3,7 @@ the parameter gradients of the plain path that builds the whole [B, T, V] logits
 while no call of the LM head ever sees more than one chunk of tokens, in forward or backward.
 
 The plain path here is the logits-based functions (`token_logprobs`, `sft_loss`,
-`distillation_loss`, `entropy_from_logits`) on `model(input_ids)`; tests/align/test_trl_oracle.py
+`distillation_loss`, `entropy_from_logits`) on `model(input_ids)`; tests/align/trl_oracle/
 runs every trainer loss against TRL with chunks of two tokens.
 """
 
