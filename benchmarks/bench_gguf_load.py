@@ -31,8 +31,8 @@ import torch
 torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
 from lmforge.lm import LM
 import lmforge.interop.gguf_load, lmforge.interop.gguf_tokenizer  # imported before measuring
-from lmforge.infer.cpu_gemv import gemv_kernel
-gemv_kernel()  # built once into the kernel cache; loaded here
+from lmforge.infer.cpu_kernels import native_kernels
+native_kernels()  # built once into the kernel cache; loaded here
 
 def status(key):
     for line in open("/proc/self/status"):

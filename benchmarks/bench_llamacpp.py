@@ -214,7 +214,7 @@ class LMForgeRunner:
     """lmforge's Engine (continuous batching) in one precision."""
 
     def __init__(self, lm, dtype, quantize, compile: bool, max_batch: int):
-        from lmforge.infer.cpu_gemv import gemv_kernel
+        from lmforge.infer.cpu_kernels import native_kernels
         from lmforge.infer.engine import Engine
         from lmforge.infer.quantize import decode_bytes
 
@@ -225,8 +225,8 @@ class LMForgeRunner:
         act = act.replace("bfloat16", "bf16").replace("float16", "fp16")
         weights = quantize or act
         self.precision = f"{weights} weights, {act} activations"
-        if quantize and gemv_kernel() is not None:  # cpu_gemv.c: as llama.cpp's vec_dot_type
-            self.precision += f" (int8 per 32 in the {gemv_kernel().isa} GEMV)"
+        if quantize and native_kernels() is not None:  # as llama.cpp's vec_dot_type
+            self.precision += f" (int8 per 32 in the {native_kernels().variant} kernels)"
         self.precision += ", compiled" if compile else ""
         if compile:
             folder = Path("~/.cache/lmforge/compile").expanduser()

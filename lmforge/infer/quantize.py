@@ -10,7 +10,7 @@ depends on the CPU (cpu_features.py), so the choice is made per machine:
   AVX512-BF16), fp32 elsewhere: on an AVX2-only AMD EPYC a bf16 prefill measured 5x slower than
   fp32 (issue 19). With --quantize and lmforge's own kernels built, fp32 (they take fp32
   inputs, and bf16 decoding paid ~700 dtype casts a token). On a GPU bf16 where supported.
-- lmforge's CPU kernels (cpu_gemv.c, built for this CPU at first use) take every product of a
+- lmforge's CPU kernels (native/quantized_matmul.cpp, built at first use) take every product of a
   layer they fit (inputs a multiple of 32; int4 groups of 32), decode and prefill alike: the
   activations are quantised to int8 per block of 32, as llama.cpp does for Q8_0/Q4_0, and
   multiplied as integers (VNNI or AVX2) by weights interleaved 16 rows at a time, so one pass
@@ -54,7 +54,7 @@ from torch import nn
 
 from lmforge.errors import ConfigError
 from lmforge.infer.cpu_features import CPUFeatures, cpu_features
-from lmforge.infer.cpu_gemv import gemv_kernel
+from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.quantized_linear import (
     DEFAULT_GROUP_SIZE,
     HalfLinear,
@@ -100,7 +100,7 @@ def auto_dtype(
     if device.type != "cpu":
         return torch.float32, f"no per-device rule for {device.type}: float32"
     f = features or cpu_features()
-    if quantize in QUANTIZE_CHOICES and gemv_kernel() is not None:
+    if quantize in QUANTIZE_CHOICES and native_kernels() is not None:
         return torch.float32, (f"{f.summary()}: lmforge's {quantize} kernel takes fp32 "
                                "activations (it quantises them to int8 per 32)")  # fmt: skip
     if f.native_bf16:
@@ -165,11 +165,12 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
     act = str(dtype).removeprefix("torch.")
     kdtype = str(cpu_kernel_dtype(dtype)).removeprefix("torch.")
     cast = "" if kdtype == act else f" on {kdtype}-rounded inputs"
-    native = gemv_kernel()
+    native = native_kernels()
     if native is not None:
         groups = " at group size 32, torch's kernels at others" if quantize == "int4" else ""
-        return (f"; {quantize}: lmforge's {native.isa} {quantize} kernel (activations quantised "
-                f"to int8 per 32) at every batch size, decode and prefill{groups}")  # fmt: skip
+        return (f"; {quantize}: lmforge's {native.variant} {quantize} kernel (activations "
+                f"quantised to int8 per 32) at every batch size, decode and prefill"
+                f"{groups}")  # fmt: skip
     gemm = dtype
     if dtype == torch.float32 and cpu_features().native_bf16:  # gemm_dtype
         gemm = torch.bfloat16
@@ -188,16 +189,18 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
 
 
 def _describe_half(dtype: torch.dtype, device) -> str:
-    """'; bf16 weights: ...' where the engine multiplies 16-bit weights by lmforge's GEMV."""
+    """'; bf16 weights: ...' where the engine multiplies 16-bit weights by lmforge's kernel."""
     if dtype not in (torch.bfloat16, torch.float16) or torch.device(device).type != "cpu":
         return ""
-    if gemv_kernel() is None:
+    native = native_kernels()
+    if native is None:
         return ""
     short, rows = ("bf16", 8) if dtype == torch.bfloat16 else ("fp16", 16)
     how = "fp32 multiply-adds on converted weights"
-    if dtype == torch.bfloat16 and "avx512_bf16" in cpu_features().flags:
+    if dtype == torch.bfloat16 and native.variant == "avx512_bf16":
         how = "the AVX512-BF16 dot product"
-    return f"; {short} weights: lmforge's GEMV ({how}) up to {rows} rows, torch's GEMM above"
+    return (f"; {short} weights: lmforge's {native.variant} half matmul ({how}) up to {rows} "
+            "rows, torch's GEMM above")  # fmt: skip
 
 
 @functools.cache
@@ -303,7 +306,7 @@ def inference_model(
     - Linear: Int8Linear / Int4Linear with `quantize` (quantized_linear.py picks their kernels);
       bf16 / fp16 weights on a CPU with lmforge's kernels built: HalfLinear; else nn.Linear.
     - softmax attention decoding one token per row on a CPU: lmforge's fused decode attention
-      (cpu_attention.c, `CausalSelfAttention.decode_kernel`); else SDPA.
+      (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`); else SDPA.
     """
     converted = to_inference_precision(model, dtype, quantize)
     if converted is model:
@@ -311,7 +314,7 @@ def inference_model(
         converted = copy.deepcopy(model, memo={id(t): t for t in shared})
     converted.eval()
     device = next(converted.parameters()).device
-    native = gemv_kernel() if device.type == "cpu" else None
+    native = native_kernels() if device.type == "cpu" else None
     if native is not None:
         swap_linears(converted, lambda linear, name: HalfLinear(linear.weight, linear.bias,
                      linear.weight.dtype) if _half_weights(linear) else linear)  # fmt: skip

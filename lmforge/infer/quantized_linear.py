@@ -3,9 +3,9 @@ weights through lmforge's GEMV (`HalfLinear`), and the kernel each product runs 
 lmforge/infer/quantize.py, which converts a model and picks the activation dtype, for the why of
 each choice).
 
-- lmforge's CPU kernels (cpu_gemv.c) take every product of a layer they fit (inputs a multiple
-  of 32; int4 groups of 32), decode and prefill alike, with the weights kept only in the
-  kernels' interleaved layout.
+- lmforge's CPU kernels (native/quantized_matmul.cpp) take every product of a layer they fit
+  (inputs a multiple of 32; int4 groups of 32), decode and prefill alike, with the weights kept
+  only in the kernels' interleaved layout.
 - Elsewhere torch's: `aten._weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` (CUDA:
   `_weight_int4pack_mm`) below `gemm_rows` rows, a GEMM on dequantised weights from there.
 """
@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import ConfigError
-from lmforge.infer.cpu_gemv import (
+from lmforge.infer.cpu_kernels import (
     BLOCK,
     LANES,
-    gemv_kernel,
+    native_kernels,
     pack_int4,
     pack_int4_nibbles,
     pack_int8,
@@ -92,7 +92,7 @@ class QuantizedLinear(nn.Module, abc.ABC):
     below `gemm_rows` and a GEMM with dequantised weights at or above."""
 
     gemm_rows = 8  # measured crossover on a Sapphire Rapids core (int8 GEMV vs bf16 AMX GEMM)
-    # cpu_gemv.NativeGemv where this layer runs lmforge's kernel. It multiplies a block of 16
+    # cpu_kernels.NativeKernels where this layer runs lmforge's kernel. It multiplies a block of 16
     # weight rows by up to 4 rows of x per pass, so it stays compute-efficient at any batch: on a
     # Zen 4 core, SmolLM2's layers, int8 ran 1.6-2x the bf16 GEMM from 1 to 256 rows (138-154
     # against 85-90 GMAC/s at 64-256 rows: vpdpbusd does 64 products, the bf16 dot 32)
@@ -185,9 +185,10 @@ class Int8Linear(QuantizedLinear):
         kernel = cpu_kernel_dtype(dtype)
         # the GEMV kernel wants its scales in its input dtype (bf16 even for fp32 activations)
         self.register_buffer("kernel_scale", self.scale.to(kernel), persistent=False)
-        # lmforge's own CPU kernel (cpu_gemv.c) where it builds and the rows fit its blocks: the
-        # weights are kept in its layout only (`int8_rows` unpacks them for the GEMM)
-        native = gemv_kernel() if q.device.type == "cpu" and q.shape[1] % BLOCK == 0 else None
+        # lmforge's own CPU kernel (native/quantized_matmul.cpp) where it builds and the rows
+        # fit its blocks: the weights are kept in its layout only (`int8_rows` unpacks them for
+        # the GEMM)
+        native = native_kernels() if q.device.type == "cpu" and q.shape[1] % BLOCK == 0 else None
         self._native = native
         if native is not None:
             packed = pack_int8(q)
@@ -205,11 +206,11 @@ class Int8Linear(QuantizedLinear):
         buffers = self._buffers
         if x.device.type != "cpu" or self.in_features % 16:
             # no int8 GEMV kernel on a GPU; and torch 2.13's CPU one returns garbage when the
-            # inputs are not a multiple of 16 (tests/infer/test_cpu_gemv.py): the GEMM
+            # inputs are not a multiple of 16 (tests/infer/test_cpu_kernels.py): the GEMM
             return self.gemm(x)
         if self._native is not None:
-            y = self._native.int8(x.float(), buffers["native_packed"], buffers["native_scale"],
-                                  self.out_features)  # fmt: skip
+            packed, scale = buffers["native_packed"], buffers["native_scale"]
+            y = self._native.int8_matmul(x.float(), packed, scale, self.out_features)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         scale = buffers["kernel_scale"]
         if x.dtype == scale.dtype:
@@ -256,7 +257,7 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class BlockInt8Linear(QuantizedLinear):
     """int8 weights with an fp16 scale per output row and block of 32 inputs, w = q * d:
     llama.cpp's Q8_0, which a GGUF's Q8_0 tensors map onto code for code (`from_blocks`). On a
-    CPU with the native kernels, in their q8 layout (cpu_gemv.pack_q8) at every number of rows;
+    CPU with the native kernels, in their q8 layout (cpu_kernels.pack_q8) at every number of rows;
     elsewhere a GEMM on dequantised weights (`QuantizedLinear.gemm`)."""
 
     bits = 8
@@ -285,7 +286,7 @@ class BlockInt8Linear(QuantizedLinear):
     def _pack(self, q: torch.Tensor, d: torch.Tensor, bias, dtype: torch.dtype) -> None:
         n, k = q.shape
         QuantizedLinear.__init__(self, k, n, bias, dtype)
-        self._native = gemv_kernel() if q.device.type == "cpu" else None
+        self._native = native_kernels() if q.device.type == "cpu" else None
         if self._native is not None:
             self.register_buffer("native_packed", pack_q8(q, d))
             self.register_buffer("codes", None)
@@ -298,7 +299,7 @@ class BlockInt8Linear(QuantizedLinear):
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         if self._native is None or x.device.type != "cpu":
             return self.gemm(x)
-        y = self._native.q8(x.float(), self._buffers["native_packed"], self.out_features)
+        y = self._native.q8_matmul(x.float(), self._buffers["native_packed"], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def blocks(self, start: int = 0, stop: int | None = None):
@@ -313,7 +314,7 @@ class BlockInt8Linear(QuantizedLinear):
         packed = self._buffers["native_packed"]
         if packed is None:
             q, d = self._buffers["codes"][ids], self._buffers["block_scale"][ids]
-        else:  # each id's lane of its 16-row block (cpu_gemv.c's interleaved layout)
+        else:  # each id's lane of its 16-row block (quantized_matmul.cpp's interleaved layout)
             t, groups = ids.numel(), packed.shape[1]
             blocks, lane, every = packed[ids // LANES], ids % LANES, torch.arange(t)
             pieces = blocks[..., : LANES * BLOCK].view(t, groups, 8, LANES, 4)[every, :, :, lane]
@@ -332,7 +333,7 @@ class BlockInt8Linear(QuantizedLinear):
 
 class Int4Linear(QuantizedLinear):
     """int4 weights, group-wise scale and zero (w = (q - 8) * scale + zero). On a CPU where the
-    native kernel is built and groups are 32, in its layout (cpu_gemv.pack_int4, fp16 scales
+    native kernel is built and groups are 32, in its layout (cpu_kernels.pack_int4, fp16 scales
     and offsets); otherwise through torch's int4pack kernels. On CPU that kernel's packed layout
     is blocks of 32 output rows with rows r and r + 16 sharing a byte (checked once per process,
     `_cpu_layout_known`); the GEMM path unpacks from it, or, on a torch build where the check
@@ -385,7 +386,7 @@ class Int4Linear(QuantizedLinear):
         element j low, j + 16 high), fp16 d and m [N, K / 32], w = q d + m. The native kernel's
         format is the same bytes and fp16 values interleaved, so they are packed as they are."""
         n, groups, _ = nibbles.shape
-        if nibbles.device.type == "cpu" and (native := gemv_kernel()) is not None:
+        if nibbles.device.type == "cpu" and (native := native_kernels()) is not None:
             self = cls.__new__(cls)
             QuantizedLinear.__init__(self, groups * BLOCK, n, bias, dtype)
             self.group_size, self._native, self.padded = BLOCK, native, n
@@ -404,7 +405,7 @@ class Int4Linear(QuantizedLinear):
         QuantizedLinear.__init__(self, k, n, bias, dtype)
         self.group_size = group_size
         self._native = None
-        if q.device.type == "cpu" and group_size == BLOCK and (native := gemv_kernel()):
+        if q.device.type == "cpu" and group_size == BLOCK and (native := native_kernels()):
             d, m = scale.half(), (zero - 8 * scale).half()  # w = q * d + m
             if bool(torch.isfinite(d).all() and torch.isfinite(m).all()):  # fp16 holds them
                 self._native, self.padded = native, n
@@ -440,7 +441,7 @@ class Int4Linear(QuantizedLinear):
         if self._native is not None:
             if x.device.type != "cpu":  # moved off the CPU after quantising: the GEMM
                 return self.gemm(x)
-            y = self._native.int4(x.float(), buffers["native_packed"], self.out_features)
+            y = self._native.int4_matmul(x.float(), buffers["native_packed"], self.out_features)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         packed, sz = buffers["weight_int4"], buffers["kernel_scale_zeros"]
         xk = x if x.dtype == sz.dtype else x.to(sz.dtype)
@@ -500,7 +501,7 @@ class Int4Linear(QuantizedLinear):
                 return w.view(stop - start, self.in_features)
             made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
             blocks = packed[start // LANES : -(-stop // LANES)]
-            return self._native.dequant_int4(blocks, stop - start, made).to(dtype)
+            return self._native.dequantize_int4(blocks, stop - start, made).to(dtype)
         q = self.unpacked_codes(start, stop).to(self.dtype)
         sz = buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
         g = self.group_size
@@ -512,7 +513,7 @@ class Int4Linear(QuantizedLinear):
 class HalfLinear(QuantizedLinear):
     """A Linear whose bf16 / fp16 weights stay as stored (a GGUF's F16 / BF16 tensors) while the
     model computes in `dtype` (fp32 by default): on a CPU with the native kernels lmforge's half
-    GEMV (cpu_gemv_half.c, fp32 sums) for few rows and torch's 16-bit GEMM above; elsewhere
+    GEMV (native/half_matmul.cpp, fp32 sums) for few rows and torch's 16-bit GEMM above; elsewhere
     torch's matmul in the weights' dtype."""
 
     bits = 16
@@ -523,21 +524,23 @@ class HalfLinear(QuantizedLinear):
         n, k = weight.shape
         super().__init__(k, n, bias, dtype)
         self.register_buffer("weight_half", weight.detach().contiguous())
-        self._native = gemv_kernel() if weight.device.type == "cpu" else None
+        self._native = native_kernels() if weight.device.type == "cpu" else None
 
-    fp16_gemm_rows = 16  # the half kernel's own limit for fp16 weights
+    # rows up to which lmforge's half matmul runs, by weight dtype: above, torch's GEMM (its
+    # blocked bf16 kernels win from 16 rows; its CPU fp16 GEMM is slow at any size, so fp16
+    # takes an fp32 GEMM on converted weights instead)
+    native_rows = {torch.bfloat16: 8, torch.float16: 16}
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         w = self._buffers["weight_half"]
-        if x.device.type == "cpu" and w.dtype == torch.float16 and x.shape[0] > self.fp16_gemm_rows:
-            # torch's CPU fp16 GEMM ran SmolLM2's 128-token prefill at 45 tok/s (its bf16 one
-            # at 390): an fp32 GEMM on weights converted a chunk of rows at a time instead
-            return QuantizedLinear.gemm(self, x)
-        if self._native is not None and x.device.type == "cpu":
-            return self._native.half_linear(x, w)
+        few = x.shape[0] <= self.native_rows[w.dtype]
+        if self._native is not None and few and x.device.type == "cpu":
+            return self._native.half_matmul(x, w)
+        if x.device.type == "cpu" and w.dtype == torch.float16 and not few:
+            return QuantizedLinear.gemm(self, x)  # fp32 on chunks of converted rows
         return F.linear(x.to(w.dtype), w).to(x.dtype)
 
-    gemm = gemv  # the half kernel itself hands many rows to torch's GEMM
+    gemm = gemv  # gemv itself hands many rows to a GEMM
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self._buffers["weight_half"][ids].to(self.dtype)

@@ -68,7 +68,7 @@ def test_this_machine_is_detected_once():
 
 def test_resolve_dtype_names_and_auto_line(capsys, monkeypatch):
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
-    monkeypatch.setattr(quantize, "gemv_kernel", lambda: None)  # torch's kernels
+    monkeypatch.setattr(quantize, "native_kernels", lambda: None)  # torch's kernels
     quantize._say_once.cache_clear()
     zen3 = read_cpu_features(ZEN3, "AVX2")
     assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype(None) is None
@@ -96,7 +96,7 @@ def test_forced_bf16_on_an_emulating_cpu_warns_once_with_the_fallback(monkeypatc
 
 
 def test_kernel_description_follows_the_activation_dtype(monkeypatch):
-    monkeypatch.setattr(quantize, "gemv_kernel", lambda: None)  # torch's kernels
+    monkeypatch.setattr(quantize, "native_kernels", lambda: None)  # torch's kernels
     zen3 = read_cpu_features(ZEN3, "AVX2")  # no bf16 units: the fp32 GEMM stays fp32
     monkeypatch.setattr(quantize, "cpu_features", lambda: zen3)
     fp32 = describe_kernels(torch.float32, "int8")
@@ -108,18 +108,19 @@ def test_kernel_description_follows_the_activation_dtype(monkeypatch):
 
 def test_kernel_description_names_the_native_kernel_when_built(monkeypatch):
     class Built:
-        isa = "avx2"
+        variant = "avx2"
 
-    monkeypatch.setattr(quantize, "gemv_kernel", lambda: Built())
+    monkeypatch.setattr(quantize, "native_kernels", lambda: Built())
     for mode in ("int8", "int4"):
         line = describe_kernels(torch.float32, mode)
         assert f"lmforge's avx2 {mode} kernel" in line and "pack_mm" not in line
         assert "every batch size" in line and "GEMM" not in line
-    # unquantised 16-bit weights: the half GEMV for decode rows, and which arithmetic it uses
-    for flags, how in (({"avx512_bf16"}, "AVX512-BF16 dot"), (set(), "fp32 multiply-adds")):
-        monkeypatch.setattr(quantize, "cpu_features", lambda f=flags: type("F", (), {"flags": f}))
+    # unquantised 16-bit weights: the half matmul for decode rows, and which arithmetic it uses
+    for variant, how in (("avx512_bf16", "AVX512-BF16 dot"), ("avx2", "fp32 multiply-adds")):
+        Built.variant = variant
         line = describe_kernels(torch.bfloat16, None)
-        assert "bf16 weights: lmforge's GEMV" in line and how in line and "8 rows" in line
+        assert f"bf16 weights: lmforge's {variant} half matmul" in line
+        assert how in line and "8 rows" in line
     assert "fp16 weights" in describe_kernels(torch.float16, None)
     assert describe_kernels(torch.float32, None) == ""
     assert describe_kernels(torch.bfloat16, None, device="cuda") == ""

@@ -1,6 +1,6 @@
 """The native kernels build wherever they can: with a C++ compiler on PATH (ninja is a
-dependency), a compile error in cpu_gemv.c or cpu_attention.c must fail here, not only skip the
-kernel tests (tests/infer/test_cpu_gemv.py skips its module when the kernels are unavailable)."""
+dependency), a compile error in one of lmforge/infer/native/*.cpp must fail here, not only skip the
+kernel tests (tests/infer/test_cpu_kernels.py skips its module when the kernels are unavailable)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from lmforge.infer import cpu_gemv
+from lmforge.infer import cpu_kernels
 
 
 def test_the_kernels_build_where_a_compiler_is_present():
@@ -18,4 +18,4 @@ def test_the_kernels_build_where_a_compiler_is_present():
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx}) on PATH")
-    assert cpu_gemv.gemv_kernel() is not None, cpu_gemv.unavailable_reason()
+    assert cpu_kernels.native_kernels() is not None, cpu_kernels.unavailable_reason()

@@ -77,8 +77,8 @@ import json, sys, torch
 torch.set_num_threads(2)
 from lmforge.lm import LM
 import lmforge.interop.gguf_load
-from lmforge.infer.cpu_gemv import gemv_kernel
-gemv_kernel()
+from lmforge.infer.cpu_kernels import native_kernels
+native_kernels()
 def rss():
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status")
                 if l.startswith("VmRSS"))

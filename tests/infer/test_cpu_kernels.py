@@ -1,46 +1,41 @@
-"""The native kernels: the int8 / int4 GEMV (lmforge/infer/cpu_gemv.c) on every instruction-set
-path this CPU can run against torch on the same quantised activations, the fallbacks, the
-layouts; the decode attention (cpu_attention.c) against torch's SDPA."""
+"""The native kernels (lmforge/infer/native/): the int8 / int4 / Q8_0 products in every
+instruction-set variant this CPU runs, against torch on the same quantised activations; the
+fallbacks, the layouts, the choice of variant; the decode attention (decode_attention.cpp)
+against torch's SDPA."""
 
 from __future__ import annotations
 
 import copy
-import platform
 
 import pytest
 import torch
 from torch import nn
 
-from lmforge.infer import cpu_gemv
+from lmforge.infer import cpu_kernels
 from lmforge.infer.cpu_features import cpu_features
 from lmforge.infer.quantized_linear import Int4Linear, Int8Linear, quantize_int4
 
 pytestmark = pytest.mark.skipif(
-    cpu_gemv.gemv_kernel() is None, reason=f"no native kernels: {cpu_gemv.unavailable_reason()}"
+    cpu_kernels.native_kernels() is None,
+    reason=f"no native kernels: {cpu_kernels.unavailable_reason()}",
 )
 
 
-def _variants() -> list[str | None]:
-    """-march values whose code this CPU runs: native, AVX-512 without VNNI or BF16 (Skylake-X:
-    the AVX-512 paths that convert instead of using those instructions) and AVX2 (Haswell)
-    where the CPU has them, and the compiler's default target (the portable C loops on x86-64)."""
-    out: list[str | None] = ["native", None]
-    flags = cpu_features().flags
-    if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= flags:
-        out.insert(1, "haswell")
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= flags:
-            out.insert(1, "skylake-avx512")
-    return out
+def _variants() -> list[str]:
+    """The variants this CPU runs (on an AVX-512 machine also the AVX2 and portable ones, so
+    that one machine checks the code of every slower x86-64 too)."""
+    f = cpu_features()
+    return cpu_kernels.runnable_variants(f.flags, f.machine)
 
 
-@pytest.fixture(scope="module", params=_variants(), ids=lambda m: m or "default")
-def kernel(request) -> cpu_gemv.NativeGemv:
-    """Each variant under its own op namespace (a namespace registers once per process), built
-    into the kernel cache like the real one, so CI builds each once per machine."""
-    if request.param == "native":
-        return cpu_gemv.gemv_kernel()
-    name = (request.param or "default").replace("-", "_")  # an identifier: the op namespace
-    return cpu_gemv.build(request.param, f"lmforge_test_{name}")
+@pytest.fixture(params=_variants())
+def kernel(request) -> cpu_kernels.NativeKernels:
+    """The library running one variant; this CPU's own again afterwards."""
+    kernels = cpu_kernels.native_kernels()
+    mine = kernels.variant
+    kernels.use(request.param)
+    yield kernels
+    kernels.use(mine)
 
 
 def quantised_activations(x: torch.Tensor) -> torch.Tensor:
@@ -60,10 +55,10 @@ def test_int8_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     scale = torch.rand(n, generator=g) / 50
     x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)  # uneven blocks
-    packed = cpu_gemv.pack_int8(w)
-    assert torch.equal(cpu_gemv.unpack_int8(packed, n), w)
+    packed = cpu_kernels.pack_int8(w)
+    assert torch.equal(cpu_kernels.unpack_int8(packed, n), w)
     padded = torch.cat([scale, scale.new_zeros(packed.shape[0] * 16 - n)])
-    y = kernel.int8(x, packed, padded, n)
+    y = kernel.int8_matmul(x, packed, padded, n)
     expect = quantised_activations(x) @ (w.float() * scale[:, None]).t()
     torch.testing.assert_close(y, expect, rtol=1e-5, atol=1e-5)
     unquantised = x @ (w.float() * scale[:, None]).t()
@@ -80,8 +75,8 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     m = (torch.randn(n, k // 32, generator=g) / 5).half()
     x = torch.randn(rows, k, generator=g)
     scaled = (q.float().view(n, -1, 32) * d.float()[..., None]).view(n, k)
-    packed = cpu_gemv.pack_int4(q, d, m)
-    y = kernel.int4(x, packed, n)
+    packed = cpu_kernels.pack_int4(q, d, m)
+    y = kernel.int4_matmul(x, packed, n)
     # the centred scaled codes meet the quantised activations; the offsets (with the centring's
     # 8 d) the exact group sums
     centred = ((q.float() - 8).view(n, -1, 32) * d.float()[..., None]).view(n, k)
@@ -92,9 +87,9 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     torch.testing.assert_close(y, expect, rtol=1e-4, atol=1e-4)
     w = scaled + m.float().repeat_interleave(32, dim=1)
     assert (y - x @ w.t()).norm() / (x @ w.t()).norm() < 2e-2
-    codes, d2, m2 = cpu_gemv.unpack_int4(packed, n)
+    codes, d2, m2 = cpu_kernels.unpack_int4(packed, n)
     assert torch.equal(codes, q.to(torch.uint8)) and torch.equal(d2, d) and torch.equal(m2, m)
-    torch.testing.assert_close(kernel.dequant_int4(packed, n, torch.float32), w)
+    torch.testing.assert_close(kernel.dequantize_int4(packed, n, torch.float32), w)
 
 
 # rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM
@@ -103,29 +98,26 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
 @pytest.mark.parametrize("rows", [1, 3, 5, 9, 20])
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
-def test_half_linear_matches_torch_in_float64(kernel, rows, weights, activations):
+def test_half_matmul_matches_torch_in_float64(kernel, rows, weights, activations):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(37, 200, generator=g).to(weights)
     x = torch.randn(rows, 200, generator=g).to(activations)
-    y = kernel.half_linear(x, w)
+    y = kernel.half_matmul(x, w)
     assert y.dtype == activations and y.shape == (rows, 37)
     # the same 16-bit weights and the same activations, multiplied and summed exactly by torch;
-    # torch's GEMM (more rows) takes x in the weights' dtype, and bf16 outputs are rounded
-    gemm = rows > (16 if weights == torch.float16 else 8)
-    x_in = x.to(weights) if gemm else x
-    expect = x_in.double() @ w.double().t()
-    exact = activations == torch.float32 and not gemm
-    tol = 2e-5 if exact else 2e-2
+    # bf16 outputs are rounded
+    expect = x.double() @ w.double().t()
+    tol = 2e-5 if activations == torch.float32 else 2e-2
     torch.testing.assert_close(y.double(), expect, rtol=tol, atol=tol * expect.abs().max().item())
 
 
-def test_half_linear_rejects_weights_it_cannot_read(kernel):
+def test_half_matmul_rejects_weights_it_cannot_read(kernel):
     x = torch.randn(1, 64)
     for w in (torch.randn(8, 64), torch.randn(64, 8).to(torch.bfloat16).t()):
         with pytest.raises(RuntimeError, match="contiguous 2-d CPU bf16 or fp16"):
-            kernel.half_linear(x, w)
+            kernel.half_matmul(x, w)
     with pytest.raises(RuntimeError, match="shapes"):
-        kernel.half_linear(torch.randn(1, 32), torch.randn(8, 64).to(torch.bfloat16))
+        kernel.half_matmul(torch.randn(1, 32), torch.randn(8, 64).to(torch.bfloat16))
 
 
 # (rows, heads, kv heads, head_dim, keys): GQA 3:1 at head_dim 64 (SmolLM2), MHA at 32, a
@@ -159,8 +151,8 @@ def test_decode_attention_matches_torch_sdpa(kernel, shape, dtype):
 
 
 def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():
-    if cpu_gemv.gemv_kernel() is None:
-        pytest.skip(f"native kernel unavailable: {cpu_gemv.unavailable_reason()}")
+    if cpu_kernels.native_kernels() is None:
+        pytest.skip(f"native kernel unavailable: {cpu_kernels.unavailable_reason()}")
     torch.manual_seed(0)
     linear = nn.Linear(128, 48)
     x = torch.randn(2, 128)
@@ -198,29 +190,58 @@ def test_layers_the_kernel_cannot_take_keep_torchs_kernels():
 
 def test_a_failed_build_says_why_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")  # a 'compiler' that always fails
-    with pytest.raises(RuntimeError, match="building the native GEMV failed") as caught:
-        cpu_gemv.build("native", "lmforge_test_broken", tmp_path)
+    with pytest.raises(RuntimeError, match="building the native kernels failed") as caught:
+        cpu_kernels.build("lmforge_test_broken", tmp_path)
     assert "\n" not in str(caught.value)
     assert not list(tmp_path.glob("*/*.so"))
     blocked = tmp_path / "file"  # a cache "folder" that is a file: mkdir fails
     blocked.write_text("")
     monkeypatch.setenv("CXX", "c++")
-    with pytest.raises(RuntimeError, match="building the native GEMV failed"):
-        cpu_gemv.build("native", "lmforge_test_broken", blocked)
+    with pytest.raises(RuntimeError, match="building the native kernels failed"):
+        cpu_kernels.build("lmforge_test_broken", blocked)
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        cpu_gemv.build("native", "lmforge_test_broken", tmp_path)
+        cpu_kernels.build("lmforge_test_broken", tmp_path)
+
+
+ZEN3 = "fpu sse2 avx f16c fma avx2 bmi2"  # AVX2 only (an EPYC 7B13)
+SAPPHIRE_RAPIDS = (ZEN3 + " avx512f avx512bw avx512vl avx512dq avx512cd avx512_vnni avx512_bf16"
+                   " amx_bf16 amx_tile amx_int8")  # fmt: skip
+SKYLAKE_X = ZEN3 + " avx512f avx512bw avx512vl avx512dq avx512cd"
+
+
+@pytest.mark.parametrize(
+    ("flags", "machine", "best"),
+    [(ZEN3, "x86_64", "avx2"), (SAPPHIRE_RAPIDS, "x86_64", "avx512_bf16"),
+     (SKYLAKE_X, "x86_64", "avx512"), ("sse2", "x86_64", "portable"),
+     (SAPPHIRE_RAPIDS, "aarch64", "portable")],
+)  # fmt: skip
+def test_each_cpu_gets_the_best_variant_it_runs(flags, machine, best):
+    runnable = cpu_kernels.runnable_variants(frozenset(flags.split()), machine)
+    assert runnable[0] == best and runnable[-1] == "portable"
+    assert list(cpu_kernels.VARIANTS).index(best) == len(cpu_kernels.VARIANTS) - len(runnable)
+
+
+def test_one_library_holds_every_variant_and_runs_this_cpus(monkeypatch):
+    kernels = cpu_kernels.native_kernels()
+    assert kernels.variants() == list(cpu_kernels.VARIANTS)
+    assert kernels.variant == cpu_kernels.pick_variant()
+    monkeypatch.setenv("LMFORGE_KERNEL_VARIANT", "portable")
+    assert cpu_kernels.pick_variant() == "portable"
+    monkeypatch.setenv("LMFORGE_KERNEL_VARIANT", "no_such_isa")
+    with pytest.raises(RuntimeError, match="this CPU runs"):
+        cpu_kernels.pick_variant()
 
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("LMFORGE_NATIVE_KERNELS", "0")
-    monkeypatch.setattr(cpu_gemv, "_failures", [])
-    cpu_gemv.gemv_kernel.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "_failures", [])
+    cpu_kernels.native_kernels.cache_clear()
     try:
-        assert cpu_gemv.gemv_kernel() is None
-        assert cpu_gemv.unavailable_reason() == "LMFORGE_NATIVE_KERNELS=0"
+        assert cpu_kernels.native_kernels() is None
+        assert cpu_kernels.unavailable_reason() == "LMFORGE_NATIVE_KERNELS=0"
     finally:
-        cpu_gemv.gemv_kernel.cache_clear()
+        cpu_kernels.native_kernels.cache_clear()
 
 
 def test_an_int4_layer_moved_off_the_cpu_dequantises_with_torch_ops():
@@ -244,11 +265,11 @@ def test_q8_matches_torch_on_the_same_quantised_activations(kernel, rows, shape)
     q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     d = (torch.rand(n, k // 32, generator=g) / 50).half()
     x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)
-    packed = cpu_gemv.pack_q8(q, d)
-    codes, scales = cpu_gemv.unpack_q8(packed, n)
+    packed = cpu_kernels.pack_q8(q, d)
+    codes, scales = cpu_kernels.unpack_q8(packed, n)
     assert torch.equal(codes, q) and torch.equal(scales, d)
     w = (q.float().view(n, -1, 32) * d.float()[..., None]).view(n, k)
-    y = kernel.q8(x, packed, n)
+    y = kernel.q8_matmul(x, packed, n)
     torch.testing.assert_close(y, quantised_activations(x) @ w.t(), rtol=1e-4, atol=1e-4)
     assert (y - x @ w.t()).norm() / (x @ w.t()).norm() < 2e-2
 

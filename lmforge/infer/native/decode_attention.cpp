@@ -1,7 +1,7 @@
 /* Decode attention on a CPU: one query per row and head over that row's KV cache.
  *
  * Why by hand: at batch 16 the decode step of SmolLM2 spent 15 of its 39 ms in attention
- * (issue 19), reading the fp16 cache at 6 GB/s. inductor's fused loop (decoder.decode_attention)
+ * (issue 19), reading the fp16 cache at 6 GB/s. inductor's fused loop (model/attention.py)
  * and SDPA both take ~500 us a layer for 16 rows x 256 keys on a Zen 4 core, where the cache is
  * 3 MB and streams in ~120 us. Here each (row, KV head) runs once over its keys for all the
  * query heads that share them (GQA: the cache is read once, not once per query head), converts
@@ -12,109 +12,37 @@
  * weighted sum of the values, each value converted once for up to 4 query heads. Scores of one
  * (row, KV head) live in a per-thread scratch of G x (L + 1) floats. The arithmetic is fp32
  * throughout; results match torch's SDPA on the upcast cache to float rounding
- * (tests/infer/test_cpu_gemv.py).
+ * (tests/infer/test_cpu_kernels.py).
  *
- * Vector width by ISA (AVX-512: 16 floats, AVX2 + F16C: 8, else scalar), chosen at compile time
- * like cpu_gemv.c's kernels; head_dim a multiple of the width (up to 16 of them) takes the
- * vector loops, any other the scalar one. OpenMP threads split the (row, KV head) pairs.
+ * Vector width by the variant's instruction set (simd.h: AVX-512 16 floats, AVX2 + F16C 8, else
+ * scalar); head_dim a multiple of the width (up to 16 of them) takes the vector loops, any other
+ * the scalar one. OpenMP threads split the (row, KV head) pairs.
  */
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
 #include <omp.h>
+#include <stdlib.h>
 
-#include "cpu_half.h" /* half_to_float */
+#include "kernels.h"
+#include "simd.h"
 
-#define EXPORT extern "C"
+namespace lmforge_kernels::LMFORGE_VARIANT {
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 
 static inline float scalar_load(const void* p, int64_t i, int dtype) {
   if (dtype == KV_F32) return ((const float*)p)[i];
-  uint16_t h = ((const uint16_t*)p)[i];
-  if (dtype == KV_F16) return half_to_float(h);
-  uint32_t bits = (uint32_t)h << 16; /* bf16: the top half of a float */
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
+  const uint16_t h = ((const uint16_t*)p)[i];
+  return dtype == KV_F16 ? half_to_float(h) : bf16_to_float(h);
 }
 
-/* ---- the vector type of this build --------------------------------------------------------- */
-#if defined(__AVX512F__)
-#define W 16
-typedef __m512 vec;
-static inline vec vload(const void* p, int64_t i, int dtype) {
-  if (dtype == KV_F32) return _mm512_loadu_ps((const float*)p + i);
-  __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i));
-  if (dtype == KV_F16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#ifdef SIMD_WIDTH
+#define W SIMD_WIDTH
+/* W elements from i on of a cache row in `dtype`, as floats */
+static inline vec vload_kv(const void* p, int64_t i, int dtype) {
+  if (dtype == KV_F32) return vload((const float*)p + i);
+  const uint16_t* h = (const uint16_t*)p + i;
+  return dtype == KV_F16 ? vload_f16(h) : vload_bf16(h);
 }
-static inline vec vset(float x) { return _mm512_set1_ps(x); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
-static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
-static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
-static inline vec vloadf(const float* p) { return _mm512_loadu_ps(p); }
-static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
-static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
-static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define W 8
-typedef __m256 vec;
-static inline vec vload(const void* p, int64_t i, int dtype) {
-  if (dtype == KV_F32) return _mm256_loadu_ps((const float*)p + i);
-  __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)p + i));
-  if (dtype == KV_F16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-static inline vec vset(float x) { return _mm256_set1_ps(x); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
-static inline float vsum(vec a) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-static inline float vtop(vec a) {
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-static inline vec vloadf(const float* p) { return _mm256_loadu_ps(p); }
-static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
-static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT); }
-static inline vec vpow2(vec p, vec n) { /* n in [-126, 0] here: build 2^n's exponent bits */
-  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  e = _mm256_slli_epi32(e, 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
-
-#if defined(__AVX2__)
-/* the sums of four 8-float vectors, as one 4-float vector */
-static inline __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
-  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-#endif
-#if defined(__AVX512F__)
-static inline __m256 halves(__m512 a) { /* the two 8-float halves of a, added */
-  return _mm256_add_ps(_mm512_castps512_ps256(a),
-                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-}
-static inline __m128 vsum4(vec a, vec b, vec c, vec d) {
-  return hsum4_256(halves(a), halves(b), halves(c), halves(d));
-}
-#elif defined(W)
-static inline __m128 vsum4(vec a, vec b, vec c, vec d) { return hsum4_256(a, b, c, d); }
 #endif
 
 #ifdef W
@@ -148,7 +76,7 @@ static void softmax_rows(float* scores, int64_t g_count, int64_t len, float* inv
     int64_t l = 0;
 #ifdef W
     vec vt = vset(-INFINITY);
-    for (; l + W <= len; l += W) vt = vmax(vt, vloadf(s + l));
+    for (; l + W <= len; l += W) vt = vmax(vt, vload(s + l));
     top = vtop(vt);
 #endif
     for (; l < len; l++) top = fmaxf(top, s[l]);
@@ -161,7 +89,7 @@ static void softmax_rows(float* scores, int64_t g_count, int64_t len, float* inv
 #ifdef W
     vec vsum_ = vset(0.f), vtop_ = vset(top);
     for (; l + W <= len; l += W) {
-      vec e = vexp(vsub(vloadf(s + l), vtop_));
+      vec e = vexp(vsub(vload(s + l), vtop_));
       vstore(s + l, e);
       vsum_ = vfma(e, vset(1.f), vsum_);
     }
@@ -246,7 +174,7 @@ static inline void weigh_values(const float* p, const float* inv, const char* v,
     vec pl[N];
     for (int n = 0; n < N; n++) pl[n] = vset(p[n * len + l]);
     for (int c = 0; c < C; c++) {
-      const vec x = vload(val, c * W, dtype);
+      const vec x = vload_kv(val, c * W, dtype);
       for (int n = 0; n < N; n++) acc[n][c] = vfma(pl[n], x, acc[n][c]);
     }
   }
@@ -270,12 +198,12 @@ static void attend_vec(const float* q, const char* k, const char* v, int64_t ks,
     }
     vec kc[4][C];
     for (int j = 0; j < 4; j++)
-      for (int c = 0; c < C; c++) kc[j][c] = vload(k + (l + j) * ks * elem, c * W, dtype);
+      for (int c = 0; c < C; c++) kc[j][c] = vload_kv(k + (l + j) * ks * elem, c * W, dtype);
     for (int64_t g = 0; g < g_count; g++) {
       vec acc[4];
       for (int j = 0; j < 4; j++) {
-        acc[j] = vmul(vloadf(q + g * d), kc[j][0]);
-        for (int c = 1; c < C; c++) acc[j] = vfma(vloadf(q + g * d + c * W), kc[j][c], acc[j]);
+        acc[j] = vmul(vload(q + g * d), kc[j][0]);
+        for (int c = 1; c < C; c++) acc[j] = vfma(vload(q + g * d + c * W), kc[j][c], acc[j]);
       }
       _mm_storeu_ps(scores + g * len + l,
                     _mm_mul_ps(vsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
@@ -284,10 +212,10 @@ static void attend_vec(const float* q, const char* k, const char* v, int64_t ks,
   for (; l < len; l++) {
     prefetch_l2(v + l * vs * elem, d * elem);
     vec kc[C];
-    for (int c = 0; c < C; c++) kc[c] = vload(k + l * ks * elem, c * W, dtype);
+    for (int c = 0; c < C; c++) kc[c] = vload_kv(k + l * ks * elem, c * W, dtype);
     for (int64_t g = 0; g < g_count; g++) {
-      vec acc = vmul(vloadf(q + g * d), kc[0]);
-      for (int c = 1; c < C; c++) acc = vfma(vloadf(q + g * d + c * W), kc[c], acc);
+      vec acc = vmul(vload(q + g * d), kc[0]);
+      for (int c = 1; c < C; c++) acc = vfma(vload(q + g * d + c * W), kc[c], acc);
       scores[g * len + l] = vsum(acc) * scale;
     }
   }
@@ -334,11 +262,10 @@ static void attend(const float* q, const char* k, const char* v, int64_t ks, int
  * contiguous, k / v [B, KV, L, D] in `dtype` with element strides (sb, sh, sl) and unit stride
  * along D, mask [B, L] (row stride mask_sb) of 0/1 bytes or NULL. H % KV == 0. Returns 0, or -1
  * when the scratch cannot be allocated (nothing written). */
-EXPORT int lmforge_decode_attention(const float* q, const void* k, const void* v, int dtype,
-                                    const int64_t* k_strides, const int64_t* v_strides,
-                                    const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
-                                    int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
-                                    int threads) {
+int decode_attention(const float* q, const void* k, const void* v, int dtype,
+                     const int64_t* k_strides, const int64_t* v_strides, const uint8_t* mask,
+                     int64_t mask_sb, float* out, int64_t b, int64_t h, int64_t kv, int64_t len,
+                     int64_t d, float scale, int threads) {
   const int64_t group = h / kv, tasks = b * kv, elem = dtype == KV_F32 ? 4 : 2;
   if (threads > tasks) threads = (int)tasks;
   if (threads < 1) threads = 1;
@@ -360,3 +287,5 @@ EXPORT int lmforge_decode_attention(const float* q, const void* k, const void* v
   free(scratch);
   return 0;
 }
+
+}  // namespace lmforge_kernels::LMFORGE_VARIANT

@@ -18,64 +18,28 @@
  * up to TMAX rows of x share each weight vector loaded, and a row's sums come out of one
  * horizontal add. (Tiles of 4 weight rows side by side, which would reuse each x vector 4 times,
  * measured 0.7x the bandwidth at one row of x: 4 interleaved streams a row apart; x stays in L1
- * anyway.) OpenMP threads split the rows of weights. Built by cpu_gemv.py with the other kernels
- * (-march=native); cpu_gemv_ops.cpp hands more than a few rows of x to torch's GEMM.
- */
-#include <stdint.h>
+ * anyway.) OpenMP threads split the rows of weights; quantize.py hands more than a few rows of
+ * x to torch's GEMM. */
 #include <stdlib.h>
-#include <string.h>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
 
-#include "cpu_half.h" /* half_to_float */
+#include "kernels.h"
+#include "simd.h"
 
-#define EXPORT extern "C"
+namespace lmforge_kernels::LMFORGE_VARIANT {
 
 enum { WEIGHTS_BF16 = 0, WEIGHTS_F16 = 1 };
 
 template <int WT>
 static inline float half_at(const uint16_t* w, int64_t j) { /* element j, as a float */
-  if (WT == WEIGHTS_F16) return half_to_float(w[j]);
-  uint32_t bits = (uint32_t)w[j] << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
+  return WT == WEIGHTS_F16 ? half_to_float(w[j]) : bf16_to_float(w[j]);
 }
 
-#if defined(__AVX512F__)
-#define V 16
-#define TMAX 4
-typedef __m512 vec;
+#ifdef SIMD_WIDTH
+#define V SIMD_WIDTH
+#define TMAX (V == 16 ? 4 : 2) /* AVX2's 16 registers: 2 rows x 4 accumulators, weights, x */
 template <int WT>
 static inline vec load_weights(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256((const __m256i*)p);
-  if (WT == WEIGHTS_F16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-static inline vec load_x(const float* p) { return _mm512_loadu_ps(p); }
-static inline vec vzero() { return _mm512_setzero_ps(); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline float hsum(vec a) { return _mm512_reduce_add_ps(a); }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define V 8
-#define TMAX 2 /* 16 vector registers: 2 rows x 4 accumulators, the weights, x */
-typedef __m256 vec;
-template <int WT>
-static inline vec load_weights(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128((const __m128i*)p);
-  if (WT == WEIGHTS_F16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-static inline vec load_x(const float* p) { return _mm256_loadu_ps(p); }
-static inline vec vzero() { return _mm256_setzero_ps(); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-static inline float hsum(vec a) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+  return WT == WEIGHTS_F16 ? vload_f16(p) : vload_bf16(p);
 }
 #else
 #define TMAX 4
@@ -88,22 +52,22 @@ template <int WT, int T, int U>
 static inline void dot_row(const float* x, const uint16_t* w, float* y, int64_t k, int64_t n) {
   int64_t j = 0;
   float sums[T];
-#ifdef V
+#ifdef SIMD_WIDTH
   vec acc[T][U];
   for (int t = 0; t < T; t++)
-    for (int u = 0; u < U; u++) acc[t][u] = vzero();
+    for (int u = 0; u < U; u++) acc[t][u] = vset(0.f);
   for (; j + U * V <= k; j += U * V)
     for (int u = 0; u < U; u++) {
       const vec wv = load_weights<WT>(w + j + u * V);
-      for (int t = 0; t < T; t++) acc[t][u] = vfma(load_x(x + t * k + j + u * V), wv, acc[t][u]);
+      for (int t = 0; t < T; t++) acc[t][u] = vfma(vload(x + t * k + j + u * V), wv, acc[t][u]);
     }
   for (; j + V <= k; j += V) {
     const vec wv = load_weights<WT>(w + j);
-    for (int t = 0; t < T; t++) acc[t][0] = vfma(load_x(x + t * k + j), wv, acc[t][0]);
+    for (int t = 0; t < T; t++) acc[t][0] = vfma(vload(x + t * k + j), wv, acc[t][0]);
   }
   for (int t = 0; t < T; t++) {
     for (int u = 1; u < U; u++) acc[t][0] = vadd(acc[t][0], acc[t][u]);
-    sums[t] = hsum(acc[t][0]);
+    sums[t] = vsum(acc[t][0]);
   }
 #else
   for (int t = 0; t < T; t++) sums[t] = 0.f;
@@ -169,7 +133,7 @@ static void weight_row(const XT* x, const uint16_t* w, float* y, int64_t m, int6
 
 /* Every row of weights against x, one after another (the header says why). */
 template <int WT, typename XT>
-static void gemv_half(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+static void rows_times_weights(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t r = 0; r < n; r++) weight_row<WT>(x, w + r * k, y + r, m, n, k);
@@ -177,11 +141,11 @@ static void gemv_half(const XT* x, const uint16_t* w, float* y, int64_t m, int64
 
 /* y [m, n] fp32 = x [m, k] times w [n, k]^T, both contiguous: w bf16 (fp16 when `w_f16`), x
  * fp32 or bf16 (`x_bf16`). Returns 0, or -1 when memory runs out (nothing written). */
-EXPORT int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
-                             int64_t m, int64_t n, int64_t k, int threads) {
+int half_matmul(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y, int64_t m,
+                int64_t n, int64_t k, int threads) {
 #ifdef BF16_DOT
   if (x_bf16 && !w_f16) {
-    gemv_half<WEIGHTS_BF16>((const uint16_t*)x, w, y, m, n, k, threads);
+    rows_times_weights<WEIGHTS_BF16>((const uint16_t*)x, w, y, m, n, k, threads);
     return 0;
   }
 #endif
@@ -191,11 +155,13 @@ EXPORT int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w
     widened = (float*)malloc(sizeof(float) * (size_t)(m * k) + 1);
     if (!widened) return -1;
     const uint16_t* xb = (const uint16_t*)x;
-    for (int64_t i = 0; i < m * k; i++) widened[i] = half_at<WEIGHTS_BF16>(xb, i);
+    for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_float(xb[i]);
     xf = widened;
   }
-  if (w_f16) gemv_half<WEIGHTS_F16>(xf, w, y, m, n, k, threads);
-  else gemv_half<WEIGHTS_BF16>(xf, w, y, m, n, k, threads);
+  if (w_f16) rows_times_weights<WEIGHTS_F16>(xf, w, y, m, n, k, threads);
+  else rows_times_weights<WEIGHTS_BF16>(xf, w, y, m, n, k, threads);
   free(widened);
   return 0;
 }
+
+}  // namespace lmforge_kernels::LMFORGE_VARIANT

@@ -1,38 +1,48 @@
-// cpu_gemv.c's, cpu_gemv_half.c's and cpu_attention.c's kernels as torch ops (namespace
-// LMFORGE_NS, "lmforge" unless a test builds a variant under its own name): eager calls go
-// through torch's dispatcher, and an ahead-of-time compiled decode step (exported_step.py)
-// calls them like any other op.
+// The native kernels (kernels.h) as torch ops (namespace LMFORGE_NS, "lmforge" unless a test
+// builds the library under its own name): eager calls go through torch's dispatcher, and an
+// ahead-of-time compiled decode step (steps.ExportedStep) calls them like any other op. Which
+// variant's kernels run is set once by cpu_kernels.py (`use_kernel_variant`), from this CPU's
+// features.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
 
 #ifndef LMFORGE_NS
 #define LMFORGE_NS lmforge
 #endif
 
-extern "C" {
-const char* lmforge_gemv_kernel(void);
-int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
-                      int64_t n, int64_t k, int threads);
-int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                      int threads);
-int lmforge_gemv_q8(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                    int threads);
-void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16,
-                          int threads);
-int lmforge_gemv_half(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
-                      int64_t m, int64_t n, int64_t k, int threads);
-int lmforge_decode_attention(const float* q, const void* k, const void* v, int dtype,
-                             const int64_t* k_strides, const int64_t* v_strides,
-                             const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
-                             int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
-                             int threads);
+namespace {
+
+using lmforge_kernels::Kernels;
+
+#define LMFORGE_TABLE(name) &lmforge_kernels::name::table,
+const Kernels* const kVariants[] = {LMFORGE_VARIANTS(LMFORGE_TABLE)};
+#undef LMFORGE_TABLE
+const Kernels* active = &lmforge_kernels::portable::table;  // until cpu_kernels.py picks one
+
+std::vector<std::string> kernel_variants() {
+  std::vector<std::string> names;
+  for (const Kernels* v : kVariants) names.emplace_back(v->variant);
+  return names;
 }
 
-namespace {
+std::string kernel_variant() { return active->variant; }
+
+void use_kernel_variant(const std::string& name) {
+  for (const Kernels* v : kVariants)
+    if (name == v->variant) {
+      active = v;
+      return;
+    }
+  TORCH_CHECK(false, "lmforge kernels: no variant ", name);
+}
 
 constexpr int64_t kLanes = 16, kBlock = 32, kInt8Bytes = kLanes * kBlock,
                   kInt4Bytes = kLanes * kBlock / 2 + 4 * kLanes,
@@ -41,7 +51,7 @@ constexpr int64_t kLanes = 16, kBlock = 32, kInt8Bytes = kLanes * kBlock,
 void check(const at::Tensor& t, at::ScalarType type, int64_t dim, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == dim &&
                   t.is_contiguous(),
-              "lmforge GEMV: ", what, " must be a contiguous ", dim, "-d CPU ", toString(type),
+              "lmforge kernels: ", what, " must be a contiguous ", dim, "-d CPU ", toString(type),
               " tensor, got ", t.scalar_type(), " ", t.sizes());
 }
 
@@ -49,86 +59,84 @@ void check(const at::Tensor& t, at::ScalarType type, int64_t dim, const char* wh
 int64_t check_packed(const at::Tensor& w, int64_t n, int64_t block_bytes) {
   check(w, at::kByte, 3, "packed weights");
   TORCH_CHECK(n > 0 && w.size(0) == (n + kLanes - 1) / kLanes && w.size(2) == block_bytes,
-              "lmforge GEMV: packed weights ", w.sizes(), " do not hold ", n, " rows");
+              "lmforge kernels: packed weights ", w.sizes(), " do not hold ", n, " rows");
   return w.size(1) * kBlock;
 }
 
-at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
                      int64_t n) {
   auto xc = x.contiguous();
   check(xc, at::kFloat, 2, "x");
   check(scale, at::kFloat, 1, "scale");
   const int64_t k = check_packed(w, n, kInt8Bytes), m = xc.size(0);
-  TORCH_CHECK(xc.size(1) == k && scale.size(0) == w.size(0) * kLanes, "lmforge GEMV: shapes ",
+  TORCH_CHECK(xc.size(1) == k && scale.size(0) == w.size(0) * kLanes, "lmforge kernels: shapes ",
               xc.sizes(), " x packed ", w.sizes(), " (scale ", scale.sizes(), ")");
   auto y = at::empty({m, n}, xc.options());
   if (m == 0) return y;
-  TORCH_CHECK(lmforge_gemv_int8(xc.data_ptr<float>(), w.data_ptr<uint8_t>(),
+  TORCH_CHECK(active->int8_matmul(xc.data_ptr<float>(), w.data_ptr<uint8_t>(),
                                 scale.data_ptr<float>(), y.data_ptr<float>(), m, n, k,
                                 at::get_num_threads()) == 0,
-              "lmforge GEMV: out of memory");
+              "lmforge kernels: out of memory");
   return y;
 }
 
-// int4 (cpu_gemv.c's int4 layout) or q8 (its q8 layout: llama.cpp's Q8_0 blocks)
+// int4 (quantized_matmul.cpp's int4 layout) or q8 (its q8 layout: llama.cpp's Q8_0 blocks)
 template <int64_t kBytes>
-at::Tensor gemv_blocks(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   auto xc = x.contiguous();
   check(xc, at::kFloat, 2, "x");
   const int64_t k = check_packed(w, n, kBytes), m = xc.size(0);
-  TORCH_CHECK(xc.size(1) == k, "lmforge GEMV: shapes ", xc.sizes(), " x packed ", w.sizes());
+  TORCH_CHECK(xc.size(1) == k, "lmforge kernels: shapes ", xc.sizes(), " x packed ", w.sizes());
   auto y = at::empty({m, n}, xc.options());
   if (m == 0) return y;
-  auto run = kBytes == kInt4Bytes ? lmforge_gemv_int4 : lmforge_gemv_q8;
+  auto run = kBytes == kInt4Bytes ? active->int4_matmul : active->q8_matmul;
   TORCH_CHECK(run(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), y.data_ptr<float>(), m, n, k,
                   at::get_num_threads()) == 0,
-              "lmforge GEMV: out of memory");
+              "lmforge kernels: out of memory");
   return y;
 }
 
-at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  return gemv_blocks<kInt4Bytes>(x, w, n);
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  return block_matmul<kInt4Bytes>(x, w, n);
 }
 
-at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  return gemv_blocks<kQ8Bytes>(x, w, n);
+at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  return block_matmul<kQ8Bytes>(x, w, n);
 }
 
-at::Tensor dequant_int4(const at::Tensor& w, int64_t n, bool bf16) {
+at::Tensor dequantize_int4(const at::Tensor& w, int64_t n, bool bf16) {
   const int64_t k = check_packed(w, n, kInt4Bytes);
   auto out = at::empty({n, k}, w.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  lmforge_dequant_int4(w.data_ptr<uint8_t>(), out.data_ptr(), n, k, bf16 ? 1 : 0,
+  active->dequantize_int4(w.data_ptr<uint8_t>(), out.data_ptr(), n, k, bf16 ? 1 : 0,
                        at::get_num_threads());
   return out;
 }
 
-// x [M, K] (any float dtype) times w [N, K] bf16 or fp16 -> [M, N] in x's dtype: lmforge's
-// GEMV (cpu_gemv_half.c: fp32 sums) up to a few rows, torch's GEMM above, where its blocked
-// kernels win (bf16 from 16 rows on a Zen 4 core; torch's fp16 ran 2-3x slower at 16 rows)
-at::Tensor half_linear(const at::Tensor& x, const at::Tensor& w) {
+// x [M, K] (any float dtype) times w [N, K] bf16 or fp16 -> [M, N] in x's dtype (half_matmul.cpp:
+// fp32 sums); for the few rows of a decode step (quantize.py sends more to torch's GEMM)
+at::Tensor half_matmul(const at::Tensor& x, const at::Tensor& w) {
   const auto wtype = w.scalar_type();
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() &&
                   (wtype == at::kBFloat16 || wtype == at::kHalf),
-              "lmforge half linear: weights must be a contiguous 2-d CPU bf16 or fp16 tensor, "
+              "lmforge half matmul: weights must be a contiguous 2-d CPU bf16 or fp16 tensor, "
               "got ", wtype, " ", w.sizes());
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "lmforge half linear: shapes ", x.sizes(),
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "lmforge half matmul: shapes ", x.sizes(),
               " x ", w.sizes());
   const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
-  if (m > (wtype == at::kHalf ? 16 : 8)) return at::linear(x.to(wtype), w).to(x.scalar_type());
   const bool x_bf16 = x.scalar_type() == at::kBFloat16;  // bf16 goes in as it is
   auto xc = (x_bf16 ? x : x.to(at::kFloat)).contiguous();
   auto y = at::empty({m, n}, xc.options().dtype(at::kFloat));
   if (m > 0 && n > 0)
-    TORCH_CHECK(lmforge_gemv_half(xc.data_ptr(), x_bf16 ? 1 : 0,
+    TORCH_CHECK(active->half_matmul(xc.data_ptr(), x_bf16 ? 1 : 0,
                                   reinterpret_cast<const uint16_t*>(w.data_ptr()),
                                   wtype == at::kHalf ? 1 : 0, y.data_ptr<float>(), m, n, k,
                                   at::get_num_threads()) == 0,
-                "lmforge half linear: out of memory");
+                "lmforge half matmul: out of memory");
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
 // q [B, H, 1, D] fp32, k / v [B, KV, L, D] fp32, fp16 or bf16 (any strides but unit along D),
-// mask [B, L] (or [B, 1, 1, L]) bool or none -> [B, H, 1, D] fp32 (cpu_attention.c)
+// mask [B, L] (or [B, 1, 1, L]) bool or none -> [B, H, 1, D] fp32 (decode_attention.cpp)
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask) {
   auto qc = q.contiguous();
@@ -159,7 +167,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t ks[3] = {kc.stride(0), kc.stride(1), kc.stride(2)};
   const int64_t vs[3] = {vc.stride(0), vc.stride(1), vc.stride(2)};
   const int dtype = type == at::kFloat ? 0 : type == at::kHalf ? 1 : 2;
-  TORCH_CHECK(lmforge_decode_attention(
+  TORCH_CHECK(active->decode_attention(
                   qc.data_ptr<float>(), kc.data_ptr(), vc.data_ptr(), dtype, ks, vs,
                   m.defined() ? reinterpret_cast<const uint8_t*>(m.data_ptr<bool>()) : nullptr,
                   m.defined() ? m.stride(0) : 0, out.data_ptr<float>(), b, h, k.size(1), len, d,
@@ -168,8 +176,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-std::string isa() { return lmforge_gemv_kernel(); }
-
 }  // namespace
 
 // one level of indirection, so that LMFORGE_NS is expanded before TORCH_LIBRARY pastes it
@@ -177,20 +183,22 @@ std::string isa() { return lmforge_gemv_kernel(); }
 #define LMFORGE_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 
 LMFORGE_LIBRARY(LMFORGE_NS, m) {
-  m.def("gemv_int8(Tensor x, Tensor packed, Tensor scale, int n) -> Tensor");
-  m.def("gemv_int4(Tensor x, Tensor packed, int n) -> Tensor");
-  m.def("gemv_q8(Tensor x, Tensor packed, int n) -> Tensor");
-  m.def("dequant_int4(Tensor packed, int n, bool bf16) -> Tensor");
-  m.def("half_linear(Tensor x, Tensor w) -> Tensor");
+  m.def("int8_matmul(Tensor x, Tensor packed, Tensor scale, int n) -> Tensor");
+  m.def("int4_matmul(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("q8_matmul(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("dequantize_int4(Tensor packed, int n, bool bf16) -> Tensor");
+  m.def("half_matmul(Tensor x, Tensor w) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
-  m.def("gemv_isa() -> str", &isa);
+  m.def("kernel_variants() -> str[]", &kernel_variants);
+  m.def("kernel_variant() -> str", &kernel_variant);
+  m.def("use_kernel_variant(str name) -> ()", &use_kernel_variant);
 }
 
 LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
-  m.impl("gemv_int8", &gemv_int8);
-  m.impl("gemv_int4", &gemv_int4);
-  m.impl("gemv_q8", &gemv_q8);
-  m.impl("dequant_int4", &dequant_int4);
-  m.impl("half_linear", &half_linear);
+  m.impl("int8_matmul", &int8_matmul);
+  m.impl("int4_matmul", &int4_matmul);
+  m.impl("q8_matmul", &q8_matmul);
+  m.impl("dequantize_int4", &dequantize_int4);
+  m.impl("half_matmul", &half_matmul);
   m.impl("decode_attention", &decode_attention);
 }

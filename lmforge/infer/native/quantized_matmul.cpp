@@ -1,16 +1,16 @@
 /* Products with int8 or int4 weights on a CPU: y[m, n] = sum_k x[m, k] * w[n, k], for decoding
- * (m = the running rows) and prefill (m = the prompt tokens) alike.
+ * (m = the running rows) and prefill (m = the prompt tokens) alike; and the int4 weights
+ * dequantised for a GEMM.
  *
  * Why by hand: decoding one token reads every weight once, so a step runs at the speed the
  * weights stream from memory. torch's int8 GEMV (`_weight_int8pack_mm`) and an fp32 GEMV convert
- * every weight to float before multiplying: 3 vector ops per 16 weights, which on one Zen 4 core
- * capped them at 6-10 GB/s against ~20 GB/s of read bandwidth (issue 19). This file does what
- * llama.cpp does for Q8_0: the activations are quantised to int8 per block of 32 (one scale per
- * block: absmax / 127), and weights and activations are multiplied as integers, 64 or 32
- * products per instruction (AVX512-VNNI / AVX-VNNI `vpdpbusd`, or AVX2 `vpmaddubsw`), with one
- * float multiply-add per block of 32 columns and 16 output rows (the interleaved layout below).
- * Prefill gains too: integer products run 64 to an instruction where the bf16 dot runs 32, and
- * this kernel measured 1.6x torch's bf16 GEMM at 64-256 rows on a Zen 4 core.
+ * every weight to float before multiplying: 3 vector ops per 16 weights, which kept them well
+ * below the read bandwidth (issue 19). This file does what llama.cpp does for Q8_0: the
+ * activations are quantised to int8 per block of 32 (one scale per block: absmax / 127), and
+ * weights and activations are multiplied as integers, 64 or 32 products per instruction
+ * (AVX512-VNNI `vpdpbusd`, or AVX2 `vpmaddubsw`), with one float multiply-add per block of 32
+ * columns and 16 output rows (the interleaved layout below). Prefill gains too: integer products
+ * run 64 to an instruction where the bf16 dot runs 32.
  *
  * vpdpbusd multiplies unsigned by signed bytes. The int8 weights are stored as u = w + 128, so
  * sum_k u q = sum_k w q + 128 sum_k q, and the second term, which depends on the activations
@@ -23,55 +23,31 @@
  * vpmaddubsw take them as they are; y = sum_g d_g sx_g (dot(q_g, xq_g) - 8 sum(xq_g))
  * + sum_g (m_g + 8 d_g) sum(x_g): the codes centred, so the activations' rounding meets q - 8.
  *
- * Built at first use by lmforge/infer/cpu_gemv.py with the machine's compiler and -march=native,
- * so each CPU gets its own instructions, into a torch extension (cpu_gemv_ops.cpp registers the
- * functions below as torch ops, so the compiled decode step can call them too); a machine
- * without a compiler keeps torch's kernels. OpenMP threads split the blocks of output rows.
+ * Compiled once per instruction-set variant (kernels.h); OpenMP threads split the blocks of
+ * output rows.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-/* torch's extension builder compiles this file as C++ (the kernels are templates over the rows
- * of x); the entry points keep C names for cpu_gemv_ops.cpp */
-#define EXPORT extern "C"
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace lmforge_kernels::LMFORGE_VARIANT {
 
 #define BLOCK 32 /* activation values sharing one scale */
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define KERNEL "avx512-vnni"
-#elif defined(__AVXVNNI__)
-#define KERNEL "avx-vnni"
-#elif defined(__AVX2__)
-#define KERNEL "avx2"
-#else
-#define KERNEL "portable"
-#endif
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VNNI512 1
 #endif
 /* The AVX2 path without VNNI multiplies the signed int8 weights directly; the others multiply
  * u = w + 128 and subtract the activations' share of the 128 once per row of x. */
-#if !defined(VNNI512) && !defined(__AVXVNNI__) && defined(__AVX2__)
+#if !defined(VNNI512) && defined(__AVX2__)
 #define SIGNED_WEIGHTS_INT8 1
 #else
 #define SIGNED_WEIGHTS_INT8 0
 #endif
-
-#include "cpu_half.h" /* half_to_float */
-
-#if defined(__AVX2__)
-static inline float hsum256(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_hadd_ps(h, h);
-  return _mm_cvtss_f32(_mm_hadd_ps(h, h));
-}
-#endif
-
-EXPORT const char* lmforge_gemv_kernel(void) { return KERNEL; }
 
 /* x [k] -> q [k] int8 and one scale per block of 32 (absmax / 127, rounding to nearest even as
  * lrintf does); when not NULL, xsum [k / 32] gets the float sums of x per block (int4's
@@ -112,7 +88,7 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
     const int32_t sum = _mm_cvtsi128_si32(s4);
-    if (xsum) xsum[b] = hsum256(fsum);
+    if (xsum) xsum[b] = sum256(fsum);
 #else
     float top = 0.f;
     for (int i = 0; i < BLOCK; i++) top = fmaxf(top, fabsf(xb[i]));
@@ -150,7 +126,7 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
  *         high), then the 16 rows' fp16 scales d (32 bytes) and offsets m (32 bytes);
  *   q8 (llama.cpp's Q8_0: w = q d per group of 32): the int8 block, then the 16 rows' fp16
  *         scales d (32 bytes).
- * The packing is done by torch ops in cpu_gemv.py (pack_int8 / pack_int4_blocks).
+ * The packing is done by torch ops in cpu_kernels.py (pack_int8 / pack_int4 / pack_q8).
  */
 #define LANES 16
 #define TILE 4 /* rows of x multiplied per pass over a block of weights */
@@ -201,8 +177,6 @@ static inline int32_t piece(const int8_t* q, int64_t c) {
 static inline __m256i dot4_u8(__m256i acc, __m256i u, __m256i q) {
 #if defined(VNNI512)
   return _mm256_dpbusd_epi32(acc, u, q);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, u, q);
 #else /* int8 weights u = w + 128: signed w times q through llama.cpp's sign trick, which keeps
          vpmaddubsw's 16-bit pair sums below saturation (|w| <= 128, |q| <= 127) */
   __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
@@ -212,7 +186,7 @@ static inline __m256i dot4_u8(__m256i acc, __m256i u, __m256i q) {
 }
 /* the same for int4 codes (0..15): pair sums stay far below saturation without the trick */
 static inline __m256i dot4_u4(__m256i acc, __m256i u, __m256i q) {
-#if defined(VNNI512) || defined(__AVXVNNI__)
+#if defined(VNNI512)
   return dot4_u8(acc, u, q);
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q),
@@ -497,7 +471,7 @@ enum Kind { INT8 = 0, INT4 = 1, Q8 = 2 };
  * were no longer inlined in the OpenMP loop). Returns 0, or -1 when memory runs out (nothing
  * written). */
 template <int KIND>
-static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
+static int quantized_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
                 int64_t n, int64_t k, int threads) {
   constexpr int64_t block_bytes =
       KIND == INT4 ? INT4_BLOCK_BYTES : KIND == Q8 ? Q8_BLOCK_BYTES : INT8_BLOCK_BYTES;
@@ -535,25 +509,24 @@ static int gemv(const float* x, const uint8_t* w, const float* w_scale, float* y
   return 0;
 }
 
-EXPORT int lmforge_gemv_int8(const float* x, const uint8_t* w, const float* w_scale, float* y,
-                             int64_t m, int64_t n, int64_t k, int threads) {
-  return gemv<INT8>(x, w, w_scale, y, m, n, k, threads);
+int int8_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
+                int64_t n, int64_t k, int threads) {
+  return quantized_matmul<INT8>(x, w, w_scale, y, m, n, k, threads);
 }
 
-EXPORT int lmforge_gemv_int4(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
-                             int64_t k, int threads) {
-  return gemv<INT4>(x, w, NULL, y, m, n, k, threads);
+int int4_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                int threads) {
+  return quantized_matmul<INT4>(x, w, NULL, y, m, n, k, threads);
 }
 
-EXPORT int lmforge_gemv_q8(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
-                           int64_t k, int threads) {
-  return gemv<Q8>(x, w, NULL, y, m, n, k, threads);
+int q8_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
+              int threads) {
+  return quantized_matmul<Q8>(x, w, NULL, y, m, n, k, threads);
 }
 
 /* w = q d + m for the rows [n, k] of interleaved int4 weights, written as fp32, or as bf16
  * (round to nearest even) when `bf16`: the weights the prefill GEMM multiplies by. */
-EXPORT void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16,
-                          int threads) {
+void dequantize_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16, int threads) {
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
@@ -573,11 +546,7 @@ EXPORT void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t
       const int64_t o = b * LANES + r;
       if (bf16) {
         uint16_t* dst = (uint16_t*)out + o * k;
-        for (int64_t j = 0; j < k; j++) {
-          uint32_t bits;
-          memcpy(&bits, &row[j], 4);
-          dst[j] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-        }
+        for (int64_t j = 0; j < k; j++) dst[j] = float_to_bf16(row[j]);
       } else {
         memcpy((float*)out + o * k, row, sizeof(float) * (size_t)k);
       }
@@ -585,3 +554,4 @@ EXPORT void lmforge_dequant_int4(const uint8_t* w, void* out, int64_t n, int64_t
   }
 }
 
+}  // namespace lmforge_kernels::LMFORGE_VARIANT

@@ -1,0 +1,352 @@
+"""lmforge's native CPU kernels (lmforge/infer/native/) as torch ops: the int8 / int4 / Q8_0
+products of decode and prefill (quantized_matmul.cpp), the 16-bit-weight decode products
+(half_matmul.cpp) and the decode attention (decode_attention.cpp); their weight layouts.
+
+Why by hand: see the header of quantized_matmul.cpp (torch's int8 GEMV converts every weight to
+float and runs well below the memory bandwidth; integer dot products with activations quantised
+per block of 32, as llama.cpp's Q8_0 and Q4_0 do, run at about twice its speed).
+
+Runtime dispatch: every source is compiled once per instruction-set variant (`VARIANTS`: its -m
+flags, no -march=native) into one library, and at load the best variant this CPU's flags allow
+is chosen (`pick_variant`, from cpu_features.py), as llama.cpp's GGML_CPU_ALL_VARIANTS builds
+do. So one build serves any x86-64 (an AVX2-only Zen 3, AVX-512 with or without VNNI/BF16, AMX
+machines) and a kernel cache shared between machines stays valid; `portable` (plain C++) runs
+anywhere. torch's extension builder compiles the torch binding (torch_ops.cpp) and links the
+variants into $LMFORGE_CACHE/kernels (~/.cache/lmforge/kernels), keyed by the sources, the
+compiler and torch: about half a minute once, then a load. As torch ops (`torch.ops.lmforge.
+int8_matmul`, ...) they run eagerly through the dispatcher and inside the decode step AOTInductor
+compiles (steps.ExportedStep). Where there is no C++ compiler or ninja, the build fails, or
+LMFORGE_NATIVE_KERNELS=0, `native_kernels()` is None and the layers keep torch's kernels
+(quantize.py decides, per layer kind).
+
+    kernels = native_kernels()
+    if kernels is not None:
+        packed = pack_int8(weight_int8)  # once, at load: 16 rows interleaved
+        y = kernels.int8_matmul(x, packed, scale_fp32_padded_to_the_blocks, weight_int8.shape[0])
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from lmforge.fileio import cache_root
+
+NATIVE = Path(__file__).with_name("native")
+KERNEL_SOURCES = tuple(NATIVE / name for name in
+                       ("quantized_matmul.cpp", "half_matmul.cpp", "decode_attention.cpp",
+                        "variant_table.cpp"))  # fmt: skip
+BINDING = NATIVE / "torch_ops.cpp"  # compiled once, by torch's extension builder
+HEADERS = (NATIVE / "kernels.h", NATIVE / "simd.h")  # part of the build's key
+BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
+_fakes: set[str] = set()  # op namespaces whose shape functions are registered
+
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+_AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd")
+_AVX2_FLAGS = frozenset({"avx2", "fma", "f16c"})
+_AVX512_FLAGS = _AVX2_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+# The variants, best first (native/kernels.h lists the same names): name -> (the compiler
+# flags, the /proc/cpuinfo flags a CPU needs to run it).
+VARIANTS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "avx512_bf16": ((*_AVX512, "-mavx512vnni", "-mavx512bf16"),
+                    _AVX512_FLAGS | {"avx512_vnni", "avx512_bf16"}),  # Zen 4, Sapphire Rapids
+    "avx512_vnni": ((*_AVX512, "-mavx512vnni"), _AVX512_FLAGS | {"avx512_vnni"}),  # Ice Lake
+    "avx512": (_AVX512, _AVX512_FLAGS),  # Skylake-X
+    "avx2": (_AVX2, _AVX2_FLAGS),  # Haswell, Zen 1-3
+    "portable": ((), frozenset()),  # any x86-64 (and other architectures)
+}  # fmt: skip
+
+
+def runnable_variants(flags: frozenset[str], machine: str) -> list[str]:
+    """The variants a CPU with these /proc/cpuinfo `flags` runs, best first (on anything but
+    x86-64 only `portable`)."""
+    x86 = machine.lower() in ("x86_64", "amd64")
+    return [n for n, (_, need) in VARIANTS.items() if not need or (x86 and need <= flags)]
+
+
+def pick_variant() -> str:
+    """The variant this CPU runs: LMFORGE_KERNEL_VARIANT when set (a name it runs), else the
+    best of `runnable_variants`."""
+    from lmforge.infer.cpu_features import cpu_features
+
+    f = cpu_features()
+    runnable = runnable_variants(f.flags, f.machine)
+    asked = os.environ.get("LMFORGE_KERNEL_VARIANT")
+    if asked:
+        if asked not in runnable:
+            raise RuntimeError(f"LMFORGE_KERNEL_VARIANT={asked}: this CPU runs {runnable}")
+        return asked
+    return runnable[0]
+
+
+class NativeKernels:
+    """The ops of one built library, running the variant `variant` (`use`)."""
+
+    def __init__(self, namespace: str):
+        self.namespace, self.ops = namespace, getattr(torch.ops, namespace)
+
+    @property
+    def variant(self) -> str:
+        """The instruction-set variant the ops run ("avx512_bf16", "avx2", "portable", ...)."""
+        return self.ops.kernel_variant()
+
+    def variants(self) -> list[str]:
+        """Every variant the library holds, best first."""
+        return list(self.ops.kernel_variants())
+
+    def use(self, variant: str) -> None:
+        """Run `variant` from now on, in this process (the tests run each one the CPU can)."""
+        self.ops.use_kernel_variant(variant)
+
+    def __deepcopy__(self, memo) -> NativeKernels:  # the library is per process: layers share it
+        return self
+
+    def __reduce__(self):  # torch.ops namespaces do not pickle: look the library up again
+        return NativeKernels, (self.namespace,)
+
+    def int8_matmul(
+        self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, n: int
+    ) -> torch.Tensor:
+        """x [M, K] fp32 times int8 weights [n, K] -> [M, n] fp32: `packed` from `pack_int8`,
+        fp32 `scale` [packed rows] per output row (x quantised to int8 per block of 32 inside)."""
+        return self.ops.int8_matmul(x, packed, scale, n)
+
+    def int4_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        """x [M, K] fp32 times int4 weights [n, K] (`pack_int4`) -> [M, n] fp32."""
+        return self.ops.int4_matmul(x, packed, n)
+
+    def q8_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        """x [M, K] fp32 times int8 weights [n, K] with an fp16 scale per row and block of 32
+        (`pack_q8`: llama.cpp's Q8_0) -> [M, n] fp32."""
+        return self.ops.q8_matmul(x, packed, n)
+
+    def dequantize_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
+        return self.ops.dequantize_int4(packed, n, dtype == torch.bfloat16)
+
+    def half_matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [M, K] times bf16 or fp16 weights w [N, K] (row-major, as the model holds them) ->
+        [M, N] in x's dtype (half_matmul.cpp: products and sums in fp32), for the few rows of a
+        decode step (HalfLinear sends more to torch's GEMM)."""
+        return self.ops.half_matmul(x, w)
+
+    def decode_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One query per row over its cache (decode_attention.cpp): q [B, H, 1, D] fp32, k / v
+        [B, KV, L, D] fp32, fp16 or bf16 (unit stride along D), mask None or bool [B, L] or
+        [B, 1, 1, L] (True: a real key) -> [B, H, 1, D] fp32, scaled by D ** -0.5."""
+        return self.ops.decode_attention(q, k, v, mask)
+
+
+# ---- the weight layout (quantized_matmul.cpp, "the interleaved layout") -------------------------
+LANES = 16  # output rows per block: one per 32-bit lane of a 512-bit register
+
+
+def _interleave(rows: torch.Tensor, fill: int) -> torch.Tensor:
+    """uint8 [N, K / 32, B] (B bytes per row and group) -> [ceil(N / 16), K / 32, 16 B], the
+    4-byte pieces of 16 rows alternating; missing rows are filled with the byte `fill`."""
+    n, groups, nbytes = rows.shape
+    pad = -n % LANES
+    if pad:
+        rows = torch.cat([rows, rows.new_full((pad, groups, nbytes), fill)])
+    blocks = rows.view(-1, LANES, groups, nbytes // 4, 4).permute(0, 2, 3, 1, 4)
+    return blocks.reshape(-1, groups, LANES * nbytes).contiguous()
+
+
+def _deinterleave(packed: torch.Tensor, nbytes: int, n: int) -> torch.Tensor:
+    """The inverse of `_interleave` for the first 16 nbytes of every block: uint8 [n, K/32, B]."""
+    blocks, groups, _ = packed.shape
+    pieces = packed[:, :, : LANES * nbytes].reshape(blocks, groups, nbytes // 4, LANES, 4)
+    return pieces.permute(0, 3, 1, 2, 4).reshape(blocks * LANES, groups, nbytes)[:n]
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] -> the int8 kernel's layout: uint8 [ceil(N / 16), K / 32, 512],
+    each weight stored as w + 128 (padding rows are weight 0)."""
+    n, k = weight.shape
+    unsigned = weight.to(torch.int8).view(torch.uint8) ^ 0x80  # w + 128 in two's complement
+    return _interleave(unsigned.view(n, k // BLOCK, BLOCK), 128)
+
+
+def unpack_int8(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of `pack_int8`: the int8 weights [n, K]."""
+    rows = _deinterleave(packed, BLOCK, n).reshape(n, -1)
+    return (rows.to(torch.int16) - 128).to(torch.int8)
+
+
+def _per_block(t: torch.Tensor, blocks: int) -> torch.Tensor:
+    """fp16 [N, G] per row and group -> uint8 [blocks, G, 32]: each group's 16 rows' values."""
+    n = t.shape[0]
+    t = torch.cat([t.half(), t.new_zeros(blocks * LANES - n, t.shape[1], dtype=torch.half)])
+    return t.view(blocks, LANES, -1).transpose(1, 2).contiguous().view(torch.uint8)
+
+
+def _per_row(packed: torch.Tensor, lo: int, n: int) -> torch.Tensor:
+    """The inverse of `_per_block` for the 32 bytes at `lo` of every block: fp16 [n, G]."""
+    blocks, groups, _ = packed.shape
+    t = packed[:, :, lo : lo + 2 * LANES].contiguous().view(torch.half)  # [blocks, G, 16]
+    return t.transpose(1, 2).reshape(blocks * LANES, groups)[:n]
+
+
+def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 codes q [N, K] with an fp16 `scale` [N, K / 32] (w = q * scale, llama.cpp's Q8_0)
+    -> the q8 kernel's layout: uint8 [ceil(N / 16), K / 32, 544]: the int8 block (`pack_int8`),
+    then the 16 rows' scales."""
+    codes = pack_int8(q)
+    return torch.cat([codes, _per_block(scale, codes.shape[0])], dim=-1).contiguous()
+
+
+def unpack_q8(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_q8`: int8 codes [n, K] and fp16 scales [n, K / 32]."""
+    return unpack_int8(packed, n), _per_row(packed, LANES * BLOCK, n)
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Codes q [N, K] (0..15) with fp16 `scale` and `offset` [N, K / 32] (w = q * scale +
+    offset) -> the int4 kernel's layout: uint8 [ceil(N / 16), K / 32, 320]: per block the codes
+    (byte j of a row's group: column j in the low nibble, column j + 16 in the high one), then
+    the 16 rows' scales, then their offsets."""
+    n, k = q.shape
+    g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
+    return pack_int4_nibbles(g[:, :, 0] | g[:, :, 1] << 4, scale, offset)
+
+
+def pack_int4_nibbles(
+    nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
+    """`pack_int4` from codes already in bytes: nibbles uint8 [N, K / 32, 16] (byte j: column j
+    low, j + 16 high, as llama.cpp's Q4_0 / Q4_1 blocks store them)."""
+    codes = _interleave(nibbles, 0)
+    blocks = codes.shape[0]
+    parts = [codes, _per_block(scale, blocks), _per_block(offset, blocks)]
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_int4`: codes uint8 [n, K] and fp16 scale and offset [n, K / 32]."""
+    g = _deinterleave(packed, BLOCK // 2, n)
+    codes = torch.cat([g & 15, g >> 4], dim=-1).reshape(n, -1)
+    code_bytes = LANES * BLOCK // 2
+    return codes, _per_row(packed, code_bytes, n), _per_row(packed, code_bytes + 2 * LANES, n)
+
+
+def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKernels:
+    """Compile every variant and the torch binding as the torch op namespace `namespace`, into
+    `folder` (default the kernel cache), and load them, running `pick_variant()`; a build
+    already there is loaded as it is. Raises RuntimeError with the compiler's first complaint
+    when the build fails."""
+    from torch.utils import cpp_extension
+
+    if not namespace.isidentifier():  # it becomes a C++ namespace and a torch.ops attribute
+        raise ValueError(f"op namespace must be an identifier, got {namespace!r}")
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
+    flags = ["-O3", "-fopenmp", "-std=c++17", f"-DLMFORGE_NS={namespace}"]
+    texts = [p.read_text() for p in (*KERNEL_SOURCES, BINDING, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, cxx, torch.__version__, " ".join(flags),
+                                     repr(VARIANTS)]).encode()).hexdigest()[:12]  # fmt: skip
+    name = f"{namespace}_kernels_{key}"
+    directory = (folder or cache_root() / "kernels") / name
+    try:  # a read-only or full cache folder fails here too: one line, torch's kernels stay
+        directory.mkdir(parents=True, exist_ok=True)
+        objects = _compile_variants(cxx, directory)
+        cpp_extension.load(name=name, sources=[str(BINDING)], extra_cflags=flags,
+                           extra_include_paths=[str(NATIVE)],
+                           extra_ldflags=[*map(str, objects), "-fopenmp"],
+                           build_directory=str(directory), is_python_module=False,
+                           verbose=False)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - any failure: keep torch's kernels, say why
+        text = str(error).splitlines()  # the compiler's diagnostic first, else torch's summary
+        lines = [ln for ln in text if "error:" in ln] or [
+            ln for ln in text if "error" in ln.lower()] or [str(error)]  # fmt: skip
+        why = lines[0].strip()[:300]
+        raise RuntimeError(f"building the native kernels failed: {why}") from None
+    if namespace not in _fakes:  # output shapes, for tracing (torch.export, AOTInductor)
+        _fakes.add(namespace)
+        torch.library.register_fake(f"{namespace}::int8_matmul")(_fake_int8)
+        torch.library.register_fake(f"{namespace}::int4_matmul")(_fake_int4)
+        torch.library.register_fake(f"{namespace}::q8_matmul")(_fake_int4)
+        torch.library.register_fake(f"{namespace}::dequantize_int4")(_fake_dequant_int4)
+        torch.library.register_fake(f"{namespace}::half_matmul")(_fake_half)
+        torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
+    kernels = NativeKernels(namespace)
+    if kernels.variants() != list(VARIANTS):
+        raise RuntimeError(f"kernels.h lists {kernels.variants()}, VARIANTS {list(VARIANTS)}")
+    kernels.use(pick_variant())
+    return kernels
+
+
+def _compile_variants(cxx: str, directory: Path) -> list[Path]:
+    """Each kernel source compiled once per variant (its -m flags, -DLMFORGE_VARIANT=name) into
+    `directory`, in parallel; the objects already there are kept (the folder's name is the
+    sources' key). Raises RuntimeError with the compiler's output on a failure."""
+
+    def compile_one(job: tuple[str, Path]) -> Path:
+        variant, source = job
+        obj = directory / f"{variant}_{source.stem}.o"
+        if obj.exists():
+            return obj
+        part = obj.with_suffix(".o.part")
+        cmd = [cxx, "-O3", "-fopenmp", "-fPIC", "-std=c++17", *VARIANTS[variant][0],
+               f"-DLMFORGE_VARIANT={variant}", "-c", str(source), "-o", str(part)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{source.name} ({variant}): {done.stderr or done.stdout}")
+        part.replace(obj)
+        return obj
+
+    jobs = [(v, s) for v in VARIANTS for s in KERNEL_SOURCES]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(compile_one, jobs))
+
+
+def _fake_int8(x, packed, scale, n):
+    return x.new_empty(x.shape[0], n)
+
+
+def _fake_int4(x, packed, n):
+    return x.new_empty(x.shape[0], n)
+
+
+def _fake_dequant_int4(packed, n, bf16):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return packed.new_empty(n, packed.shape[1] * BLOCK, dtype=dtype)
+
+
+def _fake_half(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _fake_attention(q, k, v, mask):
+    return q.new_empty(q.shape)
+
+
+_failures: list[str] = []  # why the build failed, for describe_kernels and the tests
+
+
+@functools.cache
+def native_kernels() -> NativeKernels | None:
+    """The kernels, built on first call and running this CPU's variant; None where they cannot
+    be (no compiler, a failed build, LMFORGE_NATIVE_KERNELS=0): callers keep torch's kernels."""
+    if os.environ.get("LMFORGE_NATIVE_KERNELS", "1") == "0":
+        _failures.append("LMFORGE_NATIVE_KERNELS=0")
+        return None
+    try:
+        return build()
+    except RuntimeError as error:
+        _failures.append(str(error))
+        return None
+
+
+def unavailable_reason() -> str:
+    """Why native_kernels() returned None ('' when it did not, or has not been asked)."""
+    return _failures[0] if _failures else ""

@@ -1,0 +1,77 @@
+/* The entry points of the native CPU kernels, declared once: quantized_matmul.cpp,
+ * half_matmul.cpp and decode_attention.cpp define them, torch_ops.cpp calls them.
+ *
+ * Every source is compiled once per instruction-set variant (cpu_kernels.py: VARIANTS, each
+ * with its -m flags and -DLMFORGE_VARIANT=<name>), into the namespace lmforge_kernels::<name>,
+ * and variant_table.cpp collects a variant's entry points into its `Kernels` table. One library
+ * thus holds code for every x86-64 (AVX2-only Zen 3, AVX-512, AVX512-VNNI/BF16 and AMX
+ * machines), and cpu_kernels.py picks the table this CPU runs at load time (runtime dispatch, as
+ * llama.cpp's GGML_CPU_ALL_VARIANTS builds do); `portable` is plain C++ for any x86-64.
+ *
+ * Conventions: row-major contiguous buffers, k % 32 == 0 for the quantised products; `threads`
+ * OpenMP threads split the output rows (or the (row, KV head) pairs); a returned int is 0, or -1
+ * when scratch memory could not be allocated (nothing written). */
+#pragma once
+#include <stdint.h>
+
+namespace lmforge_kernels {
+
+/* The entry points' types: every variant defines one function of each. */
+/* y [m, n] fp32 = x [m, k] fp32 times int8 weights [n, k] in the interleaved layout
+ * (quantized_matmul.cpp), w_scale fp32 per (padded) output row; x is quantised to int8 per
+ * block of 32 inside */
+using Int8Matmul = int(const float* x, const uint8_t* w, const float* w_scale, float* y,
+                       int64_t m, int64_t n, int64_t k, int threads);
+/* the same for int4 codes with fp16 scale d and offset m per group of 32 (w = q d + m), and for
+ * llama.cpp's Q8_0 blocks (int8 codes, an fp16 scale per group of 32: w = q d) */
+using BlockMatmul = int(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
+                        int64_t k, int threads);
+/* the interleaved int4 weights [n, k] as fp32, or bf16 when `bf16` (the prefill GEMM's) */
+using DequantizeInt4 = void(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16,
+                            int threads);
+/* y [m, n] fp32 = x [m, k] (fp32, or bf16 when x_bf16) times w [n, k] bf16 (fp16 when w_f16)
+ * as the model stores them (half_matmul.cpp) */
+using HalfMatmul = int(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
+                       int64_t m, int64_t n, int64_t k, int threads);
+/* out [b, h, d] fp32 = softmax(q k^T scale) v, one query per row and head over k / v
+ * [b, kv, len, d] (fp32 / fp16 / bf16: dtype 0 / 1 / 2; element strides per batch, head and
+ * key, unit along d), mask [b, len] of 0/1 bytes (row stride mask_sb) or NULL
+ * (decode_attention.cpp) */
+using DecodeAttention = int(const float* q, const void* k, const void* v, int dtype,
+                            const int64_t* k_strides, const int64_t* v_strides,
+                            const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
+                            int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
+                            int threads);
+
+/* One variant's entry points (variant_table.cpp fills it). */
+struct Kernels {
+  const char* variant;
+  Int8Matmul* int8_matmul;
+  BlockMatmul* int4_matmul;
+  BlockMatmul* q8_matmul;
+  DequantizeInt4* dequantize_int4;
+  HalfMatmul* half_matmul;
+  DecodeAttention* decode_attention;
+};
+
+/* The variants compiled into the library, best first; cpu_kernels.py VARIANTS gives each its
+ * compiler flags and the CPU flags it needs (and checks this list against its own). */
+#define LMFORGE_VARIANTS(X) X(avx512_bf16) X(avx512_vnni) X(avx512) X(avx2) X(portable)
+#define LMFORGE_DECLARE_TABLE(name) \
+  namespace name {                  \
+  extern const Kernels table;       \
+  }
+LMFORGE_VARIANTS(LMFORGE_DECLARE_TABLE)
+#undef LMFORGE_DECLARE_TABLE
+
+#ifdef LMFORGE_VARIANT /* compiling one variant: its entry points */
+namespace LMFORGE_VARIANT {
+Int8Matmul int8_matmul;
+BlockMatmul int4_matmul, q8_matmul;
+DequantizeInt4 dequantize_int4;
+HalfMatmul half_matmul;
+DecodeAttention decode_attention;
+}  // namespace LMFORGE_VARIANT
+#endif
+
+}  // namespace lmforge_kernels

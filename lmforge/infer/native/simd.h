@@ -1,0 +1,121 @@
+/* The one SIMD mapping of the native kernels (quantized_matmul.cpp, half_matmul.cpp,
+ * decode_attention.cpp): scalar 16-bit float conversions, and a float vector `vec` of SIMD_WIDTH
+ * lanes with the operations the kernels use, mapped onto the instruction set this variant is
+ * compiled for (AVX-512: 16 lanes; AVX2 + FMA + F16C: 8; otherwise SIMD_WIDTH is undefined and
+ * the kernels take their scalar loops). As llama.cpp's ggml-cpu/simd-mappings.h does, so that a
+ * kernel is written once for every width. Each variant is one compilation with its own -m flags
+ * (cpu_kernels.py). */
+#pragma once
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+/* ---- scalars -------------------------------------------------------------------------------- */
+static inline float half_to_float(uint16_t h) { /* IEEE half: F16C where present, else bits */
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) bits = sign;
+  else { /* subnormal: normalise */
+    exp = 113;
+    while (!(man & 0x400)) { man <<= 1; exp--; }
+    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+static inline float bf16_to_float(uint16_t h) { /* bf16: the top half of a float */
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even */
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#if defined(__AVX2__)
+static inline float sum256(__m256 a) { /* the sum of 8 floats */
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+/* the sums of four 8-float vectors, as one 4-float vector */
+static inline __m128 sum4x256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
+
+/* ---- the float vector ----------------------------------------------------------------------- */
+#if defined(__AVX512F__)
+#define SIMD_WIDTH 16
+typedef __m512 vec;
+static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vec vload_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+static inline vec vload_bf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vset(float x) { return _mm512_set1_ps(x); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
+static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
+static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
+static inline __m256 halves(__m512 a) { /* the two 8-float halves of a, added */
+  return _mm256_add_ps(_mm512_castps512_ps256(a),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+static inline __m128 vsum4(vec a, vec b, vec c, vec d) { /* four sums as one 4-float vector */
+  return sum4x256(halves(a), halves(b), halves(c), halves(d));
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SIMD_WIDTH 8
+typedef __m256 vec;
+static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vec vload_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+static inline vec vload_bf16(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128((const __m128i*)p);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vset(float x) { return _mm256_set1_ps(x); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline float vsum(vec a) { return sum256(a); }
+static inline float vtop(vec a) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT); }
+static inline vec vpow2(vec p, vec n) { /* n in [-126, 0] here: build 2^n's exponent bits */
+  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+static inline __m128 vsum4(vec a, vec b, vec c, vec d) { return sum4x256(a, b, c, d); }
+#endif

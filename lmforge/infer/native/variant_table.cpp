@@ -1,0 +1,11 @@
+// One variant's table of entry points (kernels.h), compiled with the others of its variant.
+#include "kernels.h"
+
+#define LMFORGE_STRING(x) #x
+#define LMFORGE_NAME(x) LMFORGE_STRING(x)
+
+namespace lmforge_kernels::LMFORGE_VARIANT {
+extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT), int8_matmul,     int4_matmul,
+                              q8_matmul,                      dequantize_int4, half_matmul,
+                              decode_attention};
+}
