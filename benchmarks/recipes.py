@@ -102,6 +102,14 @@ ARITH_TEST = ("task:arith:2:test:chat", {"cpu": 500, "gpu": 2000},
               {"cpu": {"max_new_tokens": 8, "batch": 100},
                "gpu": {"max_new_tokens": 8, "batch": 500}})  # fmt: skip
 SUB_TEST = ("task:sub:2:test:chat", *ARITH_TEST[1:])  # grpo-arith: subtraction alone
+# dpo-arith's on-policy test pairs, built as a `pairs_from: policy` run builds its training pairs
+# (lmforge.align.reward.policy_pairs): the start model samples `samples` answers per test prompt
+# at T = 1 and the verifier pairs a right one with a wrong one; one pair per prompt, so the pairs
+# the bootstrap resamples are independent
+ARITH_POLICY_PAIRS = {"cpu": {"n": 1000, "samples": 8, "pairs_per_prompt": 1, "temperature": 1.0,
+                              "max_new_tokens": 8, "seed": 0},
+                      "gpu": {"n": 4000, "samples": 8, "pairs_per_prompt": 1, "temperature": 1.0,
+                              "max_new_tokens": 8, "seed": 0}}  # fmt: skip
 ARITH_SHOTS = 8  # lora-sft-arith's baseline: the start model prompted with 8 solved train problems
 # dpo-hh's win rate: the first `n` test prompts whose prompt leaves room for the answer within the
 # reward model's max_len, answered greedily with up to `max_new_tokens` (batch: prompts per call)
@@ -115,6 +123,7 @@ SMOKE = {"n_train": 8, "n_eval": 4, "max_iters": 2, "eval_interval": 2, "log_int
          "minibatch_size": None, "pairs_from": "data"}  # fmt: skip
 SMOKE_TEST = {"n": 6, "max_new_tokens": 16, "batch": 8}
 SMOKE_WIN = {"n": 6, "max_new_tokens": 16, "batch": 8}
+SMOKE_PAIRS = {"n": 12, "samples": 8}
 MATCHED = ("max_iters", "batch_size", "n_train", "minibatch_size")  # a baseline's compute-matched
 # fields
 
@@ -220,8 +229,11 @@ class Recipe:
     win_rate: dict[str, dict] | None = None  # {variant: generation settings}, as HH_WIN
     baseline_verb: str | None = "sft"
     # how the test split is scored: gsm8k (pass@1), task (exact match of the task's verifier),
-    # preference (implicit-reward and likelihood accuracy on pairs); one stage per model each
+    # preference (implicit-reward and likelihood accuracy on pairs), policy-preference (the same
+    # on the start model's own right and wrong answers to test prompts); one stage per model each
     scorers: tuple[str, ...] = ("gsm8k",)
+    # policy-preference: {variant: how the test pairs are sampled}, as ARITH_POLICY_PAIRS
+    policy_pairs: dict[str, dict] | None = None
 
 
 RECIPES = {
@@ -232,7 +244,8 @@ RECIPES = {
     "lora-sft-arith": Recipe("lora", ARITH_TEST, prompted_baseline, "exact_match",
                              baseline_verb=None, scorers=("task",)),
     "dpo-arith": Recipe("dpo", ARITH_TEST, chosen_sft_baseline, "exact_match",
-                        scorers=("task", "preference")),
+                        scorers=("task", "preference", "policy-preference"),
+                        policy_pairs=ARITH_POLICY_PAIRS),
     "grpo-arith": Recipe("grpo", SUB_TEST, rsft_baseline, "exact_match",
                          baseline_verb="rsft", scorers=("task",)),
 }  # fmt: skip
@@ -303,7 +316,8 @@ def score_task(job: dict) -> dict:
 
 
 def score_pairs(job: dict) -> dict:
-    """Summed completion log-probs of every test pair's chosen and rejected reply."""
+    """Summed completion log-probs of every test pair's chosen and rejected reply: the pairs of
+    the test source, or with job["pairs"] the token ids a `policy-pairs` stage sampled."""
     import torch
 
     from lmforge.align import data as D
@@ -312,7 +326,12 @@ def score_pairs(job: dict) -> dict:
     lm = load_model(job["model"], job["device"], job["threads"])
     tok = lm.tokenizer
     pad = tok.pad_id if tok.pad_id is not None else 0
-    data = D.load_preferences(job["test"], tok, job["max_len"], skip_invalid=True, n=job["n"])
+    if job.get("pairs"):
+        rows = json.loads(Path(job["pairs"]).read_text())["pairs"]
+        data = D.Dataset([D.PreferenceExample(D.SFTExample(ci, cl), D.SFTExample(ri, rl))
+                          for ci, cl, ri, rl in rows])  # fmt: skip
+    else:
+        data = D.load_preferences(job["test"], tok, job["max_len"], skip_invalid=True, n=job["n"])
     chosen, rejected = [], []
     with torch.no_grad():
         for i in range(0, len(data.examples), 8):
@@ -321,7 +340,30 @@ def score_pairs(job: dict) -> dict:
             c, r = completion_logprobs(lm.model, batch).float().cpu().chunk(2)
             chosen += c.tolist()
             rejected += r.tolist()
-    return {"chosen": chosen, "rejected": rejected, "skipped": data.skipped}
+    return {"chosen": chosen, "rejected": rejected, "skipped": getattr(data, "skipped", 0)}
+
+
+def sample_policy_pairs(job: dict) -> dict:
+    """On-policy preference pairs for the first `n` test prompts, built exactly as a
+    `pairs_from: policy` run builds its training pairs (lmforge.align.reward.policy_pairs): the
+    model (the recipe's start, its DPO reference) samples answers, the task's verifier labels
+    them, a right one is paired with a wrong one; prompts whose samples all agree give none.
+    --smoke: a random tiny model is never right, so the label is the parity of the reply's
+    length (the path runs; the figure means nothing)."""
+    from lmforge.align import data as D
+    from lmforge.align.reward import pair_text, policy_pairs
+
+    lm = load_model(job["model"], job["device"], job["threads"])
+    records = D.load_prompts(job["test"], n=job["n"])
+    judge = (lambda record, text: float(len(text) % 2)) if job.get("smoke") else None
+    pairs, unpaired = policy_pairs(
+        lm.model, lm.tokenizer, records, job["samples"], job["pairs_per_prompt"],
+        job["temperature"], job["max_new_tokens"], job["max_len"], job["seed"], judge=judge,
+    )  # fmt: skip
+    return {"prompts": len(records), "unpaired": unpaired,
+            "pairs": [[p.chosen.input_ids, p.chosen.labels, p.rejected.input_ids,
+                       p.rejected.labels] for p in pairs.examples],
+            "text": [pair_text(p, lm.tokenizer) for p in pairs.examples]}  # fmt: skip
 
 
 def answer_prompts(job: dict) -> dict:
@@ -396,7 +438,8 @@ def train(job: dict) -> dict:
     return {"final": read_json(Path(job["out_dir"]) / "final_metrics.json")}
 
 
-WORKERS = {"gsm8k": score_gsm8k, "task": score_task, "preference": score_pairs, "train": train,
+WORKERS = {"gsm8k": score_gsm8k, "task": score_task, "preference": score_pairs,
+           "policy-preference": score_pairs, "policy-pairs": sample_policy_pairs, "train": train,
            "answers": answer_prompts, "reward": reward_scores}  # fmt: skip
 
 
@@ -554,15 +597,26 @@ def test_scores(recipe: Recipe, results: dict[str, dict]) -> dict[str, dict[str,
         elif kind == "task":
             metrics["exact_match"] = {m: got[m]["scores"] for m in MODELS}
             metrics["numeric_match"] = {m: got[m]["numeric"] for m in MODELS}
-        else:
+        else:  # preference pairs: canned (preference) or the start model's own (policy-)
             c0, r0 = got["before"]["chosen"], got["before"]["rejected"]
             implicit, likelihood = {}, {}
             for m in MODELS:
                 c, r = got[m]["chosen"], got[m]["rejected"]
                 implicit[m] = wins([(a - a0) - (b - b0) for a, a0, b, b0 in zip(c, c0, r, r0)])
                 likelihood[m] = wins([a - b for a, b in zip(c, r)])
-            metrics.update(implicit_reward_accuracy=implicit, likelihood_accuracy=likelihood)
+            prefix = "onpolicy_" if kind == "policy-preference" else ""
+            metrics.update({f"{prefix}implicit_reward_accuracy": implicit,
+                            f"{prefix}likelihood_accuracy": likelihood})  # fmt: skip
     return metrics
+
+
+def policy_pairs_note(pp: dict) -> str:
+    """What the onpolicy_* metrics were measured on."""
+    return (f"onpolicy_*: {pp['pairs']} pairs of the start model's own right and wrong answers to "
+            f"the first {pp['n']} test prompts ({pp['samples']} samples each at T = "
+            f"{pp['temperature']}, {pp['pairs_per_prompt']} pair per prompt; {pp['unpaired']} "
+            "prompts gave none), built as the recipe's training pairs; implicit reward relative "
+            "to the start model.")  # fmt: skip
 
 
 def markdown(report: dict) -> str:
@@ -573,6 +627,8 @@ def markdown(report: dict) -> str:
              "| metric | before | after | baseline | after - baseline [95%] "
              "| after - before [95%] |",
              "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    if pp := report.get("policy_pairs"):
+        lines[4:4] = [policy_pairs_note(pp), ""]
     for name, m in report["metrics"].items():
         lines.append(f"| {name} | {m['before']:.4f} | {m['after']:.4f} | {m['baseline']:.4f} | "
                      f"{m['after_minus_baseline']} | {m['after_minus_before']} |")  # fmt: skip
@@ -665,7 +721,10 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"{name}: the starting model {init} does not exist (grpo-gsm8k "
                          "starts from lora-sft-gsm8k's output, dpo-arith and grpo-arith from "
                          "lora-sft-arith's: run that recipe first, or pass --init)")  # fmt: skip
-    check_protocol(cfg, recipe, test["n"])
+    pairs = dict(recipe.policy_pairs[args.variant]) if recipe.policy_pairs else None
+    if pairs and args.smoke:
+        pairs.update(SMOKE_PAIRS, smoke=True)
+    check_protocol(cfg, recipe, max(test["n"], pairs["n"] if pairs else 0))
     files = {"recipe": out / f"{name}.yaml", "baseline": out / f"{name}-baseline.yaml"}
     if recipe.win_rate:
         rm, win = reward_model_config(args, cfg, out), dict(recipe.win_rate[args.variant])
@@ -683,12 +742,21 @@ def run(args: argparse.Namespace) -> dict:
     stages: dict[str, dict] = {}
     results: dict[str, dict] = {m: {} for m in MODELS}
 
+    if pairs:  # the start model's own right and wrong answers to test prompts
+        stages["test-pairs"] = stage(f"{name}-test-pairs", {**score, **pairs, "kind":
+                                     "policy-pairs", "model": init}, out)  # fmt: skip
+    pairs_file = str(out / f"{name}-test-pairs.result.json")
+
     def score_model(model: str, path: str, extra: dict | None = None) -> None:
         for i, kind in enumerate(recipe.scorers):
             key = f"{model}-test" + (f"-{kind}" if i else "")
+            job = {**score, "kind": kind, "model": path, **(extra or {})}
+            if kind == "policy-preference":  # the sampled pairs, not the test source's
+                job = {"kind": kind, "model": path, "pairs": pairs_file, "device": device,
+                       "threads": threads}  # fmt: skip
             stages[key] = results[model][kind] = stage(
-                f"{name}-{key}" if model != "before" else f"{name}-before" + key[11:],
-                {**score, "kind": kind, "model": path, **(extra or {})}, out)  # fmt: skip
+                f"{name}-{key}" if model != "before" else f"{name}-before" + key[11:], job, out
+            )
 
     score_model("before", init)
     stages["recipe"] = stage(f"{name}-train", {"kind": "train", "verb": recipe.verb,
@@ -725,6 +793,8 @@ def run(args: argparse.Namespace) -> dict:
     trained_baseline = "baseline" in stages
     report = {
         "recipe": args.recipe, "variant": args.variant, "smoke": args.smoke, "start": init,
+        "policy_pairs": pairs and {**pairs, "pairs": len(stages["test-pairs"]["pairs"]),
+                                   "unpaired": stages["test-pairs"]["unpaired"]},
         "test": {"source": spec, **test, "scored": len(next(iter(
             test_scores(recipe, results).values()))["after"])},
         "metrics": metrics, "win_rate": win_rate,
@@ -777,7 +847,9 @@ def record_report(report: dict) -> None:
     notes = (f"Start {report['start']}; test `{report['test']['source']}`, "
              f"{report['test']['scored']} examples; baseline: {BASELINES[report['recipe']]}. "
              f"Paired 95% bootstrap intervals. Stages (wall time (CPU time) / peak RSS): {stages}. "
-             f"{report['machine']['threads']} thread(s). Validation curves, configs and every "
+             f"{report['machine']['threads']} thread(s). "
+             f"{policy_pairs_note(pp) + ' ' if (pp := report.get('policy_pairs')) else ''}"
+             "Validation curves, configs and every "
              "answer: the benchmark's --out folder; discussion in docs/recipes.md.")  # fmt: skip
     record(name, f"Recipe {report['recipe']} ({report['variant']}): SmolLM2-135M-Instruct",
            ["metric", "before", "after", "baseline", "after − baseline [95%]",

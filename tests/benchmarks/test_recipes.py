@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAIRS = ["implicit_reward_accuracy", "likelihood_accuracy"]
 TASK = ["exact_match", "numeric_match"]
 METRICS = {"lora-sft-gsm8k": ["pass@1"], "grpo-gsm8k": ["pass@1"], "dpo-hh": PAIRS,
-           "lora-sft-arith": TASK, "dpo-arith": TASK + PAIRS, "grpo-arith": TASK}  # fmt: skip
+           "lora-sft-arith": TASK, "dpo-arith": TASK + PAIRS + [f"onpolicy_{m}" for m in PAIRS],
+           "grpo-arith": TASK}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -32,19 +33,37 @@ def test_recipe_smoke(recipe, tmp_path, shared_data):
     report = json.loads((tmp_path / f"{name}.json").read_text())
     assert (tmp_path / f"{name}.md").read_text().startswith(f"# {recipe} (cpu, smoke)")
     assert sorted(report["metrics"]) == sorted(METRICS[recipe])
-    for m in report["metrics"].values():
+    pairs = report["policy_pairs"]
+    for name_, m in report["metrics"].items():
         for key in ("before", "after", "baseline"):
             assert 0.0 <= m[key] <= 1.0
+        # the on-policy pairs: one per test prompt whose samples disagree
+        n = pairs["pairs"] if name_.startswith("onpolicy_") else report["test"]["scored"]
         for key in ("after_minus_baseline", "after_minus_before"):
             diff = m[key]
             assert diff["low"] <= diff["diff"] + 1e-9 and diff["diff"] <= diff["high"] + 1e-9
-            assert diff["confidence"] == 0.95 and diff["n"] == report["test"]["scored"] >= 2
+            assert diff["confidence"] == 0.95 and diff["n"] == n >= 2
+    if recipe == "dpo-arith":  # the start model's own answers to the first n test prompts
+        assert (
+            pairs["pairs"] + pairs["unpaired"] == pairs["n"] == 12
+            and pairs["pairs_per_prompt"] == 1
+        )
+        sampled = json.loads((tmp_path / f"{name}-test-pairs.result.json").read_text())
+        assert len(sampled["pairs"]) == len(sampled["text"]) == pairs["pairs"]
+        for chosen_ids, chosen_labels, rejected_ids, rejected_labels in sampled["pairs"]:
+            assert chosen_ids != rejected_ids and len(chosen_ids) == len(chosen_labels)
+            assert len(rejected_ids) == len(rejected_labels)
+            cut = chosen_labels.index(next(t for t in chosen_labels if t != -100))
+            assert chosen_ids[:cut] == rejected_ids[:cut]  # the same prompt, two answers
+    else:
+        assert pairs is None
     judged = {"reward-model", "after-answers", "baseline-answers", "win-rate"}
     stages = {"before-test", "recipe", "baseline", "after-test", "baseline-test"}
     if recipe == "lora-sft-arith":  # the baseline is the start model prompted with 8 shots
         stages.remove("baseline")
-    if recipe == "dpo-arith":  # a second scorer: the test pairs
-        stages |= {f"{m}-test-preference" for m in ("before", "after", "baseline")}
+    if recipe == "dpo-arith":  # two more scorers: the canned test pairs, the on-policy ones
+        stages |= {f"{m}-test-{kind}" for m in ("before", "after", "baseline")
+                   for kind in ("preference", "policy-preference")} | {"test-pairs"}  # fmt: skip
     assert set(report["stages"]) == stages | (judged if recipe == "dpo-hh" else set())
     for s in report["stages"].values():
         assert s["wall_s"] > 0 and s["peak_rss_mb"] > 50
