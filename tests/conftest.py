@@ -38,17 +38,22 @@ TINY_TEXT = (
 
 @pytest.fixture(scope="session")
 def make_tiny_lm():
-    """`make_tiny_lm(max_seq_len, texts=None, vocab_size=320)`: a tiny random-init LM (2 layers,
-    width 32, seed 0) with a BPE tokenizer trained on `texts` (default: a short QA text), fast
-    and offline; each test folder picks the context window its prompts need."""
+    """`make_tiny_lm(max_seq_len, texts=None, vocab_size=320, preset=None)`: a tiny random-init
+    LM (2 layers, width 32, seed 0; or the model `preset` names, e.g. "llama-micro" for RoPE,
+    GQA and SwiGLU) with a BPE tokenizer trained on `texts` (default: a short QA text), fast and
+    offline; each test folder picks the context window its prompts need."""
     from lmforge.lm import LM
     from lmforge.model.config import ModelConfig
     from lmforge.tokenizer import Tokenizer
 
-    def make(max_seq_len: int, texts: list[str] | None = None, vocab_size: int = 320):
+    def make(max_seq_len: int, texts: list[str] | None = None, vocab_size: int = 320,
+             preset: str | None = None):  # fmt: skip
         tok = Tokenizer.train_bpe(texts or [TINY_TEXT] * 20, vocab_size=vocab_size)
-        config = ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=32,
-                             max_seq_len=max_seq_len)  # fmt: skip
+        size = dict(vocab_size=tok.vocab_size, max_seq_len=max_seq_len)
+        if preset:
+            config = ModelConfig.from_preset(preset, **size)
+        else:
+            config = ModelConfig(n_layer=2, n_head=2, d_model=32, **size)
         return LM.from_config(config, tok, seed=0)
 
     return make

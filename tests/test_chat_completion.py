@@ -5,7 +5,6 @@ import json
 
 import jsonschema
 import pytest
-import torch
 
 from lmforge.chat_completion import (
     CALL_CLOSE,
@@ -19,8 +18,6 @@ from lmforge.chat_completion import (
 )
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
-from lmforge.model.config import ModelConfig
-from lmforge.tokenizer import Tokenizer
 
 TEXT = 'hello {"name": "x", "city": "Paris", "ok": true} <tool_call> </tool_call> world. '
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "today's weather",
@@ -33,11 +30,8 @@ NAMES = frozenset({"weather", "time"})
 
 
 @pytest.fixture(scope="module")
-def lm() -> LM:
-    torch.manual_seed(0)
-    tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
-    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=1024)
-    return LM.from_config(config, tokenizer=tok, seed=0)
+def lm(make_tiny_lm) -> LM:
+    return make_tiny_lm(1024, [TEXT * 20], 300, preset="llama-micro")
 
 
 def test_generic_tool_prompt_lists_tools_and_feeds_results_back(lm):

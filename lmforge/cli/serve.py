@@ -154,7 +154,6 @@ def run(args) -> int:
     import uvicorn
 
     from lmforge.infer.engine import Engine
-    from lmforge.infer.prefix_cache import PrefixCachingEngine
     from lmforge.lm import LM
     from lmforge.serve.app import create_app
     from lmforge.serve.guards import uvicorn_config
@@ -170,13 +169,9 @@ def run(args) -> int:
     gguf = Path(args.checkpoint).is_file()
     precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
     lm = LM.load(args.checkpoint, device=args.device, **precision)
-    options = dict(max_batch=args.max_batch, compile=args.compile, dtype=args.dtype,
-                   quantize=args.quantize)  # fmt: skip
-    if args.prefix_cache_mb:
-        engine = PrefixCachingEngine.from_lm(lm, prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-                                             **options)  # fmt: skip
-    else:
-        engine = Engine.from_lm(lm, **options)
+    engine = Engine.from_lm(lm, max_batch=args.max_batch, compile=args.compile, dtype=args.dtype,
+                            quantize=args.quantize,
+                            prefix_cache_bytes=args.prefix_cache_mb * 2**20)  # fmt: skip
     name = args.model_name or Path(args.checkpoint).resolve().name
     loopback = args.host in LOOPBACK
     warm_up = None

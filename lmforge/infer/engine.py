@@ -33,9 +33,9 @@ Precision: `dtype="bfloat16"` and/or `quantize="int8"` (weight-only, per-channel
 converted copy of the model (quantize.py); the caller's model is untouched.
 
 The decode step is one object, picked when the engine is built (`EngineConfig.compile`,
-`cuda_graphs`): `EagerStep` below, or steps.py's `ExportedStep` (CPU + compile: AOTInductor),
-`CompiledStep` (torch.compile) or `GraphStep` (a CUDA graph per batch bucket; on by default on a
-GPU). Speed figures: docs/inference.md and docs/benchmarks.md.
+`cuda_graphs`): `EagerStep` below, its `CompiledStep` (torch.compile), or steps.py's
+`ExportedStep` (CPU + compile: AOTInductor) or `GraphStep` (a CUDA graph per batch bucket; on by
+default on a GPU). Speed figures: docs/inference.md and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -54,16 +54,17 @@ from torch.nn.utils.rnn import pad_sequence
 from lmforge.errors import ConfigError
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
 from lmforge.infer.params import Completion, GenerationParams, StepOutput, TokenLogprobs
+from lmforge.infer.prefix_cache import PrefixCache, PrefixCacheStats
 from lmforge.infer.quantize import inference_model
 from lmforge.infer.sampling import RowSampler, request_uniforms
 from lmforge.infer.speculative import SpeculativeDecoder, SpeculativeStats
 from lmforge.infer.steps import (
-    CompiledStep,
     ExportedStep,
     GraphStep,
     compile_forward,
     exportable,
     fixed_step_unsupported,
+    warm_up_by_decoding,
 )
 from lmforge.model.cache import SlotCache, full_attention, new_cache
 
@@ -79,7 +80,9 @@ class EngineConfig:
     max_prefill_tokens: the prompt tokens one prefill may take; dtype / quantize: precision
     (quantize.py); kv_dtype: the KV cache's dtype (default: the activations'); compile: compile
     the decode step; cuda_graphs: replay it as CUDA graphs (None: on a GPU when it can);
-    draft_tokens: tokens a draft model proposes per round (speculative decoding)."""
+    draft_tokens: tokens a draft model proposes per round (speculative decoding);
+    prefix_cache_bytes: keys and values of prompt blocks kept for later prompts that start the
+    same way (prefix_cache.py; 0: off), in blocks of prefix_block tokens."""
 
     max_batch: int = 16
     max_len: int | None = None
@@ -91,6 +94,8 @@ class EngineConfig:
     compile: bool = False
     cuda_graphs: bool | None = None
     draft_tokens: int = 4
+    prefix_cache_bytes: int = 0
+    prefix_block: int = 16
 
     def __post_init__(self):
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
@@ -114,6 +119,15 @@ class EagerStep:
 
     def warm_up(self, engine, progress=print, cache_dir=None) -> None:
         """Nothing to prepare."""
+
+
+class CompiledStep(EagerStep):
+    """The model's forward through torch.compile (steps.compile_forward), one token per row."""
+
+    warm_up = staticmethod(warm_up_by_decoding)
+
+    def __init__(self, model: nn.Module, cache: SlotCache):
+        super().__init__(compile_forward(model, cache), cache)
 
 
 @dataclass
@@ -183,6 +197,9 @@ class Engine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.decode_step = self._pick_step(cfg, export)
+        self.prefix_cache = None  # the slot cache path only: keys sit in any column there
+        if cfg.prefix_cache_bytes and self.slots:
+            self.prefix_cache = PrefixCache(cfg.prefix_block, cfg.prefix_cache_bytes)
 
     def _pick_step(self, cfg: EngineConfig, export: bool):
         """The one decode step object of the slot cache path (None on the others): exported on
@@ -326,6 +343,13 @@ class Engine:
             self.cache.n = 0
         else:
             self.cache = None
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Prompt tokens looked up in the prefix cache and found there (None: no cache)."""
+        return None if self.prefix_cache is None else self.prefix_cache.stats
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -391,6 +415,24 @@ class Engine:
         self.rows.extend(seqs)
 
     def _prefill(self, seqs: list[_Sequence]) -> list[StepOutput]:
+        """Prefill the prompts: those starting with blocks in the prefix cache from them, the
+        others together (`_prefill_together`)."""
+        if self.prefix_cache is None:
+            return self._prefill_together(seqs)
+        seqs, hits = self.prefix_cache.split(seqs)
+        outputs = self._prefill_together(seqs) if seqs else []
+        for seq, blocks in hits:
+            lo, total = len(self.rows), len(seq.prompt)
+            logits = self.prefix_cache.prefill(self.model, self.cache, lo, seq.prompt, blocks)
+            self.cache.start_rows(lo, [total], [total])
+            self.sampler.start_row(lo, seq.params, seq.prompt, seq.uniforms)
+            self.rows.append(seq)
+            self.cache.n = len(self.rows)
+            self.prefix_cache.store(self.cache, lo, seq.prompt)  # the blocks after the hit
+            outputs += self._emit(logits, lo=lo)
+        return outputs
+
+    def _prefill_together(self, seqs: list[_Sequence]) -> list[StepOutput]:
         """One forward pass over the distinct prompts, then every sample's row from its
         prompt's (keys copied, not recomputed)."""
         firsts: dict[tuple, _Sequence] = {}
@@ -435,6 +477,9 @@ class Engine:
         self.rows.extend(ordered)
         if self.slots:
             self.cache.n = len(self.rows)
+        if self.prefix_cache is not None:  # before _emit retires any row
+            for row in range(lo, lo + len(prompts)):
+                self.prefix_cache.store(self.cache, row, self.rows[row].prompt)
         return self._emit(logits[torch.as_tensor(source, device=self.device)], lo=lo)
 
     @contextmanager

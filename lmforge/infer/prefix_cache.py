@@ -2,7 +2,7 @@
 reused by later requests that start the same way (a shared system prompt, a long conversation
 growing turn by turn), so only the new tokens are prefilled.
 
-    engine = PrefixCachingEngine.from_lm(lm, max_batch=16, prefix_cache_bytes=512 * 2**20)
+    engine = Engine.from_lm(lm, max_batch=16, prefix_cache_bytes=512 * 2**20)  # the option
 
 A prompt is cut into blocks of `block_size` tokens; block i is known by a hash of its tokens and
 of block i-1's hash (so a block stands for the whole prefix up to its end, as in vLLM's automatic
@@ -16,7 +16,10 @@ copied keys. The keys were rotated at the positions they have in every prompt th
 them (a prefix starts at position 0), so they are reused as they are.
 
 It applies to the slot-cache path (full softmax attention, no draft model) and to prompts given
-as token ids without prompt embeddings; anything else is prefilled as usual.
+as token ids without prompt embeddings; anything else is prefilled as usual. The engine holds
+one `PrefixCache` when `prefix_cache_bytes` > 0 and asks it, per prefill, which prompts it can
+start from cached blocks (`split`), to prefill those from their blocks (`prefill`) and to keep
+the blocks of every prompt prefilled (`store`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.engine import Engine
+from lmforge.model.cache import SlotCache
 
 
 @dataclass
@@ -105,6 +108,46 @@ class PrefixCache:
         self.blocks.clear()
         self.bytes = 0
 
+    # ---- the engine's side: prefills over a SlotCache ----------------------------------------
+    def split(self, seqs: list) -> tuple[list, list[tuple[object, list[_Block]]]]:
+        """(the sequences to prefill in full, [(sequence, its cached blocks)] for the others):
+        prompts given as token ids that start with at least one cached block."""
+        misses, hits = [], []
+        for seq in seqs:
+            blocks = self.lookup(seq.prompt) if seq.embeds is None else []
+            if blocks:
+                hits.append((seq, blocks))
+            else:
+                misses.append(seq)
+        return misses, hits
+
+    def prefill(self, model, cache: SlotCache, row: int, prompt: list[int],
+                blocks: list[_Block]) -> torch.Tensor:  # fmt: skip
+        """Copy `blocks` into the free cache row `row` and run the rest of `prompt` through
+        `model`, attending to them -> the last position's logits [1, V]."""
+        total, cached = len(prompt), len(blocks) * self.block_size
+        cache.room_for(total)
+        col = cache.length - total
+        k = torch.cat([b.k for b in blocks], dim=2)  # [n_layer, n_kv_head, cached, head_dim]
+        v = torch.cat([b.v for b in blocks], dim=2)
+        for layer in range(len(cache.k)):
+            cache.k[layer][row, :, col : col + cached] = k[layer]
+            cache.v[layer][row, :, col : col + cached] = v[layer]
+        ids = torch.as_tensor(prompt[cached:], device=cache.k[0].device)[None]
+        return model(ids, cache=_SuffixView(cache, row, col, cached), last_only=True)[:, -1]
+
+    def store(self, cache: SlotCache, row: int, prompt: list[int]) -> None:
+        """Keep the whole blocks of row's prompt, just prefilled."""
+        first, b = cache.starts[row], self.block_size
+
+        def read_block(i: int):
+            cols = slice(first + i * b, first + (i + 1) * b)
+            k = torch.stack([layer[row, :, cols] for layer in cache.k])
+            v = torch.stack([layer[row, :, cols] for layer in cache.v])
+            return k, v
+
+        self.insert(prompt, read_block)
+
 
 class _SuffixView:
     """The rest of a prompt prefilled into slot-cache row `row`, whose first `length` tokens'
@@ -125,76 +168,3 @@ class _SuffixView:
 
     def advance(self, n: int) -> None:
         pass
-
-
-class PrefixCachingEngine(Engine):
-    """An Engine whose prefills reuse the cached keys and values of earlier prompts' blocks."""
-
-    def __init__(self, *args, prefix_cache_bytes: int = 256 * 2**20, prefix_block: int = 16,
-                 **kwargs):  # fmt: skip
-        super().__init__(*args, **kwargs)
-        self.prefix_cache = PrefixCache(prefix_block, prefix_cache_bytes)
-
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return self.prefix_cache.stats
-
-    def _prefill(self, seqs):
-        if not self.slots:
-            return super()._prefill(seqs)
-        misses, hits, outputs = [], [], []
-        for seq in seqs:
-            blocks = self.prefix_cache.lookup(seq.prompt) if seq.embeds is None else []
-            (hits if blocks else misses).append((seq, blocks))
-        self._prefilling = True  # _emit stores the new rows' prompt blocks before any retires
-        try:
-            if misses:
-                outputs += super()._prefill([s for s, _ in misses])
-            for seq, blocks in hits:
-                outputs += self._prefill_from_cache(seq, blocks)
-        finally:
-            self._prefilling = False
-        return outputs
-
-    def _emit(self, logits, greedy=None, lo: int = 0):
-        if getattr(self, "_prefilling", False):
-            for row in range(lo, lo + logits.shape[0]):
-                self._store(row)
-        return super()._emit(logits, greedy, lo)
-
-    def _prefill_from_cache(self, seq, blocks: list[_Block]):
-        cache, n_layer = self.cache, len(self.cache.k)
-        lo, total = len(self.rows), len(seq.prompt)
-        cached = len(blocks) * self.prefix_cache.block_size
-        cache.room_for(total)
-        col = cache.length - total
-        k = torch.cat([b.k for b in blocks], dim=2)  # [n_layer, n_kv_head, cached, head_dim]
-        v = torch.cat([b.v for b in blocks], dim=2)
-        for layer in range(n_layer):
-            cache.k[layer][lo, :, col : col + cached] = k[layer]
-            cache.v[layer][lo, :, col : col + cached] = v[layer]
-        ids = torch.as_tensor(seq.prompt[cached:], device=self.device)[None]
-        view = _SuffixView(cache, lo, col, cached)
-        logits = self.model(ids, cache=view, last_only=True)[:, -1]
-        cache.start_rows(lo, [total], [total])
-        self.sampler.start_row(lo, seq.params, seq.prompt, seq.uniforms)
-        self.rows.append(seq)
-        cache.n = len(self.rows)
-        return self._emit(logits, lo=lo)
-
-    def _store(self, row: int) -> None:
-        """Copy the whole blocks of row's prompt (just prefilled) into the pool."""
-        seq, cache, b = self.rows[row], self.cache, self.prefix_cache.block_size
-        first = cache.starts[row]
-
-        def read_block(i: int):
-            cols = slice(first + i * b, first + (i + 1) * b)
-            k = torch.stack([layer[row, :, cols] for layer in cache.k])
-            v = torch.stack([layer[row, :, cols] for layer in cache.v])
-            return k, v
-
-        self.prefix_cache.insert(seq.prompt, read_block)
-
-    def reset(self) -> None:
-        super().reset()
-        self.prefix_cache.clear()

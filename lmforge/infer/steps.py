@@ -6,7 +6,8 @@ compiled or recorded, behind one interface. `Engine.__init__` picks one:
   passes the token ids, positions, key mask and KV buffers to C++ and nothing else (no dynamo
   guards or weight fetching per call). It also takes the argmax and advances the positions: the
   host's work after a step runs cold (streaming the weights evicted its caches).
-- `CompiledStep`: `torch.compile` of the forward (GPUs, and models an export does not cover).
+- `compile_forward`: `torch.compile` of the forward (GPUs, and models an export does not cover),
+  which engine.CompiledStep runs as the eager step runs the model.
 - `GraphStep`: on a GPU (by default), the step recorded as a CUDA graph and replayed: one launch
   per token instead of one per kernel (a small model's decoding is launch-bound).
 
@@ -120,22 +121,6 @@ def warm_up_by_decoding(engine, progress: Callable[[str], None] = print, cache_d
         began = time.perf_counter()
         engine.generate([[0] * length] * n, params)
         progress(f"  batch size {n}: ready in {time.perf_counter() - began:.1f} s")
-
-
-class CompiledStep:
-    """The model's forward through torch.compile (`compile_forward`), one token per row."""
-
-    warm_up = staticmethod(warm_up_by_decoding)
-
-    def __init__(self, model: nn.Module, cache: SlotCache):
-        self.forward, self.cache = compile_forward(model, cache), cache
-
-    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
-        cache, n = self.cache, ids.shape[0]
-        positions = cache.positions[:n, None]
-        logits = self.forward(ids, positions=positions, cache=cache, last_only=True)[:, -1]
-        cache.positions[:n] += 1
-        return logits, None
 
 
 class StaticCacheView:

@@ -6,12 +6,13 @@ import torch
 
 from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
-from lmforge.infer.prefix_cache import PrefixCache, PrefixCachingEngine
+from lmforge.infer.prefix_cache import PrefixCache
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 
 SYSTEM = list(range(3, 3 + 40))  # a 40-token "system prompt" shared by every request
 QUESTIONS = [[50, 51, 52], [60, 61], [70, 71, 72, 73, 74], [50, 51, 52]]
+MB256 = 256 * 2**20
 GREEDY = GenerationParams(max_new_tokens=8, temperature=0, logprobs=2, stop_token_ids=[])
 
 
@@ -28,7 +29,7 @@ def run_one(engine, prompt, params=GREEDY):
 
 def test_same_tokens_as_full_prefills_and_hits_counted(lm):
     plain = Engine.from_lm(lm, max_batch=4)
-    cached = PrefixCachingEngine.from_lm(lm, max_batch=4, prefix_block=8)
+    cached = Engine.from_lm(lm, max_batch=4, prefix_block=8, prefix_cache_bytes=MB256)
     for q in QUESTIONS:
         want_tokens, want_lp = run_one(plain, SYSTEM + q)
         got_tokens, got_lp = run_one(cached, SYSTEM + q)
@@ -43,7 +44,7 @@ def test_same_tokens_as_full_prefills_and_hits_counted(lm):
 def test_joining_a_running_batch_with_a_cached_prefix(lm):
     plain = Engine.from_lm(lm, max_batch=4)
     want = {tuple(q): run_one(plain, SYSTEM + q)[0] for q in QUESTIONS[:3]}
-    cached = PrefixCachingEngine.from_lm(lm, max_batch=4, prefix_block=8)
+    cached = Engine.from_lm(lm, max_batch=4, prefix_block=8, prefix_cache_bytes=MB256)
     run_one(cached, SYSTEM + [9, 9])  # fills the pool
     long = GenerationParams(max_new_tokens=8, temperature=0, stop_token_ids=[])
     outs: dict[str, list[int]] = {}
@@ -62,8 +63,8 @@ def test_joining_a_running_batch_with_a_cached_prefix(lm):
 def test_eviction_keeps_the_budget_and_the_results(lm):
     plain = Engine.from_lm(lm, max_batch=2)
     block_bytes = 2 * lm.config.n_layer * lm.config.n_kv_head * 8 * lm.config.head_dim * 4
-    cached = PrefixCachingEngine.from_lm(lm, max_batch=2, prefix_block=8,
-                                         prefix_cache_bytes=3 * block_bytes)  # fmt: skip
+    cached = Engine.from_lm(lm, max_batch=2, prefix_block=8,
+                            prefix_cache_bytes=3 * block_bytes)  # fmt: skip
     for q in QUESTIONS * 2:
         assert run_one(cached, SYSTEM + q)[0] == run_one(plain, SYSTEM + q)[0]
         assert cached.prefix_cache.bytes <= 3 * block_bytes
@@ -81,7 +82,7 @@ def test_lookup_stops_at_the_first_missing_block_and_leaves_one_token():
 
 
 def test_a_prompt_whose_reply_ends_at_once_is_still_cached(lm):
-    cached = PrefixCachingEngine.from_lm(lm, max_batch=1, prefix_block=8)
+    cached = Engine.from_lm(lm, max_batch=1, prefix_block=8, prefix_cache_bytes=MB256)
     one = GenerationParams(max_new_tokens=1, temperature=0)
     cached.generate([SYSTEM + [1]], one)
     cached.generate([SYSTEM + [2]], one)

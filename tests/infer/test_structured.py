@@ -13,18 +13,13 @@ from lmforge.errors import ConfigError
 from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
 from lmforge.lm import LM
-from lmforge.model.config import ModelConfig
-from lmforge.tokenizer import Tokenizer
 
 TEXT = 'hello {"name": "x", "age": 3, "ok": true, "tags": ["a", "b"]} [1, 2.5, null] world. '
 
 
 @pytest.fixture(scope="module")
-def lm() -> LM:
-    torch.manual_seed(0)
-    tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
-    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=128)
-    return LM.from_config(config, tokenizer=tok, seed=0)
+def lm(make_tiny_lm) -> LM:
+    return make_tiny_lm(128, [TEXT * 20], 300, preset="llama-micro")
 
 
 class OnlyThese:

@@ -6,24 +6,13 @@ import threading
 import time
 
 import pytest
-import torch
 
 from lmforge.infer.engine import Engine
-from lmforge.lm import LM
-from lmforge.model.config import ModelConfig
 from lmforge.serve.app import create_app
 from lmforge.serve.guards import uvicorn_config
-from lmforge.tokenizer import Tokenizer
 
 API_KEY = "test-key"
 TEXT = "hello there, how are you today? I am fine. The quick brown fox jumps over the lazy dog. "
-
-
-def _tiny_lm() -> LM:
-    torch.manual_seed(0)
-    tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
-    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=96)
-    return LM.from_config(config, tokenizer=tok, seed=0)
 
 
 class LiveServer:
@@ -57,12 +46,13 @@ def api_key() -> str:
 
 
 @pytest.fixture(scope="session")
-def make_engine():
+def make_engine(make_tiny_lm):
     """make_engine(**Engine kwargs): a fresh Engine over the same tiny random model (same
     seed, same weights, its own tokenizer trained on TEXT, a 96-token context)."""
 
     def make(**kwargs) -> Engine:
-        return Engine.from_lm(_tiny_lm(), **{"max_batch": 8, **kwargs})
+        lm = make_tiny_lm(96, [TEXT * 20], 300, preset="llama-micro")
+        return Engine.from_lm(lm, **{"max_batch": 8, **kwargs})
 
     return make
 

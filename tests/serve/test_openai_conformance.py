@@ -9,13 +9,9 @@ import jsonschema
 import numpy as np
 import pytest
 import requests
-import torch
 
 from lmforge.infer.engine import Engine
-from lmforge.lm import LM
-from lmforge.model.config import ModelConfig
 from lmforge.serve.app import create_app
-from lmforge.tokenizer import Tokenizer
 
 openai = pytest.importorskip("openai")
 
@@ -34,12 +30,10 @@ ASK = [{"role": "user", "content": "weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def url(live_server):
+def url(live_server, make_tiny_lm):
     """A server over a tiny random model with a context long enough for tool prompts."""
-    torch.manual_seed(0)
-    tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
-    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=1024)
-    engine = Engine.from_lm(LM.from_config(config, tokenizer=tok, seed=0), max_batch=8)
+    lm = make_tiny_lm(1024, [TEXT * 20], 300, preset="llama-micro")
+    engine = Engine.from_lm(lm, max_batch=8)
     return live_server(create_app(engine, "tiny", max_tokens_limit=200)).url
 
 
@@ -225,16 +219,12 @@ def test_embedding_model_matches_sentence_transformers(live_server, make_engine)
     assert [m.id for m in client.models.list().data] == ["tiny", "all-MiniLM-L6-v2"]
 
 
-def test_prefix_cache_hit_rate_in_metrics(live_server):
+def test_prefix_cache_hit_rate_in_metrics(live_server, make_tiny_lm):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from lmforge.infer.prefix_cache import PrefixCachingEngine
-
-    torch.manual_seed(0)
-    tok = Tokenizer.train_bpe([TEXT * 20], vocab_size=300)
-    config = ModelConfig.from_preset("llama-micro", vocab_size=tok.vocab_size, max_seq_len=512)
-    lm = LM.from_config(config, tokenizer=tok, seed=0)
-    url = live_server(create_app(PrefixCachingEngine.from_lm(lm, max_batch=2), "tiny")).url
+    lm = make_tiny_lm(512, [TEXT * 20], 300, preset="llama-micro")
+    engine = Engine.from_lm(lm, max_batch=2, prefix_cache_bytes=2**28)
+    url = live_server(create_app(engine, "tiny")).url
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     system = {"role": "system", "content": "hello there, how are you today? " * 8}
     replies = [

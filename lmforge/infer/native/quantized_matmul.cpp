@@ -193,79 +193,29 @@ static inline __m256i dot4_u4(__m256i acc, __m256i u, __m256i q) {
                                                  _mm256_set1_epi16(1)));
 #endif
 }
-#endif
-
-/* The int8 sums of one block for T rows of x: acc[i] += sx_i,g * sum(u q) per lane (row). */
+/* T rows' sums, 16 lanes each as two 8-float halves, to out [T][LANES] */
 template <int T>
-static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx, int64_t k,
-                              int64_t groups, Prefetch pf, float* out /* [T][LANES] */) {
-#if defined(VNNI512)
-  __m512 acc[T];
-  for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; g++, w += INT8_BLOCK_BYTES) {
-    prefetch_part(pf, g);
-    __m512i s[T];
-    for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
-    for (int t = 0; t < 8; t++) {
-      __m512i u = _mm512_loadu_si512((const void*)(w + 64 * t));
-      for (int i = 0; i < T; i++)
-        s[i] = _mm512_dpbusd_epi32(s[i], u, _mm512_set1_epi32(piece(q + i * k, g * BLOCK + 4 * t)));
-    }
-    for (int i = 0; i < T; i++)
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_set1_ps(sx[i * groups + g]), acc[i]);
-  }
-  for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
-#elif defined(__AVX2__)
-  __m256 acc[T][2];
-  for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; g++, w += INT8_BLOCK_BYTES) {
-    prefetch_part(pf, g);
-    __m256i s[T][2];
-    for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
-    for (int t = 0; t < 8; t++) {
-      __m256i u0 = _mm256_loadu_si256((const __m256i*)(w + 64 * t));
-      __m256i u1 = _mm256_loadu_si256((const __m256i*)(w + 64 * t + 32));
-      for (int i = 0; i < T; i++) {
-        __m256i qv = _mm256_set1_epi32(piece(q + i * k, g * BLOCK + 4 * t));
-        s[i][0] = dot4_u8(s[i][0], u0, qv);
-        s[i][1] = dot4_u8(s[i][1], u1, qv);
-      }
-    }
-    for (int i = 0; i < T; i++) {
-      __m256 d = _mm256_set1_ps(sx[i * groups + g]);
-      acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][0]), d, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][1]), d, acc[i][1]);
-    }
-  }
+static inline void store_halves(const __m256 (*acc)[2], float* out) {
   for (int i = 0; i < T; i++) {
     _mm256_storeu_ps(out + i * LANES, acc[i][0]);
     _mm256_storeu_ps(out + i * LANES + 8, acc[i][1]);
   }
-#else
-  for (int i = 0; i < T; i++)
-    for (int r = 0; r < LANES; r++) out[i * LANES + r] = 0.f;
-  for (int64_t g = 0; g < groups; g++, w += INT8_BLOCK_BYTES)
-    for (int i = 0; i < T; i++)
-      for (int r = 0; r < LANES; r++) {
-        int32_t s = 0;
-        for (int t = 0; t < 8; t++)
-          for (int j = 0; j < 4; j++)
-            s += (int32_t)w[64 * t + 4 * r + j] * q[i * k + g * BLOCK + 4 * t + j];
-        out[i * LANES + r] += sx[i * groups + g] * (float)s;
-      }
-#endif
 }
+#endif
 
-/* The q8 sums of one block for T rows of x: acc[i] += d_g sx_i,g (sum(u q) - 128 sum(q)) per
- * lane; `qs` holds sum(q) per group of x (unused where the weights are multiplied signed). */
+/* The int8 sums of one block for T rows of x: acc[i] += sx_i,g * sum(u q) per lane (row); with
+ * Q8 (llama.cpp's Q8_0 blocks, an fp16 scale d per row and group after the codes)
+ * acc[i] += d_g sx_i,g (sum(u q) - 128 sum(q)), `qs` holding sum(q) per group of x (the shift is
+ * 0 where the weights are multiplied signed). */
 #define Q8_SHIFT (SIGNED_WEIGHTS_INT8 ? 0.f : 128.f)
-template <int T>
-static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, const float* qs,
-                            int64_t k, int64_t groups, Prefetch pf, float* out) {
+template <int T, bool Q8 = false>
+static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx, const float* qs,
+                              int64_t k, int64_t groups, Prefetch pf, float* out /* [T][LANES] */) {
+  constexpr int64_t bytes = Q8 ? Q8_BLOCK_BYTES : INT8_BLOCK_BYTES;
 #if defined(VNNI512)
   __m512 acc[T];
   for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; g++, w += Q8_BLOCK_BYTES) {
+  for (int64_t g = 0; g < groups; g++, w += bytes) {
     prefetch_part(pf, g);
     __m512i s[T];
     for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
@@ -274,18 +224,23 @@ static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, 
       for (int i = 0; i < T; i++)
         s[i] = _mm512_dpbusd_epi32(s[i], u, _mm512_set1_epi32(piece(q + i * k, g * BLOCK + 4 * t)));
     }
-    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + LANES * BLOCK)));
     for (int i = 0; i < T; i++) {
-      __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(s[i]),
-                               _mm512_set1_ps(Q8_SHIFT * qs[i * groups + g]));
-      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(sx[i * groups + g])), d, acc[i]);
+      const __m512 sxi = _mm512_set1_ps(sx[i * groups + g]);
+      if constexpr (Q8) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + LANES * BLOCK)));
+        const __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(s[i]),
+                                       _mm512_set1_ps(Q8_SHIFT * qs[i * groups + g]));
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(v, sxi), d, acc[i]);
+      } else {
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), sxi, acc[i]);
+      }
     }
   }
   for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
 #elif defined(__AVX2__) && defined(__F16C__)
   __m256 acc[T][2];
   for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; g++, w += Q8_BLOCK_BYTES) {
+  for (int64_t g = 0; g < groups; g++, w += bytes) {
     prefetch_part(pf, g);
     __m256i s[T][2];
     for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
@@ -298,24 +253,24 @@ static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, 
         s[i][1] = dot4_u8(s[i][1], u1, qv);
       }
     }
-    for (int h = 0; h < 2; h++) {
-      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + LANES * BLOCK + 16 * h)));
+    for (int h = 0; h < 2; h++)
       for (int i = 0; i < T; i++) {
-        __m256 v = _mm256_sub_ps(_mm256_cvtepi32_ps(s[i][h]),
-                                 _mm256_set1_ps(Q8_SHIFT * qs[i * groups + g]));
-        acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(sx[i * groups + g])), d,
-                                    acc[i][h]);
+        const __m256 sxi = _mm256_set1_ps(sx[i * groups + g]);
+        if constexpr (Q8) {
+          const __m256 d =
+              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + LANES * BLOCK + 16 * h)));
+          const __m256 v = _mm256_sub_ps(_mm256_cvtepi32_ps(s[i][h]),
+                                         _mm256_set1_ps(Q8_SHIFT * qs[i * groups + g]));
+          acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(v, sxi), d, acc[i][h]);
+        } else {
+          acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]), sxi, acc[i][h]);
+        }
       }
-    }
   }
-  for (int i = 0; i < T; i++) {
-    _mm256_storeu_ps(out + i * LANES, acc[i][0]);
-    _mm256_storeu_ps(out + i * LANES + 8, acc[i][1]);
-  }
+  store_halves<T>(acc, out);
 #else
-  for (int i = 0; i < T; i++)
-    for (int r = 0; r < LANES; r++) out[i * LANES + r] = 0.f;
-  for (int64_t g = 0; g < groups; g++, w += Q8_BLOCK_BYTES) {
+  for (int i = 0; i < T * LANES; i++) out[i] = 0.f;
+  for (int64_t g = 0; g < groups; g++, w += bytes) {
     const uint16_t* d = (const uint16_t*)(w + LANES * BLOCK);
     for (int i = 0; i < T; i++)
       for (int r = 0; r < LANES; r++) {
@@ -323,11 +278,18 @@ static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, 
         for (int t = 0; t < 8; t++)
           for (int j = 0; j < 4; j++)
             s += (int32_t)w[64 * t + 4 * r + j] * q[i * k + g * BLOCK + 4 * t + j];
-        out[i * LANES + r] +=
-            half_to_float(d[r]) * sx[i * groups + g] * ((float)s - Q8_SHIFT * qs[i * groups + g]);
+        const float sxi = sx[i * groups + g];
+        out[i * LANES + r] += Q8 ? half_to_float(d[r]) * sxi * ((float)s - Q8_SHIFT * qs[i * groups + g])
+                                 : sxi * (float)s;
       }
   }
 #endif
+}
+
+template <int T>
+static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, const float* qs,
+                            int64_t k, int64_t groups, Prefetch pf, float* out) {
+  int8_block<T, true>(w, q, sx, qs, k, groups, pf, out);
 }
 
 /* The int4 sums of one block for T rows of x:
@@ -398,13 +360,9 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
       }
     }
   }
-  for (int i = 0; i < T; i++) {
-    _mm256_storeu_ps(out + i * LANES, acc[i][0]);
-    _mm256_storeu_ps(out + i * LANES + 8, acc[i][1]);
-  }
+  store_halves<T>(acc, out);
 #else
-  for (int i = 0; i < T; i++)
-    for (int r = 0; r < LANES; r++) out[i * LANES + r] = 0.f;
+  for (int i = 0; i < T * LANES; i++) out[i] = 0.f;
   for (int64_t g = 0; g < groups; g++, w += INT4_BLOCK_BYTES) {
     const uint16_t* d = (const uint16_t*)(w + 256);
     const uint16_t* m = (const uint16_t*)(w + 288);
@@ -495,7 +453,8 @@ static int quantized_matmul(const float* x, const uint8_t* w, const float* w_sca
         TILE_DISPATCH(q8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
                       qx.qsum + i0 * groups, k, groups, pf)
       } else {
-        TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, k, groups, pf)
+        TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, NULL, k, groups,
+                      pf)
       }
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)

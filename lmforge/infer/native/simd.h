@@ -59,24 +59,27 @@ static inline __m128 sum4x256(__m256 a, __m256 b, __m256 c, __m256 d) {
 #endif
 
 /* ---- the float vector ----------------------------------------------------------------------- */
+/* The operations both widths spell alike, from the intrinsics' prefix P (_mm512 / _mm256), the
+ * integer vector's suffix SI (si512 / si256) and HALF, the load of SIMD_WIDTH 16-bit values. */
+#define SIMD_OPS(P, SI, HALF)                                                                \
+  static inline vec vload(const float* p) { return P##_loadu_ps(p); }                       \
+  static inline vec vload_f16(const uint16_t* p) { return P##_cvtph_ps(HALF(p)); }          \
+  static inline vec vload_bf16(const uint16_t* p) { /* bf16: a float's top half */          \
+    return P##_castsi##SI##_ps(P##_slli_epi32(P##_cvtepu16_epi32(HALF(p)), 16));             \
+  }                                                                                         \
+  static inline void vstore(float* p, vec a) { P##_storeu_ps(p, a); }                       \
+  static inline vec vset(float x) { return P##_set1_ps(x); }                                \
+  static inline vec vadd(vec a, vec b) { return P##_add_ps(a, b); }                         \
+  static inline vec vsub(vec a, vec b) { return P##_sub_ps(a, b); }                         \
+  static inline vec vmul(vec a, vec b) { return P##_mul_ps(a, b); }                         \
+  static inline vec vfma(vec a, vec b, vec c) { return P##_fmadd_ps(a, b, c); }             \
+  static inline vec vmax(vec a, vec b) { return P##_max_ps(a, b); }
+
 #if defined(__AVX512F__)
 #define SIMD_WIDTH 16
 typedef __m512 vec;
-static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-static inline vec vload_f16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-}
-static inline vec vload_bf16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256((const __m256i*)p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
-static inline vec vset(float x) { return _mm512_set1_ps(x); }
-static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+#define SIMD_HALF(p) _mm256_loadu_si256((const __m256i*)(p))
+SIMD_OPS(_mm512, 512, SIMD_HALF)
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
@@ -91,21 +94,8 @@ static inline __m128 vsum4(vec a, vec b, vec c, vec d) { /* four sums as one 4-f
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SIMD_WIDTH 8
 typedef __m256 vec;
-static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline vec vload_f16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
-}
-static inline vec vload_bf16(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128((const __m128i*)p);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
-static inline vec vset(float x) { return _mm256_set1_ps(x); }
-static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+#define SIMD_HALF(p) _mm_loadu_si128((const __m128i*)(p))
+SIMD_OPS(_mm256, 256, SIMD_HALF)
 static inline float vsum(vec a) { return sum256(a); }
 static inline float vtop(vec a) {
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
