@@ -12,7 +12,13 @@ the attention projections) with activation checkpointing (TRL's default) and one
 - grpo: one prompt of `--seq`/2 tokens with `--batch` completions of `--seq`/2 tokens each,
   replayed to both trainers (no sampling in the measured step), β = 0.
 
-  python benchmarks/bench_memory_trl.py [--seq 1024] [--batch 8] [--method dpo grpo]
+`--batch` takes several sizes; TRL runs only up to `--trl-max-batch` (the rows above it say
+"not measured"), and every child is watched: it is killed, and its row says so, as soon as the
+machine's available memory falls below `--floor` GiB, so that a step too large for the machine
+never takes other processes down with it.
+
+  python benchmarks/bench_memory_trl.py [--seq 1024] [--batch 4 8] [--trl-max-batch 4]
+      [--method dpo grpo] [--floor 4]
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -161,51 +168,73 @@ def trl(method, rows, seq, batch, replay, hf_tok, tmp) -> dict:
     return {"loaded_gib": loaded, "peak_gib": peak_gib()}
 
 
+def available_gib() -> float:
+    """The machine's MemAvailable (/proc/meminfo), GiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    raise SystemExit("/proc/meminfo has no MemAvailable line")
+
+
+def watched(cmd: list[str], floor: float) -> tuple[dict | None, str]:
+    """Run one measuring child; (its RESULT, "") or (None, why it has none). The child is
+    killed once the machine has less than `floor` GiB available."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        low = None
+        while proc.poll() is None:
+            if available_gib() < floor:
+                low = available_gib()
+                proc.kill()
+                proc.wait()
+                break
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if low is not None:
+        return None, f"stopped: the machine had {low:.1f} GiB available (< {floor:g})"
+    line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not line:
+        raise SystemExit(f"{' '.join(cmd[2:])} failed:\n{stderr[-3000:]}")
+    return json.loads(line[0].removeprefix("RESULT ")), ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, nargs="+", default=[8])
+    ap.add_argument("--trl-max-batch", type=int, default=None,
+                    help="run TRL only at batches up to this (larger ones do not fit)")  # fmt: skip
+    ap.add_argument("--floor", type=float, default=4.0,
+                    help="kill a child once the machine has less GiB available")  # fmt: skip
     ap.add_argument("--method", nargs="+", default=["dpo", "grpo"], choices=["dpo", "grpo"])
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         with tempfile.TemporaryDirectory() as tmp:
-            result = child(*args.child, args.seq, args.batch, Path(tmp))
+            result = child(*args.child, args.seq, args.batch[0], Path(tmp))
         print("RESULT " + json.dumps(result))
         return
     smollm2_hf(MODEL_DIR)
     rows = []
     for method in args.method:
-        peaks = {}
-        for side in ("ours", "trl"):
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                method,
-                side,
-                "--seq",
-                str(args.seq),
-                "--batch",
-                str(args.batch),
-            ]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-            if out.returncode or not line:
-                raise SystemExit(f"{method} {side} failed:\n{out.stderr[-3000:]}")
-            peaks[side] = json.loads(line[0].removeprefix("RESULT "))
-            print(method, side, peaks[side], flush=True)
-        ratio = peaks["ours"]["peak_gib"] / peaks["trl"]["peak_gib"]
-        rows.append(
-            [
-                method,
-                args.seq,
-                args.batch,
-                f"{peaks['ours']['peak_gib']:.2f}",
-                f"{peaks['trl']['peak_gib']:.2f}",
-                f"{ratio:.2f}",
-            ]
-        )
+        for batch in args.batch:
+            peaks, why = {}, {}
+            for side in ("ours", "trl"):
+                if side == "trl" and args.trl_max_batch is not None and batch > args.trl_max_batch:
+                    peaks[side], why[side] = None, "not measured (too large for this machine)"
+                else:
+                    cmd = [sys.executable, __file__, "--child", method, side, "--seq",
+                           str(args.seq), "--batch", str(batch)]  # fmt: skip
+                    peaks[side], why[side] = watched(cmd, args.floor)
+                print(method, batch, side, peaks[side] or why[side], flush=True)
+            ours_gib = peaks["ours"] and peaks["ours"]["peak_gib"]
+            trl_gib = peaks["trl"] and peaks["trl"]["peak_gib"]
+            rows.append([method, args.seq, batch,
+                         f"{ours_gib:.2f}" if ours_gib else why["ours"],
+                         f"{trl_gib:.2f}" if trl_gib else why["trl"],
+                         f"{ours_gib / trl_gib:.2f}" if ours_gib and trl_gib else "-"])  # fmt: skip
     from results import record
 
     record(
@@ -226,7 +255,9 @@ def main() -> None:
         "reference log-probs computed in the step on both sides; grpo: one prompt of "
         "seq/2 tokens, batch completions of seq/2 tokens replayed to both (no sampling "
         "in the step), beta 0. lmforge never builds the [B, T, V] logits "
-        "(lmforge/align/logprobs.py); TRL does.",
+        "(lmforge/align/logprobs.py); TRL does. A side 'not measured' was not run (its "
+        "step would not fit in this machine's memory beside other jobs); 'stopped' was killed "
+        "once the machine's available memory fell below the floor.",
     )
 
 

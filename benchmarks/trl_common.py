@@ -25,11 +25,20 @@ SIZE = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": 64}
 
 def bench_args(description: str, steps: int) -> argparse.Namespace:
     """--steps (timed steps), --repeats, --threads (set here) of a trainer benchmark."""
+    return set_threads(bench_parser(description, steps).parse_args())
+
+
+def bench_parser(description: str, steps: int) -> argparse.ArgumentParser:
+    """The parser of `bench_args`, for a benchmark that adds options of its own (then calls
+    `set_threads`)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    return ap
+
+
+def set_threads(args: argparse.Namespace) -> argparse.Namespace:
     torch.set_num_threads(args.threads)
     return args
 
@@ -109,11 +118,12 @@ def compare(
     ours: dict[str, Callable[[Path, int, Path], float]],
     shown: Sequence[str],
     digits: int,
+    args: argparse.Namespace | None = None,
 ) -> dict[str, float]:
-    """The benchmark's run: parse its command line, build the shared checkpoint, and alternate
-    TRL (`trl(checkpoint, config, steps, out)`) with each of `ours` (name -> run(checkpoint,
-    steps, out)); returns the median steps/s of each."""
-    args = bench_args(description, steps)
+    """The benchmark's run: parse its command line (unless `args` are given), build the shared
+    checkpoint, and alternate TRL (`trl(checkpoint, config, steps, out)`) with each of `ours`
+    (name -> run(checkpoint, steps, out)); returns the median steps/s of each."""
+    args = args or bench_args(description, steps)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg = build_checkpoint(tmp / "init")
