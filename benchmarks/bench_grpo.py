@@ -26,6 +26,7 @@ rest: loss, backward, optimizer), each side's runs alternate, and the table is r
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -191,6 +192,7 @@ def smollm2(args) -> None:
     from results import record
 
     smollm2_hf(MODEL_DIR)
+    load_start = os.getloadavg()[0]
     rows = records("grpo", 64)
     runs: dict[str, list[dict[str, float]]] = {"lmforge": [], "TRL": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -233,7 +235,8 @@ def smollm2(args) -> None:
                  "(lmforge's KV-cache engine; TRL: transformers' generate); training = step - "
                  "rollout (loss, backward, optimizer). Medians over the timed steps of "
                  f"{args.repeats} alternating runs per side ({args.warmup} warm-up step each), "
-                 f"{args.threads} thread(s), TRL 1.16.",
+                 f"{args.threads} thread(s), TRL 1.16. Host load average "
+                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
            command=f"python benchmarks/bench_grpo.py --model smollm2 --steps {args.steps} "
                    f"--warmup {args.warmup} --repeats {args.repeats} --new-tokens "
                    f"{args.new_tokens}")  # fmt: skip
