@@ -158,8 +158,28 @@ BASE: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # under 15 minutes on 2 CPU cores, every core used; PPO is left to the larger presets
-    "cpu-tiny": {"stages": [s for s in STAGE_ORDER if s != "ppo"]},
+    # under 15 minutes on 2 CPU cores, every core used; PPO is left to the larger presets.
+    # Pretraining as configs/shakespeare-char-fast.yaml learns (Muon for the hidden matrices,
+    # RoPE, QK-norm, ReLU^2, zero-initialised output projections, warmup-stable-decay): a lower
+    # docs perplexity in 300 steps than BASE's AdamW blocks in 500. SFT, DPO and GRPO then use
+    # Muon for the hidden matrices too (AdamW at the rest's lr): with AdamW alone, at BASE's rates
+    # or three times them, SFT learned the task from this model far less well. Both chosen on
+    # validation data (benchmarks/speedrun_transfer.py; figures in docs/speedrun.md).
+    "cpu-tiny": {
+        "stages": [s for s in STAGE_ORDER if s != "ppo"],
+        "pretrain": {
+            "model": {"pos": "rope", "mlp": "relu2", "qk_norm": True, "zero_init_proj": True},
+            "optimizer": "muon",
+            "muon_lr": 0.03,
+            "schedule": "wsd",
+            "cooldown_frac": 0.4,
+            "max_iters": 300,
+            "eval_interval": 150,
+        },
+        "sft": {"optimizer": "muon", "muon_lr": 0.03},
+        "dpo": {"optimizer": "muon", "muon_lr": 0.006},
+        "grpo": {"optimizer": "muon", "muon_lr": 0.003},
+    },
     # a longer CPU run on a harder task (+, - and x): a wider model, longer stages, PPO against a
     # reward model trained on the SFT policy's own samples, and a hybrid RAG index. Only cpu-tiny
     # has been timed end to end on 2 cores; the larger presets are starting points.
