@@ -7,9 +7,10 @@ stage may instead name a recipe of configs/recipes/ (the smol presets), read whe
 `resolve_plan` layers: preset, then a user YAML file, then `--stage.key value` overrides.
 
 The cpu-tiny numbers were tuned so the whole pipeline stays within 15 minutes on 2 CPU cores
-while every stage still shows its effect: SFT stops short of full exact match so DPO and GRPO have
-room to improve it, and SFT, DPO and GRPO replay pretraining text so the docs perplexity stays
-near the pretrained model's (REPLAY below; README "The speedrun" has a real report).
+while every stage still shows its effect, and SFT, DPO and GRPO replay pretraining text so the
+docs perplexity stays near the pretrained model's (REPLAY below; README "The speedrun" has a real
+report). With its Muon pretraining and post-training (PRESETS below), SFT alone reaches most of
+the exact match that DPO and GRPO used to add, so they have less room left to show.
 """
 
 from __future__ import annotations
