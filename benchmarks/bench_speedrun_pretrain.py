@@ -11,7 +11,8 @@ this benchmark's).
     python benchmarks/bench_speedrun_pretrain.py [--runs DIR] [--full] [--record]
 
 --full also runs the whole cpu-tiny speedrun with the fast pretraining settings and the later
-stages as the old preset had them (AdamW), and records its eval stage's table.
+stages as the old preset had them (AdamW), and records its eval stage's table. --preset-run runs
+(only) the whole speedrun as the preset has it now, one thread, and records its table.
 
 A variant whose folder in DIR already holds a finished pretrain stage is not run again.
 """
@@ -80,14 +81,71 @@ def full_run(runs: Path) -> dict:
     return json.loads(result.read_text())
 
 
+def preset_run(runs: Path) -> tuple[dict, dict[str, float]]:
+    """The whole cpu-tiny speedrun as the preset has it, `--deterministic` (one thread): its eval
+    stage's table and each stage's wall seconds."""
+    out = runs / "preset"
+    if not (out / "eval" / "eval.json").is_file():
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "lmforge.cli.main", "speedrun", "--preset", "cpu-tiny",
+               "--deterministic", "--out", str(out), "--no-progress"]  # fmt: skip
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    marks = sorted(out.glob("*/stage.json"), key=lambda m: m.stat().st_mtime)
+    seconds = {m.parent.name: json.loads(m.read_text())["seconds"] for m in marks}
+    return json.loads((out / "eval" / "eval.json").read_text()), seconds
+
+
+def record_preset_run(runs: Path, note: str) -> None:
+    from benchmarks.results import record
+
+    table, seconds = preset_run(runs)
+    rows = [[stage, round(m["perplexity"], 1), round(m["bpb"], 3), m["accuracy"],
+             round(m["reward"], 3), round(m["kl"], 2), round(m.get("core", float("nan")), 3)]
+            for stage, m in table.items()]  # fmt: skip
+    for row in rows:
+        print(row)
+    walls = ", ".join(f"{stage} {s:.0f}" for stage, s in seconds.items())
+    record(
+        "speedrun_cpu_tiny",
+        "Speedrun cpu-tiny as the preset has it (fast pretraining, Muon after it), one thread",
+        [
+            "model after",
+            "docs perplexity",
+            "bits per byte",
+            "exact match",
+            "reward (RM score)",
+            "KL to SFT",
+            "CORE",
+        ],  # fmt: skip
+        rows,
+        notes=(
+            "One `lmforge speedrun --preset cpu-tiny --deterministic` run (one thread): the eval "
+            "stage's table (exact match on 200 test problems, docs perplexity on 8,192 held-out "
+            f"tokens). Stage wall seconds: {walls}. {note}"
+        ),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default="out/speedrun_pretrain")
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--record", action="store_true")
+    parser.add_argument(
+        "--preset-run",
+        action="store_true",
+        help="only the whole speedrun as the preset has it (recorded with --record)",
+    )
+    parser.add_argument("--note", default="", help="the host and its load, for --preset-run")
     args = parser.parse_args()
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
+    if args.preset_run:
+        if args.record:
+            record_preset_run(runs, args.note)
+        else:
+            print(preset_run(runs))
+        return
     rows = []
     for name, (what, _) in VARIANTS.items():
         r = run(name, runs)
