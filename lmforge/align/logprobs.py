@@ -220,10 +220,12 @@ def head_token_stats(
 def lm_head_fn(model: nn.Module, temperature: float = 1.0) -> Callable[[Tensor], Tensor]:
     """Final-normed hidden states -> logits, as the model's forward computes them (with its
     logit scaling, `output_scale`), divided by a sampling temperature."""
-    scale = getattr(model, "output_scale", 1.0)
+    if (head := getattr(model, "output_logits", None)) is None:
+        scale = getattr(model, "output_scale", 1.0)
+        head = lambda h: model.lm_head(h * scale)  # noqa: E731
     if temperature in (0, 1):
-        return lambda h: model.lm_head(h * scale)
-    return lambda h: model.lm_head(h * scale) / temperature
+        return head
+    return lambda h: head(h) / temperature
 
 
 def lm_token_stats(

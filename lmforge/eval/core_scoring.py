@@ -80,9 +80,9 @@ def common_suffix_len(seqs: Sequence[list[int]]) -> int:
 
 
 def lm_head(model, h: torch.Tensor) -> torch.Tensor:
-    """The model's logits for hidden states h: the same final norm, logit scale and head as
+    """The model's logits for hidden states h: the same final norm and output head as
     Transformer.forward applies (so the scored positions alone go through the head)."""
-    return model.lm_head(model.norm(h) * model.output_scale)
+    return model.output_logits(model.norm(h))
 
 
 def _batches(sets: list[OptionSet], order: list[int], max_len: int, max_tokens: int):

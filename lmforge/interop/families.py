@@ -21,10 +21,11 @@ from lmforge.model.config import ModelConfig
 class Rule:
     """Our tensor = transform(HF tensors). "cat": ours is the HF tensors stacked along dim 0
     (`sizes` split it back on export); "slice": ours is piece `index` of one fused HF tensor cut
-    into `sizes`; "transpose": GPT-2's Conv1D stores [in, out]."""
+    into `sizes`; "transpose": GPT-2's Conv1D stores [in, out]; "plus_one": Gemma's norms
+    store gamma - 1 (they scale by 1 + weight)."""
 
     hf_keys: tuple[str, ...]
-    transform: str = "copy"  # "copy" | "cat" | "slice" | "transpose"
+    transform: str = "copy"  # "copy" | "cat" | "slice" | "transpose" | "plus_one"
     sizes: tuple[int, ...] = ()
     index: int = 0
 
@@ -390,7 +391,163 @@ class Phi3(Mistral):
         return problems + (["interleaved RoPE"] if config.rope_interleaved else [])
 
 
+class Gemma(Llama):
+    """Gemma: Llama with GeGLU (tanh), embeddings scaled by sqrt(d_model), tied head, head_dim
+    apart from d_model / n_head, and RMSNorms that scale by 1 + weight (stored as weight - 1)."""
+
+    model_type, architecture = "gemma", "GemmaForCausalLM"
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        act = hf.get("hidden_activation") or "gelu_pytorch_tanh"  # Gemma 1 files say "gelu"
+        data = super().config_from_hf({**hf, "hidden_act": act})
+        tied = bool(hf.get("tie_word_embeddings", True))
+        return {**data, "embed_scale": True, "tie_embeddings": tied}
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        hf["hidden_activation"] = hf.pop("hidden_act")
+        return hf
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = super().export_problems(config)
+        if not config.embed_scale:
+            problems.append("needs embed_scale")
+        if config.mlp != "geglu_tanh":
+            problems.append(f"mlp={config.mlp!r} (needs geglu_tanh)")
+        if config.norm_position != self.norm_position:
+            problems.append(f"norm_position={config.norm_position!r} (needs {self.norm_position})")
+        return problems + self.extra_problems(config)
+
+    norm_position = "pre"
+
+    def extra_problems(self, config: ModelConfig) -> list[str]:
+        """What a later Gemma adds (softcaps, windows, a local RoPE) and Gemma 1 lacks."""
+        extras = ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base")
+        return [name for name in extras if getattr(config, name) is not None]
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = super().key_map(config)
+        for key, rule in m.items():  # every norm stores weight - 1
+            if "norm" in key:
+                m[key] = Rule(rule.hf_keys, "plus_one")
+        return m
+
+
+def _gemma_layer_types(hf: dict[str, Any], every: int) -> list[str]:
+    """Gemma 2/3 per-layer attention kinds: `layer_types`, else every `every`-th layer full."""
+    n = hf["num_hidden_layers"]
+    every = hf.get("sliding_window_pattern") or every
+    default = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
+    return hf.get("layer_types") or default
+
+
+class Gemma2(Gemma):
+    """Gemma 2: Gemma plus a norm after each branch (sandwich), soft-capped attention scores and
+    logits, query scale query_pre_attn_scalar^-1/2, and a sliding window on alternate layers."""
+
+    model_type, architecture = "gemma2", "Gemma2ForCausalLM"
+    norm_position = "sandwich"
+    window_every = 2  # without layer_types: every second layer sees every key
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        data = super().config_from_hf(hf)
+        types = _gemma_layer_types(hf, self.window_every)
+        full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+        window = hf.get("sliding_window")
+        if window is None or len(full) == len(types):
+            full, window = None, None
+        scalar = hf.get("query_pre_attn_scalar")
+        return {
+            **data, "norm_position": "sandwich", "sliding_window": window,
+            "full_attention_layers": full,
+            "attn_logit_softcap": hf.get("attn_logit_softcapping"),
+            "final_logit_softcap": hf.get("final_logit_softcapping"),
+            "attn_scale": None if scalar in (None, data["head_dim"]) else float(scalar) ** -0.5,
+        }  # fmt: skip
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        full = set(config.full_attention_layers or range(config.n_layer))
+        scale = config.attn_scale
+        hf.update(
+            sliding_window=config.sliding_window,
+            layer_types=["full_attention" if i in full else "sliding_attention"
+                         for i in range(config.n_layer)],
+            attn_logit_softcapping=config.attn_logit_softcap,
+            final_logit_softcapping=config.final_logit_softcap,
+            query_pre_attn_scalar=config.head_dim if scale is None else round(scale**-2),
+        )  # fmt: skip
+        return hf
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        return [p for p in super().export_problems(config) if not p.startswith("sliding")]
+
+    def extra_problems(self, config: ModelConfig) -> list[str]:
+        return ["rope_local_base"] if config.rope_local_base is not None else []
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = super().key_map(config)
+        for i in range(config.n_layer):
+            ours, hf = f"blocks.{i}", f"model.layers.{i}"
+            for our_norm, hf_norm in (
+                ("mlp_norm", "pre_feedforward_layernorm"),
+                ("attn_post_norm", "post_attention_layernorm"),
+                ("mlp_post_norm", "post_feedforward_layernorm"),
+            ):
+                m[f"{ours}.{our_norm}.weight"] = Rule((f"{hf}.{hf_norm}.weight",), "plus_one")
+        return m
+
+
+class Gemma3(Gemma2):
+    """Gemma 3 (text): Gemma 2 with QK-norm instead of the attention soft cap, a window on five
+    layers of six, and its own RoPE base on the windowed layers (the full ones may be scaled)."""
+
+    model_type, architecture = "gemma3_text", "Gemma3ForCausalLM"
+    window_every = 6
+
+    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
+        params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        local_theta = hf.get("rope_local_base_freq", 10000.0)
+        if "full_attention" in params:  # transformers 5: one RoPE setting per layer kind
+            local_theta = params.get("sliding_attention", {}).get("rope_theta", local_theta)
+            hf = {**hf, "rope_parameters": params["full_attention"], "rope_scaling": None}
+        data = super().config_from_hf(hf)
+        local = float(local_theta) if data["sliding_window"] is not None else None
+        return {**data, "qk_norm": True, "rope_local_base": local}
+
+    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
+        hf = super().config_to_hf(config)
+        return {**hf, "rope_local_base_freq": config.rope_local_base or config.rope_base}
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = [p for p in super().export_problems(config) if p != "qk_norm"]
+        return problems + ([] if config.qk_norm else ["needs qk_norm"])
+
+    def extra_problems(self, config: ModelConfig) -> list[str]:
+        return []
+
+    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
+        m = super().key_map(config)
+        for i in range(config.n_layer):
+            for x in "qk":
+                hf = f"model.layers.{i}.self_attn.{x}_norm.weight"
+                m[f"blocks.{i}.attn.{x}_norm.weight"] = Rule((hf,), "plus_one")
+        return m
+
+
 # in export preference order (hf.choose_family tries them in turn)
 FAMILIES: dict[str, Family] = {
-    f.model_type: f for f in (Llama(), Mistral(), Qwen2(), Qwen3(), Mixtral(), GPT2(), Phi3())
+    f.model_type: f
+    for f in (
+        Llama(),
+        Mistral(),
+        Qwen2(),
+        Qwen3(),
+        Mixtral(),
+        GPT2(),
+        Phi3(),
+        Gemma(),
+        Gemma2(),
+        Gemma3(),
+    )  # fmt: skip
 }

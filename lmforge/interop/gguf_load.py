@@ -82,8 +82,11 @@ class _Loader:
 
     def join(self, rule, tensors: list[torch.Tensor]) -> torch.Tensor:
         """Our tensor from its GGUF parts: as from an HF file, but GPT-2's projections are
-        already stored [out, in] (no Conv1D transpose)."""
-        return tensors[0] if rule.transform == "transpose" else to_ours(rule, tensors)
+        already stored [out, in] (no Conv1D transpose) and Gemma's norms already as 1 + weight
+        (llama.cpp's converter adds the 1)."""
+        if rule.transform in ("transpose", "plus_one"):
+            return tensors[0]
+        return to_ours(rule, tensors)
 
     def unpermute(self, name: str, t: torch.Tensor) -> torch.Tensor:
         return permute_named(name, t, self.config, self.f.architecture, reverse=True)

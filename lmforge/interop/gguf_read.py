@@ -38,7 +38,8 @@ from lmforge.model.positions import rope_inv_freq
 from lmforge.model.transformer import Transformer
 
 # GGUF general.architecture -> our HF family. llama.cpp writes Mistral models as "llama".
-ARCHITECTURES = {a: a for a in ("llama", "qwen2", "qwen3", "phi3", "gpt2")}
+ARCHITECTURES = {a: a for a in ("llama", "qwen2", "qwen3", "phi3", "gpt2", "gemma", "gemma2")}
+ARCHITECTURES["gemma3"] = "gemma3_text"
 # Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute).
 PERMUTED_QK = ("llama",)
 # Tensor types gguf.quants dequantises (plus the plain float types).
@@ -284,7 +285,42 @@ def hf_config_from_gguf(f: GGUFFile) -> dict[str, Any]:
     if arch in ("qwen2", "qwen3") and f.get("attention.sliding_window"):
         hf.update(use_sliding_window=True, sliding_window=f.get("attention.sliding_window"))
         hf["max_window_layers"] = 0
+    if arch.startswith("gemma"):
+        hf.update(_gemma_from_gguf(f, arch, hf))
     return hf
+
+
+# Gemma 2/3 27B scale queries by (d_model / n_head)^-1/2, the other sizes by head_dim^-1/2;
+# GGUF has no key for it, so llama.cpp (src/models/gemma2.cpp, gemma3.cpp) tells the 27B models
+# by their layer count, and so do we.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma_from_gguf(f: GGUFFile, arch: str, hf: dict[str, Any]) -> dict[str, Any]:
+    """The Gemma fields of an HF config from llama.cpp's metadata and defaults: GeGLU, and for
+    Gemma 2/3 the soft caps, the window and which layers use it, the windowed layers' RoPE base."""
+    out: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh"}
+    if arch == "gemma":
+        return out
+    n_layer = hf["num_hidden_layers"]
+    big = n_layer == _GEMMA_27B_LAYERS[arch]
+    out["query_pre_attn_scalar"] = hf["hidden_size"] // hf["num_attention_heads"] if big else None
+    out["final_logit_softcapping"] = f.get("final_logit_softcapping") or None
+    window = f.get("attention.sliding_window", 4096 if arch == "gemma2" else None)
+    if arch == "gemma2":
+        out["attn_logit_softcapping"] = f.get("attn_logit_softcapping") or None
+    if not window:
+        return {**out, "sliding_window": None, "layer_types": ["full_attention"] * n_layer}
+    pattern = f.get("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list):  # one flag per layer: True = windowed
+        windowed = [bool(x) for x in pattern]
+    else:  # llama.cpp's set_swa_pattern: every n-th layer (the last of each n) is full
+        windowed = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layer)]
+    out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windowed]
+    out["sliding_window"] = window
+    local_default = hf["rope_theta"] if arch == "gemma2" else 10000.0
+    out["rope_local_base_freq"] = float(f.get("rope.freq_base_swa", local_default))
+    return out
 
 
 # ---- tensors -----------------------------------------------------------------------------------

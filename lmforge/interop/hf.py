@@ -56,6 +56,8 @@ def to_ours(rule: Rule, tensors: list[torch.Tensor]) -> torch.Tensor:
         return tensors[0].split(list(rule.sizes), dim=0)[rule.index]
     if rule.transform == "transpose":
         return tensors[0].t().contiguous()
+    if rule.transform == "plus_one":
+        return tensors[0] + 1
     return tensors[0]
 
 
@@ -64,6 +66,8 @@ def _to_hf(rule: Rule, tensor: torch.Tensor) -> list[torch.Tensor]:
         return list(tensor.split(list(rule.sizes), dim=0))
     if rule.transform == "transpose":
         return [tensor.t().contiguous()]
+    if rule.transform == "plus_one":
+        return [tensor - 1]
     return [tensor]
 
 

@@ -25,12 +25,18 @@ def explicit_attention(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     dropout: float = 0.0,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """The textbook formula. q [B,H,T,D], k/v [B,G,S,D] with G dividing H; mask True = attend."""
+    """The textbook formula. q [B,H,T,D], k/v [B,G,S,D] with G dividing H; mask True = attend.
+    `scale` replaces 1/sqrt(D); `softcap` c bounds the scores to (-c, c) as c * tanh(s / c)
+    before masking (Gemma 2), which no fused kernel does."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)).float() * (scale or 1 / math.sqrt(q.shape[-1]))
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if is_causal:
         t, s = scores.shape[-2:]
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
@@ -42,11 +48,16 @@ def explicit_attention(
     return probs @ v
 
 
-def sdpa_attention(q, k, v, mask=None, is_causal=False, dropout=0.0) -> torch.Tensor:
-    """The same computation through PyTorch's fused kernel (flash/memory-efficient/math)."""
+def sdpa_attention(
+    q, k, v, mask=None, is_causal=False, dropout=0.0, scale=None, softcap=None
+) -> torch.Tensor:
+    """The same computation through PyTorch's fused kernel (flash/memory-efficient/math); a
+    soft-capped model goes the explicit way (the fused kernels have no cap)."""
+    if softcap is not None:
+        return explicit_attention(q, k, v, mask, is_causal, dropout, scale, softcap)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout,
-        enable_gqa=k.shape[1] != q.shape[1],
+        enable_gqa=k.shape[1] != q.shape[1], scale=scale,
     )  # fmt: skip
 
 
@@ -54,8 +65,9 @@ ATTENTION_KERNELS = {"explicit": explicit_attention, "sdpa": sdpa_attention}
 
 
 def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    scale: float | None = None, softcap: float | None = None,
+) -> torch.Tensor:  # fmt: skip
     """One query per row over its keys as broadcast products and sums, in fp32: q [B, H, 1, D],
     k / v [B, G, L, D], mask None or bool [B, 1, 1, L] -> [B, H, 1, D]. Eagerly this would
     materialise [B, H, L, D] products; it is what a compiled decode step runs, where inductor
@@ -64,7 +76,9 @@ def decode_attention(
     b, h, _, d = q.shape
     g, dtype = k.shape[1], q.dtype
     q = q.view(b, g, h // g, 1, d).float()
-    scores = (q * k[:, :, None].float()).sum(-1) * d**-0.5  # [B, G, H/G, L]
+    scores = (q * k[:, :, None].float()).sum(-1) * (scale or d**-0.5)  # [B, G, H/G, L]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
     probs = torch.softmax(scores, dim=-1)
@@ -93,6 +107,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
         self.kernel = ATTENTION_KERNELS[config.attn_impl]
+        self.scale, self.softcap = config.attn_scale, config.attn_logit_softcap  # Gemma
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -115,11 +130,13 @@ class CausalSelfAttention(nn.Module):
             # Under CPU autocast, matmuls gain from bf16 (AMX), but the CPU flash-attention
             # backward is several times slower in bf16 than in fp32: attend in fp32.
             with torch.autocast("cpu", enabled=False):
-                y = self.kernel(q.float(), k.float(), v.float(), mask, is_causal, self.p_drop)
+                y = self.kernel(q.float(), k.float(), v.float(), mask, is_causal, self.p_drop,
+                                self.scale, self.softcap)  # fmt: skip
         elif t == 1 and not self.training and self.kernel is sdpa_attention:
             y = self.decode(q, k, v, mask)
         else:
-            y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=self.p_drop)
+            y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=self.p_drop,
+                            scale=self.scale, softcap=self.softcap)  # fmt: skip
         y = self.o_proj(y.transpose(1, 2).reshape(b * t, -1)).view(b, t, -1)
         return self.resid_dropout(y) if self.training else y
 
@@ -148,8 +165,11 @@ class CausalSelfAttention(nn.Module):
         keys are real). The fused `decode_kernel` where it takes these inputs; inside a compiled
         step `decode_attention` (inductor fuses it); else SDPA."""
         kernel = self.decode_kernel
+        extra = dict(scale=self.scale, softcap=self.softcap)
         if (
             kernel is not None
+            and self.scale is None
+            and self.softcap is None
             and q.device.type == "cpu"
             and k.stride(-1) == 1
             and (mask is None or mask.dtype == torch.bool)
@@ -159,15 +179,15 @@ class CausalSelfAttention(nn.Module):
             # (torch.compile specialises on every cache width with an external op: not there)
             return kernel(q.float(), k, v, mask).to(q.dtype)  # fmt: skip
         if torch.compiler.is_compiling():
-            return decode_attention(q, k, v, mask)
+            return decode_attention(q, k, v, mask, **extra)
         if q.device.type == "cpu" and torch.float32 not in (q.dtype, k.dtype):
             # torch's CPU flash attention runs one bf16 query several times slower than the
             # same in fp32: upcasting the cache rows costs less
-            y = sdpa_attention(q.float(), k.float(), v.float(), mask)
+            y = sdpa_attention(q.float(), k.float(), v.float(), mask, **extra)
             return y.to(q.dtype)
         if k.dtype != q.dtype:  # e.g. an fp16 cache under fp32 activations
             k, v = k.to(q.dtype), v.to(q.dtype)
-        return sdpa_attention(q, k, v, mask)
+        return sdpa_attention(q, k, v, mask, **extra)
 
 
 def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:

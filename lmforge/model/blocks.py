@@ -4,6 +4,7 @@
 
     pre       x = x + Attn(N1(x));      x = x + FFN(N2(x))          (GPT-2, Llama; default)
     post      x = N1(x + Attn(x));      x = N2(x + FFN(x))          (original Transformer, BERT)
+    sandwich  x = x + P1(Attn(N1(x)));  x = x + P2(FFN(N2(x)))      (Gemma 2/3: a norm after too)
     parallel  x = x + a·Attn(N(x)) + m·FFN(N(x)), one shared norm   (GPT-J, PaLM)
 
 with a, m = 1, 1/√2 or learnable scalars (BRANCH_SCALES), and DropPath (stochastic depth) on
@@ -36,7 +37,7 @@ ATTENTION_CLASSES: dict[str, type[nn.Module]] = {
 
 # config.norm_position: where the norms sit in Block.forward (config.parallel_block=True makes
 # the "pre" block parallel)
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
 
 # config.parallel_scale -> the initial branch scales a, m of a parallel block; "learnable"
 # trains them from 1 (the sum of two unit-variance branches has variance 2; 1/√2 undoes it)
@@ -79,6 +80,9 @@ class Block(nn.Module):
             self.mlp_norm = nn.Identity()  # both branches read attn_norm's output
         else:
             self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        if self.wiring == "sandwich":  # a second norm on each branch's output
+            norm = (config.norm, config.d_model, config.norm_eps, config.bias)
+            self.attn_post_norm, self.mlp_post_norm = build_norm(*norm), build_norm(*norm)
         moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k,
                    capacity_factor=config.capacity_factor, aux_loss_weight=config.aux_loss_weight,
                    n_shared_experts=config.n_shared_experts)  # fmt: skip
@@ -116,6 +120,9 @@ class Block(nn.Module):
         if self.wiring == "pre":
             x = x + attn(self.attn_norm(x))
             x = x + mlp(self.mlp_norm(x))
+        elif self.wiring == "sandwich":
+            x = x + self.attn_post_norm(attn(self.attn_norm(x)))
+            x = x + self.mlp_post_norm(mlp(self.mlp_norm(x)))
         elif self.wiring == "post":
             x = self.attn_norm(x + attn(x))
             x = self.mlp_norm(x + mlp(x))

@@ -73,11 +73,21 @@ class ModelConfig:
     kv_lora_rank: int = 32  # attention="mla": latent size, what the cache stores per token
     q_lora_rank: int | None = None  # attention="mla": compress queries too (None: no)
     qk_rope_head_dim: int = 16  # attention="mla": the decoupled RoPE key/query dims
-    norm_position: str = "pre"  # pre | post
+    norm_position: str = "pre"  # pre | post | sandwich
     parallel_block: bool = False  # GPT-J/PaLM: x + Attn(N(x)) + FFN(N(x))
     parallel_scale: str = "none"  # none | inv_sqrt2 | learnable (parallel branch scales)
     drop_path: float = 0.0  # stochastic depth per residual branch
     logit_scaling: bool = False  # divide the final-norm output by sqrt(d_model)
+    # ---- Gemma (Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size";
+    # 2025, "Gemma 3 Technical Report") ----
+    embed_scale: bool = False  # multiply the token embeddings by sqrt(d_model)
+    attn_logit_softcap: float | None = None  # attention scores -> c * tanh(scores / c)
+    final_logit_softcap: float | None = None  # LM-head logits -> c * tanh(logits / c)
+    attn_scale: float | None = None  # query scale; None: 1 / sqrt(head_dim)
+    # with sliding_window: the layers that still attend to every earlier key (Gemma 2 every
+    # second layer, Gemma 3 every sixth); None: the window applies to every layer (Mistral)
+    full_attention_layers: list[int] | None = None
+    rope_local_base: float | None = None  # windowed layers' RoPE base (Gemma 3); None: rope_base
     extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata (e.g. preset name)
 
     def __post_init__(self) -> None:
@@ -128,6 +138,20 @@ class ModelConfig:
             not isinstance(self.sliding_window, int) or self.sliding_window < 1
         ):
             raise ConfigError(f"sliding_window must be None or >= 1, got {self.sliding_window!r}")
+        for name in ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base"):
+            if (value := getattr(self, name)) is not None and not value > 0:
+                raise ConfigError(f"{name} must be None or > 0, got {value!r}")
+        if self.full_attention_layers is not None:
+            layers = self.full_attention_layers
+            if self.sliding_window is None:
+                raise ConfigError("full_attention_layers needs sliding_window (the others' window)")
+            if not all(isinstance(i, int) and 0 <= i < self.n_layer for i in layers):
+                raise ConfigError(
+                    f"full_attention_layers must be layer indices in [0, {self.n_layer}), "
+                    f"got {layers!r}"
+                )
+        if self.rope_local_base is not None and self.sliding_window is None:
+            raise ConfigError("rope_local_base needs sliding_window (the windowed layers' base)")
         if self.mlp == "moe" and not 1 <= self.experts_top_k <= self.n_experts:
             raise ConfigError(
                 f"experts_top_k ({self.experts_top_k}) must be between 1 and "
@@ -135,6 +159,15 @@ class ModelConfig:
             )
 
         self.validate_catalogue()
+
+    @property
+    def mixed_windows(self) -> bool:
+        """Some layers attend through sliding_window and others to every key (Gemma 2/3)."""
+        return self.sliding_window is not None and self.full_attention_layers is not None
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer `layer` sees only the sliding_window newest keys."""
+        return self.sliding_window is not None and layer not in (self.full_attention_layers or ())
 
     @property
     def rope_dim(self) -> int:

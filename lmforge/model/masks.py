@@ -109,6 +109,8 @@ def pattern_for(config):
     """The mask pattern a ModelConfig asks for: `attention_pattern`, else `sliding_window`."""
     pattern = build_pattern(getattr(config, "attention_pattern", None))
     window = getattr(config, "sliding_window", None)
+    if getattr(config, "full_attention_layers", None) is not None:
+        return None  # some layers see every key: one pattern does not describe the model
     if pattern is None and window is not None:
         pattern = Window(window)
     return pattern

@@ -16,7 +16,7 @@ from lmforge.model.attention import causal_mask, padded_causal_mask
 from lmforge.model.blocks import Block
 from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
-from lmforge.model.masks import build_mask, pattern_for
+from lmforge.model.masks import Window, build_mask, pattern_for
 from lmforge.model.norms import build_norm
 from lmforge.model.positions import ABSOLUTE_POSITIONS, LearnedPositions, RotaryEmbedding
 
@@ -35,17 +35,24 @@ class Transformer(nn.Module):
         self.abs_pos = None
         if config.pos in ABSOLUTE_POSITIONS:  # added to the embeddings; rope acts in attention
             self.abs_pos = ABSOLUTE_POSITIONS[config.pos](config.max_seq_len, config.d_model)
-        self.rope = None
+        self.rope = self.rope_local = None
         if config.pos == "rope":
             self.rope = RotaryEmbedding(
                 config.rope_dim, config.max_seq_len, config.rope_base,
                 config.rope_interleaved, config.rope_scaling,
             )  # fmt: skip
+            if config.rope_local_base is not None:  # Gemma 3: windowed layers, own base, unscaled
+                self.rope_local = RotaryEmbedding(
+                    config.rope_dim, config.max_seq_len, config.rope_local_base,
+                    config.rope_interleaved,
+                )  # fmt: skip
+        self.embed_scale = math.sqrt(config.d_model) if config.embed_scale else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         self.pattern = pattern_for(config)  # sparse / windowed mask (masks.py), None = causal
+        self.windowed = [config.windowed(i) for i in range(config.n_layer)]
         self.output_scale = 1 / math.sqrt(config.d_model) if config.logit_scaling else 1.0
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -96,10 +103,17 @@ class Transformer(nn.Module):
         h = self.hidden_states(input_ids, attention_mask, positions, cache, prefix_len)
         if last_only:
             h = h[:, -1:]
-        h = self.norm(h)
+        return self.output_logits(self.norm(h))
+
+    def output_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states -> logits: logit scaling, the LM head, Gemma's soft cap.
+        Everything that applies the head by itself (chunked losses, scoring) calls this."""
         if self.output_scale != 1.0:  # logit scaling: / sqrt(d_model)
             h = h * self.output_scale
-        return self.lm_head(h)
+        logits = self.lm_head(h)
+        if (cap := self.config.final_logit_softcap) is not None:
+            logits = cap * torch.tanh(logits / cap)
+        return logits
 
     def hidden_states(
         self, input_ids, attention_mask=None, positions=None, cache=None, prefix_len=None
@@ -117,28 +131,51 @@ class Transformer(nn.Module):
             key_mask = attention_mask.bool()
         if positions is None:
             positions = self._positions(start, end, key_mask, input_ids.device)
+        mixed = self.config.mixed_windows
         window = self.config.sliding_window
-        if t == 1 and cache is not None and key_mask is not None and window is None:
-            # decoding: the cache marks the new column real, so the query sees exactly the
-            # real keys (no causal part to build: one op instead of ten per token)
-            mask, is_causal = key_mask[:, None, None, :end], False
-        else:
-            mask, is_causal = self._mask(t, end, key_mask, input_ids.device, window)
         k_start = getattr(cache, "visible_start", 0) if cache is not None else 0
-        if self.config.attention_pattern is not None or prefix_len is not None or k_start > 0:
-            mask, is_causal = self._pattern_mask(start, end, k_start, key_mask, prefix_len), False
+        args = (t, start, end, k_start, key_mask, cache, prefix_len, input_ids.device)
+        masks = self._masks(*args, None if mixed else window, None if mixed else self.pattern)
+        if mixed:  # Gemma 2/3: windowed layers get a second mask (and Gemma 3 its own RoPE)
+            local = self._masks(*args, window, Window(window))
 
         h = self.embed(input_ids)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
         if self.abs_pos is not None:
             h = h + self.abs_pos(positions)
         if self.training:  # dropout is the identity at inference; its call is not free
             h = self.drop(h)
         rope_tables = self.rope.tables(positions, h.dtype) if self.rope is not None else None
-        for block in self.blocks:
-            h = block(h, self.rope, rope_tables, mask, is_causal, cache)
+        if not mixed:
+            for block in self.blocks:
+                h = block(h, self.rope, rope_tables, *masks, cache)
+        else:
+            local_rope = self.rope_local or self.rope
+            local_tables = local_rope.tables(positions, h.dtype) if local_rope is not None else None
+            for block, windowed in zip(self.blocks, self.windowed):
+                if windowed:
+                    h = block(h, local_rope, local_tables, *local, cache)
+                else:
+                    h = block(h, self.rope, rope_tables, *masks, cache)
         if cache is not None:
             cache.advance(t)
         return h
+
+    def _masks(self, t, start, end, k_start, key_mask, cache, prefix_len, device, window, pattern):
+        """(mask, is_causal) for t new queries over `end` keys under a window (or None)."""
+        if t == 1 and cache is not None and key_mask is not None and window is None:
+            # decoding: the cache marks the new column real, so the query sees exactly the
+            # real keys (no causal part to build: one op instead of ten per token)
+            mask, is_causal = key_mask[:, None, None, :end], False
+        else:
+            mask, is_causal = self._mask(t, end, key_mask, device, window)
+        if self.config.attention_pattern is not None or prefix_len is not None or k_start > 0:
+            keys_from = key_mask[:, k_start:end] if key_mask is not None else None
+            q_pos = torch.arange(start, end, device=device)
+            k_pos = torch.arange(k_start, end, device=device)
+            return self._pattern_mask(q_pos, k_pos, keys_from, prefix_len, pattern), False
+        return mask, is_causal
 
     @staticmethod
     def _positions(start: int, end: int, key_mask, device) -> torch.Tensor:
@@ -160,16 +197,12 @@ class Transformer(nn.Module):
             return None, False  # one new token may see every cached key
         return causal_mask(t, s, device), False
 
-    def _pattern_mask(self, start, end, k_start, key_mask, prefix_len):
+    def _pattern_mask(self, q_pos, k_pos, keys, prefix_len, pattern):
         """Mask from absolute positions (masks.py): sparse patterns, prefix-LM, and caches that
-        return only keys from k_start on (rolling window)."""
+        return only keys from k_pos[0] on (rolling window)."""
         if prefix_len is not None and not getattr(self.blocks[0].attn, "supports_masks", True):
             raise ValueError(f"prefix_len needs masks; attention={self.config.attention!r}")
-        device = self.embed.weight.device
-        q_pos = torch.arange(start, end, device=device)
-        k_pos = torch.arange(k_start, end, device=device)
-        keys = key_mask[:, k_start:end] if key_mask is not None else None
-        return build_mask(q_pos, k_pos, self.pattern, prefix_len, keys)
+        return build_mask(q_pos, k_pos, pattern, prefix_len, keys)
 
     def aux_loss(self) -> torch.Tensor | None:
         """Sum of the auxiliary losses of the last forward (MoE load balancing, already

@@ -62,6 +62,30 @@ HF_CASES = {
         dict(use_sliding_window=True, sliding_window=6, max_window_layers=0),
     ),
     "phi3_window": ("Phi3Config", dict(sliding_window=6, pad_token_id=0)),
+    "gemma": ("GemmaConfig", dict(head_dim=16)),
+    # 2 layers: the first windowed, the second full; soft caps small enough to bite
+    "gemma2_window": (
+        "Gemma2Config",
+        dict(
+            head_dim=16,
+            sliding_window=6,
+            query_pre_attn_scalar=12,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+    ),  # fmt: skip
+    "gemma3_window": (
+        "Gemma3TextConfig",
+        dict(
+            head_dim=16,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            },
+        ),
+    ),  # fmt: skip
     "gpt2": ("GPT2Config", dict(n_inner=80, bos_token_id=1, eos_token_id=2)),
     "gpt2_untied_relu": ("GPT2Config", dict(activation_function="relu", tie_word_embeddings=False)),
 }
@@ -86,7 +110,9 @@ def build_hf(name: str, seed: int = 0):
     """The random transformers model for HF_CASES[name]."""
     cls_name, kwargs = HF_CASES[name]
     base = _GPT2 if cls_name == "GPT2Config" else _LLAMA_LIKE
-    return random_hf(cls_name, {**base, **kwargs}, seed, attn_implementation="sdpa")
+    # transformers' SDPA path has no soft cap: Gemma's reference is its eager attention
+    attention = "eager" if cls_name.startswith("Gemma") else "sdpa"
+    return random_hf(cls_name, {**base, **kwargs}, seed, attn_implementation=attention)
 
 
 @pytest.fixture

@@ -75,7 +75,7 @@ def test_wiring_survives_save_and_load(tmp_path, kw):
 
 
 @pytest.mark.parametrize(
-    "field, value", [("norm_position", "sandwich"), ("parallel_scale", "half")]
+    "field, value", [("norm_position", "peri"), ("parallel_scale", "half")]
 )
 def test_unknown_wiring_fails_at_config(field, value):
     with pytest.raises(ConfigError, match=f"{field} must be one of"):
