@@ -74,9 +74,7 @@ def test_wiring_survives_save_and_load(tmp_path, kw):
     assert torch.equal(load_model(tmp_path)(ids), model(ids))
 
 
-@pytest.mark.parametrize(
-    "field, value", [("norm_position", "peri"), ("parallel_scale", "half")]
-)
+@pytest.mark.parametrize("field, value", [("norm_position", "peri"), ("parallel_scale", "half")])
 def test_unknown_wiring_fails_at_config(field, value):
     with pytest.raises(ConfigError, match=f"{field} must be one of"):
         ModelConfig(**{field: value})
