@@ -180,7 +180,7 @@ def main() -> None:
 
             record(
                 "speedrun_fast_pretrain_full",
-                "Speedrun cpu-tiny with the fast pretraining settings, later stages as preset",
+                "Speedrun cpu-tiny with the fast pretraining, later stages as the old preset",
                 [
                     "model after",
                     "docs perplexity",
@@ -194,9 +194,10 @@ def main() -> None:
                 notes=(
                     "One run of the whole cpu-tiny speedrun, one thread, its pretraining stage "
                     "as cpu_tiny_fast (Muon, RoPE, QK-norm, ReLU^2, zero-init, WSD, 300 steps), "
-                    "every later stage as the preset has it (tuned on the preset's pretrained "
-                    "model). Compare with the preset's table in docs/speedrun.md: lower docs "
-                    "perplexity at every stage, lower exact match after SFT, DPO and GRPO."
+                    "every later stage as the old preset had it (AdamW, tuned on the old "
+                    "pretrained model). Compare with the old preset's table in docs/speedrun.md: "
+                    "lower docs perplexity at every stage, lower exact match after SFT, DPO and "
+                    "GRPO."
                 ),
             )
 
