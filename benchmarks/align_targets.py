@@ -28,7 +28,6 @@ Each stage is an ordinary trainer run (also `lmforge sft|dpo|reward|continual --
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -38,14 +37,14 @@ from protocol import check_held_out, paired_bootstrap
 
 from lmforge.align import data as D
 from lmforge.align.continual import ContinualConfig, ContinualTrainer
-from lmforge.align.dpo import DPOConfig, DPOTrainer, completion_logprobs
+from lmforge.align.dpo import DPOConfig, DPOTrainer, completion_logprob_sums
 from lmforge.align.reward import RewardConfig, RewardModel, RewardTrainer
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.align.trainer import eval_source
 from lmforge.lm import LM
 from lmforge.tasks import synthetic
 from lmforge.tasks.answers import verify
-from lmforge.train.config import build_config
+from lmforge.train.config import build_config, flat_fields
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "align"
 KEEP = {"sft": "exact_match", "dpo": "accuracy", "reward": "accuracy", "continual": "loss",
@@ -88,7 +87,7 @@ def prompts(source, n: int, seed: int, split: str) -> list[str]:
 def note_seen(cfg) -> None:
     """Record the prompts a run trains on and chooses on (its periodic evaluation)."""
     source, split = eval_source(cfg)
-    n_eval = max(cfg.n_eval, getattr(cfg, "eval_generate", 0))
+    n_eval = max(cfg.n_eval, cfg.greedy_eval.eval_generate if hasattr(cfg, "greedy_eval") else 0)
     SEEN.setdefault("train", []).extend(prompts(cfg.data, cfg.n_train, cfg.seed, "train"))
     SEEN.setdefault("validation", []).extend(prompts(source, n_eval, cfg.seed + 1, split))
     if old := getattr(cfg, "old_data", None):
@@ -97,7 +96,7 @@ def note_seen(cfg) -> None:
 
 
 def fields(cls, smoke: bool, **overrides) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = set(flat_fields(cls))
     return {"progress": False, **overrides,
             **{k: v for k, v in (SMOKE if smoke else {}).items() if k in names}}  # fmt: skip
 
@@ -139,7 +138,7 @@ def implicit_reward_wins(model: Path, reference: Path, pairs: list[dict]) -> lis
         examples = D.load_preferences(pairs, lm.tokenizer, 32).examples
         with torch.no_grad():
             batch = D.collate_preferences(examples, lm.tokenizer.pad_id or 0)
-            chosen, rejected = completion_logprobs(lm.model, batch).chunk(2)
+            chosen, rejected = completion_logprob_sums(lm.model, batch).chunk(2)
         margins.append(chosen - rejected)
     m = margins[0] - margins[1]
     return ((m > 0).float() + 0.5 * (m == 0).float()).tolist()
@@ -198,8 +197,9 @@ def main() -> None:
     d = build_config(DPOConfig, CONFIGS / "dpo_add.yaml", fields(DPOConfig, smoke))
     _, base_dir = run(SFTConfig, SFTTrainer, None, smoke, init=str(sft_dir), data=d.data,
                       out_dir=str(out / "dpo_sft_baseline"), n_train=d.n_train, n_eval=d.n_eval,
-                      batch_size=d.batch_size, max_iters=d.max_iters, lr=d.lr, min_lr=d.min_lr,
-                      warmup_iters=d.warmup_iters, eval_interval=d.eval_interval,
+                      batch_size=d.batch_size, max_iters=d.optim.max_iters, lr=d.optim.lr,
+                      min_lr=d.optim.min_lr, warmup_iters=d.optim.warmup_iters,
+                      eval_interval=d.optim.eval_interval,
                       max_len=d.max_len, threads=d.threads, eval_generate=200)  # fmt: skip
     wins = {m: implicit_reward_wins(p, sft_dir, pairs) for m, p in (("dpo", dpo_dir),
                                                                    ("sft", base_dir))}  # fmt: skip

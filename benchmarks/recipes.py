@@ -131,8 +131,9 @@ MATCHED = ("max_iters", "batch_size", "n_train", "minibatch_size")  # a baseline
 def config_fields(verb: str) -> set[str]:
     """The keys `lmforge VERB --config` accepts."""
     from lmforge.align.methods import METHODS
+    from lmforge.train.config import flat_fields
 
-    return {f.name for f in dataclasses.fields(METHODS[verb].config)}
+    return set(flat_fields(METHODS[verb].config))
 
 
 def only_fields(verb: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +148,7 @@ def smoke_settings(verb: str, cfg: dict[str, Any]) -> dict[str, Any]:
     from lmforge.align.methods import METHODS
 
     smoke = only_fields(verb, SMOKE)
-    defaults = {f.name: f.default for f in dataclasses.fields(METHODS[verb].config)}
+    defaults = METHODS[verb].config().to_dict()
     if not cfg.get("eval_generate", defaults.get("eval_generate")):
         smoke.pop("eval_generate", None)
     return smoke
@@ -321,7 +322,7 @@ def score_pairs(job: dict) -> dict:
     import torch
 
     from lmforge.align import data as D
-    from lmforge.align.dpo import completion_logprobs
+    from lmforge.align.dpo import completion_logprob_sums
 
     lm = load_model(job["model"], job["device"], job["threads"])
     tok = lm.tokenizer
@@ -337,7 +338,7 @@ def score_pairs(job: dict) -> dict:
         for i in range(0, len(data.examples), 8):
             batch = D.collate_preferences(data.examples[i : i + 8], pad)
             batch = {k: v.to(job["device"]) for k, v in batch.items()}
-            c, r = completion_logprobs(lm.model, batch).float().cpu().chunk(2)
+            c, r = completion_logprob_sums(lm.model, batch).float().cpu().chunk(2)
             chosen += c.tolist()
             rejected += r.tolist()
     return {"chosen": chosen, "rejected": rejected, "skipped": getattr(data, "skipped", 0)}

@@ -12,9 +12,9 @@ after.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,9 +32,10 @@ from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.align.trainer import frozen_copy
 from lmforge.errors import require_choice
 from lmforge.fileio import write_json
+from lmforge.train.config import run_config
 
 
-@dataclass
+@run_config(greedy_eval=dict(eval_generate=0))
 class ContinualConfig(SFTConfig):
     """A continual-learning run (`lmforge continual`): `data` = new task, `old_data` = old."""
 
@@ -47,13 +48,12 @@ class ContinualConfig(SFTConfig):
     fisher_batches: int = 8  # old-task batches for the EWC Fisher
     replay_temperature: float = 1.0
     stop_at_new_loss: float | None = None  # stop when the held-out new-task loss gets here
-    eval_generate: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_choice("trainable", self.trainable, TRAINABLE)
         require_choice("regularizer", self.regularizer, REGULARIZERS)
-        self.peft = TRAINABLE[self.trainable]
+        self.peft = dataclasses.replace(self.peft, method=TRAINABLE[self.trainable])
 
 
 # trainable part -> the PEFT method that makes it (bias-only is plain weights, frozen elsewhere)
@@ -97,7 +97,7 @@ class EWC(L2):
         return 0.5 * ewc_penalty(self.trainer.trainable_params(), self.ref, self.fisher)
 
 
-class Replay(Regularizer):
+class OldTaskReplay(Regularizer):
     """Ω = T²·KL(previous model ‖ current model) on a batch of replayed old-task sequences."""
 
     def __init__(self, trainer: ContinualTrainer):
@@ -117,7 +117,7 @@ REGULARIZERS: dict[str, Callable[[Any], Regularizer]] = {
     "none": Regularizer,
     "l2": L2,
     "ewc": EWC,
-    "replay": Replay,
+    "replay": OldTaskReplay,
 }
 
 

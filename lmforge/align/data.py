@@ -305,7 +305,7 @@ def file_split(record: Any) -> str:
     return "test" if bucket < 100 else "validation" if bucket < 200 else "train"
 
 
-def _load(source, kind: str, encode, skip_invalid: bool, **task_kw) -> Dataset:
+def _load_records(source, kind: str, encode, skip_invalid: bool, **task_kw) -> Dataset:
     """Every record of `source` (see `records_from`) through `encode(record) -> [examples]`; a
     bad record raises DataError naming file:line, or is counted when `skip_invalid`."""
     out = Dataset([])
@@ -327,14 +327,14 @@ def load_sft(source, tokenizer, max_len: int, skip_invalid: bool = False, add_bo
              **task_kw) -> Dataset:  # fmt: skip
     """SFT examples from a JSONL file, list or `task:NAME`; bad records raise or are counted."""
     encode = lambda r: [encode_sft(r, tokenizer, max_len, add_bos)]  # noqa: E731
-    return _load(source, "sft", encode, skip_invalid, **task_kw)
+    return _load_records(source, "sft", encode, skip_invalid, **task_kw)
 
 
 def load_preferences(source, tokenizer, max_len: int, skip_invalid: bool = False,
                      add_bos: bool = False, **task_kw) -> Dataset:  # fmt: skip
     """Preference examples from a JSONL file (HH form included), list or `task:NAME`."""
     encode = lambda r: [encode_preference(r, tokenizer, max_len, add_bos)]  # noqa: E731
-    return _load(source, "preference", encode, skip_invalid, **task_kw)
+    return _load_records(source, "preference", encode, skip_invalid, **task_kw)
 
 
 @dataclass
@@ -379,7 +379,7 @@ def load_unpaired(source, tokenizer, max_len: int, skip_invalid: bool = False,
         UnpairedExample(encode_sft(r, tokenizer, max_len, add_bos), label)
         for r, label in unpaired_records(record)
     ]
-    return _load(source, kind, encode, skip_invalid, **task_kw)
+    return _load_records(source, kind, encode, skip_invalid, **task_kw)
 
 
 def load_prompts(source, n: int = 1000, seed: int = 0, split: str = "train") -> list[dict]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -27,22 +26,23 @@ from lmforge.align.logprobs import lm_sequence_logprobs
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig, with_replay
 from lmforge.align.reward import PAIR_SOURCES, PairSourceConfig, data_pairs
-from lmforge.align.sft import GenerationEvalConfig, generation_records, greedy_accuracy
+from lmforge.align.sft import GreedyEvalConfig, generation_records, greedy_accuracy
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, require_choice
 from lmforge.model.modes import eval_mode
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.peft.lora import adapters_disabled
+from lmforge.train.config import run_config, section
 
 
-@dataclass
-class PreferenceConfig(ReplayConfig, PeftConfig, AlignConfig):
-    """Fields every preference run (DPO, KTO, ORPO, SimPO) adds to AlignConfig / PeftConfig /
-    ReplayConfig: ``beta`` scales the implicit reward (each method's docstring says how)."""
+@run_config(optim=dict(lr=1e-4, warmup_iters=10))
+class PreferenceConfig(AlignConfig):
+    """What every preference run (DPO, KTO, ORPO, SimPO) adds to AlignConfig: PEFT, replay and
+    ``beta``, which scales the implicit reward (each method's docstring says how)."""
 
+    replay: ReplayConfig = section(ReplayConfig)
+    peft: PeftConfig = section(PeftConfig)
     beta: float = 0.1
-    lr: float = 1e-4
-    warmup_iters: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -50,8 +50,8 @@ class PreferenceConfig(ReplayConfig, PeftConfig, AlignConfig):
             raise ConfigError(f"beta must be > 0, got {self.beta}")
 
 
-@dataclass
-class DPOConfig(PairSourceConfig, GenerationEvalConfig, PreferenceConfig):
+@run_config
+class DPOConfig(PreferenceConfig):
     """A DPO run (`lmforge dpo`); `peft` trains LoRA/adapters against the frozen reference.
     `pairs_from: policy` builds the pairs from the starting model's own verifier-labelled
     samples (iterative RPO's on-policy pairs; see PairSourceConfig); `eval_generate` > 0 adds
@@ -60,7 +60,8 @@ class DPOConfig(PairSourceConfig, GenerationEvalConfig, PreferenceConfig):
 
     out_dir: str = "out/dpo"
     data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
-    eval_generate: int = 0
+    pairs: PairSourceConfig = section(PairSourceConfig)
+    greedy_eval: GreedyEvalConfig = section(GreedyEvalConfig, eval_generate=0)
     label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO); robust: flip rate < 0.5
     # sigmoid (DPO) | robust (rDPO) | hinge (SLiC) | ipo (length-normalised, as TRL): see dpo_loss
     loss_type: str = "sigmoid"
@@ -79,7 +80,7 @@ class DPOConfig(PairSourceConfig, GenerationEvalConfig, PreferenceConfig):
                               f"{self.label_smoothing}, {self.rpo_alpha}")  # fmt: skip
 
 
-def completion_logprobs(model, batch: dict[str, Tensor]) -> Tensor:
+def completion_logprob_sums(model, batch: dict[str, Tensor]) -> Tensor:
     """Σ log p(token) over completion tokens for every row of a right-padded batch -> [rows]."""
     # Right padding never changes the real tokens' logits under causal attention: no mask needed.
     return lm_sequence_logprobs(model, batch["input_ids"], batch["labels"])
@@ -97,7 +98,7 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
         cfg = self.cfg
         self.load_examples(self.load_pairs)
         self.setup_reference()  # before PEFT wraps the policy: π_ref is the starting model
-        apply_peft(self.lm.model, cfg)
+        apply_peft(self.lm.model, cfg.peft)
 
     def load_pairs(self, source, **kw) -> D.Dataset:
         """The preference pairs of `source` (`load_examples`'s loader): as written there."""
@@ -145,13 +146,13 @@ class DPOTrainer(PreferenceTrainer):
         self.eval_records = generation_records(self.cfg)
 
     def load_pairs(self, source, **kw) -> D.Dataset:
-        return PAIR_SOURCES[self.cfg.pairs_from](self, source, **kw)
+        return PAIR_SOURCES[self.cfg.pairs.pairs_from](self, source, **kw)
 
     def evaluate(self) -> dict[str, float]:
         result = super().evaluate()
         if self.eval_records:
             result["exact_match"] = greedy_accuracy(
-                self.lm, self.eval_records, self.cfg.max_new_tokens, self.cfg.add_bos
+                self.lm, self.eval_records, self.cfg.greedy_eval.max_new_tokens, self.cfg.add_bos
             )
         return result
 
@@ -161,9 +162,9 @@ class DPOTrainer(PreferenceTrainer):
         frozen copy, or for LoRA the policy with its adapters switched off (no second copy of
         the weights, as TRL with a PEFT model; not under FSDP, whose shards the reference
         forward outside the loss would not see whole)."""
-        cfg = self.cfg
+        cfg, dist = self.cfg, self.dist
         self.ref = None
-        if not cfg.precompute_ref and not (cfg.peft == "lora" and not self.dist.shards_parameters):
+        if not (cfg.precompute_ref or cfg.peft.method == "lora" and not dist.shards_parameters):
             self.ref = frozen_copy(self.lm.model)
         self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
@@ -182,7 +183,7 @@ class DPOTrainer(PreferenceTrainer):
     def reference_logprobs(self, batch: dict[str, Tensor]) -> Tensor:
         """[pairs, 2] reference log-probs (chosen, rejected) of a collated batch."""
         with self.reference() as ref:
-            return completion_logprobs(ref, batch).view(2, -1).T
+            return completion_logprob_sums(ref, batch).view(2, -1).T
 
     def _ref_logps(self, examples) -> Tensor:
         """[N, 2] reference log-probs (chosen, rejected) for every pair."""
@@ -202,7 +203,7 @@ class DPOTrainer(PreferenceTrainer):
         return {**super().eval_batch(start, stop), "ref": self.ref_eval[start:stop]}
 
     def pair_loss(self, b):
-        chosen, rejected = completion_logprobs(self.lm.model, b).chunk(2)
+        chosen, rejected = completion_logprob_sums(self.lm.model, b).chunk(2)
         ref = b["ref"]
         # completion tokens per row (IPO divides each log-ratio by its completion's length)
         lengths = (b["labels"][:, 1:] != D.IGNORE).sum(-1)

@@ -18,8 +18,6 @@ policy gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from lmforge.align.replay import ReplayConfig, with_replay
@@ -37,13 +35,15 @@ from lmforge.align.rl_losses import (
 from lmforge.align.rollout import Rollout, completion_logprobs
 from lmforge.align.tools import Calculator, ToolReward, ToolRolloutEngine
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
+from lmforge.train.config import run_config, section
 
 
-@dataclass
-class GRPOConfig(ReplayConfig, RLConfig):
+@run_config(optim=dict(lr=1e-4, max_iters=200))
+class GRPOConfig(RLConfig):
     """A GRPO run (`lmforge grpo`)."""
 
     out_dir: str = "out/grpo"
+    replay: ReplayConfig = section(ReplayConfig)
     group_size: int = 8
     scale: str = "std"  # std (GRPO: (r - mean)/std) | none (r - mean, Dr. GRPO / RLOO-style)
     beta: float = 0.0  # KL(π‖π_ref) coefficient; 0 skips the reference model entirely
@@ -61,8 +61,6 @@ class GRPOConfig(ReplayConfig, RLConfig):
     tool_cpu_seconds: int = 1  # sandbox limits per call: CPU seconds, address space, wall clock
     tool_memory_mb: int = 512
     tool_timeout_s: float = 3.0
-    lr: float = 1e-4
-    max_iters: int = 200
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,21 +18,20 @@ undesirable ones (0 at the start, since π = π_ref); it should rise as training
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.dpo import PreferenceConfig, completion_logprobs
+from lmforge.align.dpo import PreferenceConfig, completion_logprob_sums
 from lmforge.align.preference_losses import KTO_LOSS_TYPES, kto_loss
 from lmforge.align.replay import with_replay
 from lmforge.align.trainer import AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.peft.config import apply_peft
+from lmforge.train.config import run_config
 
 
-@dataclass
+@run_config
 class KTOConfig(PreferenceConfig):
     """A KTO run (`lmforge kto`). Fields on top of PreferenceConfig:
 
@@ -102,7 +101,7 @@ class KTOTrainer(AlignTrainer):
             self.log(f"kto: λ_D·n_D / (λ_U·n_U) = {ratio:.2f} ({n_good} desirable, {n_bad} "
                      "undesirable); the KTO paper recommends 1 to 4/3")  # fmt: skip
         self.ref = frozen_copy(self.lm.model)  # before PEFT wraps the policy
-        apply_peft(self.lm.model, cfg)
+        apply_peft(self.lm.model, cfg.peft)
         self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
 
@@ -110,19 +109,19 @@ class KTOTrainer(AlignTrainer):
     def _ref_logps(self, examples: list[D.UnpairedExample]) -> Tensor:
         batches = (self.collate([e.example for e in examples[i : i + 64]])
                    for i in range(0, len(examples), 64))  # fmt: skip
-        return torch.cat([completion_logprobs(self.ref, b) for b in batches])
+        return torch.cat([completion_logprob_sums(self.ref, b) for b in batches])
 
     def _make_batch(self, examples: list[D.UnpairedExample], ref: Tensor | None) -> dict:
         rows = [e.example for e in examples]
         b = self.collate(rows)
         b["desirable"] = torch.tensor([e.desirable for e in examples], device=self.device)
         with torch.no_grad():
-            b["ref"] = ref if ref is not None else completion_logprobs(self.ref, b)
+            b["ref"] = ref if ref is not None else completion_logprob_sums(self.ref, b)
             if self.cfg.kl_estimate and len(rows) > 1:
                 kl = self.collate(mismatched(rows, self.cfg.max_len))
                 # z₀ is detached in the loss, so neither pass needs gradients (as TRL)
-                b["kl_policy"] = completion_logprobs(self.lm.model, kl)
-                b["kl_ref"] = completion_logprobs(self.ref, kl)
+                b["kl_policy"] = completion_logprob_sums(self.lm.model, kl)
+                b["kl_ref"] = completion_logprob_sums(self.ref, kl)
         return b
 
     def batch(self, indices):
@@ -132,7 +131,7 @@ class KTOTrainer(AlignTrainer):
     def _loss(self, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, z₀, β·r per row)."""
         cfg: KTOConfig = self.cfg
-        policy = completion_logprobs(self.lm.model, b)
+        policy = completion_logprob_sums(self.lm.model, b)
         loss, z0 = kto_loss(policy, b["ref"], b["desirable"], b.get("kl_policy"),
                             b.get("kl_ref"), cfg.beta, cfg.desirable_weight,
                             cfg.undesirable_weight, cfg.loss_type)  # fmt: skip

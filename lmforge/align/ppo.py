@@ -31,7 +31,6 @@ not improve yet. Against canned near-miss pairs' reward model the reward stays f
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,8 +50,9 @@ from lmforge.align.rl_losses import (
 )
 from lmforge.align.rollout import Rollout, ValueHead, completion_hidden, completion_stats
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
-from lmforge.fileio import read_json, save_tensors, write_json
+from lmforge.fileio import save_tensors
 from lmforge.train.checkpoint import model_state
+from lmforge.train.config import run_config
 
 # ----------------------------------------------------------------------------- critics
 
@@ -128,7 +128,7 @@ CRITICS: dict[str, type[nn.Module]] = {
 
 # ----------------------------------------------------------------------------- KL placement
 
-VARIANTS = ("shaped", "kl_loss")  # KL in the reward | KL_k3 as a loss term (module docstring)
+PPO_VARIANTS = ("shaped", "kl_loss")  # KL in the reward | KL_k3 as a loss term (module docstring)
 
 
 def kl_penalty(variant: str, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
@@ -171,7 +171,7 @@ SCORE_NORMS = {
 }
 
 
-@dataclass
+@run_config(optim=dict(lr=3e-5, min_lr=3e-5, max_iters=100))
 class PPOConfig(RLConfig):
     """A PPO run (`lmforge ppo`). ``reward`` is usually a reward-model directory."""
 
@@ -195,13 +195,10 @@ class PPOConfig(RLConfig):
     score_norm: str = "none"  # none | scale (÷ running std) | whiten (- running mean, ÷ std)
     score_clip: float | None = None  # clip normalised scores to ±this
     batch_size: int = 32
-    lr: float = 3e-5
-    min_lr: float = 3e-5
-    max_iters: int = 100
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_choice("variant", self.variant, VARIANTS)
+        require_choice("variant", self.variant, PPO_VARIANTS)
         require_choice("score_norm", self.score_norm, SCORE_NORMS)
         require_choice("critic", self.critic, CRITICS)
         if self.variant == "kl_loss" and self.kl_target is None:
@@ -250,11 +247,6 @@ class PPOTrainer(RLTrainer):
         else:
             self.kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
         self.moments = RunningMoments()
-        state = self.out_dir / "ppo_state.json"
-        if self.resuming and state.is_file():  # continue with the adapted β and score moments
-            saved = read_json(state, "PPO state")
-            self.kl_ctl.value = float(saved["kl_coef"])
-            self.moments = RunningMoments(**saved.get("score_moments", {}))
 
     def value_fn(self):
         return lambda hidden, r: self.critic(hidden, r.input_ids, r.attention_mask, r.prompt_width)
@@ -310,10 +302,13 @@ class PPOTrainer(RLTrainer):
             "approx_kl": pstats["approx_kl"].item(),
         }
 
-    def save_checkpoint(self) -> None:
-        super().save_checkpoint()
-        state = {"kl_coef": self.kl_ctl.value, "score_moments": vars(self.moments)}
-        write_json(self.out_dir / "ppo_state.json", state)
+    def extra_state(self) -> dict:
+        return {"kl_coef": self.kl_ctl.value, "score_moments": vars(self.moments)}
+
+    def load_extra_state(self, state: dict) -> None:
+        """A resumed run continues with the adapted β and score moments."""
+        self.kl_ctl.value = float(state.get("kl_coef", self.kl_ctl.value))
+        self.moments = RunningMoments(**state.get("score_moments", {}))
 
     def export(self, path: Path) -> None:
         super().export(path)

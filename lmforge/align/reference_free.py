@@ -15,8 +15,6 @@ metrics are `dpo.PreferenceTrainer`'s; the implicit reward is β·log-prob as TR
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor
 
 from lmforge.align import data as D
@@ -24,9 +22,10 @@ from lmforge.align.dpo import PreferenceConfig, PreferenceTrainer
 from lmforge.align.logprobs import TokenStats, lm_token_stats, nll_from_stats
 from lmforge.align.preference_losses import CPO_LOSS_TYPES, cpo_loss, orpo_loss
 from lmforge.errors import ConfigError, require_choice
+from lmforge.train.config import run_config
 
 
-@dataclass
+@run_config
 class ORPOConfig(PreferenceConfig):
     """An ORPO run (`lmforge orpo`): ``data`` holds preference pairs (as `lmforge dpo`);
     ``beta`` is λ of the paper, the weight of the odds-ratio term against the NLL (TRL 0.1)."""
@@ -34,7 +33,7 @@ class ORPOConfig(PreferenceConfig):
     out_dir: str = "out/orpo"
 
 
-@dataclass
+@run_config
 class SimPOConfig(PreferenceConfig):
     """A SimPO / CPO run (`lmforge simpo`). On top of PreferenceConfig:
 

@@ -2,7 +2,7 @@
 
 InstructGPT's PPO-ptx (Ouyang et al. 2022, eq. 2) adds γ · E_{x~D_pretrain}[log π(x)] to the RL
 objective; the same term on any post-training loss is replay (or rehearsal) of the pretraining
-distribution. Here it is one config mixin and one call in a trainer's `loss()`:
+distribution. Here it is one config section (`cfg.replay`) and one call in a trainer's `loss()`:
 
     loss = task_loss + replay_coef · next-token loss on `replay_batch_size` windows of
            `replay_block_size` tokens drawn from `replay_data`
@@ -32,7 +32,7 @@ from lmforge.errors import ConfigError, DataError, require_positive_ints
 
 @dataclass
 class ReplayConfig:
-    """Replay fields shared by the post-training configs (SFT, DPO, the RL trainers)."""
+    """The `cfg.replay` section of the post-training configs (SFT, DPO, GRPO)."""
 
     replay_data: str | None = None  # token shard (.bin beside meta.json) or text source; None off
     replay_coef: float = 1.0  # weight of the replayed next-token loss (used when replay_data set)
@@ -41,9 +41,6 @@ class ReplayConfig:
     replay_max_tokens: int = 4_000_000  # a text source: tokens kept after tokenizing
 
     def __post_init__(self) -> None:
-        parent = getattr(super(), "__post_init__", None)  # the AlignConfig this is mixed into
-        if parent is not None:
-            parent()
         if self.replay_data in ("", "none"):
             self.replay_data = None
         if self.replay_coef < 0:
@@ -105,13 +102,13 @@ class Replay:
 
     @classmethod
     def from_config(cls, cfg: ReplayConfig, trainer: Any) -> Replay | None:
-        """The trainer's replay (None when cfg.replay_data is unset or replay_coef is 0)."""
+        """The trainer's replay (None when replay_data is unset or replay_coef is 0)."""
         if cfg.replay_data is None or cfg.replay_coef == 0:
             return None
         tokens = load_replay_tokens(cfg.replay_data, trainer.tokenizer, cfg.replay_max_tokens)
         block = min(cfg.replay_block_size, trainer.lm.config.max_seq_len)
         rank = getattr(getattr(trainer, "dist", None), "rank", 0)
-        return cls(tokens, cfg.replay_coef, cfg.replay_batch_size, block, cfg.seed, rank,
+        return cls(tokens, cfg.replay_coef, cfg.replay_batch_size, block, trainer.cfg.seed, rank,
                    trainer.device, cfg.replay_data)  # fmt: skip
 
     def windows(self, step: int) -> Tensor:
@@ -137,7 +134,7 @@ def with_replay(trainer: Any, loss: Tensor, stats: dict[str, Any]) -> tuple[Tens
     config asks for replay; `(loss, stats)` unchanged otherwise. Trainers call it in `loss()`,
     in training only; the replay stream is built at the first call and kept on the trainer."""
     if not hasattr(trainer, "_replay"):
-        trainer._replay = Replay.from_config(trainer.cfg, trainer)
+        trainer._replay = Replay.from_config(trainer.cfg.replay, trainer)
     replay: Replay | None = trainer._replay
     if replay is None:
         return loss, stats

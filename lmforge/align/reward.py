@@ -59,6 +59,7 @@ from lmforge.fileio import load_tensors, read_json, save_tensors, write_json, wr
 from lmforge.lm import LM
 from lmforge.model.transformer import Transformer
 from lmforge.tasks.answers import verify
+from lmforge.train.config import run_config, section
 
 HEAD_FILE, CONFIG_FILE = "reward_head.safetensors", "reward_config.json"
 
@@ -238,17 +239,17 @@ class PairSourceConfig:
     pair_max_new_tokens: int = 8  # pairs_from policy: completion length (PPO's max_new_tokens)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require_choice("pairs_from", self.pairs_from, PAIR_SOURCES)
         if self.pair_samples < 2 or self.pairs_per_prompt < 1 or self.pair_temperature <= 0:
             raise ConfigError("pair_samples must be >= 2, pairs_per_prompt >= 1, temperature > 0")
 
 
-@dataclass
-class RewardConfig(PairSourceConfig, AlignConfig):
+@run_config(optim=dict(lr=3e-4))
+class RewardConfig(AlignConfig):
     """A reward-model run on preference pairs (`lmforge reward`)."""
 
     out_dir: str = "out/reward"
+    pairs: PairSourceConfig = section(PairSourceConfig)
     data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
     pooling: str = "last"  # last | mean | eos | match
     loss: str = "bt"  # bt | hinge | mse | listwise
@@ -256,7 +257,6 @@ class RewardConfig(PairSourceConfig, AlignConfig):
     target_gap: float = 1.0  # mse target reward gap
     lm_weight: float = 0.0  # + lm_weight * next-token loss on chosen responses (keeps the skill)
     center_rewards: float = 0.0  # + c·mean((r⁺ + r⁻)²) (TRL's center_rewards_coefficient)
-    lr: float = 3e-4
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -277,19 +277,19 @@ def data_pairs(trainer: AlignTrainer, source, skip_invalid=False, **kw) -> D.Dat
 def sampled_pairs(trainer: AlignTrainer, source, skip_invalid=False, n=1000, seed=0,
                   split="train") -> D.Dataset:  # fmt: skip
     """Verifier-labelled pairs of the starting model's own samples for the prompts of `source`
-    (trainer.cfg a PairSourceConfig); written as text to OUT_DIR/policy_pairs_train.jsonl (the
+    (trainer.cfg.pairs says how); written as text to OUT_DIR/policy_pairs_train.jsonl (the
     training pairs) or policy_pairs_eval.jsonl (the held-out ones) as {"prompt": the rendered
     prompt, "chosen", "rejected"}, for a baseline to train on."""
-    cfg = trainer.cfg
+    cfg, how = trainer.cfg, trainer.cfg.pairs
     records = D.load_prompts(source, n=n, seed=seed, split=split)
     policy = trainer.lm
-    if cfg.pair_policy is not None:  # e.g. a weaker PPO start than the reward model's backbone
-        policy = LM.load(cfg.pair_policy, device=trainer.device)
+    if how.pair_policy is not None:  # e.g. a weaker PPO start than the reward model's backbone
+        policy = LM.load(how.pair_policy, device=trainer.device)
         if policy.tokenizer.backend.get_vocab() != trainer.tokenizer.backend.get_vocab():
-            raise ConfigError(f"pair_policy {cfg.pair_policy} uses a different tokenizer from init")
+            raise ConfigError(f"pair_policy {how.pair_policy} uses a different tokenizer from init")
     pairs, unpaired = policy_pairs(
-        policy.model, trainer.tokenizer, records, cfg.pair_samples, cfg.pairs_per_prompt,
-        cfg.pair_temperature, cfg.pair_max_new_tokens, cfg.max_len, seed, cfg.add_bos,
+        policy.model, trainer.tokenizer, records, how.pair_samples, how.pairs_per_prompt,
+        how.pair_temperature, how.pair_max_new_tokens, cfg.max_len, seed, cfg.add_bos,
     )  # fmt: skip
     trainer.log(f"{split}: {len(pairs)} on-policy pairs from {len(records)} prompts "
                 f"({unpaired} had only right or only wrong samples)")  # fmt: skip
@@ -321,7 +321,7 @@ class RewardTrainer(AlignTrainer):
 
     def setup(self) -> None:
         cfg: RewardConfig = self.cfg
-        self.load_examples(lambda src, **kw: PAIR_SOURCES[cfg.pairs_from](self, src, **kw))
+        self.load_examples(lambda src, **kw: PAIR_SOURCES[cfg.pairs.pairs_from](self, src, **kw))
         self.rm = RewardModel(self.lm.model, cfg.pooling, self.tokenizer.eos_id).to(self.device)
 
     def trainable_module(self) -> nn.Module:

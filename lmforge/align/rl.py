@@ -16,7 +16,6 @@ reward-model directory; in Python any function of (record, completion) or reward
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,31 +34,29 @@ from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy, split_
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.tasks.answers import verify
+from lmforge.train.config import run_config, section
+from lmforge.train.whole_copy import LoopWrapsLoss
 
 
-@dataclass
-class RLConfig(PeftConfig, AlignConfig):
+@run_config(optim=dict(lr=1e-4, min_lr=1e-5, warmup_iters=0, eval_interval=20, log_interval=1))
+class RLConfig(AlignConfig):
     """Fields every RL trainer shares (on top of AlignConfig's data/optimizer/loop fields).
 
     ``batch_size`` is prompts per step and ``max_iters`` the number of rollout steps.
     """
 
+    peft: PeftConfig = section(PeftConfig)
     data: str = "task:add:2"  # prompt records: JSONL ({"prompt", "answer"}, GSM8K) or task:NAME
     reward: str = "verifier"  # verifier (tasks.verify) | path to a reward-model directory
     group_size: int = 1  # completions sampled per prompt
     max_new_tokens: int = 8
     temperature: float = 1.0
     batch_size: int = 16
-    lr: float = 1e-4
-    min_lr: float = 1e-5
-    warmup_iters: int = 0
-    eval_interval: int = 20
-    log_interval: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive_ints(self, "group_size")
-        if self.grad_accum != 1:
+        if self.optim.grad_accum != 1:
             raise ConfigError(
                 "grad_accum must be 1 for RL trainers (minibatch_size splits a rollout)"
             )
@@ -91,13 +88,13 @@ class RLTrainer(AlignTrainer):
     curves = [("train", "reward"), ("eval", "reward"), ("eval", "exact_match")]
     needs_reference = True  # subclasses without a KL term skip the frozen copy
     keep_logprobs = True  # π_old log-probs at rollout time (off when updates are on-policy)
-    whole_copy_everywhere = True  # FSDP: every rank samples from its own whole copy
-    static_graph = False  # DDP: PPO's critic warm-up leaves the policy out of some steps
 
     def __init__(self, cfg: RLConfig, resume: bool = False, log=print, reward: Any = None):
         self._reward_override = reward  # a Python reward (function or model) instead of cfg
-        self.resuming = resume
-        super().__init__(cfg, resume=resume, log=log)
+        # FSDP: every rank samples from its own whole copy; DDP: PPO's critic warm-up leaves
+        # the policy out of some steps (no static graph)
+        wrapping = LoopWrapsLoss(copy_on_every_rank=True, static_graph=False)
+        super().__init__(cfg, resume=resume, log=log, wrapping=wrapping)
         self.dist.find_unused_parameters = True
 
     # ---- setup -------------------------------------------------------------------------------
@@ -115,7 +112,7 @@ class RLTrainer(AlignTrainer):
             cfg.reward, self.tokenizer, self.device
         )  # fmt: skip
         self.reference = frozen_copy(self.lm.model) if self.needs_reference else None
-        self.peft_names = apply_peft(self.lm.model, cfg)
+        self.peft_names = apply_peft(self.lm.model, cfg.peft)
         self.setup_rl()
         self.engine = RolloutEngine(
             self.lm.model,
@@ -202,7 +199,7 @@ class RLTrainer(AlignTrainer):
 
     def learn(self, rollout: Rollout) -> dict[str, float]:
         # the rollout's statistics are this rank's: the mean over ranks is the batch's
-        return self.mean_over_ranks({**rollout_stats(rollout), **self.update(rollout)})
+        return self.dist.mean({**rollout_stats(rollout), **self.update(rollout)})
 
     # ---- evaluation and export ---------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

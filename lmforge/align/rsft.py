@@ -15,8 +15,6 @@ Selection rules, picked by `select`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
@@ -24,6 +22,7 @@ from lmforge.align.logprobs import lm_sft_loss
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
+from lmforge.train.config import run_config
 
 SELECTORS = ("best", "top_k", "boltzmann")  # the selection rules of the module docstring
 
@@ -50,7 +49,7 @@ def select_rows(
     return rows
 
 
-@dataclass
+@run_config(optim=dict(max_iters=5, eval_interval=1, lr=3e-4, min_lr=3e-4))
 class RSFTConfig(RLConfig):
     """An RSFT run (`lmforge rsft`); ``max_iters`` counts rounds."""
 
@@ -63,10 +62,6 @@ class RSFTConfig(RLConfig):
     sft_epochs: int = 2
     minibatch_size: int = 32
     batch_size: int = 128  # prompts per round
-    max_iters: int = 5
-    eval_interval: int = 1
-    lr: float = 3e-4
-    min_lr: float = 3e-4
 
     def __post_init__(self) -> None:
         super().__post_init__()

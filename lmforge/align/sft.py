@@ -17,32 +17,37 @@ from lmforge.errors import ConfigError
 from lmforge.lm import LM
 from lmforge.peft.config import PeftConfig, apply_peft
 from lmforge.tasks.answers import verify
+from lmforge.train.config import run_config, section
 
 
 @dataclass
-class GenerationEvalConfig:
-    """The periodic evaluation's greedy decoding of held-out prompts, scored by exact match."""
+class GreedyEvalConfig:
+    """The `cfg.greedy_eval` section: the periodic evaluation's greedy decoding of held-out
+    prompts, scored by exact match."""
 
     eval_generate: int = 100  # held-out task:/file: prompts scored by greedy exact match
     max_new_tokens: int = 16
 
 
-@dataclass
-class SFTConfig(GenerationEvalConfig, ReplayConfig, PeftConfig, AlignConfig):
+@run_config
+class SFTConfig(AlignConfig):
     """An SFT run (`lmforge sft`; `lmforge lora` sets peft)."""
 
     out_dir: str = "out/sft"
+    greedy_eval: GreedyEvalConfig = section(GreedyEvalConfig)
+    replay: ReplayConfig = section(ReplayConfig)
+    peft: PeftConfig = section(PeftConfig)
     packing: bool = False
     label_smoothing: float = 0.0
 
 
 def generation_records(cfg) -> list[dict]:
     """The held-out prompt records a run's evaluation decodes (`eval_generate` of them; cfg an
-    AlignConfig with GenerationEvalConfig's fields): those of a task: or file: evaluation source,
+    AlignConfig with a `greedy_eval` section): those of a task: or file: evaluation source,
     else none."""
     source, split = eval_source(cfg)
-    if cfg.eval_generate > 0 and str(source).startswith(("task:", "file:")):
-        return D.load_prompts(source, cfg.eval_generate, cfg.seed + 1, split)
+    if cfg.greedy_eval.eval_generate > 0 and str(source).startswith(("task:", "file:")):
+        return D.load_prompts(source, cfg.greedy_eval.eval_generate, cfg.seed + 1, split)
     return []
 
 
@@ -81,7 +86,7 @@ class SFTTrainer(AlignTrainer):
         if cfg.packing:
             self.train_examples = D.pack_sft(self.train_examples, cfg.max_len)
         self.eval_records = generation_records(cfg)
-        self.peft_names = apply_peft(self.lm.model, cfg)
+        self.peft_names = apply_peft(self.lm.model, cfg.peft)
 
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         return self.collate([self.train_examples[i] for i in indices])
@@ -111,6 +116,6 @@ class SFTTrainer(AlignTrainer):
         result = {"loss": self.eval_loss(self.eval_examples)}
         if self.eval_records:
             result["exact_match"] = greedy_accuracy(
-                self.lm, self.eval_records, self.cfg.max_new_tokens, self.cfg.add_bos
+                self.lm, self.eval_records, self.cfg.greedy_eval.max_new_tokens, self.cfg.add_bos
             )
         return result

@@ -2,7 +2,7 @@
 differ only in their data, loss and evaluation.
 
 `AlignConfig` holds the common fields (YAML + `--key value` overrides through
-`lmforge.train.config.build_config`; the optimizer and loop settings come from `OptimConfig`);
+`lmforge.train.config.build_config`; the optimizer and loop settings are its `cfg.optim`);
 each trainer subclasses it with its own. `AlignTrainer` loads the starting model (`init`: a
 checkpoint directory, or `scratch` for a random model with a character tokenizer over
 `alphabet`, used by tests and the CPU demos), draws shuffled minibatches, and runs the shared loop
@@ -35,7 +35,7 @@ import copy
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 from lmforge.peft.export import export_peft
 from lmforge.tasks.synthetic import ALPHABET
-from lmforge.train.config import OptimConfig
+from lmforge.train.config import OptimConfig, run_config, section
 from lmforge.train.loop import Trainer, split_rows
 from lmforge.train.parallel import (
     PARALLEL,
@@ -66,8 +66,8 @@ from lmforge.train.parallel import (
 from lmforge.train.samplers import EpochSampler, check_world_size
 
 
-@dataclass
-class AlignConfig(OptimConfig):
+@run_config
+class AlignConfig:
     """Fields shared by every post-training run (on top of the optimizer and loop settings)."""
 
     out_dir: str = "out/align"
@@ -84,10 +84,8 @@ class AlignConfig(OptimConfig):
     add_bos: bool = False
     max_len: int = 64
     batch_size: int = 32  # the global batch (each rank's share in grad_accum micro-batches)
-    max_iters: int = 300
-    warmup_iters: int = 20
-    beta2: float = 0.95
-    eval_interval: int = 100
+    optim: OptimConfig = section(OptimConfig, max_iters=300, warmup_iters=20, beta2=0.95,
+                                 eval_interval=100)  # fmt: skip
     seed: int = 1337
     device: str = "auto"
     threads: int | None = None  # CPU threads; 1 is fastest for tiny models on a busy machine
@@ -95,7 +93,6 @@ class AlignConfig(OptimConfig):
     activation_checkpointing: bool = False  # recompute each block in backward: less memory
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require_positive_ints(self, "batch_size", "max_len")
         require_choice("parallel", self.parallel, PARALLEL)
 
@@ -155,12 +152,11 @@ class AlignTrainer(Trainer, ABC):
 
     name = "align"
     curves: list[tuple[str, str]] = [("train", "loss"), ("eval", "loss")]
-    evaluate_first = True
     # FSDP: a trainer with its own `learn` or `run` declares them shard-safe: it computes
     # losses through `optimizer_step` and needs whole weights only through `whole_weights`
     fsdp_own_loop = False
 
-    def __init__(self, cfg: AlignConfig, resume: bool = False, log=print):
+    def __init__(self, cfg: AlignConfig, resume: bool = False, log=print, wrapping=None):
         if launched_by_torchrun():  # a batch that does not split is an error before any work
             check_world_size(cfg.batch_size, int(os.environ["WORLD_SIZE"]))
         own_loop = [f for f in ("learn", "run") if getattr(type(self), f) is not
@@ -176,7 +172,7 @@ class AlignTrainer(Trainer, ABC):
         dist = init_parallel(cfg.parallel, require_device(cfg.device), cfg.activation_checkpointing)
         dist.sync_buffers = False  # RoPE tables, NF4 weights: identical, never trained
         self.config_file = f"{self.name}_config.json"
-        self.open_run(cfg, dist, resume, log)
+        self.open_run(cfg, dist, resume, log, wrapping, evaluate_first=True)
         torch.manual_seed(cfg.seed)
         self.lm = load_lm(cfg.init, cfg.model, cfg.max_len, cfg.seed, self.device, cfg.alphabet)
         self.tokenizer = self.lm.tokenizer
@@ -239,7 +235,8 @@ class AlignTrainer(Trainer, ABC):
 
     def export(self, path: Path) -> None:
         """Write the model users load (HF layout; a PEFT run also saves its adapter alone)."""
-        export_peft(self.lm.model, self.tokenizer, path, self.cfg)
+        export_peft(self.lm.model, self.tokenizer, path, getattr(self.cfg, "peft", None),
+                    self.cfg.init)  # fmt: skip
 
     # ---- what the loop asks for --------------------------------------------------------------
     def next_batch(self) -> list[int]:
@@ -247,5 +244,5 @@ class AlignTrainer(Trainer, ABC):
 
     def micro_batches(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         """Collated per micro-batch, so only one micro-batch's tensors exist at a time."""
-        return [self.batch(part.tolist()) for part in split_rows(torch.tensor(indices),
-                                                                 self.cfg.grad_accum)]  # fmt: skip
+        parts = split_rows(torch.tensor(indices), self.cfg.optim.grad_accum)
+        return [self.batch(part.tolist()) for part in parts]

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 
-from lmforge.cli.main import add_run_parser, run_config
+from lmforge.cli.main import add_run_parser, config_from_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("classify", help="fine-tune a BERT encoder for text classification")
     s = p.add_subparsers(dest="classify_command", metavar="ACTION", required=True)
     add_run_parser(
-        s, "train", "ClassifyTrainConfig", run_train,
+        s, "train", "ClassifyTrainConfig", run_classify_train,
         help="fine-tune on labelled .jsonl (or the built-in demo task); report accuracy",
         example="--checkpoint out/bert --data train.jsonl --max_iters 500 --lr 1e-4",
     )  # fmt: skip
@@ -31,10 +31,10 @@ def register(sub) -> None:
     r.set_defaults(func=run_predict)
 
 
-def run_train(args) -> int:
+def run_classify_train(args) -> int:
     from lmforge.train.classify import ClassifyTrainConfig, ClassifyTrainer
 
-    cfg = run_config(args, ClassifyTrainConfig)
+    cfg = config_from_args(args, ClassifyTrainConfig)
     result = ClassifyTrainer(cfg, resume=args.resume).run()
     before = result.get("val_acc_before", math.nan)  # absent when resumed
     print(f"\nval accuracy: {before:.1%} before -> {result['val_acc']:.1%} "

@@ -94,7 +94,7 @@ def add_run_parser(
     return p
 
 
-def run_config(args: argparse.Namespace, cls: type, overrides: dict | None = None):
+def config_from_args(args: argparse.Namespace, cls: type, overrides: dict | None = None):
     """The run config of a trainer verb: `cls` from --config's YAML and `overrides` (default:
     the command line's `--key value` pairs). Its out_dir is recorded on args: the folder to
     name if a write there fails without a file name."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from lmforge.align.methods import METHODS
-from lmforge.cli.main import add_run_parser, run_config
+from lmforge.cli.main import add_run_parser, config_from_args
 
 
 def register(sub) -> None:
@@ -57,7 +57,7 @@ def run(args) -> int:
     overrides = parse_overrides(args.overrides)
     if args.method == "lora":
         overrides = {**lora_overrides(args), **overrides}
-    cfg = run_config(args, method.config, overrides)
+    cfg = config_from_args(args, method.config, overrides)
     result = method.trainer(cfg, resume=args.resume).run()
     shown = {k: v for k, v in result.items() if isinstance(v, float)}
     print("\nfinal: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))

@@ -15,7 +15,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _fmt(value) -> str:
+def _cell(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, int):
@@ -37,7 +37,7 @@ def run(args) -> int:
     cols = ("name", "bits", "max", "min", "smallest_normal", "eps")
     print("".join(f"{c:>16}" for c in cols))
     for row in rows:
-        print("".join(f"{_fmt(row.get(c)) if c != 'name' else row[c]:>16}" for c in cols))
+        print("".join(f"{_cell(row.get(c)) if c != 'name' else row[c]:>16}" for c in cols))
     torch.manual_seed(0)
     w = torch.randn(256, 256) * torch.logspace(-3, 1, 256)[:, None]  # channels of mixed scale
     print("\nFP8 round trip, worst per-channel relative error, channels spanning 1e-3..10:")

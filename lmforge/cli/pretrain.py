@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmforge.cli.main import add_run_parser, run_config
+from lmforge.cli.main import add_run_parser, config_from_args
 
 
 def register(sub) -> None:
@@ -25,7 +25,7 @@ def run(args) -> int:
     from lmforge.train.config import TrainConfig
     from lmforge.train.pretrain import Pretrainer
 
-    cfg = run_config(args, TrainConfig)
+    cfg = config_from_args(args, TrainConfig)
     validate(cfg)
     trainer = Pretrainer(cfg, resume=args.resume)
     result = trainer.run()
@@ -51,7 +51,7 @@ def run_encoder(args) -> int:
     from lmforge.train.encoder import EncoderPretrainer, EncoderTrainConfig
 
     overrides = parse_overrides(args.overrides) | {"objective": args.objective}
-    cfg = run_config(args, EncoderTrainConfig, overrides)
+    cfg = config_from_args(args, EncoderTrainConfig, overrides)
     validate(cfg)
     result = EncoderPretrainer(cfg, resume=args.resume).run()
     parts = "  ".join(f"val {k} {v:.4f}" for k, v in result.items() if k[:3] in ("mlm", "nsp"))

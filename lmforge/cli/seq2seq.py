@@ -8,14 +8,14 @@ lmforge seq2seq translate --checkpoint out/numbers "three hundred twelve"
 
 from __future__ import annotations
 
-from lmforge.cli.main import add_run_parser, run_config
+from lmforge.cli.main import add_run_parser, config_from_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("seq2seq", help="encoder-decoder translation on the built-in number task")
     s = p.add_subparsers(dest="seq2seq_command", metavar="ACTION", required=True)
     add_run_parser(
-        s, "train", "Seq2SeqTrainConfig", run_train, model="model",
+        s, "train", "Seq2SeqTrainConfig", run_seq2seq_train, model="model",
         help="train on number words <-> digits and report held-out exact match",
         example="--max_iters 2000 --model.d_model 128",
     )  # fmt: skip
@@ -26,10 +26,10 @@ def register(sub) -> None:
     r.set_defaults(func=run_translate)
 
 
-def run_train(args) -> int:
+def run_seq2seq_train(args) -> int:
     from lmforge.train.seq2seq import Seq2SeqTrainConfig, Seq2SeqTrainer
 
-    cfg = run_config(args, Seq2SeqTrainConfig)
+    cfg = config_from_args(args, Seq2SeqTrainConfig)
     result = Seq2SeqTrainer(cfg, resume=args.resume).run()
     print(f"\nheld-out exact match: greedy {result['test_exact']:.2%}"
           + (f", beam {cfg.beam} {result['test_exact_beam']:.2%}" if cfg.beam > 1 else "")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from lmforge.speedrun.presets import PRESETS, STAGE_ORDER
+    from lmforge.speedrun.presets import SPEEDRUN_PRESETS, STAGE_ORDER
 
     p = sub.add_parser(
         "speedrun",
@@ -23,7 +23,7 @@ def register(sub) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="cpu-tiny", choices=list(PRESETS))
+    p.add_argument("--preset", default="cpu-tiny", choices=list(SPEEDRUN_PRESETS))
     p.add_argument("--out", default=None, help="run folder (default out/speedrun-PRESET)")
     p.add_argument("--from", dest="redo_from", choices=STAGE_ORDER, help="redo from this stage")
     p.add_argument("--corpus", help="pretraining text: file, folder, .jsonl, hf:NAME, builtin:…")

@@ -12,14 +12,14 @@ def register(sub) -> None:
     t.add_argument("--vocab-size", type=int, default=4096)
     t.add_argument("--text-field", default="text", help="JSONL/Parquet field holding the text")
     t.add_argument("--out", required=True, help="output directory (tokenizer.json written there)")
-    t.set_defaults(func=run_train)
+    t.set_defaults(func=run_tokenizer_train)
     e = tsub.add_parser("encode", help="show the tokens of a text")
     e.add_argument("--tokenizer", required=True, help="directory or tokenizer.json")
     e.add_argument("text")
     e.set_defaults(func=run_encode)
 
 
-def run_train(args) -> int:
+def run_tokenizer_train(args) -> int:
     import sys
 
     from lmforge.data import read_documents

@@ -8,7 +8,7 @@ lmforge vlm caption --checkpoint out/vlm-shapes --image out/shapes-png/novel_0.p
 
 from __future__ import annotations
 
-from lmforge.cli.main import add_run_parser, run_config
+from lmforge.cli.main import add_run_parser, config_from_args
 
 IMAGE_RULE = (  # = lmforge.vlm.data.IMAGE_RULE (a test checks); no torch import to build the parser
     "converted to RGB (transparency composited onto black), padded with black to a centred "
@@ -20,7 +20,7 @@ def register(sub) -> None:
     p = sub.add_parser("vlm", help="vision-language model: train on synthetic shapes, caption")
     s = p.add_subparsers(dest="vlm_command", metavar="ACTION", required=True)
     add_run_parser(
-        s, "train", "VLMTrainConfig", run_train, model="language-model",
+        s, "train", "VLMTrainConfig", run_vlm_train, model="language-model",
         help="train on synthetic shape captions; keep the validation-best step, report held-out "
         "exact match", example="--max_iters 3000 --projector mlp2 --model.n_layer 3",
     )  # fmt: skip
@@ -53,10 +53,10 @@ def register(sub) -> None:
     m.set_defaults(func=run_samples)
 
 
-def run_train(args) -> int:
+def run_vlm_train(args) -> int:
     from lmforge.vlm.train import VLMTrainConfig, train
 
-    cfg = run_config(args, VLMTrainConfig)
+    cfg = config_from_args(args, VLMTrainConfig)
     result = train(cfg, resume=args.resume)
     print(
         f"\nvalidation exact match {result['validation_exact']:.1%} at the kept step "

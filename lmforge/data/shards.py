@@ -29,7 +29,7 @@ from lmforge.progress import progress_bar
 from lmforge.tokenizer import Tokenizer
 
 SHARD_FORMAT_VERSION = 1
-DTYPES = ("uint16", "uint32")
+TOKEN_DTYPES = ("uint16", "uint32")
 
 
 def shard_dtype(vocab_size: int) -> str:
@@ -213,8 +213,8 @@ class TokenShard:
             raise DataError(f"{path}: no meta.json beside it to give the token dtype")
         meta = read_json(meta_path, "shard meta", DataError) if meta_path.is_file() else {}
         dtype = dtype or meta.get("dtype")
-        if dtype not in DTYPES:
-            raise DataError(f"{meta_path}: field 'dtype' must be one of {DTYPES}, got {dtype!r}")
+        if dtype not in TOKEN_DTYPES:
+            raise DataError(f"{meta_path}: 'dtype' must be one of {TOKEN_DTYPES}, got {dtype!r}")
         size = path.stat().st_size
         itemsize = np.dtype(dtype).itemsize
         if size == 0:
@@ -272,7 +272,7 @@ def _cached_meta(out: Path, fingerprint: str) -> dict[str, Any] | None:
         meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    if meta.get("fingerprint") != fingerprint or meta.get("dtype") not in DTYPES:
+    if meta.get("fingerprint") != fingerprint or meta.get("dtype") not in TOKEN_DTYPES:
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in ("train", "val"):

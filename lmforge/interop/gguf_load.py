@@ -52,7 +52,7 @@ from lmforge.interop.hf import to_ours
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 
-POLICIES = ("as_stored", "dense", "quantized")
+LOAD_POLICIES = ("as_stored", "dense", "quantized")
 CONVERT_TO_INT4_BITS = 5.0  # at most Q4_1's bits per weight: int4 loses nothing it had
 
 
@@ -134,7 +134,7 @@ class _Loader:
             return HalfLinear(self.dense(rule, PLAIN_TYPES[kind]), bias, self.dtype)
         weight = self.dense(rule, torch.float32)
         bits = max(bits_per_weight(k) for k in kinds)
-        linear = _linear(weight, None)
+        linear = _dense_linear(weight, None)
         if bits <= CONVERT_TO_INT4_BITS and weight.shape[1] % BLOCK == 0:
             layer: QuantizedLinear = Int4Linear(linear, self.dtype, BLOCK, name)
         else:
@@ -150,7 +150,7 @@ class _Loader:
         if self.quantize == "int4" and self.kinds(rule) <= set(Q4_TYPES):
             q, d, m = self.components(rule, read_q4_blocks)
             return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
-        linear = _linear(self.dense(rule, torch.float32), bias)
+        linear = _dense_linear(self.dense(rule, torch.float32), bias)
         if self.quantize == "int8" or name == "lm_head":
             return Int8Linear(linear, self.dtype)
         return Int4Linear(linear, self.dtype, BLOCK, name)
@@ -197,7 +197,7 @@ class _Loader:
             if isinstance(model.embed, QuantizedEmbedding):
                 model.lm_head = model.embed.table  # one table: the lookup and the head
             elif self.policy == "quantized":  # the head at int8 under both (quantize.py's rule)
-                linear = _linear(model.embed.weight.detach().float(), None)
+                linear = _dense_linear(model.embed.weight.detach().float(), None)
                 model.lm_head = Int8Linear(linear, self.dtype)
             else:
                 model.lm_head.weight = model.embed.weight
@@ -233,7 +233,7 @@ def _is_float(module: nn.Module, attr: str) -> bool:
     return t is None or t.dtype.is_floating_point
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     """An nn.Linear holding `weight` (and `bias`) without initialising anything."""
     with torch.device("meta"):
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)

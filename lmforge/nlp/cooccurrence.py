@@ -19,11 +19,11 @@ import numpy as np
 from lmforge.errors import LMForgeError
 from lmforge.nlp.text import doc_tokens, resolve_stopwords, split_sentences
 
-Corpus = str | Iterable[str | Sequence[str]]
+Texts = str | Iterable[str | Sequence[str]]
 
 
 def tokenize_sentences(
-    corpus: Corpus, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
+    corpus: Texts, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
 ) -> list[list[str]]:
     """Turn a corpus into token lists, one per sentence.
 
@@ -36,7 +36,7 @@ def tokenize_sentences(
 
 
 def cooccurrence_counts(
-    corpus: Corpus, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
+    corpus: Texts, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
 ) -> Counter[tuple[str, str]]:
     """Counts of forward adjacent pairs (x, y) within sentences."""
     sentences = tokenize_sentences(corpus, lowercase=lowercase, stopwords=stopwords)
@@ -44,7 +44,7 @@ def cooccurrence_counts(
 
 
 def cooccurrence_matrix(
-    corpus: Corpus, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
+    corpus: Texts, *, lowercase: bool = True, stopwords: bool | Iterable[str] | None = None
 ) -> tuple[list[str], np.ndarray]:
     """(vocabulary in first-seen order, matrix M) with M[i, j] = count of word i before word j."""
     sentences = tokenize_sentences(corpus, lowercase=lowercase, stopwords=stopwords)
@@ -62,7 +62,7 @@ class PMI:
 
     def __init__(
         self,
-        corpus: Corpus,
+        corpus: Texts,
         *,
         lowercase: bool = True,
         stopwords: bool | Iterable[str] | None = None,

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from lmforge.errors import ConfigError, require_choice
 from lmforge.peft.lora import name_matches
 
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+ADAPTER_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
     "gelu": nn.GELU,
     "silu": nn.SiLU,
@@ -22,11 +22,11 @@ class Adapter(nn.Module):
 
     def __init__(self, d_model: int, bottleneck: int = 64, activation: str = "gelu"):
         super().__init__()
-        require_choice("adapter activation", activation, ACTIVATIONS)
+        require_choice("adapter activation", activation, ADAPTER_ACTIVATIONS)
         if d_model <= 0 or bottleneck <= 0:
             raise ConfigError(f"adapter sizes must be > 0, got {d_model}, {bottleneck}")
         self.down = nn.Linear(d_model, bottleneck)
-        self.act = ACTIVATIONS[activation]()
+        self.act = ADAPTER_ACTIVATIONS[activation]()
         self.up = nn.Linear(bottleneck, d_model)
         nn.init.zeros_(self.up.weight)
         nn.init.zeros_(self.up.bias)

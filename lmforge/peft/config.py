@@ -10,7 +10,7 @@ the default `qkv_proj,o_proj` adds the output projection. MLP layers are `up_pro
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -22,9 +22,10 @@ from lmforge.peft.qlora import apply_qlora
 
 @dataclass
 class PeftConfig:
-    """Which parameter-efficient method to use and its settings (`peft: none` = full FT)."""
+    """Which parameter-efficient method to use and its settings (`peft: none` = full FT); a run
+    config's `cfg.peft` section, whose `method` is written `peft:` in YAML."""
 
-    peft: str = "none"  # none | lora | qlora | adapter
+    method: str = field(default="none", metadata={"flat": "peft"})  # none|lora|qlora|adapter
     lora_r: int = 8
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
@@ -60,5 +61,5 @@ PEFT_METHODS: dict[str, Callable[[nn.Module, PeftConfig], list[str]]] = {
 
 def apply_peft(model: nn.Module, cfg: PeftConfig) -> list[str]:
     """Wrap `model` in place as cfg.peft says; returns the wrapped module names."""
-    require_choice("peft", cfg.peft, PEFT_METHODS)
-    return PEFT_METHODS[cfg.peft](model, cfg)
+    require_choice("peft", cfg.method, PEFT_METHODS)
+    return PEFT_METHODS[cfg.method](model, cfg)

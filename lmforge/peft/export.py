@@ -40,15 +40,15 @@ def _unwrapped_copy(model: nn.Module) -> nn.Module:
     return out
 
 
-def export_peft(model: nn.Module, tokenizer, path: Path, cfg: PeftConfig) -> None:
-    """Save what users load: merged HF checkpoint, plus the adapter alone for PEFT runs (a run
-    config without PeftConfig's fields saves the model as it is)."""
+def export_peft(
+    model: nn.Module, tokenizer, path: Path, cfg: PeftConfig | None, base: str | None = None
+) -> None:
+    """Save what users load: merged HF checkpoint, plus the adapter alone for PEFT runs (`cfg`
+    None: the model as it is); `base` is the adapter's base_model_name_or_path."""
     path = Path(path)
-    peft = getattr(cfg, "peft", "none")
+    peft = cfg.method if cfg is not None else "none"
     if peft in ("lora", "qlora"):
-        save_adapter(
-            model, path / "adapter", {"base_model_name_or_path": getattr(cfg, "init", None)}
-        )
+        save_adapter(model, path / "adapter", {"base_model_name_or_path": base})
         LM(dense_copy(model), tokenizer).save(path)
     elif peft == "adapter":
         tensors = {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -140,7 +140,7 @@ def name_matches(name: str, patterns: Iterable[str]) -> bool:
     return any(name == p or name.endswith("." + p) or fnmatchcase(name, p) for p in patterns)
 
 
-def linear_names(model: nn.Module) -> list[str]:
+def adaptable_linears(model: nn.Module) -> list[str]:
     """Qualified names of every nn.Linear in ``model`` (what ``targets`` can choose from), except
     the A/B matrices inside LoRA layers, which must never be wrapped or quantised themselves."""
     inside = tuple(n + "." for n in lora_modules(model))
@@ -174,10 +174,10 @@ def apply_lora(
     (or ``wrap(name, linear)``: QLoRA's) and freeze every other parameter. Returns the wrapped
     names; raises ConfigError, listing the candidates, if none matched."""
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    names = [n for n in linear_names(model) if name_matches(n, targets)]
+    names = [n for n in adaptable_linears(model) if name_matches(n, targets)]
     if not names:
         raise ConfigError(
-            f"no nn.Linear module matched targets {list(targets)}; available: {linear_names(model)}"
+            f"no nn.Linear matched targets {list(targets)}; available: {adaptable_linears(model)}"
         )
     for n in names:
         linear = model.get_submodule(n)

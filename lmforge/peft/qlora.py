@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import ConfigError, LMForgeError
-from lmforge.peft.lora import LoRALinear, apply_lora, linear_names, name_matches
+from lmforge.peft.lora import LoRALinear, adaptable_linears, apply_lora, name_matches
 
 # QLoRA's offset: the outermost quantile is ½(1 - 1/32 + 1 - 1/30), avoiding ppf(1) = ∞.
 NF4_OFFSET = 0.9677083
@@ -197,7 +197,7 @@ def apply_qlora(
         return QLoRALinear(nf4(linear), r, alpha, dropout)
 
     names = apply_lora(model, r, alpha, dropout, targets, wrap)
-    for n in linear_names(model):  # what is left: the Linears without LoRA
+    for n in adaptable_linears(model):  # what is left: the Linears without LoRA
         if not name_matches(n, keep):
             model.set_submodule(n, nf4(model.get_submodule(n)))
     return names

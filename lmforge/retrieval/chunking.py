@@ -79,7 +79,7 @@ def _read_pydoc() -> Corpus:
     return Corpus([Document(f"pydoc:{k}", k, topics[k]) for k in sorted(topics)])
 
 
-def _read_jsonl(path: Path) -> Corpus:
+def _read_jsonl_texts(path: Path) -> Corpus:
     docs: list[Document] = []
     for lineno, row in read_jsonl(path):
         if not isinstance(row.get("text"), str):
@@ -115,7 +115,7 @@ def read_corpus(source: str | Path) -> Corpus:
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         return _read_files(files, path)
     if path.name.endswith(".jsonl"):
-        return _read_jsonl(path)
+        return _read_jsonl_texts(path)
     corpus = _read_files([path], path)
     if corpus.skipped:
         raise DataError(f"{path}: cannot index a {corpus.skipped[0].split(' (', 1)[1][:-1]} file")

@@ -32,7 +32,7 @@ from lmforge.retrieval.rag import RAG, strip_citations
 from lmforge.retrieval.retriever import Retriever
 
 PYDOC_QUESTIONS = Path(__file__).parent / "data" / "pydoc_questions.jsonl"
-SPLITS = ("validation", "test")
+EVAL_SPLITS = ("validation", "test")
 FIELDS = ("id", "split", "topic", "question", "answer", "evidence")
 
 
@@ -48,15 +48,15 @@ class Question:
 
 def load_questions(path: str | Path = PYDOC_QUESTIONS, split: str | None = None) -> list[Question]:
     """The questions of `path` (all, or one split); a malformed row is a DataError at file:line."""
-    if split is not None and split not in SPLITS:
-        raise DataError(f"split {split!r}: expected one of {SPLITS}")
+    if split is not None and split not in EVAL_SPLITS:
+        raise DataError(f"split {split!r}: expected one of {EVAL_SPLITS}")
     rows, seen = [], set()
     for line, row in read_jsonl(path):
         bad = [f for f in FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
         if bad:
             raise DataError(f"{path}:{line}: missing or empty string field(s) {', '.join(bad)}")
-        if row["split"] not in SPLITS:
-            raise DataError(f"{path}:{line}: split {row['split']!r} is not one of {SPLITS}")
+        if row["split"] not in EVAL_SPLITS:
+            raise DataError(f"{path}:{line}: split {row['split']!r} is not one of {EVAL_SPLITS}")
         if row["id"] in seen:
             raise DataError(f"{path}:{line}: duplicate id {row['id']!r}")
         seen.add(row["id"])

@@ -25,7 +25,7 @@ from lmforge.nlp.fusion import reciprocal_rank_fusion
 from lmforge.progress import progress_bar
 from lmforge.retrieval.chunking import Chunk
 
-FORMAT = "lmforge.rag-index/1"
+INDEX_FORMAT = "lmforge.rag-index/1"
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
 
@@ -174,7 +174,7 @@ class Retriever:
         write_json(  # written last: a folder without it is not (yet) an index
             path / "index.json",
             {
-                "format": FORMAT,
+                "format": INDEX_FORMAT,
                 "n_chunks": len(self.chunks),
                 "encoder": self.encoder_name if self.embeddings is not None else None,
                 "dim": int(self.embeddings.shape[1]) if self.embeddings is not None else None,
@@ -204,8 +204,8 @@ class Retriever:
                 "build one with `lmforge rag index --out DIR`"
             )
         meta = read_json(path / "index.json", "index metadata")
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise CheckpointError(f"{path / 'index.json'}: not a {FORMAT} index")
+        if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT:
+            raise CheckpointError(f"{path / 'index.json'}: not a {INDEX_FORMAT} index")
         n = meta["n_chunks"]
         rows = read_json(path / "chunks.json", "chunk list")
         if not isinstance(rows, list) or len(rows) != n:

@@ -7,7 +7,7 @@ tokenizer -> pretrain -> SFT -> reward model -> DPO -> GRPO (-> PPO) -> eval -> 
 `evaluate` the common yardstick and `report` the report card.
 """
 
-from lmforge.speedrun.presets import PRESETS, STAGE_ORDER, resolve_plan
+from lmforge.speedrun.presets import SPEEDRUN_PRESETS, STAGE_ORDER, resolve_plan
 from lmforge.speedrun.runner import Speedrun
 
-__all__ = ["PRESETS", "STAGE_ORDER", "Speedrun", "resolve_plan"]
+__all__ = ["SPEEDRUN_PRESETS", "STAGE_ORDER", "Speedrun", "resolve_plan"]

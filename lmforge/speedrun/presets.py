@@ -9,8 +9,8 @@ stage may instead name a recipe of configs/recipes/ (the smol presets), read whe
 The cpu-tiny numbers were tuned so the whole pipeline stays within 15 minutes on 2 CPU cores
 while every stage still shows its effect, and SFT, DPO and GRPO replay pretraining text so the
 docs perplexity stays near the pretrained model's (REPLAY below; README "The speedrun" has a real
-report). With its Muon pretraining and post-training (PRESETS below), SFT alone reaches most of
-the exact match that DPO and GRPO used to add, so they have less room left to show.
+report). With its Muon pretraining and post-training (SPEEDRUN_PRESETS below), SFT alone reaches
+most of the exact match that DPO and GRPO used to add, so they have less room left to show.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ BASE: dict[str, Any] = {
     "rag": {"encoder": "none", "k": 3, "chunk_size": 120, "overlap": 30},
 }
 
-PRESETS: dict[str, dict[str, Any]] = {
+SPEEDRUN_PRESETS: dict[str, dict[str, Any]] = {
     # under 15 minutes on 2 CPU cores, every core used; PPO is left to the larger presets.
     # Pretraining as configs/shakespeare-char-fast.yaml learns (Muon for the hidden matrices,
     # RoPE, QK-norm, ReLU^2, zero-initialised output projections, warmup-stable-decay): a lower
@@ -320,13 +320,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 # eight GPUs on one node: gpu-1's plan under torchrun (DDP) with the same global batches, so the
 # same curves in about an eighth of the time (pretraining: 8 micro-batches of 4, one per GPU)
-PRESETS["gpu-8"] = _merge(
-    PRESETS["gpu-1"], {"nproc": 8, "pretrain": {"batch_size": 4, "grad_accum": 8}}
+SPEEDRUN_PRESETS["gpu-8"] = _merge(
+    SPEEDRUN_PRESETS["gpu-1"], {"nproc": 8, "pretrain": {"batch_size": 4, "grad_accum": 8}}
 )
 # SmolLM2 post-trained on 2 CPU cores (~an hour, estimated from the recipes' headers) / one GPU
-PRESETS["smol-cpu"] = _smol("cpu", n_problems=8, kl_samples=8, max_new_tokens=256,
+SPEEDRUN_PRESETS["smol-cpu"] = _smol("cpu", n_problems=8, kl_samples=8, max_new_tokens=256,
                             chat_tasks="ARC-Easy,GSM8K", chat_per_task=20)  # fmt: skip
-PRESETS["smol-gpu"] = _smol("gpu", n_problems=128, max_new_tokens=512, core_per_task=500,
+SPEEDRUN_PRESETS["smol-gpu"] = _smol("gpu", n_problems=128, max_new_tokens=512, core_per_task=500,
                             core_tasks="copa,winograd,arc_easy,piqa,hellaswag", chat_per_task=None,
                             chat_tasks="ARC-Easy,ARC-Challenge,GSM8K")  # fmt: skip
 
@@ -361,9 +361,9 @@ def resolve_plan(
     preset: str, config: str | Path | None = None, overrides: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The full plan: BASE, then the preset, then a YAML file, then `stage.key` overrides."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    plan = _recipes(_merge(BASE, PRESETS[preset]), f"preset {preset}")
+    if preset not in SPEEDRUN_PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(SPEEDRUN_PRESETS)}")
+    plan = _recipes(_merge(BASE, SPEEDRUN_PRESETS[preset]), f"preset {preset}")
     if config is not None:
         plan = _merge(plan, load_yaml(config))
     for dotted, value in (overrides or {}).items():

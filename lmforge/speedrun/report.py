@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.fileio import read_json, write_text
-from lmforge.speedrun.stages import POLICIES, STAGES
+from lmforge.speedrun.stages import POLICY_STAGES, STAGES
 from lmforge.train.metrics import read_series
 
 Table = tuple[list[str], list[list[str]]]  # header, rows
@@ -37,7 +37,7 @@ def _read(out: Path, name: str, what: str) -> Any:
 
 def final_model(out: Path, results: dict[str, Any]) -> Path | None:
     """The last policy the run produced (what to chat with)."""
-    return next((out / stage for stage in reversed(POLICIES) if stage in results), None)
+    return next((out / stage for stage in reversed(POLICY_STAGES) if stage in results), None)
 
 
 # eval.json's metrics in table order: (key, README header, README decimals)

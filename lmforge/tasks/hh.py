@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
-
-Record = dict[str, Any]
+from lmforge.tasks.synthetic import Record
 
 HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
 

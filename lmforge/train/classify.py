@@ -10,7 +10,6 @@ The output is a Hugging Face BertForSequenceClassification directory.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,7 +18,7 @@ from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.fileio import read_json, read_jsonl
 from lmforge.model.bert import BertForSequenceClassification, BertModel, load_bert
 from lmforge.tokenizer import Tokenizer
-from lmforge.train.config import SmallRunConfig, require_fraction
+from lmforge.train.config import SmallRunConfig, require_fraction, run_config
 from lmforge.train.encoder import bert_token_ids, pad_rows, save_bert
 from lmforge.train.loop import Trainer
 from lmforge.train.parallel import Parallel
@@ -77,7 +76,7 @@ def read_labelled(path: str | Path, text_field: str = "text", label_field: str =
     return rows
 
 
-@dataclass
+@run_config(optim=dict(max_iters=400, lr=3e-4, min_lr=3e-5, warmup_iters=40, eval_interval=100))
 class ClassifyTrainConfig(SmallRunConfig):
     """A fine-tuning run: a BERT checkpoint, labelled texts (or the demo task), AdamW + cosine."""
 
@@ -89,11 +88,6 @@ class ClassifyTrainConfig(SmallRunConfig):
     text_field: str = "text"
     label_field: str = "label"
     max_len: int = 64  # tokens per text, [CLS] and [SEP] included (longer texts are truncated)
-    max_iters: int = 400
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_iters: int = 40
-    eval_interval: int = 100
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -168,7 +162,6 @@ class ClassifyTrainer(Trainer):
     curves = [("train", "loss"), ("val", "acc")]
     plot_file = "loss.png"
     eval_split = "val"
-    evaluate_first = True
 
     def __init__(self, cfg: ClassifyTrainConfig, resume: bool = False, log=print):
         torch.manual_seed(cfg.seed)
@@ -180,7 +173,7 @@ class ClassifyTrainer(Trainer):
         self.y = torch.tensor([label for _, label in train_rows])
         self.vx, self.vmask = encode(self.tokenizer, [t for t, _ in val_rows], max_len)
         self.vy = torch.tensor([label for _, label in val_rows])
-        self.open_run(cfg, Parallel(torch.device("cpu")), resume, log)
+        self.open_run(cfg, Parallel(torch.device("cpu")), resume, log, evaluate_first=True)
         unk_id = self.tokenizer.unk_id
         if unk_id is not None and (unk := (self.x == unk_id).sum() / self.mask.sum()) > 0.05:
             log(f"warning: {unk:.0%} of the training tokens are unknown to {cfg.checkpoint}'s "

@@ -1,9 +1,13 @@
 """Run configs from YAML plus `--key value` overrides: `OptimConfig` (the optimizer, schedule and
-loop settings every run config embeds) and `TrainConfig` (a pretraining run).
+loop settings: every run config's `cfg.optim`) and `TrainConfig` (a pretraining run).
 
 A YAML file holds top-level training keys and a nested `model:` mapping (or a `preset:` name);
 command-line overrides use the same names, dotted for the model (`--model.n_layer 6`).
 Unknown keys fail with the list of valid ones; an old name (`steps`, `warmup`) names its new one.
+
+A run config is composed of sections (`cfg.optim.lr`, `cfg.peft.lora_r`) besides its own fields:
+in YAML, on the command line, in the saved config and as keyword arguments every field stays
+flat (`lr: 1e-4`, `lora_r: 4`), each name belonging to one place (`run_config`, `flat_fields`).
 """
 
 from __future__ import annotations
@@ -30,12 +34,70 @@ def require_fraction(cfg: object, name: str) -> None:
         raise ConfigError(f"{name} must be in (0, 1), got {getattr(cfg, name)}")
 
 
+def section(cls: type, **defaults: Any) -> Any:
+    """A run config field holding one section of settings (`cfg.optim`) with this run's defaults
+    (a subclass changes them: `@run_config(optim=dict(lr=1e-4))`). A section's field may give
+    its flat name in metadata (`field(metadata={"flat": "peft"})`)."""
+    meta = {"section": cls, "defaults": defaults}
+    return field(default_factory=lambda: cls(**defaults), metadata=meta)
+
+
+def flat_fields(cls: type) -> dict[str, tuple[str | None, str]]:
+    """Each flat key a run config takes -> (its section or None for a top-level field, field)."""
+    out: dict[str, tuple[str | None, str]] = {}
+    for f in dataclasses.fields(cls):
+        if kind := f.metadata.get("section"):
+            out.update({g.metadata.get("flat", g.name): (f.name, g.name)
+                        for g in dataclasses.fields(kind)})  # fmt: skip
+        else:
+            out[f.name] = (None, f.name)
+    return out
+
+
+def run_config(cls: type | None = None, /, **section_defaults: dict[str, Any]) -> Any:
+    """`dataclass` for run configs. `@run_config(optim=dict(lr=1e-4))` changes the defaults of
+    an inherited section; the constructor also takes the sections' fields flat, as YAML does:
+    `DPOConfig(lora_r=4)` is `DPOConfig(peft=PeftConfig(lora_r=4, ...this run's defaults))`;
+    `to_dict()` gives them flat (`flat_dict`)."""
+    if cls is None:
+        return lambda c: run_config(c, **section_defaults)
+    own = dict(cls.__dict__.get("__annotations__", {}))
+    for name, values in section_defaults.items():
+        f = cls.__dataclass_fields__[name]  # the parent's section field
+        own[name] = kind = f.metadata["section"]  # a class: no name to resolve in this module
+        setattr(cls, name, section(kind, **{**f.metadata["defaults"], **values}))
+    cls.__annotations__ = own
+    cls = dataclass(cls)
+    init, where = cls.__init__, flat_fields(cls)
+
+    def __init__(self, **kwargs: Any) -> None:
+        nested: dict[str, dict[str, Any]] = {}
+        for key in [k for k in kwargs if where.get(k, (None,))[0] is not None]:
+            if not dataclasses.is_dataclass(kwargs[key]):  # not a whole section (replace())
+                name, fld = where[key]
+                nested.setdefault(name, {})[fld] = kwargs.pop(key)
+        for name, values in nested.items():
+            base = kwargs.get(name) or cls.__dataclass_fields__[name].default_factory()
+            kwargs[name] = dataclasses.replace(base, **values)
+        init(self, **kwargs)
+
+    cls.__init__, cls.to_dict = __init__, flat_dict
+    return cls
+
+
+def flat_dict(cfg: Any) -> dict[str, Any]:
+    """A run config's settings as flat keys (what YAML takes; the run's saved config)."""
+    fields = flat_fields(type(cfg)).items()
+    return {k: getattr(getattr(cfg, s), f) if s else getattr(cfg, f) for k, (s, f) in fields}
+
+
 @dataclass
 class OptimConfig:
-    """What every run config embeds (its fields are top-level keys of the run's YAML): the
+    """Every run config's `cfg.optim` (its fields are top-level keys of the run's YAML): the
     optimizer (AdamW, or Muon + AdamW) and its schedule (warmup + cosine, or warmup-stable-decay),
     the number of steps, clipping, accumulation, and when the loop logs, evaluates and saves. A
-    run config redeclares a field to change its default. lmforge/train/optim.py has the maths."""
+    run config sets its defaults (`section(OptimConfig, lr=...)`). lmforge/train/optim.py has the
+    maths."""
 
     max_iters: int = 1000  # optimizer steps (RL: rollouts)
     optimizer: str = "adamw"  # adamw | muon (Muon for hidden matrices, AdamW at lr for the rest)
@@ -93,30 +155,24 @@ class OptimConfig:
             return wsd_lr(step, self.lr, self.min_lr, self.warmup_iters, decay, self.cooldown_frac)
         return cosine_lr(step, self.lr, self.min_lr, self.warmup_iters, decay)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as plain data (the run's saved config)."""
-        return dataclasses.asdict(self)
 
+@run_config
+class SmallRunConfig:
+    """What the small single-process trainers share (BERT pretraining, classification, seq2seq,
+    the VLM): batch size, seed, torch threads, and AdamW as BERT trains (weight decay 0.01,
+    beta2 0.999)."""
 
-@dataclass
-class SmallRunConfig(OptimConfig):
-    """OptimConfig plus what the small single-process trainers share (BERT pretraining,
-    classification, seq2seq, the VLM): batch size, seed, torch threads, and AdamW as BERT
-    trains (weight decay 0.01, beta2 0.999)."""
-
+    optim: OptimConfig = section(OptimConfig, weight_decay=0.01, beta2=0.999)
     batch_size: int = 32
-    weight_decay: float = 0.01
-    beta2: float = 0.999
     seed: int = 0
     threads: int | None = None  # torch threads (None: torch's default; 1 suits a shared CPU)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require_positive_ints(self, "batch_size")
 
 
-@dataclass
-class TrainConfig(OptimConfig):
+@run_config
+class TrainConfig:
     """A pretraining run. Defaults: a tiny GPT on the built-in Python docs, a few CPU minutes.
 
     `batch_size` is the micro-batch of one forward pass and `grad_accum` the micro-batches of one
@@ -133,13 +189,11 @@ class TrainConfig(OptimConfig):
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (override preset)
     batch_size: int = 12
     block_size: int = 64
-    max_iters: int = 2000
+    optim: OptimConfig = section(OptimConfig, max_iters=2000, warmup_iters=100, weight_decay=0.1)
     max_time: float | None = None  # seconds; stop early when reached (same-wall-time runs)
     # val losses whose first crossing is printed and saved (step, seconds since the run began)
     loss_milestones: list[float] = field(default_factory=list)
     target_loss: float | None = None  # stop at the first evaluation with val loss <= this
-    warmup_iters: int = 100
-    weight_decay: float = 0.1
     label_smoothing: float = 0.0
     dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (autocast; fp16 loss-scaled)
     compile: bool = False
@@ -156,7 +210,6 @@ class TrainConfig(OptimConfig):
     tokenize_workers: int = 1  # processes tokenizing the corpus into shards
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require_positive_ints(self, "batch_size", "block_size")
         require_choice("dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         require_fraction(self, "val_fraction")
@@ -198,7 +251,8 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
             data.setdefault("model", {})[key[len("model.") :]] = value
         else:
             data[key] = value
-    valid = {f.name for f in dataclasses.fields(cls)}
+    where = flat_fields(cls)
+    valid = set(where)
     unknown = sorted(set(data) - valid)
     for key in unknown:
         if RENAMED.get(key) in valid:
@@ -209,7 +263,11 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
         )
     if not isinstance(data.get("model", {}), dict):
         raise ConfigError(f"{source}: 'model' must be a mapping of ModelConfig fields")
-    data = check_field_types(cls, coerce_numbers(cls, data, source), source)
+    for owner in {name for name, _ in where.values()}:  # each section checks its fields
+        kind = cls if owner is None else cls.__dataclass_fields__[owner].metadata["section"]
+        mine = {where[k][1]: k for k in data if where[k][0] == owner}  # field -> flat key
+        values = coerce_numbers(kind, {f: data[k] for f, k in mine.items()}, source)
+        data.update({mine[f]: v for f, v in check_field_types(kind, values, source).items()})
     try:
         return cls(**data)
     except TypeError as err:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from lmforge.model.bert import (
 )
 from lmforge.tokenizer import Tokenizer
 from lmforge.train.checkpoint import model_state
-from lmforge.train.config import SmallRunConfig, require_fraction
+from lmforge.train.config import SmallRunConfig, require_fraction, run_config
 from lmforge.train.loop import Trainer
 from lmforge.train.parallel import Parallel
 from lmforge.train.pretrain import build_tokenizer, train_tokenizer
@@ -57,7 +57,7 @@ BERT_SPECIAL_TOKENS = {
 }
 
 
-@dataclass
+@run_config(optim=dict(lr=5e-4, min_lr=5e-5, warmup_iters=50))
 class EncoderTrainConfig(SmallRunConfig):
     """A BERT pretraining run. Defaults: a 2-layer encoder on the built-in Python docs."""
 
@@ -73,9 +73,6 @@ class EncoderTrainConfig(SmallRunConfig):
     )  # BertConfig fields; vocab_size and max_position come from the tokenizer and block_size
     block_size: int = 64  # tokens per row, [CLS] and [SEP] included
     mask_prob: float = 0.15
-    lr: float = 5e-4
-    min_lr: float = 5e-5
-    warmup_iters: int = 50
     eval_iters: int = 10
     seed: int = 1337
     device: str = "auto"
@@ -171,12 +168,12 @@ def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": x, "attention_mask": mask}
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n\s*\n")
+_SEGMENT_BREAK = re.compile(r"(?<=[.!?;:])\s+|\n\s*\n")
 
 
 def nsp_sentences(text: str) -> list[str]:
     """Sentences (text ending in . ! ? ; : or a blank line), stripped, empty ones dropped."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    return [s.strip() for s in _SEGMENT_BREAK.split(text) if s.strip()]
 
 
 def nsp_rows(texts: list[str], tok: Tokenizer, ids: dict[str, int], block_size: int, seed: int):

@@ -32,12 +32,11 @@ The loop does the rest the same way for every trainer:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,6 @@ from lmforge.train.checkpoint import (
     save_training_state,
     set_rng_state,
 )
-from lmforge.train.config import OptimConfig
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import LossScaler, build_optimizer
 from lmforge.train.parallel import (
@@ -73,17 +71,18 @@ from lmforge.train.parallel import (
     whole_optimizer_state,
 )
 from lmforge.train.stop import handling_signals, request_stop, reset_stop, stop_pending, take_stop
-from lmforge.train.whole_copy import LossModule, WholeCopy
+from lmforge.train.whole_copy import LoopWrapsLoss, TrainerWrapsModel
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def training_dtype(name: str, device: torch.device) -> str:
     """The autocast dtype name of a training run's `dtype` setting. `auto` picks the fastest safe
     one: bf16 where the hardware does bf16 matmuls natively (CUDA with bf16, CPUs with AMX), fp16
-    on older GPUs, fp32 otherwise. Any other name must be one of DTYPES (ConfigError if not)."""
+    on older GPUs, fp32 otherwise. Any other name must be one of AUTOCAST_DTYPES (else
+    ConfigError)."""
     if name != "auto":
-        require_choice("dtype", name, DTYPES)
+        require_choice("dtype", name, AUTOCAST_DTYPES)
         return name
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
@@ -124,15 +123,12 @@ def stop_between_steps(hard_stop: bool):
     return handling_signals((signal.SIGINT, signal.SIGTERM), handler)
 
 
-def _silent(*args, **kwargs) -> None:
-    pass
-
-
 class Trainer(ABC):
     """The shared loop; see the module docstring for what a subclass supplies.
 
-    A subclass's __init__ calls `open_run` (settings, device, output folder), builds its data
-    and model, then `start(module)` (sharding, optimizer, resume, metrics log).
+    A subclass's __init__ calls `open_run` (settings, device, output folder, and how the run
+    meets DDP/FSDP: `LoopWrapsLoss` or `TrainerWrapsModel`), builds its data and model, then
+    `start(module)` (sharding, optimizer, resume, metrics log).
     """
 
     name = "train"
@@ -140,28 +136,24 @@ class Trainer(ABC):
     plot_file: str | None = None  # None: f"{name}.png"
     config_file = "train_config.json"
     eval_split = "eval"  # the metrics.csv split evaluations are logged under
-    evaluate_first = False  # evaluate before the first step (results as initial_*)
-    evaluate_on_every_rank = False  # evaluate() runs collectives (a sharded model's forward)
-    # under torchrun the loss runs inside one DDP/FSDP call of LossModule(module); False: the
-    # trainer wraps its model itself and calls the wrapper in loss() (pretraining)
-    wrap_loss = True
-    static_graph = True  # DDP: every step's loss uses the same parameters
-    dcp_state = False  # under torchrun: a sharded DCP checkpoint instead of one file
-    # FSDP: whole copy of the trained module on rank 0 only (evaluation, export), kept in CPU
-    # memory between uses; True: on every rank, on the device (samplers use it every step)
-    whole_copy_everywhere = False
 
     # ---- setup -------------------------------------------------------------------------------
-    def open_run(self, cfg: OptimConfig, dist: Parallel, resume: bool, log=print) -> None:
-        """Settings, device, torch threads (a `threads` setting) and output folder; checks that
-        --resume has a state to resume."""
+    def open_run(
+        self, cfg: Any, dist: Parallel, resume: bool, log=print,
+        wrapping: LoopWrapsLoss | TrainerWrapsModel | None = None, evaluate_first: bool = False,
+    ) -> None:  # fmt: skip
+        """Settings, device, torch threads (a `threads` setting), output folder, how the run
+        meets DDP/FSDP (`wrapping`, default LoopWrapsLoss()) and whether it evaluates before the
+        first step (results as initial_*); checks that --resume has a state to resume."""
         if getattr(cfg, "threads", None):
             torch.set_num_threads(cfg.threads)
         self.cfg, self.dist, self.resume = cfg, dist, resume
-        self.log = log if dist.is_main else _silent
+        self.wrapping, self.evaluate_first = wrapping or LoopWrapsLoss(), evaluate_first
+        self.log = log if dist.is_main else lambda *args, **kwargs: None
         self.device = dist.device
         self.out_dir = Path(cfg.out_dir)
-        self.state_path = self.out_dir / (dist.state_file if self.dcp_state else STATE_FILE)
+        sharded = self.wrapping.sharded_state and dist.sharded  # a DCP directory, not one file
+        self.state_path = self.out_dir / (dist.state_file if sharded else STATE_FILE)
         if resume and not self.state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {self.state_path}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,8 +162,7 @@ class Trainer(ABC):
         self.tokens_per_step = 0  # tokens of one step's batch, where that is a fixed number
         self.dtype = "float32"
         self.scaler: LossScaler | None = None
-        self.loss_module: nn.Module | None = None
-        self._whole: WholeCopy | None = None
+        self.model_config: Any = getattr(self, "model_config", None)  # DDP's MoE check, resume
         self._saved_at = -1
 
     def start(self, module: nn.Module) -> None:
@@ -179,18 +170,14 @@ class Trainer(ABC):
         requires_grad parameters, resume, open the metrics log."""
         cfg = self.cfg
         self.module = module
-        if self.dist.shards_parameters and self.wrap_loss:
-            keep = self.dist.is_main or self.whole_copy_everywhere
-            self._whole = WholeCopy(module, keep, self.device, not self.whole_copy_everywhere)
-            self.loss_module = self.dist.wrap(LossModule(module, self.model_spec()))
+        if self.model_config is None:
+            self.model_config = getattr(module, "config", None)
+        self.wrapping.attach(module, self.model_config, self.dist)
         if not any(p.requires_grad for p in module.parameters()):
             raise ConfigError(f"{self.name}: nothing to train (every parameter is frozen)")
-        if cfg.optimizer == "muon" and self.dist.shards_parameters:
+        if cfg.optim.optimizer == "muon" and self.dist.shards_parameters:
             raise ConfigError("optimizer: muon needs whole matrices; use parallel: ddp, not fsdp")
-        self.optimizer = build_optimizer(
-            module, cfg.optimizer, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2),
-            cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay, cfg.ns_steps, cfg.muon_lr_adjust,
-        )  # fmt: skip
+        self.optimizer = build_optimizer(module, cfg.optim)
         if self.dtype == "float16":
             self.scaler = LossScaler()
         if self.resume:
@@ -198,17 +185,12 @@ class Trainer(ABC):
         out = self.out_dir if self.dist.is_main else None
         self.metrics = MetricsLog(out, getattr(cfg, "tensorboard", False), self.resume)
         if self.dist.is_main:
-            write_json(self.out_dir / self.config_file, dataclasses.asdict(cfg))
-
-    def model_spec(self) -> Any:
-        """The model's config object (DDP looks for MoE in it, a resume compares it)."""
-        spec = getattr(self, "model_config", None)
-        return spec if spec is not None else getattr(self.module, "config", None)
+            write_json(self.out_dir / self.config_file, cfg.to_dict())
 
     def autocast(self):
         if self.dtype == "float32":
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
+        return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.dtype])
 
     # ---- hooks -------------------------------------------------------------------------------
     @abstractmethod
@@ -217,7 +199,7 @@ class Trainer(ABC):
 
     def micro_batches(self, batch: Any) -> list[Any]:
         """The step's batch as grad_accum micro-batches."""
-        return split_rows(batch, self.cfg.grad_accum)
+        return split_rows(batch, self.cfg.optim.grad_accum)
 
     @abstractmethod
     def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -274,7 +256,7 @@ class Trainer(ABC):
 
     def signature(self) -> dict[str, Any]:
         """Settings a resumed run must share with the saved one (the model's shape)."""
-        config = self.model_spec()
+        config = self.model_config
         return config.to_dict() if hasattr(config, "to_dict") else {}
 
     def finish(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -282,16 +264,12 @@ class Trainer(ABC):
         return result
 
     # ---- one step ----------------------------------------------------------------------------
-    def set_lr(self) -> float:
-        lr = self.cfg.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
-        return lr
-
     def train_step(self) -> dict[str, float]:
         """One step: learning rate, batch, update(s). Returns its metrics, the same on every
         rank (the global batch's)."""
-        lr = self.set_lr()
+        lr = self.cfg.optim.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         self.module.train()
         stats = self.learn(self.next_batch())
         self.step += 1
@@ -310,10 +288,7 @@ class Trainer(ABC):
         total = sum(weights)
         if world > 1:
             total = self.dist.sum([total])[0]
-            if self.loss_module is None and self.wrap_loss:
-                config = self.model_spec()
-                self.dist.static_graph = self.static_graph and getattr(config, "mlp", "") != "moe"
-                self.loss_module = self.dist.wrap(LossModule(self.module, config))
+            self.wrapping.before_update()
         loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, float] = {}
         last = len(micro_batches) - 1
@@ -323,7 +298,7 @@ class Trainer(ABC):
             share = weight * world / total if total else 1.0
             with self.dist.no_sync(last=i == last):  # reduce gradients once per update
                 with self.autocast():
-                    loss, stats = fn(mb) if self.loss_module is None else self.loss_module(mb, fn)
+                    loss, stats = self.wrapping.loss(mb, fn)
                     if share != 1.0:
                         loss = loss * share
                 (loss * self.scaler.scale if self.scaler else loss).backward()
@@ -349,80 +324,47 @@ class Trainer(ABC):
         grad_norm = float("nan")  # a float16 step skipped for overflow
         if self.scaler is None or self.scaler.unscale_and_check(params):
             # the global norm before clipping (what TRL/transformers log as grad_norm)
-            clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+            clip = self.cfg.optim.grad_clip or float("inf")
             norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self._whole is not None:
-            self._whole.version = None  # the whole copies are stale after this update
+        self.wrapping.updated()
         stats = {k: v / world for k, v in zip(keys, values[2:])}
         return {"loss": value, "grad_norm": grad_norm, **stats}
 
-    def mean_over_ranks(self, stats: dict[str, float]) -> dict[str, float]:
-        """The mean over ranks of metrics each rank computed on its own share (one all-reduce)."""
-        if self.dist.world_size == 1:
-            return stats
-        keys = sorted(stats)
-        sums = self.dist.sum([float(stats[k]) for k in keys])
-        return {k: v / self.dist.world_size for k, v in zip(keys, sums)}
-
-    # ---- FSDP --------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def whole_weights(self) -> Iterator[bool]:
+    # ---- FSDP and evaluation -------------------------------------------------------------------
+    def whole_weights(self) -> contextlib.AbstractContextManager[bool]:
         """Collective under FSDP (every rank enters it at the same point): for the body, this
         rank sees the current model whole wherever the trainer refers to it (self.module, an
         LM, a rollout engine's policy, a critic) and the context yields True; a rank that keeps
         no whole copy yields False. Without sharding it is free and yields True."""
-        if self._whole is None:
-            yield True
-            return
-        self._whole.refresh(self.module, self.dist.full_tensor, self.step)  # every rank joins
-        if self._whole.copy is None:
-            yield False
-            return
-        with self._whole.swapped_in(self, self.module):
-            yield True
+        return self.wrapping.whole_weights(self, self.step)
 
-    # ---- evaluation --------------------------------------------------------------------------
     def _evaluate(self) -> dict[str, float]:
-        """Rank 0 evaluates (the other ranks hold the same weights, or under FSDP join the
-        gather of them, and go on to the next step, where the all-reduce waits for rank 0)."""
-        if self.evaluate_on_every_rank:
-            result = self._evaluate_here()
-        else:
-            with self.whole_weights() as whole:
-                if not (whole and self.dist.is_main):
-                    return {}
-                result = self._evaluate_here()
+        """`evaluate()` on the ranks that evaluate (`wrapping.evaluating`), logged."""
+        with self.wrapping.evaluating(self, self.step) as here:
+            if not here:
+                return {}
+            with eval_mode(self.module), torch.no_grad():
+                result = self.evaluate()
         if result:
             self.log_evaluation(result)
         return result
 
-    def _evaluate_here(self) -> dict[str, float]:
-        with eval_mode(self.module), torch.no_grad():
-            return self.evaluate()
-
     # ---- state -------------------------------------------------------------------------------
-    def progress_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "elapsed": self.elapsed,
-            "cpu_elapsed": self.cpu_elapsed,
-            "tokens_seen": self.tokens_seen,
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "model_config": self.signature(),
-        }
-
     def save_checkpoint(self) -> None:
         """The exported model (for users) and the training state (for --resume). Collective
         under torchrun; rank 0 writes the one-file state (under FSDP from whole weights)."""
         self._saved_at = self.step
-        if self.dcp_state and self.dist.sharded:
+        progress = {
+            "step": self.step, "elapsed": self.elapsed, "cpu_elapsed": self.cpu_elapsed,
+            "tokens_seen": self.tokens_seen, "model_config": self.signature(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+        }  # fmt: skip
+        if self.wrapping.sharded_state and self.dist.sharded:
             self.export(self.out_dir)  # collective: gathers the shards
-            self.dist.save_state(
-                self.out_dir, self.module, self.optimizer, self.sampler, self.progress_state()
-            )
+            self.dist.save_state(self.out_dir, self.module, self.optimizer, self.sampler, progress)
             return
         optimizer = whole_optimizer_state(self.optimizer, self.dist)  # collective under FSDP
         with self.whole_weights() as whole:
@@ -431,7 +373,7 @@ class Trainer(ABC):
             self.export(self.out_dir)
             trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
             state = {
-                **self.progress_state(),
+                **progress,
                 "trainable": trainable,
                 "optimizer": optimizer,
                 "data": self.data_state(),
@@ -442,7 +384,7 @@ class Trainer(ABC):
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore a state written by save_checkpoint, after checking it fits this run."""
-        if self.dcp_state and self.dist.sharded:
+        if self.wrapping.sharded_state and self.dist.sharded:
             state = self.dist.load_state(
                 path, self.module, self.optimizer, self.sampler, self.signature()
             )
@@ -476,7 +418,7 @@ class Trainer(ABC):
     def run(self) -> dict[str, Any]:
         """Train to max_iters (or until should_stop / out_of_time) with periodic evaluation and
         checkpoints; then final evaluations, metrics and plot. Returns the final metrics."""
-        cfg = self.cfg
+        cfg = self.cfg.optim
         show = cfg.progress and self.dist.is_main
         # a bar on a terminal, a plain line every few seconds in a redirected log
         bar = progress_bar(total=cfg.max_iters, initial=self.step, desc=self.name, disable=not show)

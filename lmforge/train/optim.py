@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_choice
 
 OPTIMIZERS = ("adamw", "muon")
 # Muon's per-matrix lr factor for an [m, n] matrix: "original" sqrt(max(1, m/n)) (Jordan et
@@ -189,33 +189,31 @@ def hidden_matrices(model: nn.Module) -> set[int]:
     }  # fmt: skip
 
 
-def build_optimizer(
-    model: nn.Module, kind: str, lr: float, weight_decay: float, betas: tuple[float, float],
-    muon_lr: float = 0.02, muon_momentum: float = 0.95, muon_weight_decay: float = 0.0,
-    ns_steps: int = 5, muon_lr_adjust: str = "original",
-) -> torch.optim.Optimizer:  # fmt: skip
-    """The optimizer a run config names (OPTIMIZERS). Every param group carries `lr_scale`,
-    its learning rate over `lr`, so the schedule (which computes lr) moves all of them.
+def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
+    """The optimizer `cfg` (a run's `cfg.optim`, train/config.py's OptimConfig) names
+    (OPTIMIZERS). Every param group carries `lr_scale`, its learning rate over `lr`, so the
+    schedule (which computes lr) moves all of them.
 
     muon: Muon at muon_lr with muon_weight_decay for the hidden matrices (`hidden_matrices`),
     AdamW at lr for the rest (weight_decay on embeddings and the head, none on gains, biases).
     """
-    if kind == "adamw":
-        optimizer = build_adamw(model, lr, weight_decay, betas)
-    elif kind == "muon":
+    require_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    lr, muon_lr, betas = cfg.lr, cfg.muon_lr, (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        optimizer = build_adamw(model, lr, cfg.weight_decay, betas)
+    else:  # muon
         hidden = hidden_matrices(model)
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if id(p) in hidden], "muon": True, "lr": muon_lr,
-             "lr_scale": muon_lr / lr, "weight_decay": muon_weight_decay},
+             "lr_scale": muon_lr / lr, "weight_decay": cfg.muon_weight_decay},
             {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2]},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]  # fmt: skip
         groups = [g for g in groups if g["params"]]
-        optimizer = Muon(groups, lr=lr, momentum=muon_momentum, ns_steps=ns_steps, betas=betas,
-                         weight_decay=weight_decay, lr_adjust=muon_lr_adjust)  # fmt: skip
-    else:
-        raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {kind!r}")
+        optimizer = Muon(groups, lr=lr, momentum=cfg.muon_momentum, ns_steps=cfg.ns_steps,
+                         betas=betas, weight_decay=cfg.weight_decay,
+                         lr_adjust=cfg.muon_lr_adjust)  # fmt: skip
     for group in optimizer.param_groups:
         group.setdefault("lr_scale", 1.0)
     return optimizer

@@ -108,6 +108,11 @@ class Parallel:
         """Element-wise sums over ranks of a short list of floats (one all-reduce)."""
         return list(values)
 
+    def mean(self, stats: dict[str, float]) -> dict[str, float]:
+        """The mean over ranks of metrics each rank computed on its own share (one all-reduce)."""
+        sums = self.sum([float(v) for v in stats.values()])
+        return {k: v / self.world_size for k, v in zip(stats, sums)}
+
     def broadcast_flag(self, flag: bool) -> bool:
         """Rank 0's value of a flag on every rank (e.g. "stop now" after a rank-0 evaluation)."""
         return flag
@@ -297,7 +302,7 @@ def setup_parallel(cfg, device: torch.device) -> Parallel:
     require_choice("parallel", cfg.parallel, PARALLEL)
     torchrun = launched_by_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else 1
-    check_world_size(cfg.grad_accum, world, "grad_accum", "micro-batches")
+    check_world_size(cfg.optim.grad_accum, world, "grad_accum", "micro-batches")
     if torchrun and cfg.parallel == "fsdp" and cfg.dtype == "float16":
         raise ConfigError("parallel=fsdp does not support float16 loss scaling; use bfloat16")
     return init_parallel(cfg.parallel, device, cfg.activation_checkpointing)

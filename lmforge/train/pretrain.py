@@ -28,6 +28,7 @@ from lmforge.train.config import TrainConfig
 from lmforge.train.loop import Trainer, training_dtype
 from lmforge.train.parallel import setup_parallel
 from lmforge.train.samplers import micro_batch_seed
+from lmforge.train.whole_copy import TrainerWrapsModel
 
 TOKENIZER_KINDS = ("bpe", "char", "word")
 
@@ -110,15 +111,13 @@ class Pretrainer(Trainer):
     name = "pretraining"
     curves = [("train", "loss"), ("val", "loss"), ("train", "lr")]
     plot_file = "loss.png"
-    evaluate_on_every_rank = True  # a sharded (FSDP) model's forward is a collective
-    wrap_loss = False  # the model itself is wrapped (DDP / FSDP2, maybe compiled)
-    dcp_state = True  # under torchrun: a sharded checkpoint, every rank writing its part
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log=print):
         self.began = time.perf_counter()  # milestone times count from here: setup included
         self.milestones: dict[str, dict[str, float]] = {}  # "1.89" -> step, seconds, val loss
         # one process, or one rank of a torchrun job (DDP/FSDP2; lmforge/train/parallel.py)
-        self.open_run(cfg, setup_parallel(cfg, require_device(cfg.device)), resume, log)
+        dist = setup_parallel(cfg, require_device(cfg.device))
+        self.open_run(cfg, dist, resume, log, wrapping=TrainerWrapsModel())
         self.dtype = training_dtype(cfg.dtype, self.device)
         remove_stale_temps(self.out_dir / "data")
         with self.dist.rank_zero_first():  # the other ranks then reuse rank 0's files
@@ -126,7 +125,8 @@ class Pretrainer(Trainer):
             self.tokenizer.save(self.out_dir)
             meta = prepare_corpus(
                 cfg.data, self.tokenizer, self.out_dir / "data", val_fraction=cfg.val_fraction,
-                text_field=cfg.text_field, progress=cfg.progress, workers=cfg.tokenize_workers,
+                text_field=cfg.text_field, progress=cfg.optim.progress,
+                workers=cfg.tokenize_workers,
             )  # fmt: skip
         self.train_shard = TokenShard.open(self.out_dir / "data" / "train.bin")
         self.val_shard = TokenShard.open(self.out_dir / "data" / "val.bin")
@@ -140,9 +140,9 @@ class Pretrainer(Trainer):
         self.model = Transformer(self.model_config).to(self.device)
         self.wrapped = self.dist.wrap(self.model)  # DDP / FSDP2 (sharded in place) / itself
         self.sampler = self.dist.sampler(
-            self.train_shard, cfg.batch_size, cfg.block_size, cfg.grad_accum, cfg.seed
+            self.train_shard, cfg.batch_size, cfg.block_size, cfg.optim.grad_accum, cfg.seed
         )
-        self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum
+        self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.optim.grad_accum
         self.start(self.model)
         self.forward = torch.compile(self.wrapped) if cfg.compile else self.wrapped
         self.log(

@@ -4,7 +4,7 @@ the result (`lmforge seq2seq`)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +13,12 @@ import torch
 from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.model.seq2seq import NumberTask, Seq2Seq, Seq2SeqConfig
-from lmforge.train.config import SmallRunConfig, require_fraction
+from lmforge.train.config import SmallRunConfig, require_fraction, run_config
 from lmforge.train.loop import Trainer
 from lmforge.train.parallel import Parallel
 
 
-@dataclass
+@run_config(optim=dict(max_iters=1500, lr=2e-3, warmup_iters=50))
 class Seq2SeqTrainConfig(SmallRunConfig):
     """A run on NumberTask. `model` holds Seq2SeqConfig fields (vocab comes from the task)."""
 
@@ -26,10 +26,7 @@ class Seq2SeqTrainConfig(SmallRunConfig):
     reverse: bool = False  # False: words -> digits; True: digits -> words
     max_number: int = 10000
     test_fraction: float = 0.1
-    max_iters: int = 1500
     batch_size: int = 64
-    lr: float = 2e-3
-    warmup_iters: int = 50
     beam: int = 4  # beam width for the final evaluation (1 = greedy only)
     threads: int | None = 1
     model: dict[str, Any] = field(default_factory=lambda: {"d_model": 64, "d_ff": 256, "n_head": 4})

@@ -44,7 +44,7 @@ FORMAT = "lmforge-sharded-safetensors/1"
 ST_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
             torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}  # fmt: skip
-DTYPES = {str(dt).removeprefix("torch."): dt for dt in ST_NAMES}
+SAFETENSORS_DTYPES = {str(dt).removeprefix("torch."): dt for dt in ST_NAMES}
 _OLD_FORMAT = (
     "was written by an older lmforge in torch.distributed.checkpoint format, whose .metadata is "
     "a pickle and cannot be read safely; start a new out_dir, or consolidate it with the lmforge "
@@ -117,7 +117,7 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
     skeleton = state_skeleton({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(target))
     tied = _tied_names(model, set(tensors))
     for name, tensor in tensors.items():  # a dtype the reader would refuse: fail now, not later
-        if str(tensor.dtype).removeprefix("torch.") not in DTYPES:
+        if str(tensor.dtype).removeprefix("torch.") not in SAFETENSORS_DTYPES:
             raise CheckpointError(f"{target}: {name} has dtype {tensor.dtype}, not storable")
 
     slices: dict[str, torch.Tensor] = {}
@@ -203,7 +203,7 @@ def _check_meta(step_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{where}: world_size must be >= 1, got {meta['world_size']}")
     for name, info in meta["tensors"].items():
         if not (isinstance(info, dict) and _int_list(info.get("shape"))
-                and info.get("dtype") in DTYPES):  # fmt: skip
+                and info.get("dtype") in SAFETENSORS_DTYPES):  # fmt: skip
             raise CheckpointError(f"{where}: tensor {name!r} needs a shape and a known dtype")
     for alias, name in meta["tied"].items():
         if name not in meta["tensors"]:
@@ -260,7 +260,7 @@ class _Chunks:
             raise CheckpointError(f"{path}: tensor {name!r} has a bad offset {offset!r}")
         if any(o + s > f for o, s, f in zip(offset, shape, full)):
             raise CheckpointError(f"{path}: slice of {name!r} lies outside its shape {full}")
-        if ST_NAMES[DTYPES[info["dtype"]]] != dtype:
+        if ST_NAMES[SAFETENSORS_DTYPES[info["dtype"]]] != dtype:
             raise CheckpointError(f"{path}: {name!r} is {dtype}, meta.json says {info['dtype']}")
         self.chunks.setdefault(name, []).append((index, offset, shape))
 

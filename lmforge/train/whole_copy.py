@@ -11,8 +11,11 @@ from the shards by one gather that every rank joins at the same point, and `swap
 points the trainer's attributes (its module, an LM, a rollout engine's policy, a critic) at the
 copy for the length of a block, so evaluation, export and sampling code runs on it unchanged.
 
-How a global batch splits over ranks is in samplers.py; the optimizer state is saved with whole
-tensors and re-sliced on load (parallel.py), so one file resumes on any world size and strategy.
+A trainer's loop uses one of two ways to meet DDP/FSDP: `LoopWrapsLoss` (post-training, the
+default: LossModule and, under FSDP, a WholeCopy) or `TrainerWrapsModel` (pretraining wraps its
+own model). How a global batch splits over ranks is in samplers.py; the optimizer state is saved
+with whole tensors and re-sliced on load (parallel.py), so one file resumes on any world size and
+strategy.
 """
 
 from __future__ import annotations
@@ -104,3 +107,88 @@ class WholeCopy:
         finally:
             if self.offload:
                 self.copy.to("cpu")  # GPU memory holds only the shards between uses
+
+
+class LoopWrapsLoss:
+    """Under torchrun the loop runs each loss inside one DDP/FSDP call of `LossModule(module)`;
+    under FSDP a `WholeCopy` serves what needs whole weights: rank 0's, in CPU memory between
+    uses (evaluation, export, the state file), or with `copy_on_every_rank` one per rank on the
+    device (trainers that sample from the policy every step). `static_graph`: DDP may assume the
+    same parameters take part in every step (not so for MoE, nor for PPO's critic warm-up)."""
+
+    sharded_state = False  # the training state is one file, whatever the world size
+
+    def __init__(self, copy_on_every_rank: bool = False, static_graph: bool = True):
+        self.copy_on_every_rank, self.static_graph = copy_on_every_rank, static_graph
+        self.loss_module: nn.Module | None = None
+        self.whole: WholeCopy | None = None
+
+    def attach(self, module: nn.Module, config: Any, dist: Any) -> None:
+        """Called once the trained module exists; FSDP shards it here (DDP: `before_update`)."""
+        self.module, self.config, self.dist = module, config, dist
+        if dist.shards_parameters:
+            keep = dist.is_main or self.copy_on_every_rank
+            self.whole = WholeCopy(module, keep, dist.device, not self.copy_on_every_rank)
+            self.loss_module = dist.wrap(LossModule(module, config))
+
+    def before_update(self) -> None:
+        """Under torchrun, before an update's micro-batches: DDP wraps the LossModule at the
+        first one (after the trainer's setup has set the DDP options)."""
+        if self.loss_module is None and self.dist.world_size > 1:
+            moe = getattr(self.config, "mlp", "") == "moe"
+            self.dist.static_graph = self.static_graph and not moe
+            self.loss_module = self.dist.wrap(LossModule(self.module, self.config))
+
+    def loss(self, batch: Any, fn: Callable[[Any], Any]) -> Any:
+        """`fn(batch)`, under torchrun inside one call of the wrapped LossModule."""
+        return fn(batch) if self.loss_module is None else self.loss_module(batch, fn)
+
+    def updated(self) -> None:
+        """The weights changed: whole copies are stale."""
+        if self.whole is not None:
+            self.whole.version = None
+
+    @contextlib.contextmanager
+    def whole_weights(self, owner: object, version: Any) -> Iterator[bool]:
+        """See `Trainer.whole_weights`."""
+        if self.whole is None:
+            yield True
+            return
+        self.whole.refresh(self.module, self.dist.full_tensor, version)  # every rank joins
+        if self.whole.copy is None:
+            yield False
+            return
+        with self.whole.swapped_in(owner, self.module):
+            yield True
+
+    @contextlib.contextmanager
+    def evaluating(self, owner: object, version: Any) -> Iterator[bool]:
+        """Whether this rank evaluates: rank 0, on whole weights (the other ranks hold the same
+        weights, or under FSDP join the gather of them, and go on to the next step, where the
+        all-reduce waits for rank 0)."""
+        with self.whole_weights(owner, version) as whole:
+            yield whole and self.dist.is_main
+
+
+class TrainerWrapsModel:
+    """The trainer wraps its own model (pretraining: DDP, or FSDP2 in place, maybe compiled) and
+    calls the wrapper in its loss, which the loop runs as it is; every rank evaluates (a sharded
+    model's forward is a collective) and, under torchrun, writes its part of a sharded (DCP)
+    training state."""
+
+    sharded_state = True
+
+    def attach(self, module: nn.Module, config: Any, dist: Any) -> None: ...
+
+    def before_update(self) -> None: ...
+
+    def loss(self, batch: Any, fn: Callable[[Any], Any]) -> Any:
+        return fn(batch)
+
+    def updated(self) -> None: ...
+
+    @contextlib.contextmanager
+    def whole_weights(self, owner: object, version: Any) -> Iterator[bool]:
+        yield True
+
+    evaluating = whole_weights  # every rank evaluates

@@ -15,7 +15,7 @@ first group lies strictly left of (above) every shape of the second, the two gro
 overlap in the other direction (so "left of" never also reads as "above"), and shapes never touch
 (a one-pixel gap), so the caption is a function of the image and exact match is a fair score.
 
-Splits (SPLITS): "train" (what the model learns from), "validation" (for every choice: stem,
+Splits (SPLIT_SEEDS): "train" (what the model learns from), "validation" (for every choice: stem,
 layers, learning rate, steps), "test" (held-out images of the pairs seen in training) and
 "novel" (each image holds at least one held-out colour x shape pair). test and novel are only
 read to report. Some colour x shape pairs never occur in train, validation or test: the held-out
@@ -75,7 +75,7 @@ def latin_square_pairs(
 
 
 HELD_OUT_PAIRS = latin_square_pairs(tuple(COLOURS), SHAPES)
-SPLITS = {"train": 0, "test": 1, "novel": 2, "validation": 3}
+SPLIT_SEEDS = {"train": 0, "test": 1, "novel": 2, "validation": 3}
 IMAGE_RULE = (
     "converted to RGB (transparency composited onto black), padded with black to a centred "
     "square, resized (bicubic) to the model's image size"
@@ -192,9 +192,9 @@ class ShapesDataset:
         return [" ".join([*words, *RELATIONS.values()])]  # "left of" joins as its two words
 
     def _rng(self, split: str, index: int) -> np.random.Generator:
-        if split not in SPLITS:
-            raise DataError(f"shapes: unknown split {split!r}; choose from {list(SPLITS)}")
-        return np.random.default_rng([self.seed, SPLITS[split], index])
+        if split not in SPLIT_SEEDS:
+            raise DataError(f"shapes: unknown split {split!r}; choose from {list(SPLIT_SEEDS)}")
+        return np.random.default_rng([self.seed, SPLIT_SEEDS[split], index])
 
     def _draw_scene(self, rng: np.random.Generator, split: str) -> Scene:
         first_pool = second_pool = self.seen_pairs

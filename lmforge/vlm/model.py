@@ -33,7 +33,7 @@ from lmforge.train.pretrain import TOKENIZER_KINDS, train_tokenizer
 from lmforge.vlm.projector import build_projector
 from lmforge.vlm.vision import VisionConfig, VisionEncoder, upgrade_legacy_names
 
-MODEL_TYPE = "lmforge-vlm"
+VLM_MODEL_TYPE = "lmforge-vlm"
 IMAGE = "<|image|>"  # one placeholder per image feature vector; also the slot mark in prompts
 IMAGE_TOKENS = {"image": IMAGE, "im_start": "<|im_start|>", "im_end": "<|im_end|>"}
 IGNORE = -100
@@ -291,7 +291,7 @@ class VisionLanguageModel(nn.Module):
         write_json(
             path / "config.json",
             {
-                "model_type": MODEL_TYPE,
+                "model_type": VLM_MODEL_TYPE,
                 "text_config": self.config.to_dict(),
                 "vision_config": self.vision_tower.config.to_dict(),
                 "projector": self.projector_kind,
@@ -309,10 +309,10 @@ class VisionLanguageModel(nn.Module):
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
         meta = read_json(path / "config.json", "VLM config")
-        if meta.get("model_type") != MODEL_TYPE:
+        if meta.get("model_type") != VLM_MODEL_TYPE:
             raise CheckpointError(
                 f"{path / 'config.json'}: model_type is {meta.get('model_type')!r}, "
-                f"expected {MODEL_TYPE!r} (a checkpoint written by `lmforge vlm train`)"
+                f"expected {VLM_MODEL_TYPE!r} (a checkpoint written by `lmforge vlm train`)"
             )
         source = str(path / "config.json")
         text = ModelConfig.from_dict(meta["text_config"], source=source)

@@ -13,7 +13,7 @@ validation the same way.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from lmforge.errors import ConfigError, require_positive_ints
 from lmforge.model.config import ModelConfig
 from lmforge.model.modes import eval_mode
 from lmforge.model.transformer import Transformer
-from lmforge.train.config import SmallRunConfig
+from lmforge.train.config import SmallRunConfig, run_config
 from lmforge.train.loop import Trainer
 from lmforge.train.parallel import Parallel
 from lmforge.vlm.data import ShapesDataset
@@ -32,7 +32,7 @@ from lmforge.vlm.model import IGNORE, VisionLanguageModel, build_vlm_tokenizer
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
 
-@dataclass
+@run_config(optim=dict(max_iters=1500, lr=2e-3, warmup_iters=50, beta2=0.99, eval_interval=250))
 class VLMTrainConfig(SmallRunConfig):
     """A run on ShapesDataset. `model` holds ModelConfig fields of the language model."""
 
@@ -61,15 +61,10 @@ class VLMTrainConfig(SmallRunConfig):
         default_factory=lambda: {"n_layer": 2, "n_head": 4, "d_model": 128, "pos": "rope",
                                  "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
     )  # fmt: skip
-    max_iters: int = 1500
     # CPU seconds of training steps (process time, evaluation excluded); stop when reached. CPU
     # time, not wall time: on a shared machine the wall time depends on the other users.
     max_time: float | None = None
-    lr: float = 2e-3
-    warmup_iters: int = 50
-    beta2: float = 0.99
     text_dropout: float = 0.0  # caption input tokens replaced by UNK (targets kept): word dropout
-    eval_interval: int = 250  # validation every N steps; the best step is kept
     eval_size: int = 500  # images per split (validation at each evaluation; test, novel at the end)
     report: bool = True  # score test and novel once at the end (a selection sweep turns it off)
 
@@ -175,11 +170,8 @@ class VLMTrainer(Trainer):
         self.best: dict[str, Any] = {}
         self.start(self.vlm)
 
-    def model_spec(self) -> Any:
-        return self.vlm.language_model.config if hasattr(self.vlm, "language_model") else None
-
     def signature(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self.cfg).items() if k not in RUN_LENGTH}
+        return {k: v for k, v in self.cfg.to_dict().items() if k not in RUN_LENGTH}
 
     def next_batch(self):
         cfg, vlm = self.cfg, self.vlm

@@ -73,7 +73,7 @@ class VisionConfig:
                 f"vision.d_model={self.d_model} is not divisible by vision.n_head={self.n_head}"
             )
         require_choice("vision.patch_embed", self.patch_embed, PATCH_EMBEDDINGS)
-        require_choice("vision.act", self.act, ACTIVATIONS)
+        require_choice("vision.act", self.act, ENCODER_ACTIVATIONS)
         p = self.patch_size
         if self.patch_embed == "conv" and (p < 2 or p & (p - 1)):
             raise ConfigError(
@@ -110,7 +110,7 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # MLP activations of the encoder blocks
+ENCODER_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # MLP activations of the encoder blocks
 
 
 def check_pixels(pixels: torch.Tensor, image_size: int, channels: int = 3) -> None:

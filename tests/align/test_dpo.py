@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmforge.align import data as D
-from lmforge.align.dpo import DPOConfig, DPOTrainer, completion_logprobs
+from lmforge.align.dpo import DPOConfig, DPOTrainer, completion_logprob_sums
 from lmforge.align.trainer import load_lm
 from lmforge.errors import ConfigError
 
@@ -35,7 +35,7 @@ def test_logprobs_count_completion_tokens_only():
     logits_fn = lm.model
     for ex in (a, b):
         batch = D.collate_preferences([ex], tok.pad_id)
-        lp = completion_logprobs(logits_fn, batch)
+        lp = completion_logprob_sums(logits_fn, batch)
         full = torch.log_softmax(lm.model(batch["input_ids"]), -1)[0]
         ids = batch["input_ids"][0]
         expect = sum(full[t - 1, ids[t]] for t in range(4, 6))  # answer digit + EOS
@@ -54,7 +54,7 @@ def test_lora_reference_is_the_policy_with_adapters_off(tmp_path, cfg):
     b = live.batch([3, 1])
     assert torch.allclose(pre.batch([3, 1])["ref"], b["ref"], atol=1e-5)
     with torch.no_grad():
-        policy = completion_logprobs(live.lm.model, b).view(2, -1).T
+        policy = completion_logprob_sums(live.lm.model, b).view(2, -1).T
     assert (policy - b["ref"]).abs().max() > 1e-3  # the adapters did move the policy
 
 

@@ -42,7 +42,7 @@ def test_update_favours_rewarded_completions(tmp_path):
     """One plain SGD step raises log π of the rewarded completion above its group's others."""
     t = trainer(tmp_path)
     t.optimizer = torch.optim.SGD(t.lm.model.parameters(), lr=0.5)
-    t.cfg.grad_clip = 0.0
+    t.cfg.optim.grad_clip = 0.0
     t.cfg.batch_size = 4
     rollout = t.rollout([0, 1, 2, 3])
     rollout.rewards = torch.tensor([1.0, 0, 0, 0] * 4)  # the first of each group is "right"

@@ -55,7 +55,7 @@ def test_sft_loss_is_task_loss_plus_coef_times_replay_loss(tmp_path, text_file):
     batch = trainer.batch(list(range(8)))
     loss, stats = trainer.loss(batch)
     plain = sft_loss(trainer.lm.model(batch["input_ids"]), batch["labels"])
-    again = Replay.from_config(trainer.cfg, trainer)
+    again = Replay.from_config(trainer.cfg.replay, trainer)
     ids = again.windows(trainer.step)
     assert ids.shape == (3, 12)
     replayed = sft_loss(trainer.lm.model(ids), ids)

@@ -34,7 +34,8 @@ def test_config_yaml_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("lr: 0.01\nmodel:\n  n_layer: 3\n")
     cfg = build_config(SFTConfig, path, {"model.d_model": 48, "peft": "lora"})
-    assert cfg.lr == 0.01 and cfg.model == {"n_layer": 3, "d_model": 48} and cfg.peft == "lora"
+    assert cfg.optim.lr == 0.01 and cfg.model == {"n_layer": 3, "d_model": 48}
+    assert cfg.peft.method == "lora"  # a flat key of the peft section
     with pytest.raises(ConfigError, match="unknown key"):
         build_config(SFTConfig, None, {"nope": 1})
     with pytest.raises(ConfigError, match="batch_size"):

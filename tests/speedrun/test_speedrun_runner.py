@@ -158,4 +158,4 @@ def test_every_preset_builds_valid_trainer_configs(tmp_path, preset):
         if stage != "pretrain":
             assert cfg.data.endswith(":chat") and cfg.data.startswith("task:")
         if stage in ("sft", "dpo", "grpo"):  # they replay the pretraining text
-            assert cfg.replay_data == str(shard) and cfg.replay_coef > 0
+            assert cfg.replay.replay_data == str(shard) and cfg.replay.replay_coef > 0

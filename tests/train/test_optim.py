@@ -1,6 +1,8 @@
 """The optimizers' and schedules' maths: Newton-Schulz against an SVD, Muon against
 torch.optim.Muon, its AdamW part against torch.optim.AdamW, and the shapes of the schedules."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -116,13 +118,13 @@ def test_build_optimizer_splits_hidden_matrices_and_scales_lr():
         for i in range(2)
         for m in ("attn.qkv_proj", "attn.o_proj", "mlp.up_proj", "mlp.down_proj")
     }
-    opt = build_optimizer(model, "muon", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99),
-                          muon_lr=0.02)  # fmt: skip
+    cfg = OptimConfig(optimizer="muon", lr=1e-3, weight_decay=0.1, beta2=0.99, muon_lr=0.02)
+    opt = build_optimizer(model, cfg)
     muon = [g for g in opt.param_groups if g["muon"]]
     assert len(muon) == 1 and muon[0]["lr_scale"] == pytest.approx(20.0)
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
     with pytest.raises(ConfigError, match="optimizer must be one of"):
-        build_optimizer(model, "sgd", 1e-3, 0.0, (0.9, 0.99))
+        build_optimizer(model, SimpleNamespace(**{**vars(cfg), "optimizer": "sgd"}))
 
 
 def test_wsd_schedule_shape():

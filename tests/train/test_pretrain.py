@@ -120,7 +120,8 @@ def test_config_overrides_and_unknown_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("max_iters: 10\nmodel:\n  n_layer: 2\n")
     cfg = build_config(TrainConfig, path, parse_overrides(["--lr", "3e-4", "--model.d_model=64"]))
-    assert cfg.max_iters == 10 and cfg.lr == 3e-4 and cfg.model == {"n_layer": 2, "d_model": 64}
+    assert cfg.optim.max_iters == 10 and cfg.optim.lr == 3e-4
+    assert cfg.model == {"n_layer": 2, "d_model": 64}
     with pytest.raises(ConfigError, match="max_iter.*valid keys"):
         build_config(TrainConfig, None, {"max_iter": 3})
     path.write_text("max_iters: [1,\n")

@@ -67,7 +67,9 @@ def test_dpo_loss_types_match_trl(tok, policy_and_ref, loss_type, label_smoothin
         "labels": b["input_ids"].masked_fill(b["completion_mask"] == 0, -100),
     }
     with torch.no_grad():  # lmforge precomputes π_ref log-probs per pair: [N, 2]
-        ours_batch["ref"] = lm_dpo.completion_logprobs(LMForgeView(ref), ours_batch).view(2, -1).T
+        ours_batch["ref"] = (
+            lm_dpo.completion_logprob_sums(LMForgeView(ref), ours_batch).view(2, -1).T
+        )
     cfg = lm_dpo.DPOConfig(loss_type=loss_type, beta=0.7, label_smoothing=label_smoothing)
     ours = SimpleNamespace(lm=SimpleNamespace(model=LMForgeView(policy)), cfg=cfg)
 
