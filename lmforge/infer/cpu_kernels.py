@@ -238,6 +238,17 @@ def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tenso
     return codes, _per_row(packed, code_bytes, n), _per_row(packed, code_bytes + 2 * LANES, n)
 
 
+def build_key(cxx: str, flags: list[str]) -> str:
+    """The kernel cache folder's key: the sources, the compiler, torch, the flags and the
+    variants. The same in every process (the CPU flag sets are sorted: a frozenset's repr
+    follows the per-process string hash, and a key built from it rebuilt the kernels, half a
+    minute or more, in every new process)."""
+    texts = [p.read_text() for p in (*KERNEL_SOURCES, BINDING, *HEADERS)]
+    variants = [(name, cflags, sorted(needs)) for name, (cflags, needs) in VARIANTS.items()]
+    text = "\0".join([*texts, cxx, torch.__version__, " ".join(flags), repr(variants)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKernels:
     """Compile every variant and the torch binding as the torch op namespace `namespace`, into
     `folder` (default the kernel cache), and load them, running `pick_variant()`; a build
@@ -251,10 +262,7 @@ def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKerne
     if shutil.which(cxx) is None:
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
     flags = ["-O3", "-fopenmp", "-std=c++17", f"-DLMFORGE_NS={namespace}"]
-    texts = [p.read_text() for p in (*KERNEL_SOURCES, BINDING, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, cxx, torch.__version__, " ".join(flags),
-                                     repr(VARIANTS)]).encode()).hexdigest()[:12]  # fmt: skip
-    name = f"{namespace}_kernels_{key}"
+    name = f"{namespace}_kernels_{build_key(cxx, flags)}"
     directory = (folder or cache_root() / "kernels") / name
     try:  # a read-only or full cache folder fails here too: one line, torch's kernels stay
         directory.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -19,3 +21,16 @@ def test_the_kernels_build_where_a_compiler_is_present():
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx}) on PATH")
     assert cpu_kernels.native_kernels() is not None, cpu_kernels.unavailable_reason()
+
+
+def test_the_kernel_cache_key_is_the_same_in_every_process():
+    """A key that changed with PYTHONHASHSEED recompiled every variant in every new process."""
+    code = "from lmforge.infer.cpu_kernels import build_key; print(build_key('c++', ['-O3']))"
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2", "3")
+    }  # fmt: skip
+    assert len(keys) == 1 and len(next(iter(keys))) == 12, keys
