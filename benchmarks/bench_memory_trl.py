@@ -19,6 +19,8 @@ never takes other processes down with it.
 
   python benchmarks/bench_memory_trl.py [--seq 1024] [--batch 4 8] [--trl-max-batch 4]
       [--method dpo grpo] [--floor 4]
+  python benchmarks/bench_memory_trl.py --batch dpo=2 dpo=8 grpo=4 grpo=8 \\
+      --trl-max-batch dpo=2 grpo=4
 """
 
 from __future__ import annotations
@@ -200,12 +202,25 @@ def watched(cmd: list[str], floor: float) -> tuple[dict | None, str]:
     return json.loads(line[0].removeprefix("RESULT ")), ""
 
 
+def for_method(values: list[str], method: str) -> list[int]:
+    """The sizes among `values` ("N" for every method, "METHOD=N" for one) that apply to
+    `method`."""
+    out = []
+    for value in values:
+        name, _, size = value.rpartition("=")
+        if name in ("", method):
+            out.append(int(size))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--batch", type=int, nargs="+", default=[8])
-    ap.add_argument("--trl-max-batch", type=int, default=None,
-                    help="run TRL only at batches up to this (larger ones do not fit)")  # fmt: skip
+    ap.add_argument("--batch", nargs="+", default=["8"],
+                    help="batch sizes: N for every method or METHOD=N (dpo=2 grpo=4)")  # fmt: skip
+    ap.add_argument("--trl-max-batch", nargs="+", default=[],
+                    help="run TRL only at batches up to this (N or METHOD=N; larger ones do not "
+                         "fit)")  # fmt: skip
     ap.add_argument("--floor", type=float, default=4.0,
                     help="kill a child once the machine has less GiB available")  # fmt: skip
     ap.add_argument("--method", nargs="+", default=["dpo", "grpo"], choices=["dpo", "grpo"])
@@ -213,16 +228,17 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         with tempfile.TemporaryDirectory() as tmp:
-            result = child(*args.child, args.seq, args.batch[0], Path(tmp))
+            result = child(*args.child, args.seq, int(args.batch[0]), Path(tmp))
         print("RESULT " + json.dumps(result))
         return
     smollm2_hf(MODEL_DIR)
     rows = []
     for method in args.method:
-        for batch in args.batch:
+        trl_max = max(for_method(args.trl_max_batch, method), default=None)
+        for batch in for_method(args.batch, method):
             peaks, why = {}, {}
             for side in ("ours", "trl"):
-                if side == "trl" and args.trl_max_batch is not None and batch > args.trl_max_batch:
+                if side == "trl" and trl_max is not None and batch > trl_max:
                     peaks[side], why[side] = None, "not measured (too large for this machine)"
                 else:
                     cmd = [sys.executable, __file__, "--child", method, side, "--seq",

@@ -59,6 +59,7 @@ SEED = 1234
 LR = {"lora": 2e-4, "full": 1e-5}
 MAX_NEW_TOKENS = 12
 FLOOR = 1e-3  # relative differences are taken against max(|TRL's value|, FLOOR)
+APART = 1e-3  # the report names the first step whose relative difference exceeds this
 
 
 # ----------------------------------------------------------------------------- data
@@ -343,6 +344,20 @@ def differences(ours: dict, theirs: dict) -> dict[str, float]:
     return out
 
 
+def first_step_apart(result: dict) -> str:
+    """The first step (1-based) at which the loss or grad-norm curves of a stored run differ by
+    more than APART relative to TRL's, or 'none'."""
+    first = None
+    for key in ("loss", "grad_norm"):
+        a = torch.tensor(result["ours"][key], dtype=torch.float64)
+        b = torch.tensor(result["trl"][key], dtype=torch.float64)
+        apart = ((a - b).abs() / b.abs().clamp_min(FLOOR) > APART).nonzero().flatten()
+        if len(apart):
+            step = int(apart[0]) + 1
+            first = step if first is None else min(first, step)
+    return "none" if first is None else str(first)
+
+
 def run(method: str, peft: str, args) -> Path:
     torch.set_num_threads(args.threads)
     smollm2_hf(MODEL_DIR)
@@ -399,17 +414,18 @@ def report() -> None:
         weights = f"{r['peft']}, control" if r.get("control") else r["peft"]
         rows.append([r["method"], weights, r["steps"], r["batch"], f"{r['lr']:g}",
                      f"{d['loss_abs']:.2e}", f"{d['loss_rel']:.2e}", f"{d['grad_norm_abs']:.2e}",
-                     f"{d['grad_norm_rel']:.2e}"])  # fmt: skip
+                     f"{d['grad_norm_rel']:.2e}", first_step_apart(r)])  # fmt: skip
     record("trl_trajectory", "Trajectory parity with TRL on SmolLM2-135M-Instruct (fp32, CPU)",
            ["method", "weights", "steps", "batch", "lr", "max abs Δ loss", "max rel Δ loss",
-            "max abs Δ grad norm", "max rel Δ grad norm"], rows,
+            "max abs Δ grad norm", "max rel Δ grad norm", f"first step rel Δ > {APART:g}"], rows,
            notes="lmforge and TRL 1.16 train the same SmolLM2-135M-Instruct weights in fp32 on "
                  "the same two-digit-addition records in the same order, AdamW (0.9, 0.999), "
                  "constant lr, clip 1.0; LoRA r=8 α=16 on o/gate/up/down_proj with TRL's "
                  "adapters starting from lmforge's A. GRPO/RLOO replay completions sampled once "
                  "from the starting model (batch = prompts; 4 completions each). Δ is per step; "
                  "relative Δ is |lmforge - TRL| / max(|TRL|, 1e-3) (GRPO's loss sits near 0); "
-                 "grad norm is the global norm before clipping. "
+                 "grad norm is the global norm before clipping; the last column is the first "
+                 f"step where either relative Δ exceeds {APART:g} ('none': never). "
                  "Control rows: lmforge against itself with every trainable weight multiplied by "
                  "1 + 1e-7 at the start (--control 1e-7), the divergence rounding alone causes. "
                  "Curves: benchmarks/trajectories/*.json, plots docs/img/trajectory_*.png.",
@@ -443,6 +459,8 @@ def report() -> None:
                 a, b = torch.tensor(r["ours"][key]), torch.tensor(r["trl"][key])
                 rel = ((a - b).abs() / b.abs().clamp_min(FLOOR)).clamp_min(1e-12)
                 axes[2].semilogy(steps, rel, style, label=f"{key} {r['peft']}")
+        if max(abs(v) for r in mine for v in r["trl"]["loss"]) > 1e3:  # a run that blew up
+            axes[0].set_yscale("symlog", linthresh=1e-2)
         for ax, title in zip(axes, ("loss", "gradient norm (before clipping)",
                                     "|lmforge - TRL| / max(|TRL|, 1e-3)")):  # fmt: skip
             ax.set_title(title)
