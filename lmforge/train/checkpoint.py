@@ -4,6 +4,8 @@ The file holds the model weights, the optimizer moments and the RNG states as te
 non-tensor value (iteration, optimizer hyper-parameters, data position, config) as JSON in the
 safetensors metadata. It is written to a temp file and renamed into place; saving and resuming
 first remove the temp files that killed saves left in the folder (fileio.remove_stale_temps).
+The optimizer state is saved with whole tensors and re-sliced on load (`whole_optimizer_state`),
+so one file resumes on any world size and strategy.
 """
 
 from __future__ import annotations
@@ -128,3 +130,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(torch.as_tensor(state["cuda"], dtype=torch.uint8))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"the saved RNG state is malformed ({err})") from err
+
+
+def whole_optimizer_state(optimizer: torch.optim.Optimizer, dist: Any) -> dict[str, Any]:
+    """optimizer.state_dict() with whole tensors (collective under FSDP, same order on every
+    rank), so a saved state does not depend on how the run was split."""
+    state = optimizer.state_dict()
+    if dist.shards_parameters:
+        state["state"] = {
+            i: {k: dist.full_tensor(v) if torch.is_tensor(v) else v for k, v in s.items()}
+            for i, s in sorted(state["state"].items())
+        }
+    return state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, dist: Any) -> None:
+    """Load a state saved by `whole_optimizer_state`; under FSDP each rank keeps its slice of
+    the moments (no communication)."""
+    if dist.shards_parameters:
+        by_index = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, s in state["state"].items():
+            p = by_index[int(i)]
+            for k, v in s.items():
+                if torch.is_tensor(v) and v.shape == p.shape:
+                    s[k] = dist.shard_like(v, p)
+    optimizer.load_state_dict(state)

@@ -17,7 +17,8 @@ The loop does the rest the same way for every trainer:
 - Gradient accumulation over micro-batches, each weighted by its share of the batch
   (`loss_weight`: rows, or tokens for a token-mean loss), so the update is that of the whole
   batch; under torchrun the shares are of the global batch and DDP/FSDP reduce the gradients
-  (the loss runs inside one wrapped call of `LossModule`; nothing all-reduces by hand).
+  (nothing all-reduces by hand): the trainer picks how, `LoopWrapsLoss` (the loss runs inside
+  one wrapped call of `LossModule`) or `TrainerWrapsModel` (pretraining wraps its own model).
 - A NaN/inf guard BEFORE the optimizer step (`NonFiniteLoss`): a bad step never reaches the
   weights or AdamW's moments, and the last good checkpoint is kept.
 - Gradient clipping, fp16 loss scaling (`dtype`), autocast.
@@ -57,19 +58,16 @@ from lmforge.progress import progress_bar
 from lmforge.train.checkpoint import (
     STATE_FILE,
     check_signature,
+    load_optimizer_state,
     load_training_state,
     rng_state,
     save_training_state,
     set_rng_state,
+    whole_optimizer_state,
 )
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import LossScaler, build_optimizer
-from lmforge.train.parallel import (
-    Parallel,
-    launched_by_torchrun,
-    load_optimizer_state,
-    whole_optimizer_state,
-)
+from lmforge.train.parallel import Parallel, launched_by_torchrun
 from lmforge.train.stop import handling_signals, request_stop, reset_stop, stop_pending, take_stop
 from lmforge.train.whole_copy import LoopWrapsLoss, TrainerWrapsModel
 
@@ -137,7 +135,7 @@ class Trainer(ABC):
     config_file = "train_config.json"
     eval_split = "eval"  # the metrics.csv split evaluations are logged under
 
-    # ---- setup -------------------------------------------------------------------------------
+    # ---- setup -----------------------------------------------------------------------------------
     def open_run(
         self, cfg: Any, dist: Parallel, resume: bool, log=print,
         wrapping: LoopWrapsLoss | TrainerWrapsModel | None = None, evaluate_first: bool = False,
@@ -192,229 +190,7 @@ class Trainer(ABC):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.dtype])
 
-    # ---- hooks -------------------------------------------------------------------------------
-    @abstractmethod
-    def next_batch(self) -> Any:
-        """The data of one step."""
-
-    def micro_batches(self, batch: Any) -> list[Any]:
-        """The step's batch as grad_accum micro-batches."""
-        return split_rows(batch, self.cfg.optim.grad_accum)
-
-    @abstractmethod
-    def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        """(loss to backpropagate, extra metrics) of one (micro-)batch."""
-
-    def loss_weight(self, batch: Any) -> float:
-        """How much this micro-batch counts in the step's mean loss: equal shares by default; a
-        loss averaged over rows or tokens returns its row or token count."""
-        return 1.0
-
-    def learn(self, batch: Any) -> dict[str, float]:
-        """What one step does with its batch: one optimizer step over its micro-batches (RL
-        overrides it: several optimizer steps over minibatches of a rollout)."""
-        return self.optimizer_step(self.micro_batches(batch))
-
-    def evaluate(self) -> dict[str, float]:
-        return {}
-
-    def log_evaluation(self, result: dict[str, float]) -> None:
-        self.metrics.log(self.step, self.eval_split, **result)
-
-    def eval_line(self, result: dict[str, float]) -> str:
-        return f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.items())
-
-    def should_stop(self, evaluated: dict[str, float]) -> bool:
-        """Whether to end the run early after this evaluation (e.g. a target loss reached)."""
-        return False
-
-    def out_of_time(self) -> bool:
-        """Whether a time budget is spent (checked after every step; the run then ends)."""
-        return False
-
-    @abstractmethod
-    def export(self, path: Path) -> None:
-        """Write the model users load."""
-
-    def data_state(self) -> Any:
-        """Where the data stream is, saved for --resume: a `sampler`'s state, else that of the
-        torch.Generator `generator` that draws the batches."""
-        return self.sampler.state_dict() if hasattr(self, "sampler") else self.generator.get_state()
-
-    def load_data_state(self, state: Any) -> None:
-        if hasattr(self, "sampler"):
-            self.sampler.load_state_dict(state)
-        else:
-            self.generator.set_state(state)
-
-    def extra_state(self) -> dict[str, Any]:
-        """Anything else a resumed run needs (e.g. the best step so far)."""
-        return {}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
-        """Restore what `extra_state` saved (nothing by default)."""
-
-    def signature(self) -> dict[str, Any]:
-        """Settings a resumed run must share with the saved one (the model's shape)."""
-        config = self.model_config
-        return config.to_dict() if hasattr(config, "to_dict") else {}
-
-    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
-        """After the last step, before the final metrics are written (final evaluations)."""
-        return result
-
-    # ---- one step ----------------------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
-        """One step: learning rate, batch, update(s). Returns its metrics, the same on every
-        rank (the global batch's)."""
-        lr = self.cfg.optim.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
-        self.module.train()
-        stats = self.learn(self.next_batch())
-        self.step += 1
-        self.tokens_seen += self.tokens_per_step
-        return {**stats, "lr": lr}
-
-    def optimizer_step(
-        self, micro_batches: list[Any], loss_fn: Callable[[Any], tuple] | None = None
-    ) -> dict[str, float]:
-        """One optimizer update from the gradients of `micro_batches` under `loss_fn` (default:
-        self.loss); returns the weighted mean loss and metrics over the global batch. Collective
-        under torchrun (every rank calls it at the same point with its own micro-batches)."""
-        fn = loss_fn or self.loss
-        world = self.dist.world_size
-        weights = [float(self.loss_weight(mb)) for mb in micro_batches]
-        total = sum(weights)
-        if world > 1:
-            total = self.dist.sum([total])[0]
-            self.wrapping.before_update()
-        loss_sum = torch.zeros((), device=self.device)
-        sums: dict[str, float] = {}
-        last = len(micro_batches) - 1
-        for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
-            # this micro-batch's share of the global batch (0 total: nothing to learn, as is);
-            # DDP then averages over ranks, hence the factor world
-            share = weight * world / total if total else 1.0
-            with self.dist.no_sync(last=i == last):  # reduce gradients once per update
-                with self.autocast():
-                    loss, stats = self.wrapping.loss(mb, fn)
-                    if share != 1.0:
-                        loss = loss * share
-                (loss * self.scaler.scale if self.scaler else loss).backward()
-            loss_sum += loss.detach().float()  # one host sync per update, not per micro-batch
-            for k, v in stats.items():
-                v = v.detach() if isinstance(v, torch.Tensor) else v
-                sums[k] = sums.get(k, 0.0) + share * float(v)
-        local = loss_sum.item()
-        keys = list(sums)
-        values = [local, float(not math.isfinite(local)), *(sums[k] for k in keys)]
-        if world > 1:
-            values = self.dist.sum(values)
-        value = values[0] / world
-        # checked BEFORE the update: a NaN step must not reach the weights or AdamW's moments
-        if values[1] or not math.isfinite(value):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLoss(
-                f"{self.name}: loss became {value} at step {self.step}; stopped before the "
-                f"optimizer step. The last good checkpoint in {self.out_dir} is kept (lower lr, "
-                "or use bfloat16 instead of float16)."
-            )
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        grad_norm = float("nan")  # a float16 step skipped for overflow
-        if self.scaler is None or self.scaler.unscale_and_check(params):
-            # the global norm before clipping (what TRL/transformers log as grad_norm)
-            clip = self.cfg.optim.grad_clip or float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.wrapping.updated()
-        stats = {k: v / world for k, v in zip(keys, values[2:])}
-        return {"loss": value, "grad_norm": grad_norm, **stats}
-
-    # ---- FSDP and evaluation -------------------------------------------------------------------
-    def whole_weights(self) -> contextlib.AbstractContextManager[bool]:
-        """Collective under FSDP (every rank enters it at the same point): for the body, this
-        rank sees the current model whole wherever the trainer refers to it (self.module, an
-        LM, a rollout engine's policy, a critic) and the context yields True; a rank that keeps
-        no whole copy yields False. Without sharding it is free and yields True."""
-        return self.wrapping.whole_weights(self, self.step)
-
-    def _evaluate(self) -> dict[str, float]:
-        """`evaluate()` on the ranks that evaluate (`wrapping.evaluating`), logged."""
-        with self.wrapping.evaluating(self, self.step) as here:
-            if not here:
-                return {}
-            with eval_mode(self.module), torch.no_grad():
-                result = self.evaluate()
-        if result:
-            self.log_evaluation(result)
-        return result
-
-    # ---- state -------------------------------------------------------------------------------
-    def save_checkpoint(self) -> None:
-        """The exported model (for users) and the training state (for --resume). Collective
-        under torchrun; rank 0 writes the one-file state (under FSDP from whole weights)."""
-        self._saved_at = self.step
-        progress = {
-            "step": self.step, "elapsed": self.elapsed, "cpu_elapsed": self.cpu_elapsed,
-            "tokens_seen": self.tokens_seen, "model_config": self.signature(),
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-        }  # fmt: skip
-        if self.wrapping.sharded_state and self.dist.sharded:
-            self.export(self.out_dir)  # collective: gathers the shards
-            self.dist.save_state(self.out_dir, self.module, self.optimizer, self.sampler, progress)
-            return
-        optimizer = whole_optimizer_state(self.optimizer, self.dist)  # collective under FSDP
-        with self.whole_weights() as whole:
-            if not (whole and self.dist.is_main):
-                return
-            self.export(self.out_dir)
-            trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-            state = {
-                **progress,
-                "trainable": trainable,
-                "optimizer": optimizer,
-                "data": self.data_state(),
-                "rng": rng_state(),
-                "extra": self.extra_state(),
-            }
-            save_training_state(self.out_dir / STATE_FILE, state)
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore a state written by save_checkpoint, after checking it fits this run."""
-        if self.wrapping.sharded_state and self.dist.sharded:
-            state = self.dist.load_state(
-                path, self.module, self.optimizer, self.sampler, self.signature()
-            )
-        else:
-            state = load_training_state(path)
-            if "trainable" not in state:
-                raise CheckpointError(f"{path}: written by an earlier lmforge; start a new out_dir")
-            check_signature(path, state.get("model_config"), self.signature())
-            params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-            if differ := sorted(set(state["trainable"]) ^ set(params)):
-                raise CheckpointError(f"{path}: saved for a different model (trainable "
-                                      f"parameters differ: {', '.join(differ[:3])})")  # fmt: skip
-            with torch.no_grad():
-                for n, value in state["trainable"].items():
-                    params[n].copy_(self.dist.shard_like(value, params[n]))
-            load_optimizer_state(self.optimizer, state["optimizer"], self.dist)
-            try:
-                self.load_data_state(state["data"])
-            except LMForgeError as err:
-                raise CheckpointError(f"{path}: {err}") from err
-            set_rng_state(state["rng"])
-            self.load_extra_state(state.get("extra") or {})
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step, self.elapsed = state["step"], state["elapsed"]
-        self.cpu_elapsed = state.get("cpu_elapsed", 0.0)
-        self.tokens_seen = state.get("tokens_seen", 0)
-        self.log(f"resumed from step {self.step}")
-
-    # ---- the loop ----------------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train to max_iters (or until should_stop / out_of_time) with periodic evaluation and
         checkpoints; then final evaluations, metrics and plot. Returns the final metrics."""
@@ -486,4 +262,226 @@ class Trainer(ABC):
         path = self.out_dir / (self.plot_file or f"{self.name}.png")
         plot = self.metrics.plot(self.curves, path, title=f"{self.name} {self.out_dir.name}")
         result["plot"] = str(plot)
+        return result
+
+    # ---- one step --------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """One step: learning rate, batch, update(s). Returns its metrics, the same on every
+        rank (the global batch's)."""
+        lr = self.cfg.optim.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        self.module.train()
+        stats = self.learn(self.next_batch())
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return {**stats, "lr": lr}
+
+    def optimizer_step(
+        self, micro_batches: list[Any], loss_fn: Callable[[Any], tuple] | None = None
+    ) -> dict[str, float]:
+        """One optimizer update from the gradients of `micro_batches` under `loss_fn` (default:
+        self.loss); returns the weighted mean loss and metrics over the global batch. Collective
+        under torchrun (every rank calls it at the same point with its own micro-batches)."""
+        fn = loss_fn or self.loss
+        world = self.dist.world_size
+        weights = [float(self.loss_weight(mb)) for mb in micro_batches]
+        total = sum(weights)
+        if world > 1:
+            total = self.dist.sum([total])[0]
+            self.wrapping.before_update()
+        loss_sum = torch.zeros((), device=self.device)
+        sums: dict[str, float] = {}
+        last = len(micro_batches) - 1
+        for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
+            # this micro-batch's share of the global batch (0 total: nothing to learn, as is);
+            # DDP then averages over ranks, hence the factor world
+            share = weight * world / total if total else 1.0
+            with self.dist.no_sync(last=i == last):  # reduce gradients once per update
+                with self.autocast():
+                    loss, stats = self.wrapping.loss(mb, fn)
+                    if share != 1.0:
+                        loss = loss * share
+                (loss * self.scaler.scale if self.scaler else loss).backward()
+            loss_sum += loss.detach().float()  # one host sync per update, not per micro-batch
+            for k, v in stats.items():
+                v = v.detach() if isinstance(v, torch.Tensor) else v
+                sums[k] = sums.get(k, 0.0) + share * float(v)
+        local = loss_sum.item()
+        keys = list(sums)
+        values = [local, float(not math.isfinite(local)), *(sums[k] for k in keys)]
+        if world > 1:
+            values = self.dist.sum(values)
+        value = values[0] / world
+        # checked BEFORE the update: a NaN step must not reach the weights or AdamW's moments
+        if values[1] or not math.isfinite(value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss(
+                f"{self.name}: loss became {value} at step {self.step}; stopped before the "
+                f"optimizer step. The last good checkpoint in {self.out_dir} is kept (lower lr, "
+                "or use bfloat16 instead of float16)."
+            )
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        grad_norm = float("nan")  # a float16 step skipped for overflow
+        if self.scaler is None or self.scaler.unscale_and_check(params):
+            # the global norm before clipping (what TRL/transformers log as grad_norm)
+            clip = self.cfg.optim.grad_clip or float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.wrapping.updated()
+        stats = {k: v / world for k, v in zip(keys, values[2:])}
+        return {"loss": value, "grad_norm": grad_norm, **stats}
+
+    # ---- evaluation and whole weights (FSDP) -----------------------------------------------------
+    def _evaluate(self) -> dict[str, float]:
+        """`evaluate()` on the ranks that evaluate (`wrapping.evaluating`), logged."""
+        with self.wrapping.evaluating(self, self.step) as here:
+            if not here:
+                return {}
+            with eval_mode(self.module), torch.no_grad():
+                result = self.evaluate()
+        if result:
+            self.log_evaluation(result)
+        return result
+
+    def whole_weights(self) -> contextlib.AbstractContextManager[bool]:
+        """Collective under FSDP (every rank enters it at the same point): for the body, this
+        rank sees the current model whole wherever the trainer refers to it (self.module, an
+        LM, a rollout engine's policy, a critic) and the context yields True; a rank that keeps
+        no whole copy yields False. Without sharding it is free and yields True."""
+        return self.wrapping.whole_weights(self, self.step)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """The exported model (for users) and the training state (for --resume). Collective
+        under torchrun; rank 0 writes the one-file state (under FSDP from whole weights)."""
+        self._saved_at = self.step
+        progress = {
+            "step": self.step, "elapsed": self.elapsed, "cpu_elapsed": self.cpu_elapsed,
+            "tokens_seen": self.tokens_seen, "model_config": self.signature(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+        }  # fmt: skip
+        if self.wrapping.sharded_state and self.dist.sharded:
+            self.export(self.out_dir)  # collective: gathers the shards
+            self.dist.save_state(self.out_dir, self.module, self.optimizer, self.sampler, progress)
+            return
+        optimizer = whole_optimizer_state(self.optimizer, self.dist)  # collective under FSDP
+        with self.whole_weights() as whole:
+            if not (whole and self.dist.is_main):
+                return
+            self.export(self.out_dir)
+            trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+            state = {
+                **progress,
+                "trainable": trainable,
+                "optimizer": optimizer,
+                "data": self.data_state(),
+                "rng": rng_state(),
+                "extra": self.extra_state(),
+            }
+            save_training_state(self.out_dir / STATE_FILE, state)
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore a state written by save_checkpoint, after checking it fits this run."""
+        if self.wrapping.sharded_state and self.dist.sharded:
+            state = self.dist.load_state(
+                path, self.module, self.optimizer, self.sampler, self.signature()
+            )
+        else:
+            state = load_training_state(path)
+            if "trainable" not in state:
+                raise CheckpointError(f"{path}: written by an earlier lmforge; start a new out_dir")
+            check_signature(path, state.get("model_config"), self.signature())
+            params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+            if differ := sorted(set(state["trainable"]) ^ set(params)):
+                raise CheckpointError(f"{path}: saved for a different model (trainable "
+                                      f"parameters differ: {', '.join(differ[:3])})")  # fmt: skip
+            with torch.no_grad():
+                for n, value in state["trainable"].items():
+                    params[n].copy_(self.dist.shard_like(value, params[n]))
+            load_optimizer_state(self.optimizer, state["optimizer"], self.dist)
+            try:
+                self.load_data_state(state["data"])
+            except LMForgeError as err:
+                raise CheckpointError(f"{path}: {err}") from err
+            set_rng_state(state["rng"])
+            self.load_extra_state(state.get("extra") or {})
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.cpu_elapsed = state.get("cpu_elapsed", 0.0)
+        self.tokens_seen = state.get("tokens_seen", 0)
+        self.log(f"resumed from step {self.step}")
+
+    # ---- what a trainer supplies -----------------------------------------------------------------
+    @abstractmethod
+    def next_batch(self) -> Any:
+        """The data of one step."""
+
+    def micro_batches(self, batch: Any) -> list[Any]:
+        """The step's batch as grad_accum micro-batches."""
+        return split_rows(batch, self.cfg.optim.grad_accum)
+
+    @abstractmethod
+    def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """(loss to backpropagate, extra metrics) of one (micro-)batch."""
+
+    def loss_weight(self, batch: Any) -> float:
+        """How much this micro-batch counts in the step's mean loss: equal shares by default; a
+        loss averaged over rows or tokens returns its row or token count."""
+        return 1.0
+
+    def learn(self, batch: Any) -> dict[str, float]:
+        """What one step does with its batch: one optimizer step over its micro-batches (RL
+        overrides it: several optimizer steps over minibatches of a rollout)."""
+        return self.optimizer_step(self.micro_batches(batch))
+
+    def evaluate(self) -> dict[str, float]:
+        return {}
+
+    def log_evaluation(self, result: dict[str, float]) -> None:
+        self.metrics.log(self.step, self.eval_split, **result)
+
+    def eval_line(self, result: dict[str, float]) -> str:
+        return f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.items())
+
+    def should_stop(self, evaluated: dict[str, float]) -> bool:
+        """Whether to end the run early after this evaluation (e.g. a target loss reached)."""
+        return False
+
+    def out_of_time(self) -> bool:
+        """Whether a time budget is spent (checked after every step; the run then ends)."""
+        return False
+
+    @abstractmethod
+    def export(self, path: Path) -> None:
+        """Write the model users load."""
+
+    def data_state(self) -> Any:
+        """Where the data stream is, saved for --resume: a `sampler`'s state, else that of the
+        torch.Generator `generator` that draws the batches."""
+        return self.sampler.state_dict() if hasattr(self, "sampler") else self.generator.get_state()
+
+    def load_data_state(self, state: Any) -> None:
+        if hasattr(self, "sampler"):
+            self.sampler.load_state_dict(state)
+        else:
+            self.generator.set_state(state)
+
+    def extra_state(self) -> dict[str, Any]:
+        """Anything else a resumed run needs (e.g. the best step so far)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore what `extra_state` saved (nothing by default)."""
+
+    def signature(self) -> dict[str, Any]:
+        """Settings a resumed run must share with the saved one (the model's shape)."""
+        config = self.model_config
+        return config.to_dict() if hasattr(config, "to_dict") else {}
+
+    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        """After the last step, before the final metrics are written (final evaluations)."""
         return result

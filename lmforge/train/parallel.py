@@ -326,28 +326,3 @@ def init_parallel(
     if dist.get_rank() != 0:
         _quiet_print()
     return PARALLEL[parallel](device, activation_checkpointing)
-
-
-def whole_optimizer_state(optimizer: torch.optim.Optimizer, dist: Any) -> dict[str, Any]:
-    """optimizer.state_dict() with whole tensors (collective under FSDP, same order on every
-    rank), so a saved state does not depend on how the run was split."""
-    state = optimizer.state_dict()
-    if dist.shards_parameters:
-        state["state"] = {
-            i: {k: dist.full_tensor(v) if torch.is_tensor(v) else v for k, v in s.items()}
-            for i, s in sorted(state["state"].items())
-        }
-    return state
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, dist: Any) -> None:
-    """Load a state saved by `whole_optimizer_state`; under FSDP each rank keeps its slice of
-    the moments (no communication)."""
-    if dist.shards_parameters:
-        by_index = [p for g in optimizer.param_groups for p in g["params"]]
-        for i, s in state["state"].items():
-            p = by_index[int(i)]
-            for k, v in s.items():
-                if torch.is_tensor(v) and v.shape == p.shape:
-                    s[k] = dist.shard_like(v, p)
-    optimizer.load_state_dict(state)

@@ -14,7 +14,7 @@ copy for the length of a block, so evaluation, export and sampling code runs on 
 A trainer's loop uses one of two ways to meet DDP/FSDP: `LoopWrapsLoss` (post-training, the
 default: LossModule and, under FSDP, a WholeCopy) or `TrainerWrapsModel` (pretraining wraps its
 own model). How a global batch splits over ranks is in samplers.py; the optimizer state is saved
-with whole tensors and re-sliced on load (parallel.py), so one file resumes on any world size and
+with whole tensors and re-sliced on load (checkpoint.py), so one file resumes on any world size and
 strategy.
 """
 
