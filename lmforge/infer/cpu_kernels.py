@@ -241,8 +241,8 @@ def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tenso
 def build_key(cxx: str, flags: list[str]) -> str:
     """The kernel cache folder's key: the sources, the compiler, torch, the flags and the
     variants. The same in every process (the CPU flag sets are sorted: a frozenset's repr
-    follows the per-process string hash, and a key built from it rebuilt the kernels, half a
-    minute or more, in every new process)."""
+    follows the per-process string hash, and a key built from it rebuilt the kernels
+    in every new process)."""
     texts = [p.read_text() for p in (*KERNEL_SOURCES, BINDING, *HEADERS)]
     variants = [(name, cflags, sorted(needs)) for name, (cflags, needs) in VARIANTS.items()]
     text = "\0".join([*texts, cxx, torch.__version__, " ".join(flags), repr(variants)])
