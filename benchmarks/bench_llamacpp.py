@@ -399,6 +399,25 @@ def markdown(rows: list[Row], meta: dict) -> str:
     return "\n".join(lines)
 
 
+COLUMNS = ["engine", "precision", "threads", "batch", "prefill tok/s", "decode tok/s",
+           "% of bandwidth bound", "greedy agreement with transformers fp32"]  # fmt: skip
+
+
+def recorded_table(rows: list[Row], meta: dict) -> tuple[list[list], str]:
+    """The table as `benchmarks.results.record` takes it: one list per row (COLUMNS), and the
+    notes: markdown()'s machine line and matched-pair ratios."""
+    table = []
+    for r in rows:
+        if r.decode_tps is None:
+            table.append([r.engine, r.precision, r.threads, r.batch, "–", "–", "–", r.note])
+            continue
+        speed = [f"{r.prefill_tps:.0f}", f"{r.decode_tps:.1f}", f"{r.bound_pct:.0f}%"]
+        table.append([r.engine, r.precision, r.threads, r.batch, *speed, f"{r.agreement:.0%}"])
+    text = markdown(rows, meta).splitlines()
+    notes = " ".join([text[0], *(ln for ln in text if ln.startswith("Matched pairs"))])
+    return table, notes
+
+
 def machine_state() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     cores = os.cpu_count() or 1
@@ -418,6 +437,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="compile lmforge's decode step")
     ap.add_argument("--build", action="store_true", help="build llama-cpp-python if missing")
     ap.add_argument("--out", default=str(CACHE / "results.json"), help="results JSON")
+    no_record = "do not record the table in benchmarks/results (--quick never does)"
+    ap.add_argument("--no-record", action="store_true", help=no_record)
     only_help = (
         "rows whose name contains one of these, comma-separated (e.g. 'int4,Q4_1'); "
         "transformers fp32 always runs: the greedy reference"
@@ -543,6 +564,13 @@ def main() -> None:
     out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     print(f"\nresults: {out}\n")
     print(markdown(rows, meta))
+    if not (args.quick or args.no_record):
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from benchmarks.results import record
+
+        table, notes = recorded_table(rows, meta)
+        title = "lmforge vs llama.cpp (llama-cpp-python's API) and transformers, SmolLM2-135M"
+        record("llamacpp_engines", title, COLUMNS, table, notes=notes)
 
 
 if __name__ == "__main__":
