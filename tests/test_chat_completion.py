@@ -5,6 +5,7 @@ import json
 
 import jsonschema
 import pytest
+from chat_tools import TOOL_TEXT, WEATHER
 
 from lmforge.chat_completion import (
     CALL_CLOSE,
@@ -19,10 +20,6 @@ from lmforge.chat_completion import (
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
 
-TEXT = 'hello {"name": "x", "city": "Paris", "ok": true} <tool_call> </tool_call> world. '
-WEATHER = {"type": "function", "function": {"name": "weather", "description": "today's weather",
-           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
-                          "required": ["city"], "additionalProperties": False}}}  # fmt: skip
 TIME = {"type": "function", "function": {"name": "time", "parameters": {
     "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
     "additionalProperties": False}}}  # fmt: skip
@@ -31,7 +28,7 @@ NAMES = frozenset({"weather", "time"})
 
 @pytest.fixture(scope="module")
 def lm(make_tiny_lm) -> LM:
-    return make_tiny_lm(1024, [TEXT * 20], 300, preset="llama-micro")
+    return make_tiny_lm(1024, [TOOL_TEXT * 20], 300, preset="llama-micro")
 
 
 def test_generic_tool_prompt_lists_tools_and_feeds_results_back(lm):

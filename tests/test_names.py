@@ -21,9 +21,6 @@ ALLOWED = {
     # -100, the label cross-entropy ignores, in align/ and vlm/ (same layer: neither may import
     # the other); the same value, not two meanings
     "IGNORE": "one value, two packages of the same layer",
-    # model/io.py reads lmforge checkpoints; interop/checkpoint.py reads any format and calls it
-    "load_config": "left for the model/ clean-up",
-    "load_model": "left for the model/ clean-up",
 }
 
 

@@ -47,16 +47,18 @@ def run(args) -> int:
             print(f"  {fmt} {label:<12} {err:.2e}")
     print(f"FP8 matmul on this machine: {'torch._scaled_mm' if has_fp8_matmul() else 'reference'}")
     from lmforge.infer.cpu_features import cpu_features
-    from lmforge.infer.quantize import QUANTIZE_CHOICES, auto_dtype, describe_kernels
+    from lmforge.infer.cpu_kernels import native_kernels, unavailable_reason
+    from lmforge.infer.quantize import QUANTIZE_CHOICES, auto_dtype, kernel_plan
 
     chosen, why = auto_dtype("cpu")
+    native = native_kernels()
     print(f"\nCPU: {cpu_features().summary()}")
+    print(f"lmforge's kernels: {native.variant if native else f'none ({unavailable_reason()})'}")
     print(f"--dtype auto on this CPU: {str(chosen).removeprefix('torch.')} ({why})")
-    for mode in QUANTIZE_CHOICES:
-        with_mode, _ = auto_dtype("cpu", quantize=mode)  # the native kernels take fp32
-        kernels = describe_kernels(with_mode, mode).removeprefix("; ")
-        print(f"  --quantize {kernels} (activations {str(with_mode).removeprefix('torch.')})")
-    half = describe_kernels(torch.bfloat16, None).removeprefix("; ")
-    if half:
-        print(f"  --dtype bfloat16: {half}")
+    modes = [(chosen, None), (torch.bfloat16, None)]
+    modes += [(auto_dtype("cpu", quantize=q)[0], q) for q in QUANTIZE_CHOICES]
+    for dtype, mode in dict.fromkeys(modes):  # the kernel each layer kind runs, per choice
+        print(f"\n{mode or 'unquantised'}, {str(dtype).removeprefix('torch.')} activations:")
+        for kind, kernel in kernel_plan(dtype, mode).items():
+            print(f"  {kind:<26} {kernel}")
     return 0

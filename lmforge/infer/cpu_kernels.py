@@ -280,9 +280,8 @@ def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKerne
         raise RuntimeError(f"building the native kernels failed: {why}") from None
     if namespace not in _fakes:  # output shapes, for tracing (torch.export, AOTInductor)
         _fakes.add(namespace)
-        torch.library.register_fake(f"{namespace}::int8_matmul")(_fake_int8)
-        torch.library.register_fake(f"{namespace}::int4_matmul")(_fake_int4)
-        torch.library.register_fake(f"{namespace}::q8_matmul")(_fake_int4)
+        for op in ("int8_matmul", "int4_matmul", "q8_matmul"):
+            torch.library.register_fake(f"{namespace}::{op}")(_fake_matmul)
         torch.library.register_fake(f"{namespace}::dequantize_int4")(_fake_dequant_int4)
         torch.library.register_fake(f"{namespace}::half_matmul")(_fake_half)
         torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
@@ -317,12 +316,8 @@ def _compile_variants(cxx: str, directory: Path) -> list[Path]:
         return list(pool.map(compile_one, jobs))
 
 
-def _fake_int8(x, packed, scale, n):
-    return x.new_empty(x.shape[0], n)
-
-
-def _fake_int4(x, packed, n):
-    return x.new_empty(x.shape[0], n)
+def _fake_matmul(x, packed, *scale_and_n):
+    return x.new_empty(x.shape[0], scale_and_n[-1])
 
 
 def _fake_dequant_int4(packed, n, bf16):

@@ -45,7 +45,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -53,10 +53,11 @@ from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.errors import ConfigError
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
-from lmforge.infer.params import Completion, GenerationParams, StepOutput, TokenLogprobs
+from lmforge.infer.params import Completion, GenerationParams, StepOutput
 from lmforge.infer.prefix_cache import PrefixCache, PrefixCacheStats
 from lmforge.infer.quantize import inference_model
 from lmforge.infer.sampling import RowSampler, request_uniforms
+from lmforge.infer.sequence import RunningSequence
 from lmforge.infer.speculative import SpeculativeDecoder, SpeculativeStats
 from lmforge.infer.steps import (
     ExportedStep,
@@ -130,27 +131,6 @@ class CompiledStep(EagerStep):
         super().__init__(compile_forward(model, cache), cache)
 
 
-@dataclass
-class _Sequence:
-    request_id: str
-    index: int
-    prompt: list[int]
-    params: GenerationParams
-    stop_ids: frozenset[int]
-    uniforms: torch.Tensor | None  # [steps] this sample's randomness (None: greedy)
-    decoder: IncrementalDecoder | None
-    matcher: StopMatcher
-    embeds: torch.Tensor | None = None  # [len(prompt), d_model] prompt embeddings
-    generator: torch.Generator | None = None  # speculative decoding's random stream
-    output: list[int] = field(default_factory=list)
-    rounds: Iterator[list[int]] | None = None  # speculative decoding: tokens per round
-
-    @property
-    def prefix_key(self) -> tuple:
-        """Sequences with equal keys share one prefill."""
-        return (tuple(self.prompt), id(self.embeds) if self.embeds is not None else None)
-
-
 class Engine:
     """Continuous-batching generation for a Transformer (thread-safe add/abort; one stepper)."""
 
@@ -191,8 +171,8 @@ class Engine:
                                self.device) if self.slots else None  # fmt: skip
         self.sampler = RowSampler(cfg.max_batch, self.config.vocab_size, self.max_len, self.device)
         self.next_tokens = torch.zeros(cfg.max_batch, dtype=torch.long, device=self.device)
-        self.rows: list[_Sequence] = []  # running sequences, in cache-row order
-        self.waiting: deque[_Sequence] = deque()
+        self.rows: list[RunningSequence] = []  # running sequences, in cache-row order
+        self.waiting: deque[RunningSequence] = deque()
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -313,7 +293,7 @@ class Engine:
             decoder = None
             if self.tokenizer is not None:
                 decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
-            seq = _Sequence(rid, i, ids, params, frozenset(stop_ids),
+            seq = RunningSequence(rid, i, ids, params, frozenset(stop_ids),
                             None if uniforms is None else uniforms[i], decoder,
                             StopMatcher(params.stop), prompt_embeds)  # fmt: skip
             if self.speculative is not None and params.temperature > 0:
@@ -381,11 +361,11 @@ class Engine:
         self._remove(gone)
         return outs
 
-    def _take_waiting(self) -> list[_Sequence]:
+    def _take_waiting(self) -> list[RunningSequence]:
         """FIFO, as many as free slots and the prefill token budget allow (at least one; a
         prompt shared by several samples counts once). The per-kind path admits only into an
         empty batch: its rows share one cache offset."""
-        taken: list[_Sequence] = []
+        taken: list[RunningSequence] = []
         if self.rows and not self.slots and self.speculative is None:
             return taken
         # A sparse pattern (block-local, strided) is laid out over cache columns: left padding
@@ -406,7 +386,7 @@ class Engine:
                 taken.append(self.waiting.popleft())
         return taken
 
-    def _start_speculative(self, seqs: list[_Sequence]) -> None:
+    def _start_speculative(self, seqs: list[RunningSequence]) -> None:
         """Each sequence decodes in rounds of its own (speculative.py keeps its caches)."""
         for seq in seqs:
             budget = min(seq.params.max_new_tokens, self.max_len - len(seq.prompt))
@@ -414,7 +394,7 @@ class Engine:
                                                  seq.generator, self.speculative_stats)  # fmt: skip
         self.rows.extend(seqs)
 
-    def _prefill(self, seqs: list[_Sequence]) -> list[StepOutput]:
+    def _prefill(self, seqs: list[RunningSequence]) -> list[StepOutput]:
         """Prefill the prompts: those starting with blocks in the prefix cache from them, the
         others together (`_prefill_together`)."""
         if self.prefix_cache is None:
@@ -432,10 +412,10 @@ class Engine:
             outputs += self._emit(logits, lo=lo)
         return outputs
 
-    def _prefill_together(self, seqs: list[_Sequence]) -> list[StepOutput]:
+    def _prefill_together(self, seqs: list[RunningSequence]) -> list[StepOutput]:
         """One forward pass over the distinct prompts, then every sample's row from its
         prompt's (keys copied, not recomputed)."""
-        firsts: dict[tuple, _Sequence] = {}
+        firsts: dict[tuple, RunningSequence] = {}
         for s in seqs:
             firsts.setdefault(s.prefix_key, s)
         unique = {key: i for i, key in enumerate(firsts)}
@@ -516,7 +496,7 @@ class Engine:
         return self._emit(logits, greedy, lo=0)
 
     def _speculative_round(self) -> list[StepOutput]:
-        outputs = [self._push(seq, next(seq.rounds, []), None) for seq in self.rows]
+        outputs = [seq.push(next(seq.rounds, []), None, self.max_len) for seq in self.rows]
         for out in outputs:
             if not out.finished and not out.token_ids:  # the round found nothing more to do
                 out.finish_reason = "length"
@@ -530,7 +510,7 @@ class Engine:
         # the per-kind cache has a fixed width: no column left means no next token
         full = not self.slots and self.cache.length >= self.cache.max_len
         outputs = [
-            self._push(self.rows[lo + i], [token], None if lp is None else [lp], full)
+            self.rows[lo + i].push([token], None if lp is None else [lp], self.max_len, full)
             for i, (token, lp) in enumerate(zip(tokens, logprobs))
         ]
         return self._retire(outputs, lo)
@@ -539,37 +519,6 @@ class Engine:
         """Remove the rows (lo + i for outputs[i]) whose output finished them; returns outputs."""
         self._remove([lo + i for i, out in enumerate(outputs) if out.finished])
         return outputs
-
-    def _push(
-        self,
-        seq: _Sequence,
-        tokens: list[int],
-        logprobs: list[TokenLogprobs] | None,
-        full: bool = False,
-    ) -> StepOutput:
-        """Record a sequence's new tokens up to the first that finishes it (stop token or
-        string, max_new_tokens, the context)."""
-        taken, text, reason = [], "", None
-        limit = min(seq.params.max_new_tokens, self.max_len - len(seq.prompt))  # new tokens
-        for token in tokens:
-            seq.output.append(token)
-            taken.append(token)
-            if token in seq.stop_ids:
-                reason = "stop"
-            elif len(seq.output) >= limit or full:
-                reason = "length"
-            if seq.decoder is not None:
-                delta = seq.decoder.push(token)
-                if reason is not None:
-                    delta += seq.decoder.flush()
-                text += seq.matcher.push(delta)
-                if seq.matcher.stopped:
-                    reason = "stop"
-                elif reason is not None:
-                    text += seq.matcher.flush()
-            if reason is not None:
-                break
-        return StepOutput(seq.request_id, seq.index, taken, text, logprobs, reason)
 
     def _remove(self, rows: list[int]) -> None:
         """Retire rows; the last running row moves into each freed slot (dense batch)."""

@@ -1,42 +1,28 @@
 """Inference precision and kernels: the activation dtype per machine, a model's Linears converted
 to the weight-only int8 / int4 layers of quantized_linear.py (`to_inference_precision`), and the
-one place that picks the kernel each layer of the engine's model runs (`inference_model`).
+place that picks the kernel each layer of the engine's model runs (`inference_model`) and says
+which (`kernel_plan`, `lmforge precision`). Measurements behind each choice: docs/inference.md.
 
 Decoding one token reads every weight once, so on a CPU a small batch runs at memory bandwidth /
-weight bytes: int8 weights read 4x fewer bytes than fp32, int4 8x fewer. What computes fastest
-depends on the CPU (cpu_features.py), so the choice is made per machine:
+weight bytes (int8 reads 4x fewer bytes than fp32, int4 8x fewer), and what computes fastest
+depends on the CPU (cpu_features.py):
 
 - Activations (`--dtype auto`, `resolve_dtype`): bf16 where the CPU multiplies bf16 natively (AMX,
-  AVX512-BF16), fp32 elsewhere: on an AVX2-only AMD EPYC a bf16 prefill measured 5x slower than
-  fp32 (issue 19). With --quantize and lmforge's own kernels built, fp32 (they take fp32
-  inputs, and bf16 decoding paid ~700 dtype casts a token). On a GPU bf16 where supported.
-- lmforge's CPU kernels (native/quantized_matmul.cpp, built at first use) take every product of a
-  layer they fit (inputs a multiple of 32; int4 groups of 32), decode and prefill alike: the
-  activations are quantised to int8 per block of 32, as llama.cpp does for Q8_0/Q4_0, and
-  multiplied as integers (VNNI or AVX2) by weights interleaved 16 rows at a time, so one pass
-  over the weights serves 4 rows of x. On a Zen 4 core that is 2-3x torch's GEMVs at batch 1 and
-  1.6x the bf16 GEMM at 64-256 rows. SmolLM2's perplexity through them: int8 +0.8%, int4 +1.0%
-  over fp32 (tests/infer/test_int4.py).
-- Elsewhere (no compiler, a layer that does not fit, a GPU), torch's kernels. Small calls (fewer
-  than `gemm_rows` rows): `aten._weight_int8pack_mm` (one scale per output channel) and
-  `aten._weight_int4pack_mm_for_cpu` (group-wise scale and zero; `_weight_int4pack_mm` on
-  CUDA), fed bf16 activations whatever the model computes in: with fp32 inputs they measured
-  ~10x slower on the AVX2 EPYC (the fp32 variants are not vectorised there). Large calls
-  multiply by the dequantised weights with the activation dtype's GEMM (bf16 under `--dtype
-  auto` with fp32 activations on a CPU with bf16 units, `QuantizedLinear.gemm_dtype`), so no
-  quantised mode prefills slower than that dtype does unquantised: with bf16 activations int8
-  keeps one bf16 copy of its integer values (exact: |q| <= 127 fits bf16's mantissa; made on
-  the first large call) and scales the output; with fp32 activations the weights are
-  dequantised in chunks of output rows on every large call (a few MB that stay in cache) rather
-  than kept as a second fp32 copy, which would cost more memory than the fp32 model.
+  AVX512-BF16), fp32 elsewhere (emulated bf16 is several times slower). With --quantize and
+  lmforge's kernels built, fp32 (they take fp32 inputs). On a GPU bf16 where supported.
+- lmforge's CPU kernels (cpu_kernels.py) take every product of a layer they fit (inputs a multiple
+  of 32; int4 groups of 32), decode and prefill alike: activations quantised to int8 per block of
+  32 and multiplied as integers, as llama.cpp does for Q8_0/Q4_0.
+- Elsewhere (no compiler, a layer that does not fit, a GPU), torch's kernels: below `gemm_rows`
+  rows `aten._weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` (`_weight_int4pack_mm` on
+  CUDA) on bf16 activations (their fp32 variants are not vectorised on AVX2 CPUs); above, the
+  activation dtype's GEMM on dequantised weights (`QuantizedLinear.gemm_dtype`: bf16 where the
+  CPU has bf16 units), dequantised in chunks of rows rather than kept as a second copy.
 
-int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group of `group_size` input
-columns, q in 0..15: torch's int4pack convention), so llama.cpp's Q4_0 (w = (q - 8) * d) and
-Q4_1 (w = q * d + m, i.e. zero = m + 8 d) blocks of 32 map onto it code for code
-(`Int4Linear.from_q4_blocks`, lmforge.interop.gguf_load); the native kernel keeps them as fp16
-d and m (Q4_1's form, exact for GGUF's fp16 scales). Q8_0's scale is per block of 32, not per
-output channel, so it has its own layer (`BlockInt8Linear`, the native q8 kernel), which a GGUF
-loaded at its own precision uses; `quantize="int8"` requantises its weights per channel.
+int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group, torch's int4pack
+convention), so llama.cpp's Q4_0 and Q4_1 blocks map onto it code for code
+(`Int4Linear.from_q4_blocks`); Q8_0's scale is per block of 32, so it has its own layer
+(`BlockInt8Linear`), which a GGUF loaded at its own precision uses.
 
     model = inference_model(model, dtype="auto", quantize="int8")  # what the engine runs
 """
@@ -80,7 +66,7 @@ QUANTIZE_HELP = (
     "(group-wise, 8x fewer); prefill multiplies by the dequantised weights"
 )
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "f32": "float32"}
 
 
@@ -137,9 +123,9 @@ def resolve_dtype(
                 kernels = describe_kernels(chosen, announce or None, device or "cpu")
                 _say_once(f"dtype auto: {str(chosen).removeprefix('torch.')} ({why}){kernels}")
             return chosen
-        if name not in DTYPES:
+        if name not in DTYPES_BY_NAME:
             raise ConfigError(f"dtype must be one of {list(DTYPE_CHOICES)}, got {dtype!r}")
-        dtype = DTYPES[name]
+        dtype = DTYPES_BY_NAME[name]
     if device is None:
         return dtype
     if dtype in (torch.bfloat16, torch.float16) and torch.device(device).type == "cpu":
@@ -203,6 +189,18 @@ def _describe_half(dtype: torch.dtype, device) -> str:
             "rows, torch's GEMM above")  # fmt: skip
 
 
+def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -> dict[str, str]:
+    """{layer kind: the kernel it runs} in a model `inference_model` converts to `dtype` with
+    `quantize` on `device` (what `lmforge precision` prints)."""
+    native = native_kernels() if torch.device(device).type == "cpu" else None
+    linear = describe_kernels(dtype, quantize, device).removeprefix("; ").split(": ", 1)[-1]
+    decode = f"lmforge's {native.variant} decode attention" if native else "SDPA"
+    return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
+            "attention, decoding": f"{decode} (one query per row)",
+            "attention, prefill": "SDPA (causal)",
+            "norms, activations, RoPE": "torch"}  # fmt: skip
+
+
 @functools.cache
 def _warn_once(message: str) -> None:
     warnings.warn(message, stacklevel=4)
@@ -217,7 +215,7 @@ def swap_linears(module: nn.Module, make) -> None:
         setattr(module.get_submodule(parent), attr, make(linear, name))
 
 
-def linear_names(module: nn.Module) -> list[tuple[str, nn.Linear]]:
+def named_linears(module: nn.Module) -> list[tuple[str, nn.Linear]]:
     """(qualified name, layer) for every nn.Linear `swap_linears` would replace."""
     return [(n, m) for n, m in module.named_modules() if type(m) is nn.Linear]
 
@@ -263,7 +261,7 @@ def to_inference_precision(
         return model
     dtype = dtype or next(model.parameters()).dtype
     if quantize == "int4":
-        for name, linear in linear_names(model):
+        for name, linear in named_linears(model):
             if not int4_codes or name not in int4_codes:
                 check_int4_shape(name, linear.in_features, group_size)
     if copy_model:

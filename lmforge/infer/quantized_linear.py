@@ -389,14 +389,19 @@ class Int4Linear(QuantizedLinear):
         if nibbles.device.type == "cpu" and (native := native_kernels()) is not None:
             self = cls.__new__(cls)
             QuantizedLinear.__init__(self, groups * BLOCK, n, bias, dtype)
-            self.group_size, self._native, self.padded = BLOCK, native, n
-            self.register_buffer("native_packed", pack_int4_nibbles(nibbles, d, m))
-            for buffer in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
-                self.register_buffer(buffer, None)
+            self.group_size = BLOCK
+            self._keep_native(native, pack_int4_nibbles(nibbles, d, m))
             return self
         codes = torch.stack([nibbles & 15, nibbles >> 4], dim=2).view(n, groups * BLOCK)
         scale = d.float()
         return cls.from_codes(codes, scale, m.float() + 8 * scale, bias, dtype, name)
+
+    def _keep_native(self, native, packed: torch.Tensor) -> None:
+        """Hold the weights only in the native kernel's layout (`packed`, from pack_int4)."""
+        self._native, self.padded = native, self.out_features
+        self.register_buffer("native_packed", packed)
+        for name in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
+            self.register_buffer(name, None)
 
     def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias,
               dtype: torch.dtype, group_size: int) -> None:  # fmt: skip
@@ -408,11 +413,7 @@ class Int4Linear(QuantizedLinear):
         if q.device.type == "cpu" and group_size == BLOCK and (native := native_kernels()):
             d, m = scale.half(), (zero - 8 * scale).half()  # w = q * d + m
             if bool(torch.isfinite(d).all() and torch.isfinite(m).all()):  # fp16 holds them
-                self._native, self.padded = native, n
-                self.register_buffer("native_packed", pack_int4(q, d, m))
-                for name in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
-                    self.register_buffer(name, None)
-                return
+                return self._keep_native(native, pack_int4(q, d, m))
         self.register_buffer("native_packed", None)
         self.padded = -(-n // 32) * 32
         if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0

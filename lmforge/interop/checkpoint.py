@@ -36,7 +36,7 @@ def load_config(path: str | Path) -> ModelConfig:
     config_path = path / "config.json"
     if _foreign_model_type(config_path) is not None:
         return hf_config_to_ours(native.read_config_json(config_path), str(config_path))
-    return native.load_config(path)
+    return native.load_lmforge_config(path)
 
 
 def load_model(
@@ -50,4 +50,4 @@ def load_model(
         return load_gguf(path, device, dtype or torch.float32)[0]  # dense: trainable weights
     if _foreign_model_type(path / "config.json") is not None:
         return load_hf_model(path, device, dtype)
-    return native.load_model(path, device, dtype)
+    return native.load_lmforge_model(path, device, dtype)

@@ -46,7 +46,7 @@ def read_config_json(path: Path) -> dict:
     return data
 
 
-def load_config(directory: str | Path) -> ModelConfig:
+def load_lmforge_config(directory: str | Path) -> ModelConfig:
     """The ModelConfig of an lmforge checkpoint directory. Hugging Face and .gguf checkpoints are
     read by lmforge.interop.checkpoint, which sits above this package and calls it for ours."""
     path = Path(directory) / "config.json"
@@ -59,13 +59,13 @@ def load_config(directory: str | Path) -> ModelConfig:
     return ModelConfig.from_dict(data, source=str(path))
 
 
-def load_model(
+def load_lmforge_model(
     directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Transformer:
     """Build the model from config.json and load weights strictly (every tensor, right shapes).
     lmforge checkpoints only: lmforge.interop.checkpoint.load_model also reads HF and .gguf."""
     directory = Path(directory)
-    config = load_config(directory)
+    config = load_lmforge_config(directory)
     weights_path = directory / "model.safetensors"
     state = load_tensors(weights_path, device)
     with torch.device("meta"):

@@ -106,7 +106,7 @@ def random_hf(cls_name: str, config: dict, seed: int = 0, std: float = 0.15, **f
     return model.eval()
 
 
-def build_hf(name: str, seed: int = 0):
+def build_hf_case(name: str, seed: int = 0):
     """The random transformers model for HF_CASES[name]."""
     cls_name, kwargs = HF_CASES[name]
     base = _GPT2 if cls_name == "GPT2Config" else _LLAMA_LIKE
@@ -126,7 +126,7 @@ def hf_checkpoint(tmp_path):
     """save_pretrained (safetensors) a random model; returns (model, directory)."""
 
     def make(name: str, **save_kwargs):
-        model = build_hf(name)
+        model = build_hf_case(name)
         model.save_pretrained(tmp_path / name, **save_kwargs)
         return model, tmp_path / name
 
@@ -142,7 +142,7 @@ def hf_case(request) -> str:
 @pytest.fixture
 def hf_model():
     """hf_model(name): the random transformers model for HF_CASES[name], not saved."""
-    return build_hf
+    return build_hf_case
 
 
 @pytest.fixture
@@ -155,3 +155,39 @@ def random_ids():
         return torch.randint(0, VOCAB, (batch, seq), generator=generator)
 
     return make
+
+
+# ---- for the GGUF tests (gguf_files.py writes the files) ---------------------------------------
+
+
+@pytest.fixture
+def build_hf(random_hf_model):
+    """build_hf(cls_name, vocab_size, seed=0, **config): a random transformers model, wider
+    than conftest's HF_CASES (a Q4/Q8 block is 32 columns), weights N(0, 0.08)."""
+
+    def make(cls_name, vocab_size, seed=0, **kwargs):
+        base = dict(
+            vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            bos_token_id=1, eos_token_id=2,
+        )  # fmt: skip
+        if cls_name == "GPT2Config":
+            # transformers' GGUF loader ignores the context length (n_positions stays 1024)
+            base = dict(vocab_size=vocab_size, n_embd=128, n_layer=2, n_head=4, n_positions=1024)
+        return random_hf_model(cls_name, {**base, **kwargs}, seed, std=0.08)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def bpe_vocab():
+    from gguf_files import make_bpe_vocab
+
+    return make_bpe_vocab()
+
+
+@pytest.fixture(scope="module")
+def spm_vocab():
+    from gguf_files import make_spm_vocab
+
+    return make_spm_vocab()

@@ -8,7 +8,7 @@ from lmforge.errors import ConfigError
 from lmforge.model.blocks import DropPath
 from lmforge.model.config import ModelConfig
 from lmforge.model.feedforward import build_mlp
-from lmforge.model.io import load_model, save_model
+from lmforge.model.io import load_lmforge_model, save_model
 from lmforge.model.transformer import Transformer
 
 BASE = dict(vocab_size=30, n_layer=1, d_model=16, n_head=2, pos="none")
@@ -71,7 +71,7 @@ def test_wiring_survives_save_and_load(tmp_path, kw):
     model, _, _ = block_and_input(**kw)
     save_model(model, tmp_path)
     ids = torch.randint(0, 30, (2, 7))
-    assert torch.equal(load_model(tmp_path)(ids), model(ids))
+    assert torch.equal(load_lmforge_model(tmp_path)(ids), model(ids))
 
 
 @pytest.mark.parametrize("field, value", [("norm_position", "peri"), ("parallel_scale", "half")])

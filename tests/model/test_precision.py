@@ -108,3 +108,5 @@ def test_precision_cli(capsys):
     assert main(["precision"]) == 0
     out = capsys.readouterr().out
     assert "65504" in out and "float8_e4m3fn" in out and "448" in out
+    # the kernel each layer kind runs, for int8 and int4 among others
+    assert "\nint8, " in out and "int4, " in out and "attention, decoding" in out

@@ -3,7 +3,7 @@ import torch
 
 from lmforge.errors import CheckpointError
 from lmforge.model.config import ModelConfig
-from lmforge.model.io import load_model, save_model
+from lmforge.model.io import load_lmforge_model, save_model
 from lmforge.model.transformer import Transformer
 
 # the variants of the whole catalogue (cached decoding, one training step) are in test_catalogue.py
@@ -51,14 +51,14 @@ def test_sequence_longer_than_context_fails_clearly():
 def test_save_load_roundtrip_and_corrupt_file(tmp_path):
     model = tiny(**LLAMA)
     save_model(model, tmp_path)
-    loaded = load_model(tmp_path)
+    loaded = load_lmforge_model(tmp_path)
     ids = torch.randint(0, 40, (2, 7))
     assert torch.equal(model(ids), loaded(ids))
     assert not list(tmp_path.glob("*.tmp"))
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # truncated
     with pytest.raises(CheckpointError, match="model.safetensors"):
-        load_model(tmp_path)
+        load_lmforge_model(tmp_path)
 
 
 def test_load_rejects_weights_that_do_not_match_config(tmp_path):
@@ -67,7 +67,7 @@ def test_load_rejects_weights_that_do_not_match_config(tmp_path):
     save_model(Transformer(ModelConfig(vocab_size=40, n_layer=2, d_model=64, n_head=4)), other)
     (tmp_path / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
     with pytest.raises(CheckpointError, match="shape"):
-        load_model(tmp_path)
+        load_lmforge_model(tmp_path)
 
 
 def test_native_loader_refuses_a_hugging_face_checkpoint_and_names_the_reader(tmp_path):
@@ -76,7 +76,7 @@ def test_native_loader_refuses_a_hugging_face_checkpoint_and_names_the_reader(tm
     save_model(tiny(), tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
     with pytest.raises(CheckpointError, match=r"'llama'.*lmforge\.interop\.checkpoint"):
-        load_model(tmp_path)
+        load_lmforge_model(tmp_path)
 
 
 def test_cpu_bf16_autocast_trains_and_stays_close_to_fp32():

@@ -9,16 +9,13 @@ import jsonschema
 import numpy as np
 import pytest
 import requests
+from chat_tools import TOOL_TEXT, WEATHER
 
 from lmforge.infer.engine import Engine
 from lmforge.serve.app import create_app
 
 openai = pytest.importorskip("openai")
 
-TEXT = 'hello {"name": "x", "city": "Paris", "ok": true} <tool_call> </tool_call> world. '
-WEATHER = {"type": "function", "function": {"name": "weather", "description": "today's weather",
-           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
-                          "required": ["city"], "additionalProperties": False}}}  # fmt: skip
 CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
     "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
     "additionalProperties": False}}}  # fmt: skip
@@ -32,7 +29,7 @@ ASK = [{"role": "user", "content": "weather in Paris?"}]
 @pytest.fixture(scope="module")
 def url(live_server, make_tiny_lm):
     """A server over a tiny random model with a context long enough for tool prompts."""
-    lm = make_tiny_lm(1024, [TEXT * 20], 300, preset="llama-micro")
+    lm = make_tiny_lm(1024, [TOOL_TEXT * 20], 300, preset="llama-micro")
     engine = Engine.from_lm(lm, max_batch=8)
     return live_server(create_app(engine, "tiny", max_tokens_limit=200)).url
 
@@ -222,7 +219,7 @@ def test_embedding_model_matches_sentence_transformers(live_server, make_engine)
 def test_prefix_cache_hit_rate_in_metrics(live_server, make_tiny_lm):
     from prometheus_client.parser import text_string_to_metric_families
 
-    lm = make_tiny_lm(512, [TEXT * 20], 300, preset="llama-micro")
+    lm = make_tiny_lm(512, [TOOL_TEXT * 20], 300, preset="llama-micro")
     engine = Engine.from_lm(lm, max_batch=2, prefix_cache_bytes=2**28)
     url = live_server(create_app(engine, "tiny")).url
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
