@@ -87,10 +87,26 @@ def pick_variant() -> str:
 
 
 class NativeKernels:
-    """The ops of one built library, running the variant `variant` (`use`)."""
+    """The ops of one built library, running the variant `variant` (`use`). The products are the
+    torch ops themselves (a decode step calls them ~50 times: no Python in between):
+
+    - int8_matmul(x, packed, scale, n): x [M, K] fp32 times int8 weights [n, K] -> [M, n] fp32;
+      `packed` from `pack_int8`, fp32 `scale` [packed rows] per output row (x is quantised to
+      int8 per block of 32 inside).
+    - int4_matmul(x, packed, n) / q8_matmul(x, packed, n): the same for int4 (`pack_int4`) and
+      llama.cpp's Q8_0 weights (`pack_q8`).
+    - half_matmul(x, w): x [M, K] times bf16 / fp16 weights [N, K] as the model holds them ->
+      [M, N] in x's dtype (products and sums in fp32), for the few rows of a decode step.
+    - decode_attention(q, k, v, mask): one query per row over its cache: q [B, H, 1, D] fp32,
+      k / v [B, KV, L, D] fp32, fp16 or bf16 (unit stride along D), mask None or bool [B, L] or
+      [B, 1, 1, L] (True: a real key) -> [B, H, 1, D] fp32, scaled by D ** -0.5."""
+
+    OPS = ("int8_matmul", "int4_matmul", "q8_matmul", "half_matmul", "decode_attention")
 
     def __init__(self, namespace: str):
         self.namespace, self.ops = namespace, getattr(torch.ops, namespace)
+        for op in self.OPS:
+            setattr(self, op, getattr(self.ops, op))
 
     @property
     def variant(self) -> str:
@@ -111,39 +127,9 @@ class NativeKernels:
     def __reduce__(self):  # torch.ops namespaces do not pickle: look the library up again
         return NativeKernels, (self.namespace,)
 
-    def int8_matmul(
-        self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, n: int
-    ) -> torch.Tensor:
-        """x [M, K] fp32 times int8 weights [n, K] -> [M, n] fp32: `packed` from `pack_int8`,
-        fp32 `scale` [packed rows] per output row (x quantised to int8 per block of 32 inside)."""
-        return self.ops.int8_matmul(x, packed, scale, n)
-
-    def int4_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-        """x [M, K] fp32 times int4 weights [n, K] (`pack_int4`) -> [M, n] fp32."""
-        return self.ops.int4_matmul(x, packed, n)
-
-    def q8_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-        """x [M, K] fp32 times int8 weights [n, K] with an fp16 scale per row and block of 32
-        (`pack_q8`: llama.cpp's Q8_0) -> [M, n] fp32."""
-        return self.ops.q8_matmul(x, packed, n)
-
     def dequantize_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
         return self.ops.dequantize_int4(packed, n, dtype == torch.bfloat16)
-
-    def half_matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [M, K] times bf16 or fp16 weights w [N, K] (row-major, as the model holds them) ->
-        [M, N] in x's dtype (half_matmul.cpp: products and sums in fp32), for the few rows of a
-        decode step (HalfLinear sends more to torch's GEMM)."""
-        return self.ops.half_matmul(x, w)
-
-    def decode_attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """One query per row over its cache (decode_attention.cpp): q [B, H, 1, D] fp32, k / v
-        [B, KV, L, D] fp32, fp16 or bf16 (unit stride along D), mask None or bool [B, L] or
-        [B, 1, 1, L] (True: a real key) -> [B, H, 1, D] fp32, scaled by D ** -0.5."""
-        return self.ops.decode_attention(q, k, v, mask)
 
 
 # ---- the weight layout (quantized_matmul.cpp, "the interleaved layout") -------------------------

@@ -110,7 +110,7 @@ class QuantizedLinear(nn.Module, abc.ABC):
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:  # the model's attention and MLP pass [B*T, in]
+        if x.ndim == 2:  # the model's attention and MLP pass [B*T, in]
             return self.matmul(x)
         y = self.matmul(x.reshape(-1, x.shape[-1]))
         return y.view(*x.shape[:-1], self.out_features)
@@ -210,7 +210,8 @@ class Int8Linear(QuantizedLinear):
             return self.gemm(x)
         if self._native is not None:
             packed, scale = buffers["native_packed"], buffers["native_scale"]
-            y = self._native.int8_matmul(x.float(), packed, scale, self.out_features)
+            fp32 = x if x.dtype == torch.float32 else x.float()  # a call saved per layer
+            y = self._native.int8_matmul(fp32, packed, scale, self.out_features)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         scale = buffers["kernel_scale"]
         if x.dtype == scale.dtype:
@@ -299,7 +300,8 @@ class BlockInt8Linear(QuantizedLinear):
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         if self._native is None or x.device.type != "cpu":
             return self.gemm(x)
-        y = self._native.q8_matmul(x.float(), self._buffers["native_packed"], self.out_features)
+        fp32 = x if x.dtype == torch.float32 else x.float()
+        y = self._native.q8_matmul(fp32, self._buffers["native_packed"], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def blocks(self, start: int = 0, stop: int | None = None):
@@ -442,7 +444,8 @@ class Int4Linear(QuantizedLinear):
         if self._native is not None:
             if x.device.type != "cpu":  # moved off the CPU after quantising: the GEMM
                 return self.gemm(x)
-            y = self._native.int4_matmul(x.float(), buffers["native_packed"], self.out_features)
+            fp32 = x if x.dtype == torch.float32 else x.float()
+            y = self._native.int4_matmul(fp32, buffers["native_packed"], self.out_features)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         packed, sz = buffers["weight_int4"], buffers["kernel_scale_zeros"]
         xk = x if x.dtype == sz.dtype else x.to(sz.dtype)
