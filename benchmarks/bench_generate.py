@@ -12,28 +12,17 @@ agreement and the logit error against fp32. Batch 1 is compared with the memory-
 a decoding step reads every weight it uses once, so tokens/s <= bandwidth / bytes read per token
 (lmforge's weights at the precision used, all but the embedding table, of which a token reads one
 row); bandwidth is measured here by copying a 1 GiB tensor, next to each batch-1 run. It also
-times the weight matmuls alone (one GEMV per Linear). On a quiet machine the int8 kernel
-(aten._weight_int8pack_mm) runs at 88-97% of the bound, so what separates batch 1 from the bound
-is the per-token work outside the matmuls (norms, RoPE, attention, sampling, Python). Eagerly
-that is ~2 of 4.4 ms per token; `--compile` (on CPU: the decode step exported and compiled ahead
-of time by AOTInductor, infer/steps.py ExportedStep) leaves ~0.25 ms at one thread. fp32 GEMVs
-run near the bandwidth too (--dtype float32 --quantize none) but read 4x the bytes. The last
+times the weight matmuls alone (one GEMV per Linear), the kernels' own ceiling: what separates
+batch 1 from it is the per-token work outside the matmuls (norms, RoPE, attention, sampling,
+Python), which `--compile` (on CPU: the decode step exported and compiled ahead of time by
+AOTInductor, infer/steps.py ExportedStep) cuts. fp32 GEMVs read 4x the bytes of int8. The last
 line says which targets this mode met. `--device cuda` runs both sides on a GPU in --dtype
-(lmforge replays its decode step as a CUDA graph); there the small model is launch-bound.
-
-Measured 2026-11-22 (fourth session), 2-core machine, int8 weights + bf16 activations, three
-runs of the script each: ratios batch 1 / batch 16 / long prompt, then batch 1 as a share of the
-bandwidth bound (bandwidth measured at the same thread count):
-  --threads 1 --compile   5.25-5.45x / 2.49-2.55x / 2.87-3.09x, 79-85% (matmuls alone 96-101%)
-  --compile (2 threads)   5.25-5.97x / 2.73-2.93x / 2.98-3.71x, 62-72%, median 72% (matmuls 88-92%)
-  --threads 1 (eager)     2.7x / 2.3x / 2.7x, 41% (third session)
-  one H100, bf16, --device cuda --quantize none: 10.9x / 10.6x / 13.6x (transformers in bf16)
-With two threads the same ~0.2 ms of attention and host work is a larger share of a shorter
-step, and this shared host's noise moves single runs by 10% or more.
+(lmforge replays its decode step as a CUDA graph). A full run (not --quick) records its table
+(benchmarks/results/generate_<device>_<quantize>_<dtype>[_compiled].json, docs/benchmarks.md).
 
     python benchmarks/bench_generate.py                                  # int8 weights, bf16
     python benchmarks/bench_generate.py --dtype float32 --quantize none  # same precision as HF
-    python benchmarks/bench_generate.py --threads 1 --compile            # the 70% configuration
+    python benchmarks/bench_generate.py --threads 1 --compile            # the compiled CPU step
     python benchmarks/bench_generate.py --device cuda --quantize none    # on a GPU
     python benchmarks/bench_generate.py --quick                          # short, to check it runs
 
@@ -52,6 +41,9 @@ import torch
 
 TARGETS = {"batch 1": 2.5, "batch 16": 2.0, "long prompt": 1.5}
 VERDICTS: dict[str, bool] = {}  # target -> met, for the summary line
+ROWS: list[list] = []  # one per compare(), for record()
+COLUMNS = ["case", "batch", "prompt", "new tokens", "transformers tok/s", "lmforge tok/s",
+           "lmforge / transformers", "greedy agreement"]  # fmt: skip
 DEVICE = "cpu"  # --device
 
 
@@ -169,6 +161,8 @@ def compare(name, hf, engine, batch, prompt_len, new, repeats, bandwidths=None) 
     print(f"{name:12s} B={batch:<3d} prompt={prompt_len:<5d} new={new:<4d} "
           f"transformers {hf_tps:8.1f} tok/s | lmforge {our_tps:8.1f} tok/s | "
           f"ratio {ratio:5.2f}x {verdict} | {agreement(out_us, out_hf)}", flush=True)  # fmt: skip
+    ROWS.append([name, batch, prompt_len, new, f"{hf_tps:.1f}", f"{our_tps:.1f}", f"{ratio:.2f}x",
+                 agreement(out_us, out_hf)])  # fmt: skip
     return our_tps
 
 
@@ -201,6 +195,9 @@ def main() -> None:
         help="lmforge weight-only quantisation of the Linear layers",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--no-record", action="store_true", help="print only (--quick never records)"
+    )
     parser.add_argument(
         "--device",
         default="cpu",
@@ -248,8 +245,12 @@ def main() -> None:
     compare("long prompt", hf, engine, 1, long_prompt, 64 if not args.quick else 16, args.repeats)
     if args.compile:
         print("compiled decode step: first call includes compilation (warm-up, not timed)")
+    lines = [f"precision: transformers {str(hf.dtype).removeprefix('torch.')}, lmforge "
+             f"{engine.precision}; {torch.get_num_threads()} thread(s); median of {args.repeats} "
+             "alternating runs."]  # fmt: skip
     if engine.precision != "float32":
-        print(accuracy(hf, engine))
+        lines.append(accuracy(hf, engine) + ".")
+        print(lines[-1])
     bw = statistics.median(bandwidths)
     bound = bw * 1e9 / read
     ceiling = statistics.median(matmul_ceiling(engine.model, engine.dtype, device=DEVICE)
@@ -268,6 +269,27 @@ def main() -> None:
     met = ", ".join(f"{k}: {'ok' if v else 'MISSED'}" for k, v in VERDICTS.items())
     print(f"summary for lmforge {engine.precision}: {met}")
     print("note: shared, loaded 2-core machine; compare ratios, not absolute numbers")
+    if args.quick or args.no_record:
+        return
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.results import record
+
+    lines += [
+        f"Copy bandwidth {bw:.1f} GB/s; batch 1 = {b1 / bound:.0%} of the bandwidth bound "
+        f"({read / 2**20:.1f} MiB read per token); the weight matmuls alone "
+        f"{ceiling / bound:.0%} of it.",
+        f"Targets: {met}.",
+        "Host: " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip() + ".",
+    ]
+    name = f"generate_{args.device}_{args.quantize}_{args.dtype}" + "_compiled" * args.compile
+    title = (
+        f"Engine vs transformers.generate, 32M Llama ({args.device}, lmforge {engine.precision})"
+    )
+    record(name.replace(":", "-").lower(), title, COLUMNS, ROWS, notes=" ".join(lines))
 
 
 if __name__ == "__main__":
