@@ -16,11 +16,9 @@ The `all` line is the figure for a whole CORE run (the 18 local tasks by default
 examples each): where the reference spends its time, on tasks whose options share a long
 few-shot context, the shared context runs once. A one-option task (language modelling) or one
 whose options share no prefix (schema, 0-shot) saves only the LM head over the unscored
-positions and the batching. Measured 2026-11-26 at 7ecb95b (2-core AMD EPYC Zen 4, float32, one
-pinned thread): SmolLM2-135M, all 18 tasks x 11 examples: all 3.07x (multiple choice 2.0-5.2x,
-the seven language-modelling tasks 1.1-1.5x); the speedrun's cpu-tiny model (context 128),
-18 x 25: 2.04x (its left crop cuts each option at a different place, so options rarely share a
-prefix; reading the task files and tokenizing, which both sides pay, weigh more there).
+positions and the batching; so does a model with a short context, whose left crop cuts each
+option at a different place. The table is recorded (benchmarks/results/core_speed_<model>.json,
+docs/benchmarks.md) unless --no-record.
 
 Runs alternate per task (fast, reference, fast, reference, ...) so that a load change on a shared
 machine hits both sides alike; each side's examples/s is its total over the repeats. Without a
@@ -80,6 +78,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="alternating runs per side and task")
     p.add_argument("--dtype", default=None)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-record", action="store_true", help="print only")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,6 +92,7 @@ def main() -> None:
     print(f"{'task':24} {'n':>4} {'ref ex/s':>9} {'core ex/s':>9} {'ratio':>6} same")
     total_n = t_ref_all = t_fast_all = 0.0
     all_same = True
+    rows: list[list] = []
     _, tasks, _ = core.resolve_tasks(core.select_tasks(args.tasks), args.data, bool(args.tasks))
     # one untimed example through each side first: one-time costs (allocator growth, lazily
     # built tables) would otherwise land on whichever side runs the first task first
@@ -111,12 +111,36 @@ def main() -> None:
         n = min(args.max_per_task, len(core.load_task_rows(args.data, task))) * args.repeats
         print(f"{task.label:24} {n // args.repeats:4} {n / t_ref:9.2f} {n / t_fast:9.2f} "
               f"{t_ref / t_fast:5.1f}x {fast == ref}  (accuracy {fast:.4f})")  # fmt: skip
+        rows.append([task.label, n // args.repeats, f"{n / t_ref:.2f}", f"{n / t_fast:.2f}",
+                     f"{t_ref / t_fast:.2f}x", fast == ref, f"{fast:.4f}"])  # fmt: skip
         total_n += n
         t_ref_all += t_ref
         t_fast_all += t_fast
     print(f"{'all':24} {'':4} {total_n / t_ref_all:9.2f} {total_n / t_fast_all:9.2f} "
           f"{t_ref_all / t_fast_all:5.2f}x {all_same}")  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    if args.no_record:
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.results import record
+
+    rows.append(["all", "", f"{total_n / t_ref_all:.2f}", f"{total_n / t_fast_all:.2f}",
+                 f"{t_ref_all / t_fast_all:.2f}x", all_same, ""])  # fmt: skip
+    model = Path(args.checkpoint).stem if args.checkpoint else args.model
+    notes = (
+        f"Model {args.checkpoint or args.model} ({param.dtype}), up to {args.max_per_task} "
+        f"examples a task, {args.repeats} alternating run(s) a side, {torch.get_num_threads()} "
+        "thread(s); reference: tests/eval/test_core.py ref_accuracy (one example, one forward "
+        "per option, as nanochat's core_eval.py); 'same': equal accuracy on both sides. "
+        f"Load average {os.getloadavg()[0]:.2f} at the end."
+    )
+    record(
+        "core_speed_" + "".join(c if c.isalnum() else "-" for c in model.lower()),
+        f"CORE evaluation speed: lmforge eval core vs the per-example reference ({model})",
+        ["task", "examples", "reference ex/s", "eval core ex/s", "speed-up", "same", "accuracy"],
+        rows,
+        notes=notes,
+    )
 
 
 if __name__ == "__main__":
