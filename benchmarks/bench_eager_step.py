@@ -1,12 +1,12 @@
 """The eager decode step's host overhead: Python calls per step and CPU time per token, batch 1,
 one thread, for two checkouts of lmforge run alternately (before / after a change).
 
-bench_generate.py's model shape (a 32M-parameter Llama: vocab 8192, d_model 512, 8 layers,
-8 heads, 4 KV heads, d_ff 1376), random weights, int8 weights with fp32 activations (lmforge's
-native kernels where they build), eager (no --compile), greedy, 200 new tokens after a 16-token
-prompt. Each run is its own process; the figure is the process (CPU) time per token, median of
-three passes, which a busy shared host disturbs less than wall time; the table gives the median
-over the runs of each side.
+bench_generate.py's model shape (a 32M-parameter Llama: vocab 8192, d_model 512, 8 layers, 8 heads,
+4 KV heads, d_ff 1376), random weights, int8 weights with fp32 activations (lmforge's native
+kernels where they build), eager (no --compile), greedy, 200 new tokens after a 16-token prompt.
+Each run is its own process, the sides in ABBA order; the figure is the process (CPU) time per
+token, median of three passes, which a busy shared host disturbs less than wall time; the table
+gives the median over the runs of each side.
 
     python benchmarks/bench_eager_step.py --before /tmp/old_checkout --after . [--runs 4]
 """
@@ -53,9 +53,12 @@ print(json.dumps({"calls": calls[0], "ms": sorted(per_token)[1]}))
 
 
 def run(root: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(root), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+    """One process over the lmforge under `root` (its working directory too: `python -c` puts
+    the working directory first on sys.path)."""
+    root = os.path.abspath(root)
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=root, capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -68,8 +71,8 @@ def main() -> None:
     args = ap.parse_args()
     sides = {"before": [], "after": []}
     loads = []
-    for _ in range(args.runs):
-        for side in sides:
+    for r in range(args.runs):
+        for side in list(sides)[:: 1 if r % 2 == 0 else -1]:  # ABBA: no side always first
             sides[side].append(run(getattr(args, side)))
             loads.append(os.getloadavg()[0])
             print(side, sides[side][-1], f"load {loads[-1]:.1f}", flush=True)
