@@ -51,6 +51,10 @@ VARIANTS = {
     ),
 }  # fmt: skip
 
+# the columns of the speedrun report's table, as both recorded runs give them
+REPORT_COLUMNS = ["model after", "docs perplexity", "bits per byte", "exact match",
+                  "reward (RM score)", "KL to SFT", "CORE"]  # fmt: skip
+
 
 def run(name: str, runs: Path) -> dict:
     out = runs / name
@@ -108,15 +112,7 @@ def record_preset_run(runs: Path, note: str) -> None:
     record(
         "speedrun_cpu_tiny",
         "Speedrun cpu-tiny as the preset has it (fast pretraining, Muon after it), one thread",
-        [
-            "model after",
-            "docs perplexity",
-            "bits per byte",
-            "exact match",
-            "reward (RM score)",
-            "KL to SFT",
-            "CORE",
-        ],  # fmt: skip
+        REPORT_COLUMNS,
         rows,
         notes=(
             "One `lmforge speedrun --preset cpu-tiny --deterministic` run (one thread): the eval "
@@ -181,15 +177,7 @@ def main() -> None:
             record(
                 "speedrun_fast_pretrain_full",
                 "Speedrun cpu-tiny with the fast pretraining, later stages as the old preset",
-                [
-                    "model after",
-                    "docs perplexity",
-                    "bits per byte",
-                    "exact match",
-                    "reward (RM score)",
-                    "KL to SFT",
-                    "CORE",
-                ],
+                REPORT_COLUMNS,
                 rows,
                 notes=(
                     "One run of the whole cpu-tiny speedrun, one thread, its pretraining stage "
