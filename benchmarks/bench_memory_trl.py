@@ -224,6 +224,7 @@ def main() -> None:
     ap.add_argument("--floor", type=float, default=4.0,
                     help="kill a child once the machine has less GiB available")  # fmt: skip
     ap.add_argument("--method", nargs="+", default=["dpo", "grpo"], choices=["dpo", "grpo"])
+    ap.add_argument("--name", default="memory_vs_trl", help="the table's name in benchmarks.md")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -254,7 +255,7 @@ def main() -> None:
     from results import record
 
     record(
-        "memory_vs_trl",
+        args.name,
         "Peak memory of one post-training step: lmforge vs TRL (SmolLM2-135M)",
         [
             "method",
