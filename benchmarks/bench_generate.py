@@ -47,15 +47,18 @@ COLUMNS = ["case", "batch", "prompt", "new tokens", "transformers tok/s", "lmfor
 DEVICE = "cpu"  # --device
 
 
-def make_checkpoint(directory: str) -> None:
+def make_checkpoint(directory: str, **shape) -> None:
+    """A transformers LlamaForCausalLM with random weights (seed 0, fp32) saved to `directory`:
+    the 32M bench model, or another size given as LlamaConfig fields in `shape`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
-        tie_word_embeddings=False, torch_dtype="float32",
-    )  # fmt: skip
+    config = LlamaConfig(**{
+        "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1376,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float32",
+        **shape,
+    })  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(directory)
 
 

@@ -140,15 +140,10 @@ def trained_model(steps: int, seq: int = 128, batch: int = 16) -> tuple[Transfor
 
 def random_llama(directory: Path) -> Transformer:
     """A transformers LlamaForCausalLM with random weights (fp32), read back by `LM.load`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from bench_generate import make_checkpoint
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=512, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
-        tie_word_embeddings=False, torch_dtype="float32",
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(directory)
+    make_checkpoint(str(directory), vocab_size=512, hidden_size=256, intermediate_size=704,
+                    num_hidden_layers=4, max_position_embeddings=1024)  # fmt: skip
     return LM.load(directory, dtype="float32").model
 
 

@@ -18,6 +18,10 @@ _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings":
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}  # fmt: skip
 
+# Gemma 2, 2 layers: the first windowed, the second full; soft caps small enough to bite
+_GEMMA2 = dict(head_dim=16, sliding_window=6, query_pre_attn_scalar=12,
+               attn_logit_softcapping=5.0, final_logit_softcapping=3.0)  # fmt: skip
+
 # name -> (config class name, kwargs): every family and every rope_scaling type.
 HF_CASES = {
     "llama": ("LlamaConfig", {}),
@@ -63,17 +67,7 @@ HF_CASES = {
     ),
     "phi3_window": ("Phi3Config", dict(sliding_window=6, pad_token_id=0)),
     "gemma": ("GemmaConfig", dict(head_dim=16)),
-    # 2 layers: the first windowed, the second full; soft caps small enough to bite
-    "gemma2_window": (
-        "Gemma2Config",
-        dict(
-            head_dim=16,
-            sliding_window=6,
-            query_pre_attn_scalar=12,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=3.0,
-        ),
-    ),  # fmt: skip
+    "gemma2_window": ("Gemma2Config", _GEMMA2),
     "gemma3_window": (
         "Gemma3TextConfig",
         dict(
