@@ -108,6 +108,7 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
         self.kernel = ATTENTION_KERNELS[config.attn_impl]
         self.scale, self.softcap = config.attn_scale, config.attn_logit_softcap  # Gemma
+        self.cap = (self.scale, self.softcap)  # the kernels' (scale, softcap) arguments
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -165,7 +166,6 @@ class CausalSelfAttention(nn.Module):
         keys are real). The fused `decode_kernel` where it takes these inputs; inside a compiled
         step `decode_attention` (inductor fuses it); else SDPA."""
         kernel = self.decode_kernel
-        extra = dict(scale=self.scale, softcap=self.softcap)
         if (
             kernel is not None
             and self.scale is None
@@ -179,15 +179,15 @@ class CausalSelfAttention(nn.Module):
             # (torch.compile specialises on every cache width with an external op: not there)
             return kernel(q.float(), k, v, mask).to(q.dtype)  # fmt: skip
         if torch.compiler.is_compiling():
-            return decode_attention(q, k, v, mask, **extra)
+            return decode_attention(q, k, v, mask, *self.cap)
         if q.device.type == "cpu" and torch.float32 not in (q.dtype, k.dtype):
             # torch's CPU flash attention runs one bf16 query several times slower than the
             # same in fp32: upcasting the cache rows costs less
-            y = sdpa_attention(q.float(), k.float(), v.float(), mask, **extra)
+            y = sdpa_attention(q.float(), k.float(), v.float(), mask, False, 0.0, *self.cap)
             return y.to(q.dtype)
         if k.dtype != q.dtype:  # e.g. an fp16 cache under fp32 activations
             k, v = k.to(q.dtype), v.to(q.dtype)
-        return sdpa_attention(q, k, v, mask, **extra)
+        return sdpa_attention(q, k, v, mask, False, 0.0, *self.cap)
 
 
 def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:
