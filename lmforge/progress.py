@@ -111,25 +111,15 @@ class PlainProgress:
             print(self.line(now), file=self.file, flush=True)
 
 
-def progress_bar(
-    iterable: Iterable | None = None,
-    *,
-    total: int | None = None,
-    desc: str | None = None,
-    unit: str = "it",
-    initial: int = 0,
-    disable: bool = False,
-    interval: float = PLAIN_INTERVAL_S,
-    file: TextIO | None = None,
-):
+def progress_bar(iterable: Iterable | None = None, *, file: TextIO | None = None, **kwargs: Any):
     """A tqdm bar when `file` (default stderr) is a terminal, else a `PlainProgress` printing a
-    line every `interval` seconds. Use it wherever lmforge shows progress."""
+    line every `interval` seconds. Use it wherever lmforge shows progress; `kwargs` are
+    `PlainProgress`'s (total, desc, unit, initial, disable, interval)."""
     file = file if file is not None else sys.stderr
     isatty = getattr(file, "isatty", None)
     if isatty is not None and isatty():
         from tqdm import tqdm
 
-        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial,
-                    disable=disable, dynamic_ncols=True, file=file)  # fmt: skip
-    return PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
-                         disable=disable, interval=interval, file=file)  # fmt: skip
+        kwargs.pop("interval", None)
+        return tqdm(iterable, dynamic_ncols=True, file=file, **kwargs)
+    return PlainProgress(iterable, file=file, **kwargs)

@@ -58,7 +58,7 @@ from torch import nn
 from lmforge.infer.cpu_features import cpu_features
 from lmforge.infer.params import GenerationParams
 from lmforge.model.cache import SlotCache
-from lmforge.model.mlp import MLP, GatedMLP
+from lmforge.model.mlp import MLP
 from lmforge.model.positions import rope_scaling_type
 from lmforge.model.transformer import Transformer
 
@@ -68,7 +68,7 @@ def fixed_step_unsupported(model) -> str | None:
     run this model; None when it can."""
     if not isinstance(model, Transformer):
         return f"{type(model).__name__} is not a Transformer"
-    if not all(isinstance(block.mlp, (MLP, GatedMLP)) for block in model.blocks):
+    if not all(isinstance(block.mlp, MLP) for block in model.blocks):
         return "a mixture of experts routes tokens with data-dependent shapes"
     if rope_scaling_type(getattr(model.config, "rope_scaling", None)) == "dynamic":
         return "dynamic RoPE scaling reads the positions on the host every step"

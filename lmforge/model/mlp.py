@@ -18,10 +18,14 @@ ACTIVATIONS = {
 
 
 class MLP(nn.Module):
-    """W2 act(W1 x + b1) + b2 (GPT-2 style with GELU)."""
+    """W2 act(W1 x + b1) + b2 (GPT-2 style with GELU); `GatedMLP` is its GLU form."""
+
+    gated = False
 
     def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, dropout: float):
         super().__init__()
+        if self.gated:
+            self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
@@ -29,22 +33,13 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.reshape(-1, x.shape[-1])  # [B*T, d]: 2-D for the matmul kernels
-        y = self.down_proj(self.act(self.up_proj(h))).view(x.shape)
+        up = self.up_proj(h)
+        y = self.down_proj(self.act(self.gate_proj(h)) * up if self.gated else self.act(up))
+        y = y.view(x.shape)
         return self.dropout(y) if self.training else y  # a call costs microseconds per token
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(MLP):
     """GLU family: down(act(gate(x)) * up(x)). SwiGLU uses SiLU (Llama), GEGLU uses GELU."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, dropout: float):
-        super().__init__()
-        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
-        self.act = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.reshape(-1, x.shape[-1])  # [B*T, d]: 2-D for the matmul kernels
-        y = self.down_proj(self.act(self.gate_proj(h)) * self.up_proj(h)).view(x.shape)
-        return self.dropout(y) if self.training else y
+    gated = True
