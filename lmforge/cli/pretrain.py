@@ -32,7 +32,9 @@ def run(args) -> int:
     print(
         f"\nfinal: step {result['step']}  val loss {result['val_loss']:.4f}  "
         f"val perplexity {result['val_ppl']:.2f}  val bits/byte {result['val_bpb']:.4f}  "
-        f"{result['tokens_per_s']:,.0f} tokens/s  {result['elapsed_s']:.1f} s training"
+        f"{result['tokens_per_s']:,.0f} tokens/s"
+        + (f"  MFU {result['mfu']:.1%}" if "mfu" in result else "")
+        + f"  {result['elapsed_s']:.1f} s training"
     )
     for loss, m in result["milestones"].items():
         print(f"val loss <= {loss}: step {m['step']}, {m['seconds']:.1f} s after start")

@@ -1,5 +1,6 @@
-"""Counting: parameters by component, FLOPs per token, KV-cache size. Pure arithmetic on a config,
-so it works for 7B presets without allocating them."""
+"""Counting: parameters by component, FLOPs per token, KV-cache size, and model FLOPs utilisation
+(MFU) against a device's peak. Pure arithmetic on a config, so it works for 7B presets without
+allocating them."""
 
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ def flops_per_token(config: ModelConfig, context: int | None = None) -> dict[str
 
     Forward: 2 FLOPs per weight used in a matmul (embedding lookups are free; the LM head is a
     matmul) plus attention scores and mixing, 4 * n_layer * n_head * d_head * context.
-    Training is 3x forward (backward costs twice the forward).
+    Training is 3x forward (backward costs twice the forward): 6N + 12 * L * H * Q * T, the
+    formula of PaLM's Appendix B (Chowdhery et al. 2022, https://arxiv.org/abs/2204.02311) and of
+    nanoGPT's `estimate_mfu`, with N the matmul weights and T the context (full attention
+    counted, as PaLM does, though a causal mask skips half of it). `context` is the trained
+    sequence length (the run's block_size); default max_seq_len.
     """
     counts = parameter_counts(config)
     ctx = context or config.max_seq_len
@@ -53,6 +58,36 @@ def flops_per_token(config: ModelConfig, context: int | None = None) -> dict[str
     attention = 4 * config.n_layer * config.n_head * config.head_dim * ctx
     forward = 2 * matmul_params + attention
     return {"forward": forward, "training": 3 * forward, "context": ctx}
+
+
+# Peak dense (no 2:4 sparsity) bf16 tensor-core TFLOPS from NVIDIA's data sheets, matched in
+# order against torch.cuda.get_device_name() (the first pattern it contains wins, so the PCIe
+# and NVL parts come before their SXM namesakes: "NVIDIA H100 80GB HBM3" is the SXM H100).
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H200 NVL", 835.0),
+    ("H100", 989.0),  # SXM5
+    ("H200", 989.0),  # SXM (also GH200)
+    ("A100", 312.0),  # SXM4 and PCIe alike
+)
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """A GPU's peak dense bf16 TFLOPS by its name (`torch.cuda.get_device_name()`); None for a
+    device not in PEAK_BF16_TFLOPS (then MFU needs a given peak)."""
+    name = device_name.lower()
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key.lower() in name), None)
+
+
+def model_flops_utilisation(
+    tokens_per_s: float, training_flops_per_token: float, peak_tflops: float
+) -> float:
+    """MFU (Chowdhery et al. 2022, Appendix B): the model FLOPs a run achieves, tokens/s times
+    training FLOPs per token (`flops_per_token(...)["training"]`), as a fraction of the device's
+    peak (in TFLOPS, 1e12 FLOP/s). Recomputed activations do not count: they are not model
+    FLOPs."""
+    return tokens_per_s * training_flops_per_token / (peak_tflops * 1e12)
 
 
 def describe(config: ModelConfig) -> str:

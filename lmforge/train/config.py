@@ -208,11 +208,16 @@ class TrainConfig:
     parallel: str = "ddp"  # ddp (replicas) | fsdp (FSDP2: sharded params/grads/optimizer)
     activation_checkpointing: bool = False  # recompute blocks in backward: less memory
     tokenize_workers: int = 1  # processes tokenizing the corpus into shards
+    # the device's peak TFLOPS for the reported MFU; None: the bf16 peak of a known GPU
+    # (lmforge.model.info.PEAK_BF16_TFLOPS), no MFU on other devices
+    peak_tflops: float | None = None
 
     def __post_init__(self) -> None:
         require_positive_ints(self, "batch_size", "block_size")
         require_choice("dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         require_fraction(self, "val_fraction")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"peak_tflops must be > 0, got {self.peak_tflops}")
         milestones = {float(m) for m in self.loss_milestones}
         if self.target_loss is not None:
             milestones.add(float(self.target_loss))

@@ -53,6 +53,7 @@ from lmforge.errors import (
     require_choice,
 )
 from lmforge.fileio import remove_stale_temps, write_json
+from lmforge.model.info import model_flops_utilisation
 from lmforge.model.modes import eval_mode
 from lmforge.progress import progress_bar
 from lmforge.train.checkpoint import (
@@ -87,6 +88,18 @@ def training_dtype(name: str, device: torch.device) -> str:
     if device.type == "cpu" and torch.cpu._is_amx_tile_supported():
         return "bfloat16"
     return "float32"
+
+
+# metrics the progress line leaves out (lr) or shows in their own form (throughput_text)
+NOT_SHOWN = ("lr", "tokens_per_s", "mfu")
+
+
+def throughput_text(stats: dict[str, float]) -> dict[str, str]:
+    """tokens/s and MFU as the progress line shows them (`Trainer.throughput`'s keys)."""
+    out = {"tokens/s": f"{stats['tokens_per_s']:,.0f}"}
+    if "mfu" in stats:
+        out["mfu"] = f"{stats['mfu']:.1%}"
+    return out
 
 
 def split_rows(batch: Any, parts: int) -> list[Any]:
@@ -158,6 +171,9 @@ class Trainer(ABC):
         remove_stale_temps(self.out_dir)  # temps of saves killed mid-write in an earlier run
         self.step, self.elapsed, self.cpu_elapsed, self.tokens_seen = 0, 0.0, 0.0, 0
         self.tokens_per_step = 0  # tokens of one step's batch, where that is a fixed number
+        # model FLOPs utilisation reported beside tokens/s when both are known (pretraining)
+        self.flops_per_token = 0.0  # training FLOPs per token; 0: unknown
+        self.peak_tflops: float | None = None  # the device's peak
         self.dtype = "float32"
         self.scaler: LossScaler | None = None
         self.model_config: Any = getattr(self, "model_config", None)  # DDP's MoE check, resume
@@ -202,6 +218,7 @@ class Trainer(ABC):
         evaluated_any = False
         every = cfg.checkpoint_interval or cfg.eval_interval
         window_tokens, window_start = 0, time.perf_counter()
+        throughput: dict[str, str] = {}
         in_step = False
         reset_stop()
         try:
@@ -216,14 +233,17 @@ class Trainer(ABC):
                     self.elapsed += time.perf_counter() - t0
                     self.cpu_elapsed += time.process_time() - c0
                     bar.update(1)
-                    bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items() if k != "lr"})
                     window_tokens += self.tokens_per_step  # 0: no throughput to report
                     if self.step % cfg.log_interval == 0 or self.step == 1:
                         if self.tokens_per_step:
                             now = time.perf_counter()
-                            stats["tokens_per_s"] = window_tokens / max(1e-9, now - window_start)
+                            rate = window_tokens / max(1e-9, now - window_start)
+                            stats.update(self.throughput(rate))
                             window_tokens, window_start = 0, now
+                            throughput = throughput_text(stats)
                         self.metrics.log(self.step, "train", **stats)
+                    shown = {k: f"{v:.4g}" for k, v in stats.items() if k not in NOT_SHOWN}
+                    bar.set_postfix(shown | throughput)  # the last window's, between windows
                     stop = self.out_of_time()
                     last = self.step >= cfg.max_iters or stop
                     if self.step % cfg.eval_interval == 0 or last:
@@ -256,13 +276,23 @@ class Trainer(ABC):
         result = self.finish(result)
         result.update(step=self.step, elapsed_s=self.elapsed)
         if self.tokens_per_step:
-            result["tokens_per_s"] = self.tokens_seen / max(1e-9, self.elapsed)
+            result.update(self.throughput(self.tokens_seen / max(1e-9, self.elapsed)))
         if self.dist.is_main:
             write_json(self.out_dir / "final_metrics.json", result)
         path = self.out_dir / (self.plot_file or f"{self.name}.png")
         plot = self.metrics.plot(self.curves, path, title=f"{self.name} {self.out_dir.name}")
         result["plot"] = str(plot)
         return result
+
+    def throughput(self, tokens_per_s: float) -> dict[str, float]:
+        """{tokens_per_s, and mfu (a fraction) where the FLOPs per token and the device's peak
+        are known}."""
+        out = {"tokens_per_s": tokens_per_s}
+        if self.flops_per_token and self.peak_tflops:
+            out["mfu"] = model_flops_utilisation(
+                tokens_per_s, self.flops_per_token, self.peak_tflops
+            )
+        return out
 
     # ---- one step --------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:

@@ -20,6 +20,7 @@ from lmforge.data import TokenShard, iterate_eval_batches, prepare_corpus
 from lmforge.errors import ConfigError, require_device
 from lmforge.fileio import remove_stale_temps
 from lmforge.lm import LM
+from lmforge.model.info import flops_per_token, peak_bf16_tflops
 from lmforge.model.modes import eval_mode
 from lmforge.model.transformer import Transformer
 from lmforge.tokenizer import Tokenizer
@@ -105,6 +106,17 @@ def evaluate(
     return nats / max(1, n_targets), bpb
 
 
+def device_peak_tflops(cfg: TrainConfig, device: torch.device) -> float | None:
+    """The peak TFLOPS MFU is reported against: cfg.peak_tflops when given, else the bf16 peak
+    of a known CUDA GPU (`peak_bf16_tflops`), else None (no MFU: a CPU's peak depends on its
+    cores, clocks and SIMD units, which torch does not report)."""
+    if cfg.peak_tflops is not None:
+        return cfg.peak_tflops
+    if device.type == "cuda":
+        return peak_bf16_tflops(torch.cuda.get_device_name(device))
+    return None
+
+
 class Pretrainer(Trainer):
     """One pretraining run, from a TrainConfig to a checkpoint directory."""
 
@@ -143,11 +155,15 @@ class Pretrainer(Trainer):
             self.train_shard, cfg.batch_size, cfg.block_size, cfg.optim.grad_accum, cfg.seed
         )
         self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.optim.grad_accum
+        flops = flops_per_token(self.model_config, cfg.block_size)["training"]
+        self.flops_per_token, self.peak_tflops = flops, device_peak_tflops(cfg, self.device)
         self.start(self.model)
         self.forward = torch.compile(self.wrapped) if cfg.compile else self.wrapped
+        peak = f", MFU against {self.peak_tflops:g} TFLOPS" if self.peak_tflops else ""
         self.log(
             f"data: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens; "
-            f"model: {self.model.num_parameters():,} parameters; {self.device}, {self.dtype}"
+            f"model: {self.model.num_parameters():,} parameters, {flops / 1e9:.3g} GFLOPs per "
+            f"trained token; {self.device}, {self.dtype}{peak}"
         )
 
     # ---- what the loop asks for --------------------------------------------------------------

@@ -230,6 +230,31 @@ def test_muon_wsd_run_learns(tmp_path):
     assert losses[-1] < losses[0] - 0.5 and math.isfinite(result["val_loss"])
 
 
+def test_mfu_reported_against_a_given_peak(tmp_path, capsys):
+    """On a CPU MFU needs peak_tflops; then every logged throughput window and the final report
+    carry it: tokens/s x training FLOPs per token (of the trained block) / peak."""
+    from lmforge.model.info import flops_per_token
+
+    plain = Pretrainer(config(tmp_path / "a", max_iters=4), log=lambda *_: None).run()
+    assert "mfu" not in plain and plain["tokens_per_s"] > 0
+    cfg = config(tmp_path / "b", max_iters=4, peak_tflops=0.5, progress=True)
+    trainer = Pretrainer(cfg, log=lambda *_: None)
+    result = trainer.run()
+    flops = flops_per_token(trainer.model_config, cfg.block_size)["training"]
+    assert trainer.model_config.max_seq_len == 16 and flops > 0
+    assert result["mfu"] == pytest.approx(result["tokens_per_s"] * flops / 0.5e12)
+    with open(tmp_path / "b" / "run" / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["split"] == "train"]
+    rates = {r["step"]: float(r["value"]) for r in rows if r["metric"] == "tokens_per_s"}
+    mfus = {r["step"]: float(r["value"]) for r in rows if r["metric"] == "mfu"}
+    assert set(mfus) == set(rates) == {"1", "2", "3", "4"}
+    for step, mfu in mfus.items():
+        assert mfu == pytest.approx(rates[step] * flops / 0.5e12, rel=1e-4)  # CSV: 6 digits
+    assert "mfu=" in capsys.readouterr().err  # the progress line shows it
+    with pytest.raises(ConfigError, match="peak_tflops"):
+        config(tmp_path / "c", peak_tflops=0)
+
+
 def test_fast_shakespeare_config_is_no_larger_than_nanogpts_recipe():
     """configs/shakespeare-char-fast.yaml keeps to the parameter count of nanoGPT's CPU recipe
     (its own model.py builds the reference: 4 layers, 4 heads, 128 wide, block 64, 65 chars)."""
