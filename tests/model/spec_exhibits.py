@@ -1,9 +1,10 @@
-"""Specification exhibits: SPEC formulas built for completeness that nothing in lmforge uses, kept
+"""Specification exhibits: formulas built for completeness that nothing in lmforge uses, kept
 here with the tests that check them (BatchNorm against torch, the Perceiver latent block, the FP8
 scaled GEMM). Tests get this module through the `spec_exhibits` fixture (tests/model/conftest.py).
 
-Perceiver latent block (SPEC §2): M learned latents Z read an input X of any length L,
-Q = Z W_q, K = X W_k, V = X W_v, so the cost is O(M·L), not O(L²), and the output is B×M×d:
+Perceiver latent block (Jaegle et al. 2021, "Perceiver"): M learned latents Z read an input X of
+any length L, Q = Z W_q, K = X W_k, V = X W_v, so the cost is O(M·L), not O(L²), and the output
+is B×M×d:
 
     z = Z;  z = z + CrossAttn(N(z) <- N(x));  z = z + SelfAttn(N(z));  z = z + FFN(N(z))   (pre-LN)
 """
@@ -20,8 +21,8 @@ from lmforge.model.precision import has_fp8_matmul, quantize_fp8
 
 
 class BatchNorm(nn.Module):
-    """BatchNorm (SPEC §4, for completeness; sequence models use LayerNorm/RMSNorm because batch
-    statistics mix examples and break with small or padded batches).
+    """BatchNorm (Ioffe & Szegedy 2015; for completeness: sequence models use LayerNorm/RMSNorm
+    because batch statistics mix examples and break with small or padded batches).
 
     Normalises each channel (dim 1) over the batch and every other dim with the biased variance;
     keeps running mean / unbiased variance (momentum 0.1) for eval, like torch.nn.BatchNorm*d.
