@@ -182,7 +182,7 @@ class _Loader:
             if module_name in linears:
                 layer = self.linear(linears[module_name], rule,
                                     key_map.get(f"{module_name}.bias"), module_name)  # fmt: skip
-                _set_module(model, module_name, layer)
+                model.set_submodule(module_name, layer)
             elif ours == "embed.weight" and self.policy == "as_stored":
                 table = self.stored_layer(rule, None, "embed")
                 if table is None:
@@ -249,11 +249,6 @@ def _assign(module: nn.Module, attr: str, tensor: torch.Tensor) -> None:
         module._parameters[attr] = nn.Parameter(tensor, requires_grad=tensor.is_floating_point())
     else:
         module._buffers[attr] = tensor
-
-
-def _set_module(model: nn.Module, name: str, layer: nn.Module) -> None:
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent), attr, layer)
 
 
 def load_gguf_weights(

@@ -13,7 +13,6 @@ import base64
 import threading
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -107,8 +106,3 @@ def embed(embedder, inputs: str | list, encoding_format: str = "float"):
             value = v.tolist()
         data.append({"object": "embedding", "index": i, "embedding": value})
     return data, sum(len(r) for r in ids)
-
-
-def decode_base64(value: str) -> np.ndarray:
-    """The float32 vector of a base64 embedding (what the openai client does with one)."""
-    return np.frombuffer(base64.b64decode(value), dtype="<f4")
