@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from lmforge.errors import ConfigError, DataError
+from lmforge.tokenizer.tokenizer import DEFAULT_SPECIAL_TOKENS
 
 
 @lru_cache(maxsize=16)
@@ -69,12 +70,6 @@ BUILTIN_TEMPLATE = (
     "{{ m['content'] }}{{ end }}{% endfor %}"
     "{% if add_generation_prompt %}{{ roles['assistant'] }}{% endif %}"
 )
-DEFAULT_ROLE_TOKENS = {
-    "system": "<|system|>",
-    "user": "<|user|>",
-    "assistant": "<|assistant|>",
-    "end": "<|end|>",
-}
 
 
 def render_chat(
@@ -101,7 +96,7 @@ def render_chat(
     context.update(tools=None, documents=None)
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:  # the built-in template uses the tokenizer's role tokens
-        tokens = {**DEFAULT_ROLE_TOKENS, **specials}
+        tokens = {**DEFAULT_SPECIAL_TOKENS, **specials}
         context["roles"] = {r: tokens[r] for r in ("system", "user", "assistant")}
         context["end"] = tokens["end"]
         template = BUILTIN_TEMPLATE
@@ -114,11 +109,3 @@ def render_chat(
         )
     except jinja2.TemplateError as err:
         raise DataError(f"chat template: {err}") from err
-
-
-def encode_chat(
-    tokenizer, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **kwargs
-) -> list[int]:
-    """Token ids of the rendered conversation (special tokens in the text are matched, as HF
-    does with add_special_tokens=False, which apply_chat_template uses)."""
-    return tokenizer.encode(render_chat(tokenizer, messages, add_generation_prompt, **kwargs))
