@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.adamw import adamw
 
 from lmforge.errors import ConfigError, require_choice
 
@@ -154,28 +155,17 @@ class Muon(torch.optim.Optimizer):
             torch._foreach_add_(same, list(ortho.unbind(0)), alpha=-lr * factor)
 
     def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        beta1, beta2 = group["betas"]
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        """torch.optim.AdamW's update, through its functional form, on the state kept here."""
         for p in params:
             if not self.state[p]:
                 self.state[p].update(step=torch.zeros(()), exp_avg=torch.zeros_like(p),
                                      exp_avg_sq=torch.zeros_like(p))  # fmt: skip
         states = [self.state[p] for p in params]
-        grads = [p.grad for p in params]
-        exp_avg = [s["exp_avg"] for s in states]
-        exp_avg_sq = [s["exp_avg_sq"] for s in states]
-        for s in states:
-            s["step"] += 1
-        step = float(states[0]["step"])  # a group's parameters step together
-        if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, 1 - beta2)
-        denom = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denom, math.sqrt(1 - beta2**step))
-        torch._foreach_add_(denom, eps)
-        torch._foreach_addcdiv_(params, exp_avg, denom, -lr / (1 - beta1**step))
+        beta1, beta2 = group["betas"]
+        adamw(params, [p.grad for p in params], [s["exp_avg"] for s in states],
+              [s["exp_avg_sq"] for s in states], [], [s["step"] for s in states], foreach=True,
+              amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+              weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)  # fmt: skip
 
 
 def hidden_matrices(model: nn.Module) -> set[int]:
