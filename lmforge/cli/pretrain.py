@@ -29,13 +29,17 @@ def run(args) -> int:
     validate(cfg)
     trainer = Pretrainer(cfg, resume=args.resume)
     result = trainer.run()
-    print(
-        f"\nfinal: step {result['step']}  val loss {result['val_loss']:.4f}  "
-        f"val perplexity {result['val_ppl']:.2f}  val bits/byte {result['val_bpb']:.4f}  "
-        f"{result['tokens_per_s']:,.0f} tokens/s"
-        + (f"  MFU {result['mfu']:.1%}" if "mfu" in result else "")
-        + f"  {result['elapsed_s']:.1f} s training"
-    )
+    parts = [
+        f"\nfinal: step {result['step']}", f"val loss {result['val_loss']:.4f}",
+        f"val perplexity {result['val_ppl']:.2f}", f"val bits/byte {result['val_bpb']:.4f}",
+        f"{result['tokens_per_s']:,.0f} tokens/s",
+    ]  # fmt: skip
+    if "mfu" in result:  # a GPU of PEAK_BF16_TFLOPS, or --peak_tflops
+        parts.append(f"MFU {result['mfu']:.1%}")
+    parts.append(f"{result['elapsed_s']:.1f} s training")
+    if "cuda_peak_gib" in result:
+        parts.append(f"GPU memory peak {result['cuda_peak_gib']:.1f} GiB")
+    print("  ".join(parts))
     for loss, m in result["milestones"].items():
         print(f"val loss <= {loss}: step {m['step']}, {m['seconds']:.1f} s after start")
     for loss in cfg.loss_milestones:

@@ -232,7 +232,9 @@ class Pretrainer(Trainer):
 
     def finish(self, result: dict) -> dict:
         """The milestones reached (val loss -> step, seconds since the run began) go in the
-        run's final_metrics.json."""
+        run's final_metrics.json, with the peak GPU memory allocated on CUDA."""
+        if self.device.type == "cuda":
+            result["cuda_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return {**result, "milestones": self.milestones}
 
     def samples(self, n: int | None = None, max_new_tokens: int | None = None) -> list[str]:

@@ -278,3 +278,20 @@ def test_fast_shakespeare_config_is_no_larger_than_nanogpts_recipe():
     ours = Transformer(cfg.model_config(65 + len(DEFAULT_SPECIAL_TOKENS)))  # chars + specials
     assert ours.num_parameters() <= ref_params
     assert cfg.eval_iters * cfg.batch_size == 20 * 12  # nanoGPT's recipe scores 240 blocks
+
+
+def test_gpt2_small_gpu_config_is_gpt2_small():
+    """configs/gpt2-small-gpu.yaml: GPT-2 small's 124M parameters (vocabulary padded to 50,304,
+    whatever the tokenizer's size), sequence 1,024, ~0.5M tokens per step, bf16 and compiled."""
+    from lmforge.model.transformer import Transformer
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = build_config(TrainConfig, root / "configs" / "gpt2-small-gpu.yaml", {})
+    config = cfg.model_config(cfg.vocab_size)
+    shape = (config.n_layer, config.n_head, config.d_model, config.vocab_size)
+    assert shape == (12, 12, 768, 50304)
+    with torch.device("meta"):
+        assert 124e6 < Transformer(config).num_parameters() < 125e6
+    assert cfg.block_size == config.max_seq_len == 1024
+    assert cfg.batch_size * cfg.block_size * cfg.optim.grad_accum == 524_288
+    assert (cfg.dtype, cfg.compile, cfg.device) == ("bfloat16", True, "cuda")

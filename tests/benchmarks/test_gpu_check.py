@@ -1,0 +1,77 @@
+"""benchmarks/gpu_check.py, the prepared GPU check, proven on a CPU with --smoke: the same steps
+as on the GPU, shrunk (the full recipes + speedrun part is slow)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+
+def run_smoke(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--smoke",
+         "--out", str(tmp_path / "out"), *extra],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env,
+    )  # fmt: skip
+
+
+def test_steady_throughput_leaves_out_the_warm_up(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    rows = ["step,split,metric,value"]
+    for step, rate in ((1, 10.0), (5, 50.0), (10, 100.0), (15, 200.0), (20, 100.0)):
+        rows += [f"{step},train,tokens_per_s,{rate}", f"{step},train,mfu,{rate / 1000}",
+                 f"{step},train,loss,1.0"]  # fmt: skip
+    csv.write_text("\n".join(rows) + "\n")
+    steady = gpu_check.steady_throughput(csv, warm=10)
+    # the windows ending at 15 and 20 (steps 11-20): equal tokens, so the harmonic mean
+    assert steady["steps_timed"] == 10 and steady["windows"] == 2
+    assert steady["tokens_per_s"] == pytest.approx(2 / (1 / 200 + 1 / 100))
+    assert steady["mfu"] == pytest.approx(steady["tokens_per_s"] / 1000)
+    with pytest.raises(RuntimeError, match="no throughput window"):
+        gpu_check.steady_throughput(csv, warm=20)
+
+
+def test_smoke_pretraining_records_tokens_per_s_and_mfu(tmp_path):
+    done = run_smoke(tmp_path, "--only", "pretrain")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out"
+    summary = json.loads((out / "gpu_check_summary.json").read_text())
+    assert [s["name"] for s in summary["steps"]] == ["pretrain gpt2-small"]
+    table = json.loads((out / "gpu_pretrain_gpt2_small.json").read_text())
+    row = dict(zip(table["columns"], table["rows"][0]))
+    assert row["device"] == "CPU" and row["steps timed"] == 8 and row["warm-up steps"] == 4
+    # MFU = tokens/s x training FLOPs per token / the given peak (0.05 TFLOPS)
+    from lmforge.model.info import flops_per_token
+    from lmforge.train.config import TrainConfig, build_config
+
+    cfg = build_config(TrainConfig, out / "runs" / "gpt2-small" / "train_config.json", {})
+    flops = flops_per_token(cfg.model_config(cfg.vocab_size), cfg.block_size)["training"]
+    assert cfg.model_config(0).n_layer == 1 and cfg.peak_tflops == 0.05
+    assert row["MFU"] == pytest.approx(row["tokens/s"] * flops / 0.05e12, rel=1e-3, abs=1e-4)
+    assert "MFU" in done.stdout and "mfu=" in done.stdout  # the final report, the progress line
+    # smoke figures stay out of the repository's results
+    assert "--smoke" in table["command"] and (out / "results" / "benchmarks.md").is_file()
+    assert not (ROOT / "benchmarks" / "results" / "gpu_pretrain_gpt2_small.json").exists() or (
+        "--smoke"
+        not in (ROOT / "benchmarks" / "results" / "gpu_pretrain_gpt2_small.json").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_gpu_recipe_and_the_smol_gpu_speedrun(tmp_path):
+    done = run_smoke(tmp_path, "--only", "recipes", "--budget", "3000")
+    assert done.returncode == 0, done.stdout[-5000:]
+    summary = json.loads((tmp_path / "out" / "gpu_check_summary.json").read_text())
+    names = [s["name"] for s in summary["steps"] if s["ok"]]
+    assert names == [*gpu_check.RECIPES, "speedrun smol-gpu"]
+    assert sorted(gpu_check.RECIPES) == sorted(
+        p.stem for p in (ROOT / "configs" / "recipes").glob("*-gpu.yaml")
+    )  # every -gpu recipe is checked
