@@ -170,12 +170,21 @@ def policy_pairs(
     add_bos: bool = False,
     judge: Callable[[dict, str], float] | None = None,
     batch_prompts: int = 64,
+    rejected: str = "sample",
 ) -> tuple[D.Dataset, int]:
     """(on-policy preference pairs, prompts that gave none): `samples` completions per prompt
     from `model`, labelled by `judge` (default tasks.verify; > 0.5 = right); up to
     `pairs_per_prompt` (right, wrong) pairs of distinct completions per prompt; prompts whose
     samples are all right or all wrong give none. Examples hold the sampled token ids, so the
-    reward model trains on exactly what it scores during PPO."""
+    reward model trains on exactly what it scores during PPO.
+
+    `rejected="greedy"` targets what greedy decoding answers, the figure a task scores: the
+    model's greedy completion is the rejected reply of every prompt where the verifier finds it
+    wrong, paired with up to `pairs_per_prompt` distinct verified-correct samples or, where no
+    sample is right, with the record's reference `answer` as a bare reply (its tokens and the
+    end token, the form a right sample takes); a prompt whose greedy answer is right gives
+    none. Sampled pairs can both be far from the argmax; these move it where it is wrong."""
+    require_choice("rejected", rejected, PAIR_REJECTED)
     judge = judge or verify
     engine = RolloutEngine(model, tokenizer, max_new_tokens, temperature)
     out, unpaired = D.Dataset([]), 0
@@ -184,6 +193,12 @@ def policy_pairs(
         prompts = [D.prompt_ids(r, tokenizer, add_bos) for r in chunk]
         rollout = engine.sample(prompts, chunk, samples, seed + start, keep_logprobs=False)
         comp, mask = rollout.completion_ids.tolist(), rollout.completion_mask.tolist()
+        greedy = None
+        if rejected == "greedy":
+            g = engine.sample(prompts, chunk, 1, seed + start, keep_logprobs=False, greedy=True)
+            g_ids, g_mask = g.completion_ids.tolist(), g.completion_mask.tolist()
+            greedy = [(tuple(t for t, m in zip(ids, ms) if m), text)
+                      for ids, ms, text in zip(g_ids, g_mask, g.completions)]  # fmt: skip
         for i, (record, prompt) in enumerate(zip(chunk, prompts)):
             right: dict[tuple, None] = {}  # distinct completions, in sampling order
             wrong: dict[tuple, None] = {}
@@ -191,6 +206,11 @@ def policy_pairs(
                 ids = tuple(t for t, m in zip(comp[row], mask[row]) if m)
                 good = judge(record, rollout.completions[row]) > 0.5
                 (right if good else wrong)[ids] = None
+            if greedy is not None:
+                greedy_ids, greedy_text = greedy[i]
+                wrong = {} if judge(record, greedy_text) > 0.5 else {greedy_ids: None}
+                if wrong and not right and isinstance(record.get("answer"), str | int):
+                    right[reference_reply(tokenizer, record["answer"])] = None
             if not right or not wrong:
                 unpaired += 1
                 continue
@@ -209,6 +229,15 @@ def policy_pairs(
             f"out of {samples}; raise pair_samples or pair_temperature"
         )
     return out, unpaired
+
+
+PAIR_REJECTED = ("sample", "greedy")  # policy_pairs' rejected replies: a wrong sample | greedy
+
+
+def reference_reply(tokenizer, answer: str | int) -> tuple[int, ...]:
+    """A reference answer as the token ids of a bare reply: its tokens and the end token."""
+    eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    return tuple(tokenizer.encode(str(answer)) + eos)
 
 
 REWARD_LOSSES: dict[str, Callable[..., Tensor]] = {
@@ -237,9 +266,13 @@ class PairSourceConfig:
     pairs_per_prompt: int = 1  # pairs_from policy: at most this many (right, wrong) per prompt
     pair_temperature: float = 1.0  # pairs_from policy: sampling temperature (PPO's, usually)
     pair_max_new_tokens: int = 8  # pairs_from policy: completion length (PPO's max_new_tokens)
+    # pairs_from policy: the rejected reply is a wrong `sample`, or the model's `greedy` answer
+    # where it is wrong (chosen: a right sample, else the reference answer; see policy_pairs)
+    pairs_rejected: str = "sample"
 
     def __post_init__(self) -> None:
         require_choice("pairs_from", self.pairs_from, PAIR_SOURCES)
+        require_choice("pairs_rejected", self.pairs_rejected, PAIR_REJECTED)
         if self.pair_samples < 2 or self.pairs_per_prompt < 1 or self.pair_temperature <= 0:
             raise ConfigError("pair_samples must be >= 2, pairs_per_prompt >= 1, temperature > 0")
 
@@ -290,6 +323,7 @@ def sampled_pairs(trainer: AlignTrainer, source, skip_invalid=False, n=1000, see
     pairs, unpaired = policy_pairs(
         policy.model, trainer.tokenizer, records, how.pair_samples, how.pairs_per_prompt,
         how.pair_temperature, how.pair_max_new_tokens, cfg.max_len, seed, cfg.add_bos,
+        rejected=how.pairs_rejected,
     )  # fmt: skip
     trainer.log(f"{split}: {len(pairs)} on-policy pairs from {len(records)} prompts "
                 f"({unpaired} had only right or only wrong samples)")  # fmt: skip

@@ -207,6 +207,49 @@ def test_policy_pairs_keep_the_sampled_token_ids(lm):
         assert tuple(e.chosen.input_ids) in sampled and tuple(e.rejected.input_ids) in sampled
 
 
+def test_policy_pairs_reject_the_greedy_answer_where_it_is_wrong(lm):
+    """rejected="greedy": the rejected reply is the model's greedy completion, only where the
+    verifier finds it wrong; the chosen one a right sample, else the reference answer."""
+    from lmforge.align.reward import reference_reply
+    from lmforge.align.rollout import RolloutEngine
+
+    tok = lm.tokenizer
+    records = D.load_prompts("task:add:1", n=12, seed=0)
+    prompts = [D.prompt_ids(r, tok) for r in records]
+    g = RolloutEngine(lm.model, tok, 3, 1.0).sample(prompts, records, 1, 0, False, greedy=True)
+    greedy = [tuple(g.input_ids[i][g.attention_mask[i] == 1].tolist()) for i in range(len(g))]
+    greedy_right = [odd_first({}, c) == 1.0 for c in g.completions]
+    assert not all(greedy_right), "the test needs a prompt whose greedy answer is wrong"
+    pairs, unpaired = policy_pairs(lm.model, tok, records, samples=16, pairs_per_prompt=2,
+                                   max_new_tokens=3, judge=odd_first,
+                                   rejected="greedy")  # fmt: skip
+    rejected_by_prompt = {tuple(e.rejected.input_ids) for e in pairs.examples}
+    assert rejected_by_prompt <= {ids for ids, ok in zip(greedy, greedy_right) if not ok}
+    assert len(rejected_by_prompt) == len(records) - unpaired
+    assert unpaired >= sum(greedy_right)
+    answer_of = {tuple(p): r["answer"] for p, r in zip(prompts, records)}
+    for e in pairs.examples:  # a right sample, or the prompt's reference answer
+        n = e.chosen.prompt_len
+        right = tok.decode(e.chosen.input_ids[n:], skip_special_tokens=True)
+        reference = reference_reply(tok, answer_of[tuple(e.chosen.input_ids[:n])])
+        assert odd_first({}, right) == 1.0 or tuple(e.chosen.input_ids[n:]) == reference
+    # a verifier the random model never satisfies: every chosen reply is the reference answer,
+    # and every prompt gives a pair (its greedy answer is wrong)
+    exact = lambda record, completion: float(completion.strip() == record["answer"])  # noqa: E731
+    pairs, unpaired = policy_pairs(lm.model, tok, records, samples=4, max_new_tokens=3,
+                                   judge=exact, rejected="greedy")  # fmt: skip
+    assert unpaired == 0 and len(pairs.examples) == len(records)
+    for e, r, ids in zip(pairs.examples, records, greedy):
+        n = e.chosen.prompt_len
+        assert tuple(e.chosen.input_ids[n:]) == reference_reply(tok, r["answer"])
+        assert tuple(e.rejected.input_ids) == ids
+    with pytest.raises(DataError, match="no on-policy pairs"):  # greedy always right: none
+        policy_pairs(lm.model, tok, records[:2], samples=4, judge=lambda r, c: 1.0,
+                     rejected="greedy")  # fmt: skip
+    with pytest.raises(ConfigError, match="rejected"):
+        policy_pairs(lm.model, tok, records[:2], samples=4, rejected="best")
+
+
 def test_reward_trainer_on_policy_pairs(lm, tmp_path, monkeypatch):
     import lmforge.align.reward as reward_module
 
