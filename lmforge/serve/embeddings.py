@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
 
 BATCH = 32
@@ -43,12 +44,7 @@ class HiddenStateEmbedder:
         with self._lock, torch.inference_mode():
             for start in range(0, len(order), BATCH):
                 rows = order[start : start + BATCH]
-                width = len(ids[rows[0]])
-                batch = torch.zeros(len(rows), width, dtype=torch.long)
-                mask = torch.zeros(len(rows), width, dtype=torch.bool)
-                for j, i in enumerate(rows):
-                    batch[j, : len(ids[i])] = torch.as_tensor(ids[i])
-                    mask[j, : len(ids[i])] = True
+                batch, mask = pad_collate([ids[i] for i in rows], 0)
                 device = next(self.model.parameters()).device
                 h = self.model.norm(self.model.hidden_states(batch.to(device))).float().cpu()
                 pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)

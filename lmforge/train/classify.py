@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError, DataError, require_positive_ints
 from lmforge.fileio import read_json, read_jsonl
 from lmforge.model.bert import BertForSequenceClassification, BertModel, load_bert
 from lmforge.tokenizer import Tokenizer
 from lmforge.train.config import SmallRunConfig, require_fraction, run_config
-from lmforge.train.encoder import bert_token_ids, pad_rows, save_bert
+from lmforge.train.encoder import bert_token_ids, save_bert
 from lmforge.train.loop import Trainer
 from lmforge.train.parallel import Parallel
 
@@ -104,8 +105,7 @@ def encode(tok, texts: list[str], max_len: int):
     """[CLS] text [SEP] rows, truncated to max_len and padded: (input_ids, attention_mask)."""
     ids = bert_token_ids(tok)
     rows = [[ids["cls"], *t[: max_len - 2], ids["sep"]] for t in tok.encode_batch(texts)]
-    batch = pad_rows(rows, ids["pad"])
-    return batch["input_ids"], batch["attention_mask"]
+    return pad_collate(rows, ids["pad"])
 
 
 def load_classifier(checkpoint: str | Path, num_labels: int):

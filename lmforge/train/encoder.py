@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pad_sequence
 
+from lmforge.data.batches import pad_collate
 from lmforge.errors import (
     ConfigError,
     DataError,
@@ -158,13 +158,7 @@ def mlm_rows(
     rows = [[ids["cls"], *d[i : i + n], ids["sep"]] for d in docs for i in range(0, len(d), n)]
     if not rows:
         raise DataError("no tokens to train on")
-    return pad_rows(rows, ids["pad"])
-
-
-def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids and the attention_mask (1 on real tokens) for id lists."""
-    x = pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], True, pad_id)
-    mask = pad_sequence([torch.ones(len(r), dtype=torch.long) for r in rows], True)
+    x, mask = pad_collate(rows, ids["pad"])
     return {"input_ids": x, "attention_mask": mask}
 
 
