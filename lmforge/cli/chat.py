@@ -15,17 +15,19 @@ HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
 
 def register(sub) -> None:
-    from lmforge.cli.generate import add_engine_args, add_sampling_args
+    from lmforge.cli.generate import add_compile_args, add_engine_args, add_sampling_args
 
     p = sub.add_parser("chat", help="chat with a checkpoint in the terminal")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (with tokenizer)")
     p.add_argument("--system", default=None, help="system message")
     add_engine_args(p)
+    add_compile_args(p, "One compile, a minute or more on a 2-core CPU, for the one running row.")
     add_sampling_args(p)
     p.set_defaults(func=run, max_new_tokens=256)
 
 
 def run(args, stdin=None, stdout=None) -> int:
+    from lmforge.cli.generate import compile_cache_dir, compile_wanted, warm_up
     from lmforge.cli.main import Terminated
     from lmforge.errors import ConfigError, require_text
     from lmforge.infer.engine import Engine, GenerationParams
@@ -46,7 +48,11 @@ def run(args, stdin=None, stdout=None) -> int:
     tok = lm.tokenizer
     if tok is None:
         raise ConfigError(f"{args.checkpoint}: chat needs a tokenizer (tokenizer.json)")
-    engine = Engine.from_lm(lm, max_batch=1, dtype=args.dtype, quantize=args.quantize)
+    compile_ = compile_wanted(args, lm.model)
+    engine = Engine.from_lm(lm, max_batch=1, dtype=args.dtype, quantize=args.quantize,
+                            compile=compile_)  # fmt: skip
+    if compile_:
+        warm_up(engine, compile_cache_dir(args))
     stop_ids = tok.chat_stop_ids(engine.eos_ids)
     start = [{"role": "system", "content": args.system}] if args.system else []
     history = list(start)

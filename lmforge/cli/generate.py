@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import shutil
 import sys
+import time
+from pathlib import Path
+
+COMPILE_CACHE = Path("~/.cache/lmforge/compile")
 
 
 def add_sampling_args(p) -> None:
@@ -22,6 +29,63 @@ def add_engine_args(p) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--quantize", default=None, choices=QUANTIZE_CHOICES, help=QUANTIZE_HELP)
+
+
+def add_compile_args(p, ranges: str) -> None:
+    """--compile / --no-compile (default: on where a compiler exists) and --compile-cache, for
+    the long-lived engines (chat, serve) whose start-up can afford a compile that every later
+    token repays."""
+    p.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="compile the decode step at start-up (default: on where a compiler exists: a CUDA "
+        f"GPU, or a C++ compiler for the CPU's AOTInductor). {ranges} The compiled steps are "
+        "kept in --compile-cache, so a restart with the same weights loads them in seconds; "
+        "docs/inference.md has the speed-ups and compile times",
+    )  # fmt: skip
+    p.add_argument(
+        "--compile-cache", default=str(COMPILE_CACHE), metavar="DIR",
+        help="where compiled decode steps are kept, per model, precision, torch version and "
+        "CPU (default: %(default)s; 'none': compile again at every start)",
+    )  # fmt: skip
+
+
+def compile_wanted(args, model) -> bool:
+    """--compile as given, else whether this machine can compile this model's decode step: a
+    static step needs full softmax attention (engine.py), and the CPU's AOTInductor a C++
+    compiler (the CXX variable or one on PATH)."""
+    from lmforge.model.cache import full_attention
+
+    if args.compile is not None:
+        return args.compile
+    if not full_attention(model.config):
+        return False
+    if str(args.device).startswith("cuda"):
+        return True
+    compilers = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+    return any(name and shutil.which(name) for name in compilers)
+
+
+def compile_cache_dir(args) -> Path | None:
+    """The folder compiled steps are kept in (None: compile at every start). Points inductor's
+    own cache (torch.compile's graphs, AOTInductor's precompiled headers) next to it instead of
+    /tmp, which a reboot empties; its keys include torch's version."""
+    if args.compile_cache.lower() == "none":
+        return None
+    folder = Path(args.compile_cache).expanduser()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+    return folder
+
+
+def warm_up(engine, cache_dir: Path | None, out=None) -> None:
+    """Compile (or load) the engine's decode step now and say once how long it took."""
+    lines: list[str] = []
+    began = time.perf_counter()
+    engine.warm_up(progress=lines.append, cache_dir=cache_dir)
+    if lines:
+        loaded = not any("compil" in line for line in lines)
+        print(f"decode step {'loaded from the cache' if loaded else 'compiled'} in "
+              f"{time.perf_counter() - began:.1f} s (--no-compile to skip)", file=out or sys.stderr,
+              flush=True)  # fmt: skip
 
 
 def register(sub) -> None:

@@ -10,7 +10,6 @@ from lmforge.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 KEY_ENV = "LMFORGE_API_KEY"
-COMPILE_CACHE = Path("~/.cache/lmforge/compile")
 HISTORY = Path("~/.local/share/lmforge/conversations.sqlite3")
 
 DESCRIPTION = f"""\
@@ -30,7 +29,7 @@ with Retry-After; prompts longer than the context are refused before tokenizing.
 def register(sub) -> None:
     import argparse
 
-    from lmforge.cli.generate import add_engine_args
+    from lmforge.cli.generate import add_compile_args, add_engine_args
     from lmforge.serve import guards
 
     p = sub.add_parser(
@@ -90,23 +89,11 @@ def register(sub) -> None:
         "mean-pooled hidden states",
     )  # fmt: skip
     add_engine_args(p)
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="compile the decode step for every batch-size range at start-up, before /health "
-        "reports ready (it answers 503 'warming up' meanwhile). On CPU (AOTInductor) that is "
-        "a minute or more per range on 2 cores (measured: 63-72 s per range for SmolLM2-135M "
-        "int8 on a quiet 2-core AMD EPYC, 107-138 s for a one-layer toy model under load; "
-        "batch 1, 2-7 and 8+ are separate ranges); the compiled steps are kept in "
-        "--compile-cache, so a restart with the same weights loads them in seconds. Decoding "
-        "gets faster by 1.1x (SmolLM2-135M fp32) to 1.9x (the 32M bench model, int8), both on "
-        "that EPYC; on GPUs the step replays as a CUDA graph either way",
+    add_compile_args(
+        p,
+        "Every batch-size range (1, 2-7, 8+) is compiled before /health "
+        "reports ready; it answers 503 'warming up' meanwhile.",
     )
-    p.add_argument(
-        "--compile-cache", default=str(COMPILE_CACHE), metavar="DIR",
-        help="where --compile keeps compiled decode steps, per model, precision, torch version "
-        "and CPU (default: %(default)s; 'none': compile again at every start)",
-    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -153,44 +140,41 @@ def api_key(args) -> str | None:
 def run(args) -> int:
     import uvicorn
 
+    from lmforge.cli.generate import compile_cache_dir, compile_wanted, warm_up
     from lmforge.infer.engine import Engine
     from lmforge.lm import LM
     from lmforge.serve.app import create_app
     from lmforge.serve.guards import uvicorn_config
 
     key = api_key(args)  # before loading: a bad key file fails at once
-    cache_dir = None
-    if args.compile and args.compile_cache.lower() != "none":
-        cache_dir = Path(args.compile_cache).expanduser()
-        # inductor's own cache (torch.compile's graphs, AOTInductor's precompiled headers)
-        # next to ours instead of /tmp, which a reboot empties; its keys include torch's version
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     # a GGUF file is made at the asked precision as it loads (its own precision by default)
     gguf = Path(args.checkpoint).is_file()
     precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
     lm = LM.load(args.checkpoint, device=args.device, **precision)
-    engine = Engine.from_lm(lm, max_batch=args.max_batch, compile=args.compile, dtype=args.dtype,
+    compile_ = compile_wanted(args, lm.model)
+    engine = Engine.from_lm(lm, max_batch=args.max_batch, compile=compile_, dtype=args.dtype,
                             quantize=args.quantize,
                             prefix_cache_bytes=args.prefix_cache_mb * 2**20)  # fmt: skip
     name = args.model_name or Path(args.checkpoint).resolve().name
     loopback = args.host in LOOPBACK
-    warm_up = None
-    if args.compile:
+    warm_up_server = None
+    if compile_:
+        cache_dir = compile_cache_dir(args)
 
-        def warm_up() -> None:
-            engine.warm_up(progress=lambda line: print(line, flush=True), cache_dir=cache_dir)
+        def warm_up_server() -> None:
+            warm_up(engine, cache_dir, out=sys.stdout)
 
     app = create_app(
         engine, name, key, args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, read_timeout=args.read_timeout,
-        check_host=key is None and loopback, warm_up=warm_up,
+        check_host=key is None and loopback, warm_up=warm_up_server,
         embedding_model=args.embedding_model, rag_index=args.rag,
         history=None if args.history.lower() == "none" else Path(args.history).expanduser(),
     )  # fmt: skip
     if not loopback and key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
     print(f"serving {name!r} on http://{args.host}:{args.port}/ (chat page at /)", flush=True)
-    if args.compile:
+    if compile_:
         print("warming up: compiling the decode step; /health answers 503 until it is ready",
               flush=True)  # fmt: skip
     config = uvicorn_config(app, args.host, args.port, args.read_timeout, args.keep_alive_timeout)

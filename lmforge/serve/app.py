@@ -12,11 +12,12 @@ body size, read deadlines and the queue limit are checked in guards.py, before a
 a route tokenizes in a worker thread, after checking the prompt's length in characters, so a
 long prompt never holds up the event loop.
 
-With `warm_up` (what `lmforge serve --compile` passes: the engine compiling its decode step for
-every batch size, a minute or more per range on a small CPU), the socket serves at once but
-/health answers 503 {"status": "warming up"} and the generation routes 503 with Retry-After until
-the warm-up has finished; only then does the engine start stepping. So a load balancer or a
-client polling /health never sends a request that would sit behind the compiler.
+With `warm_up` (what `lmforge serve` passes unless --no-compile: the engine compiling its
+decode step for every batch size, a minute or more per range on a small CPU), the socket
+serves at once but /health answers 503 {"status": "warming up"} and the generation routes 503
+with Retry-After until the warm-up has finished; only then does the engine start stepping. So a
+load balancer or a client polling /health never sends a request that would sit behind the
+compiler.
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def test_generate_bad_input(case, checkpoint, capsys):
 
 def test_chat_reports_a_bad_line_and_goes_on(checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("hi \ud800\n/exit\n"))
-    argv = ["chat", "--checkpoint", str(checkpoint), "--max-new-tokens", "2"]
+    argv = ["chat", "--checkpoint", str(checkpoint), "--max-new-tokens", "2", "--no-compile"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "error: input: not valid Unicode text (lone surrogate U+D800 at character 3)" in out
