@@ -175,7 +175,7 @@ class LM:
     ) -> list[str]:
         """Text continuations, cut at the first stop string (which is not included); the other
         arguments are generate's."""
-        tok = self._require_tokenizer()
+        tok = self.require_tokenizer()
         texts = [texts] if isinstance(texts, str) else list(texts)
         params = GenerationParams(max_new_tokens, stop=[s for s in stop or [] if s], **sampling)
         rows = [tok.encode(t, add_bos=add_bos) for t in texts]
@@ -192,7 +192,7 @@ class LM:
     ) -> Iterator[str]:
         """Yield pieces of text as they are generated (UTF-8-safe incremental decoding; text
         that could be the start of a stop string is held back until it is not)."""
-        tok = self._require_tokenizer()
+        tok = self.require_tokenizer()
         params = GenerationParams(max_new_tokens, stop=[s for s in stop or [] if s], **sampling)
         ids = tok.encode(text)
         with self._engine([ids], params, 1, tok, draft, draft_tokens) as engine:
@@ -221,7 +221,7 @@ class LM:
         fields (temperature, top_p, seed, ...)."""
         from lmforge.chat_completion import assistant_message, plan_chat
 
-        tok = self._require_tokenizer()
+        tok = self.require_tokenizer()
         stop_ids = tok.chat_stop_ids(self._eos_ids(None))
         plan = plan_chat(tok, lambda: self.grammars(stop_ids), messages, tools, tool_choice,
                          response_format, parallel_tool_calls)  # fmt: skip
@@ -238,7 +238,7 @@ class LM:
         from lmforge.infer.structured import Grammars
 
         stop = list(stop_ids) if stop_ids is not None else self._eos_ids(None)
-        return Grammars(self._require_tokenizer(), self.config.vocab_size, stop)
+        return Grammars(self.require_tokenizer(), self.config.vocab_size, stop)
 
     @contextmanager
     def _engine(self, rows, params, n, tokenizer, draft, draft_tokens) -> Iterator[Engine]:
@@ -261,7 +261,8 @@ class LM:
         with self._engine(rows, params, n, tokenizer, draft, draft_tokens) as engine:
             return engine.generate(rows, params, n)
 
-    def _require_tokenizer(self):
+    def require_tokenizer(self, task: str = "text in or out (generate() takes token ids)"):
+        """The tokenizer; a ConfigError naming `task` when the checkpoint has none."""
         if self.tokenizer is None:
-            raise ConfigError("this LM has no tokenizer: pass token ids to generate() instead")
+            raise ConfigError(f"{task} needs the model's tokenizer (no tokenizer.json)")
         return self.tokenizer

@@ -99,14 +99,12 @@ def register(sub) -> None:
     chat.set_defaults(func=run_chat)
 
 
-def _load_lm(args, task: str = "evaluate text tasks"):
+def _load_lm(args, task: str = "evaluation"):
     """The checkpoint (in --dtype, where the task has it), with the tokenizer it needs."""
-    from lmforge.errors import ConfigError
     from lmforge.lm import LM
 
     lm = LM.load(args.checkpoint, device=args.device, dtype=getattr(args, "dtype", None))
-    if lm.tokenizer is None:
-        raise ConfigError(f"{args.checkpoint}: no tokenizer.json, cannot {task}")
+    lm.require_tokenizer(f"{task} with {args.checkpoint}")
     return lm
 
 
@@ -124,7 +122,7 @@ def run_perplexity(args) -> int:
     from lmforge.data import read_documents
     from lmforge.eval.perplexity import perplexity
 
-    lm = _load_lm(args, f"tokenize {args.data}")
+    lm = _load_lm(args, f"tokenizing {args.data}")
     ids: list[int] = []
     eos = lm.tokenizer.eos_id
     for doc in read_documents(args.data):

@@ -164,8 +164,7 @@ def evaluate_chat(
     progress: bool = False,
 ) -> ChatResult:
     """Accuracy and centered accuracy per task (rows from load_chat_data)."""
-    if lm.tokenizer is None:
-        raise ConfigError("chat evaluation needs the model's tokenizer (no tokenizer.json)")
+    lm.require_tokenizer("chat evaluation")
     result = ChatResult()
     for name, rows in data.items():
         if name == "GSM8K":

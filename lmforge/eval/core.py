@@ -383,9 +383,7 @@ def evaluate_core(
     """CORE over `tasks` read from `folder`. Every task file is read and checked before the
     first forward pass, so a malformed line fails fast."""
     check_max_per_task(max_per_task)
-    if lm.tokenizer is None:
-        raise ConfigError("CORE needs the model's tokenizer (no tokenizer.json)")
-    bos_id(lm.tokenizer)
+    bos_id(lm.require_tokenizer("CORE"))
     data = {t.label: shuffled_subset(load_task_rows(folder, t), max_per_task) for t in tasks}
     result = CoreResult()
     for task in tasks:

@@ -24,15 +24,9 @@ from lmforge.model.modes import eval_mode
 from lmforge.progress import progress_bar
 
 
-def _tokenizer(lm):
-    if lm.tokenizer is None:
-        raise ConfigError("evaluation needs an LM with a tokenizer (tokenizer.json)")
-    return lm.tokenizer
-
-
 def prefix_id(lm) -> int:
     """The token that conditions an empty context: BOS, else EOS, else 0."""
-    tok = _tokenizer(lm)
+    tok = lm.require_tokenizer("evaluation")
     return next((i for i in (tok.bos_id, tok.eos_id) if i is not None), 0)
 
 
@@ -55,7 +49,7 @@ def generate_texts(
     """One completion per prompt (special tokens dropped, cut at the first stop string), on
     the engine: `batch_size` sequences decode together, a finished one's slot taken by the next
     prompt at once. `sampling`: GenerationParams fields (temperature, top_p, seed, ...)."""
-    tok = _tokenizer(lm)
+    tok = lm.require_tokenizer("evaluation")
     room = lm.config.max_seq_len - max_new_tokens
     params = GenerationParams(max_new_tokens, stop=[s for s in stop if s], **sampling)
     eos = [tok.eos_id] if tok.eos_id is not None else []
@@ -98,7 +92,7 @@ def loglikelihood(
 
     Long inputs keep their last max_seq_len + 1 tokens (the continuation is always scored).
     """
-    tok = _tokenizer(lm)
+    tok = lm.require_tokenizer("evaluation")
     window = lm.config.max_seq_len
     rows = []
     for context, continuation in pairs:
@@ -119,7 +113,7 @@ def loglikelihood(
 
 def rolling_loglikelihood(lm, text: str) -> float:
     """log P(text | prefix token), every token scored once with up to max_seq_len of context."""
-    tok = _tokenizer(lm)
+    tok = lm.require_tokenizer("evaluation")
     seq = [prefix_id(lm)] + tok.encode(text)
     window, total, done = lm.config.max_seq_len, 0.0, 0
     while done < len(seq) - 1:

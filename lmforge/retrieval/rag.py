@@ -88,8 +88,7 @@ class LMAnswerer:
         max_batch: int = 8,
         **sampling,
     ):
-        if lm.tokenizer is None:
-            raise ConfigError("RAG needs an LM with a tokenizer")
+        lm.require_tokenizer("RAG")
         self.lm, self.max_new_tokens, self.max_batch = lm, max_new_tokens, max_batch
         self.sampling = {"temperature": temperature, **sampling}
 
