@@ -39,6 +39,14 @@ def test_steady_throughput_leaves_out_the_warm_up(tmp_path):
         gpu_check.steady_throughput(csv, warm=20)
 
 
+def test_a_failed_pretraining_is_retried_smaller_or_eager():
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.14 GiB"
+    assert gpu_check.retry_settings(oom) == {"batch_size": 16, "grad_accum": 32}
+    assert gpu_check.retry_settings("torch._inductor.exc.InductorError: ...") == {"compile": False}
+    args = gpu_check.pretrain_args("gpu", Path("run"), {"compile": False})
+    assert args[args.index("--compile") + 1] == "false"  # the retry's setting wins
+
+
 def test_smoke_pretraining_records_tokens_per_s_and_mfu(tmp_path):
     done = run_smoke(tmp_path, "--only", "pretrain")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
