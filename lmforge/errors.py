@@ -40,20 +40,25 @@ class Terminated(KeyboardInterrupt):
     CLI exits with 128 + SIGTERM."""
 
 
+def require_int(name: str, value: Any, low: int = 1) -> None:
+    """Raise ConfigError naming `name` unless `value` is an integer >= `low` (booleans do not
+    count as integers)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+
 def require_positive_ints(obj: object, *names: str) -> None:
-    """Raise ConfigError naming the first of `names` that is not an integer >= 1 on `obj`
-    (a config dataclass); booleans do not count as integers."""
+    """`require_int` for each of `names` on `obj` (a config dataclass)."""
     for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        require_int(name, getattr(obj, name))
 
 
 def require_choice(name: str, value: Any, choices: typing.Iterable[str]) -> None:
     """Raise ConfigError if `value` is not one of `choices` (a registry's keys, a tuple of
     names), naming the field `name` and listing the choices."""
     if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def check_field_types(cls: type, data: dict[str, Any], source: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lmforge.data.corpus import TEXT_SUFFIXES, read_documents
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_choice, require_int
 from lmforge.fileio import read_json, remove_stale_temps, temp_file_beside, write_json
 from lmforge.progress import progress_bar
 from lmforge.tokenizer import Tokenizer
@@ -125,12 +125,10 @@ def build_token_shards(
     with meta.json holds a finished build. `workers` > 1 tokenizes in that many processes; the
     shards are byte-identical to workers=1.
     """
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers must be a positive integer, got {workers!r}")
+    require_int("workers", workers)
     if not 0 <= val_fraction < 1:
         raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if split_by not in ("tokens", "documents"):
-        raise ConfigError(f"split_by must be 'tokens' or 'documents', got {split_by!r}")
+    require_choice("split_by", split_by, ("tokens", "documents"))
     if tokenizer.eos_id is None:
         raise ConfigError("build_token_shards needs a tokenizer with an 'eos' special token")
     dtype = shard_dtype(tokenizer.vocab_size)

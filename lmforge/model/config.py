@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.errors import ConfigError, require_positive_ints
+from lmforge.errors import ConfigError, require_choice, require_int, require_positive_ints
 from lmforge.fileio import coerce_numbers
 from lmforge.model.attention import ATTENTION_KERNELS
 from lmforge.model.blocks import ATTENTION_CLASSES, BRANCH_SCALES, NORM_POSITIONS
@@ -134,10 +134,8 @@ class ModelConfig:
             raise ConfigError(f"norm_eps must be positive, got {self.norm_eps}")
         if self.rope_base <= 0:
             raise ConfigError(f"rope_base must be positive, got {self.rope_base}")
-        if self.sliding_window is not None and (
-            not isinstance(self.sliding_window, int) or self.sliding_window < 1
-        ):
-            raise ConfigError(f"sliding_window must be None or >= 1, got {self.sliding_window!r}")
+        if self.sliding_window is not None:
+            require_int("sliding_window", self.sliding_window)
         for name in ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base"):
             if (value := getattr(self, name)) is not None and not value > 0:
                 raise ConfigError(f"{name} must be None or > 0, got {value!r}")
@@ -177,10 +175,7 @@ class ModelConfig:
     def _check_choices(self, **registries) -> None:
         """Each named field must be a key of its registry (or an item of its tuple)."""
         for name, allowed in registries.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
-                )
+            require_choice(name, getattr(self, name), allowed)
 
     def validate_catalogue(self) -> None:
         """Rules for the attention kinds, masks and block wirings."""
@@ -213,10 +208,7 @@ class ModelConfig:
             raise ConfigError(f"capacity_factor must be > 0 or None, got {self.capacity_factor}")
         if self.aux_loss_weight < 0:
             raise ConfigError(f"aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
-        if not isinstance(self.n_shared_experts, int) or self.n_shared_experts < 0:
-            raise ConfigError(
-                f"n_shared_experts must be an integer >= 0, got {self.n_shared_experts}"
-            )
+        require_int("n_shared_experts", self.n_shared_experts, 0)
 
     # ---- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import ConfigError, DataError, require_choice
+from lmforge.errors import ConfigError, DataError, require_choice, require_int
 from lmforge.model.config import ModelConfig
 from lmforge.model.norms import LayerNorm
 from lmforge.model.transformer import Block
@@ -60,9 +60,8 @@ class VisionConfig:
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "channels", "d_model", "n_layer", "n_head"):
-            value, low = getattr(self, name), int(name != "n_layer")  # 0 blocks: embeddings only
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"vision.{name} must be an integer >= {low}, got {value!r}")
+            # 0 blocks: embeddings only
+            require_int(f"vision.{name}", getattr(self, name), int(name != "n_layer"))
         if self.image_size % self.patch_size:
             raise ConfigError(
                 f"vision.image_size={self.image_size} is not divisible by "
