@@ -19,15 +19,29 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(scope="session")
-def reference_generate():
-    """tests/infer/reference_generate.py: the plain generation loop the engine is compared with
-    (a module, not a package import: tests/ is not a package)."""
-    path = Path(__file__).parent / "infer" / "reference_generate.py"
-    spec = importlib.util.spec_from_file_location("reference_generate", path)
+def _module_at(name: str, path: Path):
+    """The Python file at `path` imported as module `name` (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def reference_generate():
+    """tests/infer/reference_generate.py: the plain generation loop the engine is compared with."""
+    path = Path(__file__).parent / "infer" / "reference_generate.py"
+    return _module_at("reference_generate", path)
+
+
+@pytest.fixture(scope="session")
+def nanogpt():
+    """nanoGPT's own model.py (../shared/anchors/nanoGPT, the oracle for parameter and FLOP
+    counts); skips the test when it is absent."""
+    model_py = SHARED_DATA.parent / "anchors" / "nanoGPT" / "model.py"
+    if not model_py.is_file():
+        pytest.skip(f"{model_py} not found")
+    return _module_at("nanogpt_model", model_py)
 
 
 TINY_TEXT = (

@@ -96,23 +96,13 @@ def test_flops_grow_with_context():
     assert short["training"] == 3 * short["forward"]
 
 
-def test_training_flops_and_mfu_match_nanogpts_estimate_mfu():
+def test_training_flops_and_mfu_match_nanogpts_estimate_mfu(nanogpt):
     """PaLM's 6N + 12 L H Q T, as nanoGPT's own model.py computes it (the oracle), on GPT-2
     small with the padded vocabulary; MFU of one 1,024-token sequence a second against the A100's
     312 TFLOPS is nanoGPT's estimate_mfu(1, 1.0). nanoGPT's N also holds the LayerNorms' 38k
     weights (not matmuls: ours leaves them out), hence the tolerance."""
-    import importlib.util
-
     import torch
 
-    from lmforge.data.corpus import shared_data_dir
-
-    model_py = shared_data_dir().parent / "anchors" / "nanoGPT" / "model.py"
-    if not model_py.is_file():
-        pytest.skip(f"{model_py} not found")
-    spec = importlib.util.spec_from_file_location("nanogpt_model", model_py)
-    nanogpt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nanogpt)
     with torch.device("meta"):  # shapes only: nothing allocated
         ref = nanogpt.GPT(nanogpt.GPTConfig(block_size=1024, vocab_size=50304, n_layer=12,
                                             n_head=12, n_embd=768, bias=True))  # fmt: skip

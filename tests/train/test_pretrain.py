@@ -255,21 +255,12 @@ def test_mfu_reported_against_a_given_peak(tmp_path, capsys):
         config(tmp_path / "c", peak_tflops=0)
 
 
-def test_fast_shakespeare_config_is_no_larger_than_nanogpts_recipe():
+def test_fast_shakespeare_config_is_no_larger_than_nanogpts_recipe(nanogpt):
     """configs/shakespeare-char-fast.yaml keeps to the parameter count of nanoGPT's CPU recipe
     (its own model.py builds the reference: 4 layers, 4 heads, 128 wide, block 64, 65 chars)."""
-    import importlib.util
-
-    from lmforge.data.corpus import shared_data_dir
     from lmforge.model.transformer import Transformer
     from lmforge.tokenizer import DEFAULT_SPECIAL_TOKENS
 
-    model_py = shared_data_dir().parent / "anchors" / "nanoGPT" / "model.py"
-    if not model_py.is_file():
-        pytest.skip(f"{model_py} not found")
-    spec = importlib.util.spec_from_file_location("nanogpt_model", model_py)
-    nanogpt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nanogpt)
     ref = nanogpt.GPT(nanogpt.GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4,
                                         n_embd=128, dropout=0.0, bias=False))  # fmt: skip
     ref_params = sum(p.numel() for p in ref.parameters())  # position table included
