@@ -18,9 +18,16 @@ Before the device call, here (the shared data and SmolLM2's tokenizer do not tra
 writes .gpu_carry/ (git-ignored, ~10 MB): the shared data files the recipes read, SmolLM2's
 tokenizer and model config (its 98 MB GGUF exceeds the 64 MiB a device call carries), the
 pure-Python packages the machine's image lacks (CARRIED_PACKAGES), and the commit. Then the
-device tool's run, with carry [".gpu_carry"] and timeout_s 540:
+device tool's run, with carry [".gpu_carry"] and timeout_s 540 (every step ends by --deadline,
+510 s; none starts after --budget, 400 s):
 
-  PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
+  set -o pipefail; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
+
+What comes back ($OUT): gpu_check.log, steps.log (every step's output), gpu_check_summary.json
+(each step's status and seconds, the machine), nvidia-smi.txt, pretrain_metrics.csv and
+gpu_pretrain_gpt2_small.json: copy that into benchmarks/results/ and run
+`python benchmarks/results.py` to re-render docs/benchmarks.md. If the pretraining figure came
+back and a recipe failed, fix it and rerun `--only recipes` while the machine is still warm.
 
 Without the GGUF the post-training steps start from a random model of SmolLM2-135M's shape with
 its tokenizer (so memory and speed are the real model's, what it learns is not); DPO recipes that

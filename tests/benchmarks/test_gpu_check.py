@@ -2,6 +2,7 @@
 as on the GPU, shrunk (the full recipes + speedrun part is slow)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import gpu_check  # noqa: E402
 
 
 def run_smoke(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)  # results under tmp_path, not a device call's $OUT
     return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--smoke",
          "--out", str(tmp_path / "out"), *extra],
