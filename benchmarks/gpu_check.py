@@ -53,6 +53,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -456,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
     data_dir = CARRY / "data" if (CARRY / "data").is_dir() else shared_data_dir()
+    os.environ["LMFORGE_SHARED_DATA"] = str(data_dir)  # this process's plan checks read it too
     site = CARRY / "site"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(ROOT), os.environ.get("PYTHONPATH"), str(site) if site.is_dir() else None])),
@@ -475,25 +478,31 @@ def main(argv: list[str] | None = None) -> int:
         summary["seconds"] = round(time.perf_counter() - began, 1)
         (out / "gpu_check_summary.json").write_text(json.dumps(summary, indent=1))
 
-    def step(name: str, argv: list[str], kind: str) -> dict:
+    def step(name: str, make_argv: Callable[[], list[str]], kind: str) -> dict:
         elapsed = time.perf_counter() - began
         timeout = min(STEP_TIMEOUT_S[mode][kind], args.deadline - elapsed)
         if elapsed > args.budget or timeout < 20:
             result = {"name": name, "ok": False, "status": "skipped: budget", "seconds": 0}
             log(f"=== {name}: skipped ({elapsed:.0f} s > budget {args.budget:.0f} s)")
         else:
-            result = run_step(name, argv, timeout, steps_log, env)
+            try:
+                argv = make_argv()
+            except Exception as err:  # noqa: BLE001 - a step that cannot start is reported
+                argv, result = None, {"name": name, "ok": False, "status": repr(err), "seconds": 0}
+                log(f"=== {name}: could not start: {err!r}")
+            if argv is not None:
+                result = run_step(name, argv, timeout, steps_log, env)
         summary["steps"].append(result)
         write_summary()
         return result
 
     if args.only in (None, "pretrain"):
         run = scratch / "gpt2-small"
-        done = step("pretrain gpt2-small", pretrain_args(mode, run), "pretrain")
+        done = step("pretrain gpt2-small", lambda: pretrain_args(mode, run), "pretrain")
         if not done["ok"] and mode == "gpu" and done["status"] != "skipped: budget":
             retry = retry_settings(steps_log.read_text()[-20000:])
             done = step(f"pretrain gpt2-small, again with {retry}",
-                        pretrain_args(mode, run, retry), "pretrain")  # fmt: skip
+                        lambda: pretrain_args(mode, run, retry), "pretrain")  # fmt: skip
         if done["ok"]:
             try:
                 path, row = record_pretrain(mode, run, machine, done["seconds"], out / "results")
@@ -511,15 +520,18 @@ def main(argv: list[str] | None = None) -> int:
             summary["steps"].append({"name": "start model", "ok": False, "status": repr(err)})
         else:
             for name in RECIPES:
-                step(name, recipe_args(name, mode, start, scratch, data_dir), "recipe")
-            step("speedrun smol-gpu", speedrun_args(mode, start, scratch, data_dir), "speedrun")
+                step(name, partial(recipe_args, name, mode, start, scratch, data_dir), "recipe")
+            step("speedrun smol-gpu", lambda: speedrun_args(mode, start, scratch, data_dir),
+                 "speedrun")  # fmt: skip
     write_summary()
     for s in summary["steps"]:
         log(f"{'ok  ' if s['ok'] else 'FAIL'} {s.get('seconds', 0):7.1f} s  {s['name']}"
             + ("" if s["ok"] else f"  ({s['status']})"))  # fmt: skip
     if row := summary.get("pretrain"):
-        log(f"pretraining: {row['tokens/s']:,.0f} tokens/s, MFU {row['MFU']}, peak memory "
-            f"{row['CUDA peak GiB']} GiB ({row['device']})")  # fmt: skip
+        mfu = "no MFU (unknown peak)" if row["MFU"] is None else f"MFU {row['MFU']:.1%}"
+        memory = row["CUDA peak GiB"]
+        log(f"pretraining ({row['device']}): {row['tokens/s']:,.0f} tokens/s after the warm-up, "
+            f"{mfu}" + (f", CUDA peak {memory:.1f} GiB" if memory else ""))  # fmt: skip
     failed = [s["name"] for s in summary["steps"] if not s["ok"]]
     log(f"\ngpu_check ({mode}) done in {summary['seconds']} s: "
         f"{len(summary['steps']) - len(failed)} ok, failed: {failed or 'none'}")  # fmt: skip
