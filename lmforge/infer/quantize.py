@@ -52,6 +52,7 @@ from lmforge.infer.quantized_linear import (
     cpu_kernel_dtype,
 )
 from lmforge.model.attention import CausalSelfAttention
+from lmforge.model.linear import plain_linear
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -210,14 +211,14 @@ def _warn_once(message: str) -> None:
 def swap_linears(module: nn.Module, make) -> None:
     """Replace every nn.Linear under `module` by make(linear, qualified name)."""
     found = module.named_modules(remove_duplicate=False)  # a module used twice: swapped twice
-    for name, linear in [(n, m) for n, m in found if type(m) is nn.Linear]:
+    for name, linear in [(n, m) for n, m in found if plain_linear(m)]:
         parent, _, attr = name.rpartition(".")
         setattr(module.get_submodule(parent), attr, make(linear, name))
 
 
 def named_linears(module: nn.Module) -> list[tuple[str, nn.Linear]]:
     """(qualified name, layer) for every nn.Linear `swap_linears` would replace."""
-    return [(n, m) for n, m in module.named_modules() if type(m) is nn.Linear]
+    return [(n, m) for n, m in module.named_modules() if plain_linear(m)]
 
 
 def to_inference_precision(

@@ -50,6 +50,7 @@ from lmforge.interop.gguf_read import (
 )
 from lmforge.interop.hf import to_ours
 from lmforge.model.config import ModelConfig
+from lmforge.model.linear import Linear, plain_linear
 from lmforge.model.transformer import Transformer
 
 LOAD_POLICIES = ("as_stored", "dense", "quantized")
@@ -174,7 +175,7 @@ class _Loader:
     def build(self) -> Transformer:
         config, model = self.config, self.model
         key_map = self.family.key_map(config)
-        linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+        linears = {n: m for n, m in model.named_modules() if plain_linear(m)}
         for ours, rule in key_map.items():
             module_name, _, attr = ours.rpartition(".")
             if module_name in linears and attr == "bias":
@@ -234,9 +235,9 @@ def _is_float(module: nn.Module, attr: str) -> bool:
 
 
 def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    """An nn.Linear holding `weight` (and `bias`) without initialising anything."""
+    """A `Linear` holding `weight` (and `bias`) without initialising anything."""
     with torch.device("meta"):
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        linear = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     _assign(linear, "weight", weight)
     if bias is not None:
         _assign(linear, "bias", bias)

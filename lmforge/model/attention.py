@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.model.cache import KVCache
+from lmforge.model.linear import Linear
 from lmforge.model.norms import RMSNorm
 
 
@@ -100,8 +101,8 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.head_dim
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_dim, config.d_model, bias=config.attention_out_bias)
+        self.qkv_proj = Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.attention_bias)
+        self.o_proj = Linear(q_dim, config.d_model, bias=config.attention_out_bias)
         self.q_norm = self.k_norm = None
         if config.qk_norm:  # per-head RMSNorm keeps attention logits bounded (Qwen3)
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.model.linear import Linear
+
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -25,9 +27,9 @@ class MLP(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, dropout: float):
         super().__init__()
         if self.gated:
-            self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+            self.gate_proj = Linear(d_model, d_ff, bias=bias)
+        self.up_proj = Linear(d_model, d_ff, bias=bias)
+        self.down_proj = Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 

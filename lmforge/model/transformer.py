@@ -16,6 +16,7 @@ from lmforge.model.attention import causal_mask, padded_causal_mask
 from lmforge.model.blocks import Block
 from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
+from lmforge.model.linear import Linear
 from lmforge.model.masks import Window, build_mask, pattern_for
 from lmforge.model.norms import build_norm
 from lmforge.model.positions import ABSOLUTE_POSITIONS, LearnedPositions, RotaryEmbedding
@@ -50,7 +51,7 @@ class Transformer(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         self.pattern = pattern_for(config)  # sparse / windowed mask (masks.py), None = causal
         self.windowed = [config.windowed(i) for i in range(config.n_layer)]
         self.output_scale = 1 / math.sqrt(config.d_model) if config.logit_scaling else 1.0

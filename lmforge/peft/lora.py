@@ -25,6 +25,7 @@ from lmforge import fileio
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.interop.hf import lora_from_hf, lora_to_hf
 from lmforge.model.config import ModelConfig
+from lmforge.model.linear import Linear
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -123,11 +124,11 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
 
 @torch.no_grad()
 def dense_linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
-    """A plain nn.Linear holding copies of ``weight`` [out, in] and ``bias``, on the weight's
-    device and dtype (what an export writes in place of a LoRA or NF4 layer)."""
+    """A plain `Linear` (model/linear.py) holding copies of ``weight`` [out, in] and ``bias``, on
+    the weight's device and dtype (what an export writes in place of a LoRA or NF4 layer)."""
     out_features, in_features = weight.shape
-    linear = nn.Linear(in_features, out_features, bias=bias is not None,
-                       device=weight.device, dtype=weight.dtype)  # fmt: skip
+    linear = Linear(in_features, out_features, bias=bias is not None,
+                    device=weight.device, dtype=weight.dtype)  # fmt: skip
     linear.weight.copy_(weight)
     if bias is not None:
         linear.bias.copy_(bias)

@@ -17,6 +17,7 @@ from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear, Int4Line
 from lmforge.interop.gguf_read import gguf_names, permute_qk
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+from lmforge.model.linear import Linear
 from lmforge.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -223,7 +224,7 @@ def assert_same_model(ref, lm, vocab_size, tol=1e-4):
 # the layer each stored type runs in by default (LM.load without a dtype), and whether that is
 # the file's numbers exactly (else: re-quantised, with one warning saying so)
 AS_STORED = {
-    "F32": (torch.nn.Linear, True), "F16": (HalfLinear, True), "BF16": (HalfLinear, True),
+    "F32": (Linear, True), "F16": (HalfLinear, True), "BF16": (HalfLinear, True),
     "Q8_0": (BlockInt8Linear, True), "Q4_0": (Int4Linear, True), "Q4_1": (Int4Linear, True),
     "Q4_K": (Int4Linear, False), "Q6_K": (BlockInt8Linear, False),
 }  # fmt: skip
@@ -245,7 +246,7 @@ def assert_as_stored(path, ref, dense, vocab_size, tol=0.03):
     layer = lm.model.get_submodule(name)
     assert type(layer) is layer_type
     weight = dense.model.get_submodule(name).weight
-    if exact and layer_type is not torch.nn.Linear:
+    if exact and layer_type is not Linear:
         assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
     x = batch_ids(vocab_size)
     with torch.no_grad():
@@ -255,7 +256,7 @@ def assert_as_stored(path, ref, dense, vocab_size, tol=0.03):
     ours = lm.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
     theirs = dense.generate(prompt, max_new_tokens=8, temperature=0.0, eos_ids=[])
     assert len(ours[0]) == 8 and ours[0][0] == theirs[0][0]  # later tokens: near-ties may flip
-    if layer_type is not torch.nn.Linear:  # (an F32 file loads as a plain float32 model)
+    if layer_type is not Linear:  # (an F32 file loads as a plain float32 model)
         with pytest.raises(ConfigError, match="own precision"):  # asked for after loading
             to_inference_precision(lm.model, "float32", "int8")
 

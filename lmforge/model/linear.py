@@ -1,0 +1,120 @@
+"""`Linear`: nn.Linear whose fp32 products on a CPU run on oneDNN's GEMM instead of torch's BLAS.
+
+torch's CPU `F.linear` / `mm` in fp32 calls the BLAS it was built with (MKL on x86-64 wheels),
+and MKL takes its generic path on CPUs it does not recognise as Intel's: on an AMD EPYC (Zen 5)
+core it ran at a third to a half of what oneDNN (the other CPU GEMM torch ships, the one its
+bf16 products already use) reaches on the same fp32 operands, at every shape a transformer has:
+the few rows of a decode step, the thousands of a training batch, and both products of the
+backward pass (figures: docs/benchmarks.md, `linear_kernels`). The arithmetic is the same IEEE
+fp32 multiply-add; only the order of the sums differs, as between any two BLAS builds.
+
+So a `Linear` on the CPU with fp32 operands calls `torch.ops.mkldnn._linear_pointwise` (the op
+torch's own compiler emits for oneDNN linears) forward and, through `OneDNNLinearFn`, for the
+input and weight gradients. Everything else is nn.Linear's: tiny layers (below `MIN_WEIGHT`
+elements, where a call's fixed cost dominates), other dtypes and devices, tensor subclasses
+(FSDP's DTensors, fake tensors) and code being traced by torch.compile / torch.export, which
+picks its own kernels. `LMFORGE_ONEDNN_LINEAR=0` turns the routing off (e.g. to compare).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MIN_WEIGHT = 1 << 16  # weights of fewer elements keep torch's kernel (its call costs less)
+
+
+def onednn_available() -> bool:
+    """Whether fp32 CPU linears go through oneDNN in this process."""
+    return _AVAILABLE
+
+
+def _check_available() -> bool:
+    if os.environ.get("LMFORGE_ONEDNN_LINEAR", "1") == "0":
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        x = torch.ones(2, 4)
+        return bool(
+            torch.equal(op(x, torch.ones(3, 4), None, "none", [], ""), x.new_full((2, 3), 4))
+        )
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_AVAILABLE = _check_available()
+
+
+def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T (+ bias) on oneDNN; strided operands are fine."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class OneDNNLinearFn(torch.autograd.Function):
+    """F.linear on 2-D fp32 CPU tensors with oneDNN products forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _gemm(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _gemm(grad, weight.t(), None)  # grad @ W
+        if ctx.needs_input_grad[1]:
+            grad_w = _gemm(grad.t(), x.t(), None)  # grad^T @ x
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _routes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        _AVAILABLE
+        and type(x) is torch.Tensor
+        and type(weight) in (nn.Parameter, torch.Tensor)
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.numel() >= MIN_WEIGHT
+        and x.numel() > 0
+        and not torch.compiler.is_compiling()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """F.linear(x, weight, bias), on oneDNN where that is faster (see the module docstring)."""
+    if not _routes(x, weight) or (
+        bias is not None and type(bias) not in (nn.Parameter, torch.Tensor)
+    ):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (
+            bias is not None and bias.requires_grad)):  # fmt: skip
+        out = OneDNNLinearFn.apply(flat, weight, bias)
+    else:
+        out = _gemm(flat, weight, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, state dict and initialisation) computed by `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is a plain linear layer (nn.Linear or `Linear`, not a subclass that
+    quantises or adapts it): what weight conversions and loaders replace or fill in."""
+    return type(module) in (nn.Linear, Linear)
