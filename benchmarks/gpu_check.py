@@ -4,8 +4,9 @@
   1. the machine: nvidia-smi, torch, the GPU's name and its peak dense bf16 TFLOPS
      (lmforge/model/info.py), and which of lmforge's dependencies are missing there;
   2. GPT-2 small (124M) pretraining, configs/gpt2-small-gpu.yaml through `lmforge pretrain`, for
-     a fixed number of steps: tokens/s and MFU over the steps after the warm-up (compilation and
-     the first steps left out; from the run's metrics.csv windows), recorded with
+     a fixed number of steps: tokens/s and MFU over the steps after the warm-up (the first
+     log_interval steps, with the compilation, left out: the run's own `*_after_warmup`
+     figures in final_metrics.json), recorded with
      benchmarks/results.py `record()` as benchmarks/results/gpu_pretrain_gpt2_small.json;
   3. every configs/recipes/*-gpu.yaml through its own verb, then `lmforge speedrun --preset
      smol-gpu`, each with a few steps and small splits (the recipes' batches, sequence lengths,
@@ -42,12 +43,10 @@ summary go to $OUT when that is set (the device tool brings them back), else to 
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,8 +79,9 @@ VERBS = {"lora-sft": "lora", "dpo-hh-rm": "reward", "dpo": "dpo", "grpo": "grpo"
 
 # Step sizes. "gpu": the real shapes for a few steps; "smoke": tiny, on a CPU thread.
 PRETRAIN = {
-    "gpu": {"max_iters": 30, "log_interval": 5, "eval_interval": 30, "warm": 10},
-    "smoke": {"max_iters": 12, "log_interval": 2, "eval_interval": 12, "warm": 4, "device": "cpu",
+    # the first log_interval steps are the warm-up the figures leave out
+    "gpu": {"max_iters": 30, "log_interval": 10, "eval_interval": 30},
+    "smoke": {"max_iters": 12, "log_interval": 4, "eval_interval": 12, "device": "cpu",
               "compile": False, "dtype": "float32", "tokenizer": "char", "batch_size": 2,
               "grad_accum": 2, "block_size": 32, "model.max_seq_len": 32, "model.n_layer": 1,
               "model.n_head": 2, "model.d_model": 32, "model.vocab_size": 1024,
@@ -259,7 +259,7 @@ def as_args(settings: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------ pretraining
 def pretrain_args(mode: str, out_dir: Path, retry: dict[str, Any] | None = None) -> list[str]:
-    settings = {k: v for k, v in PRETRAIN[mode].items() if k != "warm"} | (retry or {})
+    settings = PRETRAIN[mode] | (retry or {})
     settings["out_dir"] = str(out_dir)
     return ["pretrain", "--config", "configs/gpt2-small-gpu.yaml", *as_args(settings)]
 
@@ -273,25 +273,6 @@ def retry_settings(output: str) -> dict[str, Any]:
     return {"compile": False}
 
 
-def steady_throughput(metrics_csv: Path, warm: int) -> dict[str, float]:
-    """tokens/s and MFU over the logged windows that start after step `warm` (each window is
-    log_interval steps of equal tokens, so their overall rate is the harmonic mean)."""
-    rows = list(csv.DictReader(open(metrics_csv)))
-    by_metric: dict[str, dict[int, float]] = {}
-    for r in rows:
-        if r["split"] == "train" and r["metric"] in ("tokens_per_s", "mfu"):
-            by_metric.setdefault(r["metric"], {})[int(r["step"])] = float(r["value"])
-    steps = sorted(by_metric.get("tokens_per_s", {}))
-    # a window ending at step s began after the previous logged step
-    timed = [s for prev, s in zip(steps, steps[1:]) if prev >= warm]
-    if not timed:
-        raise RuntimeError(f"{metrics_csv}: no throughput window after step {warm}")
-    out = {"steps_timed": timed[-1] - warm, "windows": len(timed)}
-    for metric, values in by_metric.items():
-        out[metric] = statistics.harmonic_mean([values[s] for s in timed])
-    return out
-
-
 def record_pretrain(mode: str, run: Path, machine: dict, seconds: float, results_dir: Path):
     """The pretraining figures as a benchmarks/results table (`record()`); smoke writes to
     results_dir instead of the repository's results."""
@@ -301,16 +282,16 @@ def record_pretrain(mode: str, run: Path, machine: dict, seconds: float, results
     from lmforge.model.info import flops_per_token
     from lmforge.train.config import TrainConfig, build_config
 
-    steady = steady_throughput(run / "metrics.csv", PRETRAIN[mode]["warm"])
     final = json.loads((run / "final_metrics.json").read_text())
+    warm = final["warmup_steps"]
     cfg = build_config(TrainConfig, run / "train_config.json", {})
     model = cfg.model_config(cfg.vocab_size)  # the config sets the model's own vocab_size
     flops = flops_per_token(model, cfg.block_size)["training"]
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.optim.grad_accum
     peak = cfg.peak_tflops or machine.get("peak_bf16_tflops")
-    mfu = steady.get("mfu")
+    mfu = final.get("mfu_after_warmup")
     row = [machine.get("gpu", "CPU"), f"{model.n_layer}L {model.d_model}w",
-           tokens_per_step, steady["steps_timed"], PRETRAIN[mode]["warm"], steady["tokens_per_s"],
+           tokens_per_step, final["step"] - warm, warm, final["tokens_per_s_after_warmup"],
            mfu, peak, flops / 1e9, final.get("cuda_peak_gib"), round(seconds, 1)]  # fmt: skip
     columns = ["device", "model", "tokens/step", "steps timed", "warm-up steps", "tokens/s",
                "MFU", "peak TFLOPS", "GFLOPs/token", "CUDA peak GiB", "run s"]  # fmt: skip
@@ -320,8 +301,9 @@ def record_pretrain(mode: str, run: Path, machine: dict, seconds: float, results
         f"): {cfg.dtype} autocast, {compiled}, SDPA attention, fused AdamW, micro-batch "
         f"{cfg.batch_size} x {cfg.block_size} x {cfg.optim.grad_accum} accumulated, on the "
         "Python docs (a throughput measurement: the loss means nothing). tokens/s and MFU over "
-        "the steps after the warm-up (compilation and first steps excluded: the harmonic mean "
-        "of the logged windows); MFU = tokens/s x PaLM's 6N + 12LHQT training FLOPs per token / "
+        "the training steps after the warm-up steps (compilation included there), evaluation "
+        "and checkpointing excluded (`lmforge pretrain`'s own *_after_warmup figures); "
+        "MFU = tokens/s x PaLM's 6N + 12LHQT training FLOPs per token / "
         "the device's peak dense bf16 TFLOPS. Run s: the whole `lmforge pretrain` process "
         f"(tokenizer, compile, checkpoint). torch {machine.get('torch')}."
     )

@@ -36,6 +36,13 @@ def run(args) -> int:
     ]  # fmt: skip
     if "mfu" in result:  # a GPU of PEAK_BF16_TFLOPS, or --peak_tflops
         parts.append(f"MFU {result['mfu']:.1%}")
+    if "tokens_per_s_after_warmup" in result:  # the steady rate, without compilation
+        mfu = result.get("mfu_after_warmup")
+        parts.append(
+            f"(after the first {result['warmup_steps']} steps: "
+            f"{result['tokens_per_s_after_warmup']:,.0f} tokens/s"
+            + (f", MFU {mfu:.1%})" if mfu is not None else ")")
+        )
     parts.append(f"{result['elapsed_s']:.1f} s training")
     if "cuda_peak_gib" in result:
         parts.append(f"GPU memory peak {result['cuda_peak_gib']:.1f} GiB")

@@ -218,6 +218,10 @@ class Trainer(ABC):
         evaluated_any = False
         every = cfg.checkpoint_interval or cfg.eval_interval
         window_tokens, window_start = 0, time.perf_counter()
+        # throughput after the warm-up: the steps after this process's first log_interval
+        # (compilation, autotuning and the allocator's growth happen in the first steps)
+        warm_steps, steady_steps, steady_seconds = cfg.log_interval, 0, 0.0
+        first_step = self.step
         throughput: dict[str, str] = {}
         in_step = False
         reset_stop()
@@ -231,6 +235,9 @@ class Trainer(ABC):
                     stats = self.train_step()
                     in_step = False
                     self.elapsed += time.perf_counter() - t0
+                    if self.step - first_step > warm_steps:
+                        steady_steps += 1
+                        steady_seconds += time.perf_counter() - t0
                     self.cpu_elapsed += time.process_time() - c0
                     bar.update(1)
                     window_tokens += self.tokens_per_step  # 0: no throughput to report
@@ -277,6 +284,11 @@ class Trainer(ABC):
         result.update(step=self.step, elapsed_s=self.elapsed)
         if self.tokens_per_step:
             result.update(self.throughput(self.tokens_seen / max(1e-9, self.elapsed)))
+            if steady_steps:
+                rate = steady_steps * self.tokens_per_step / max(1e-9, steady_seconds)
+                after = self.throughput(rate)
+                result.update({f"{k}_after_warmup": v for k, v in after.items()})
+                result["warmup_steps"] = warm_steps
         if self.dist.is_main:
             write_json(self.out_dir / "final_metrics.json", result)
         path = self.out_dir / (self.plot_file or f"{self.name}.png")

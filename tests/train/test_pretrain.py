@@ -251,6 +251,11 @@ def test_mfu_reported_against_a_given_peak(tmp_path, capsys):
     for step, mfu in mfus.items():
         assert mfu == pytest.approx(rates[step] * flops / 0.5e12, rel=1e-4)  # CSV: 6 digits
     assert "mfu=" in capsys.readouterr().err  # the progress line shows it
+    # and over the steps after the first log_interval (1 here: steps 2-4 of 4)
+    assert result["warmup_steps"] == 1 and result["tokens_per_s_after_warmup"] > 0
+    assert result["mfu_after_warmup"] == pytest.approx(
+        result["tokens_per_s_after_warmup"] * flops / 0.5e12
+    )
     with pytest.raises(ConfigError, match="peak_tflops"):
         config(tmp_path / "c", peak_tflops=0)
 
