@@ -17,7 +17,7 @@ from pathlib import Path
 import bm25s
 import numpy as np
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, require_int
 from lmforge.nlp.text import doc_tokens, resolve_stopwords
 from lmforge.nlp.tfidf import inverse_document_frequency
 
@@ -50,8 +50,7 @@ class _BM25:
     def search(self, query: Doc, k: int = 10) -> list[tuple[int, float]]:
         """The k best (doc_index, score) pairs, ties by lower index; documents sharing no query
         term are left out."""
-        if k < 1:
-            raise LMForgeError(f"k must be >= 1, got {k}")
+        require_int("k", k)
         scores = self.scores(query)
         n = len(scores)
         if k < n:

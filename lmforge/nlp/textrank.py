@@ -17,7 +17,7 @@ from itertools import combinations
 
 import numpy as np
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, require_int
 from lmforge.nlp.text import resolve_stopwords, split_sentences, tokenize
 
 Graph = Mapping[Hashable, Mapping[Hashable, float]]
@@ -138,8 +138,7 @@ def textrank_sentences(
     `text` is a text (split into sentences) or a list of sentences. Ties in score go to the
     earlier sentence.
     """
-    if k < 1:
-        raise LMForgeError(f"k must be >= 1, got {k}")
+    require_int("k", k)
     sentences = split_sentences(text) if isinstance(text, str) else list(text)
     if not sentences:
         return []

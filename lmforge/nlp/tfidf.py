@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, require_int
 from lmforge.nlp.text import doc_tokens
 
 if TYPE_CHECKING:
@@ -196,8 +196,7 @@ class TfidfVectorizer:
         first (ties by lower index). Documents with similarity 0 are left out."""
         if self._docs is None:
             raise LMForgeError("TfidfVectorizer is not fitted: call fit(docs) first")
-        if k < 1:
-            raise LMForgeError(f"k must be >= 1, got {k}")
+        require_int("k", k)
         qd, qc, _ = self._csr([Counter(self._tokens(query))])
         q = np.zeros(len(self.vocabulary))
         q[qc] = qd

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_int
 from lmforge.nlp.bm25 import BM25Scorer
 from lmforge.nlp.fusion import reciprocal_rank_fusion
 from lmforge.nlp.text import split_sentences
@@ -224,8 +224,7 @@ class RAG:
         max_new_tokens: int = 64,
         **sampling,
     ):
-        if k < 1:
-            raise ConfigError(f"k must be >= 1, got {k}")
+        require_int("k", k)
         self.retriever, self.k = retriever, k
         # A BM25-only index still answers; the note in each Answer says the mode changed.
         self.mode = mode if mode in retriever.modes else "bm25"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from lmforge.errors import CheckpointError, ConfigError
+from lmforge.errors import CheckpointError, ConfigError, require_int
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.nlp.bm25 import BM25Index
 from lmforge.nlp.fusion import reciprocal_rank_fusion
@@ -154,8 +154,7 @@ class Retriever:
         """The k best chunks for `query`, best first."""
         if mode not in SEARCH_MODES:
             raise ConfigError(f"search mode {mode!r}: expected one of {sorted(SEARCH_MODES)}")
-        if k < 1:
-            raise ConfigError(f"k must be >= 1, got {k}")
+        require_int("k", k)
         if not query.strip():
             raise ConfigError("empty query")
         ranked = SEARCH_MODES[mode](self, query, k)
