@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 
 def _to_gguf(args) -> int:
-    from lmforge.interop.gguf import export_gguf
+    from lmforge.interop.gguf_write import export_gguf
     from lmforge.lm import LM
 
     if not args.checkpoint:

@@ -1,7 +1,7 @@
 """GGUF (llama.cpp / Ollama) checkpoints in and out.
 
     model, tokenizer, generation = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
-    export_gguf(lm, "model.gguf", dtype="q8_0")
+    export_gguf(lm, "model.gguf", dtype="q8_0")   # lmforge.interop.gguf_write
 
 Reading (lmforge.interop.gguf_read) maps the llama (Llama 2/3, Mistral, SmolLM2), qwen2, qwen3, phi3
 and gpt2 architectures onto the Hugging Face families lmforge already imports, dequantising every
@@ -21,22 +21,10 @@ from typing import Any
 import torch
 
 from lmforge.errors import CheckpointError
-from lmforge.interop.gguf_read import (
-    ARCHITECTURES,
-    SUPPORTED_TYPES,
-    GGUFFile,
-    is_gguf,
-    read_config,
-)
+from lmforge.interop.gguf_read import GGUFFile, read_config
 from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
-from lmforge.interop.gguf_write import EXPORT_DTYPES, export_gguf
 from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
-
-__all__ = [
-    "ARCHITECTURES", "EXPORT_DTYPES", "SUPPORTED_TYPES", "export_gguf", "gguf_config", "is_gguf",
-    "load_gguf",
-]  # fmt: skip
 
 
 def smollm2_gguf() -> Path | None:

@@ -16,7 +16,7 @@ from gguf_files import (
 )
 
 from lmforge.cli.main import main
-from lmforge.interop.gguf import export_gguf
+from lmforge.interop.gguf_write import export_gguf
 from lmforge.lm import LM
 from lmforge.tokenizer import Tokenizer
 
