@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_int
 from lmforge.eval.core_scoring import (
     OptionSet,
     common_prefix_len,
@@ -127,8 +127,8 @@ def select_tasks(names: str | Sequence[str] | None) -> list[CoreTask]:
 
 
 def check_max_per_task(value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"--max-per-task must be a positive integer (or omitted), got {value!r}")
+    if value is not None:  # None: every row
+        require_int("--max-per-task", value)
 
 
 def fetch_bundle(folder: Path, files: Sequence[str]) -> None:
