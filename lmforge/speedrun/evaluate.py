@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from lmforge.data.shards import TokenShard
 from lmforge.errors import DataError
 from lmforge.eval.perplexity import PerplexityResult, perplexity
 from lmforge.lm import LM
+
+if TYPE_CHECKING:
+    from lmforge.eval.core import CoreTask
 
 
 def heldout_perplexity(lm: LM, val_bin: Path, n_tokens: int) -> PerplexityResult:
@@ -58,13 +61,23 @@ def find_core_data(setting: str | None) -> Path | None:
     return None
 
 
+def core_tasks_in(folder: Path, tasks: str) -> list[CoreTask]:
+    """The CORE tasks named in `tasks` (comma-separated labels), each of whose file must be in
+    `folder`: a CORE figure is a mean over its task list, so a missing one is an error, never
+    left out (which would report a different mean under the same name)."""
+    from lmforge.eval.core import select_tasks
+
+    chosen = select_tasks(tasks)
+    if missing := [t.file for t in chosen if not (folder / t.file).is_file()]:
+        raise DataError(f"{folder}: no CORE task file {', '.join(missing)} (named in {tasks!r})")
+    return chosen
+
+
 def core_score(lm: LM, folder: Path, tasks: str, max_per_task: int) -> float:
     """CORE (mean centered accuracy) of `lm` over the named tasks, `max_per_task` items each."""
-    from lmforge.eval.core import evaluate_core, select_tasks
+    from lmforge.eval.core import evaluate_core
 
-    chosen = [t for t in select_tasks(tasks) if (folder / t.file).is_file()]
-    if not chosen:
-        raise DataError(f"{folder}: none of the CORE task files for {tasks!r}")
+    chosen = core_tasks_in(folder, tasks)
     return evaluate_core(lm, folder, chosen, max_per_task=max_per_task).core
 
 

@@ -71,6 +71,18 @@ def test_smol_without_a_model_or_data_is_one_message(tmp_path, monkeypatch, caps
         resolve_plan("cpu-tiny", overrides={"init": str(tmp_path)})
 
 
+def test_core_data_folder_and_missing_core_tasks(shared_data, has_smollm2):
+    # an explicit CORE folder under the shared data is a folder, not a missing file
+    core = shared_data / "core"
+    plan = resolve_plan("smol-gpu", overrides={"eval.core_data": str(core)})
+    assert plan["eval"]["core_data"] == str(core)
+    assert "hellaswag" not in plan["eval"]["core_tasks"]  # its file is not in the shared folder
+    # a named task whose file is absent stops the plan in one line instead of being left out
+    with pytest.raises(ConfigError, match="eval.core_tasks: .*no CORE task file hellaswag.jsonl"):
+        resolve_plan("smol-gpu", overrides={"eval.core_data": str(core),
+                                            "eval.core_tasks": "copa,hellaswag"})  # fmt: skip
+
+
 TINY = {
     **{f"{s}.{k}": v for s in RECIPE for k, v in (("max_iters", 2), ("n_train", 4),
        ("n_eval", 2), ("batch_size", 2), ("eval_interval", 2), ("warmup_iters", 0))},
