@@ -4,8 +4,8 @@ Every measurement runs in its own Python process (so no allocator state or cache
 earlier load is reused): it imports torch and lmforge, builds or loads the native kernels, then
 reads its resident memory (VmRSS), loads the file, generates `--new` greedy tokens after a
 `--prompt`-token prompt at batch 1, and reads VmRSS again and the peak (VmHWM). The issue's
-goal: the growth from before LM.load to the end of generation is at most 1.3x the file size plus
-the KV cache, and SmolLM2 loads in at most 1 s warm (the file in the page cache: a first process
+goal: the growth from before LM.load to the end of generation is at most 1.3 x (file size + KV
+cache), and SmolLM2 loads in at most 1 s warm (the file in the page cache: a first process
 reads it once before the timed ones).
 
     python benchmarks/bench_gguf_load.py                       # SmolLM2's Q4_1 file
@@ -103,7 +103,7 @@ def main() -> None:
             path.name, args.dtype, round(size / mb, 1), round(statistics.median(
                 r["before"] for r in runs) / mb), round(growth / mb, 1), round(peak / mb, 1),
             round(anon / mb, 1), round(kv / mb, 1), f"{growth / (size + kv):.2f}x",
-            "yes" if growth <= 1.3 * size + kv else "no",
+            "yes" if growth <= 1.3 * (size + kv) else "no",
             round(statistics.median(r["load_s"] for r in runs), 2),
             round(statistics.median(r["gen_s"] for r in runs), 2),
         ]  # fmt: skip

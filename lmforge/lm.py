@@ -19,6 +19,7 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.infer.engine import Engine
+from lmforge.infer.memory import return_freed_memory
 from lmforge.infer.params import Completion, GenerationParams
 from lmforge.interop.checkpoint import load_model
 from lmforge.model.config import ModelConfig
@@ -199,6 +200,8 @@ class LM:
             for out in engine.stream(ids, params):
                 if out.text:
                     yield out.text
+        del engine  # as in _run
+        return_freed_memory()
 
     def chat(
         self,
@@ -259,7 +262,10 @@ class LM:
 
     def _run(self, rows, params, n, tokenizer, draft, draft_tokens) -> list[Completion]:
         with self._engine(rows, params, n, tokenizer, draft, draft_tokens) as engine:
-            return engine.generate(rows, params, n)
+            completions = engine.generate(rows, params, n)
+        del engine  # its KV cache and work buffers are freed here: hand them back to the OS
+        return_freed_memory()
+        return completions
 
     def require_tokenizer(self, task: str = "text in or out (generate() takes token ids)"):
         """The tokenizer; a ConfigError naming `task` when the checkpoint has none."""

@@ -51,6 +51,36 @@ def test_batched_prompts_of_different_lengths_match_single(llama_lm):
     assert batched == single
 
 
+def test_the_engine_is_freed_before_its_memory_is_handed_back(lm, monkeypatch):
+    """LM calls give their engine's KV cache and work buffers back to the OS (malloc_trim), which
+    only helps once nothing holds the engine any more."""
+    import gc
+    import weakref
+
+    import lmforge.lm as lm_module
+    from lmforge.infer.engine import Engine
+
+    engines, alive_at_trim = [], []
+    real_init = Engine.__init__
+
+    def init(self, *args, **kwargs):
+        engines.append(weakref.ref(self))
+        real_init(self, *args, **kwargs)
+
+    def trim():
+        alive_at_trim.append([engine() is not None for engine in engines])
+
+    monkeypatch.setattr(Engine, "__init__", init)
+    monkeypatch.setattr(lm_module, "return_freed_memory", trim)
+    gc.disable()  # freed by its reference count alone, not by a collection that happens to run
+    try:
+        lm.generate([[1, 2, 3]], max_new_tokens=3, eos_ids=[])
+        "".join(lm.stream("the", max_new_tokens=3))
+    finally:
+        gc.enable()
+    assert alive_at_trim == [[False], [False, False]]
+
+
 def test_n_samples_and_seed(llama_lm):
     a = llama_lm.generate([[1, 2, 3]], max_new_tokens=8, n=3, seed=7, eos_ids=[])
     b = llama_lm.generate([[1, 2, 3]], max_new_tokens=8, n=3, seed=7, eos_ids=[])

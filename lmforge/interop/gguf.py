@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from lmforge.errors import CheckpointError
+from lmforge.infer.memory import return_freed_memory
 from lmforge.interop.gguf_read import GGUFFile, read_config
 from lmforge.interop.gguf_tokenizer import tokenizer_from_gguf
 from lmforge.model.config import ModelConfig
@@ -84,17 +85,3 @@ def load_gguf(
     del f  # the metadata (the vocabulary as Python strings) goes too
     return_freed_memory()
     return model, tokenizer, generation
-
-
-def return_freed_memory() -> None:
-    """Hand the heap pages freed by loading back to the OS (glibc's malloc_trim). Converting a
-    tensor at a time frees many blocks of a few hundred kB, which glibc keeps for reuse once its
-    mmap threshold has grown: 35 MB of SmolLM2's load stayed resident without this."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to do
-        pass
