@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lmforge.errors import LMForgeError
+from lmforge.model.linear import linear, plain_linear
 
 # fp32 logits per chunk (2**24 = 64 MB): tokens per chunk = this // vocabulary size
 CHUNK_ELEMENTS = 1 << 24
@@ -174,6 +175,60 @@ class TokenStats(NamedTuple):
     mean_logp: Tensor | None  # mean over the vocabulary of log p (label smoothing's term)
 
 
+class HeadLogprobs(torch.autograd.Function):
+    """log softmax(h Wᵀ + b) / temperature at `labels`, for hidden states h [N, d], a chunk of
+    `chunk` rows at a time: the linear LM head and the log-softmax in one function whose backward
+    is written out. It is the same computation as `map_token_chunks` over the generic head (each
+    chunk's logits rebuilt in backward, never more than one chunk of them alive), in fewer passes
+    over those [chunk, V] logits: backward turns the rebuilt logits into their gradient in place,
+    g·(onehot(label) - softmax) (/ temperature), where autograd's log-softmax and gather
+    backwards allocated and filled several [chunk, V] tensors per chunk."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, temperature, chunk):
+        n = h.shape[0]
+        logp = h.new_empty(n, dtype=torch.float32)
+        lse = h.new_empty(n, dtype=torch.float32)
+        for i in range(0, n, chunk):
+            logits = HeadLogprobs._logits(h[i : i + chunk], weight, bias, temperature)
+            lse[i : i + chunk] = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(-1, labels[i : i + chunk, None])[:, 0]
+            logp[i : i + chunk] = picked - lse[i : i + chunk]
+        ctx.save_for_backward(h, weight, bias, labels, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logp
+
+    @staticmethod
+    def _logits(h, weight, bias, temperature) -> Tensor:
+        logits = linear(h, weight, bias).float()
+        return logits if temperature in (0, 1) else logits.div_(temperature)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, bias, labels, lse = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
+        grad = grad.float()
+        for i in range(0, h.shape[0], chunk):
+            rows, g = h[i : i + chunk], grad[i : i + chunk, None]
+            d_logits = HeadLogprobs._logits(rows, weight, bias, temperature)
+            d_logits.sub_(lse[i : i + chunk, None]).exp_().mul_(-g)  # -g · softmax
+            d_logits.scatter_add_(-1, labels[i : i + chunk, None], g)  # + g at the label
+            if temperature not in (0, 1):
+                d_logits.div_(temperature)
+            d_logits = d_logits.to(weight.dtype)
+            if need_h:
+                grad_h[i : i + chunk] = linear(d_logits, weight.t())
+            if need_w:
+                grad_w += linear(d_logits.t(), rows.t())
+            if grad_b is not None:
+                grad_b += d_logits.sum(0)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
 def head_token_stats(
     head: Callable[[Tensor], Tensor],
     hidden: Tensor,
@@ -206,10 +261,21 @@ def head_token_stats(
             out.append(logits.mean(-1) - lse)
         return tuple(out)
 
+    fused = isinstance(head, LinearHead) and not (entropy or mean_logp) and head.fusable()
     if chunk is None:
-        with torch.no_grad():
-            vocab = head(hidden.reshape(-1, d)[:1]).shape[-1] if b * t else 1
+        if fused:
+            vocab = head.linear.weight.shape[0]
+        else:
+            with torch.no_grad():
+                vocab = head(hidden.reshape(-1, d)[:1]).shape[-1] if b * t else 1
         chunk = chunk_tokens(vocab)
+    if fused and b * t:
+        flat = hidden.reshape(-1, d)
+        if head.scale != 1.0:
+            flat = flat * head.scale
+        linear = head.linear
+        logp = HeadLogprobs.apply(flat, linear.weight, linear.bias, safe, head.temperature, chunk)
+        return TokenStats(logp.view(b, t) * valid, None, None)
     outs = list(map_token_chunks(stats, [hidden.reshape(-1, d), safe], chunk))
     logp = outs.pop(0).view(b, t) * valid
     ent = outs.pop(0).view(b, t) if entropy else None
@@ -217,9 +283,33 @@ def head_token_stats(
     return TokenStats(logp, ent, mean)
 
 
+class LinearHead:
+    """An LM head that is one plain linear layer: logits = lm_head(h · output_scale) / temperature
+    (no soft cap, no adapter on the head). Called, it is the model's `output_logits` divided by
+    the temperature; `head_token_stats` multiplies it in its fused form (`HeadLogprobs`)."""
+
+    def __init__(self, model: nn.Module, temperature: float):
+        self.model, self.temperature = model, temperature
+        self.linear, self.scale = model.lm_head, getattr(model, "output_scale", 1.0)
+
+    def __call__(self, h: Tensor) -> Tensor:
+        logits = self.model.output_logits(h)
+        return logits if self.temperature in (0, 1) else logits / self.temperature
+
+    def fusable(self) -> bool:
+        """Whether the weights are plain tensors (not, e.g., FSDP's sharded DTensors)."""
+        return all(t is None or type(t) in (nn.Parameter, Tensor)
+                   for t in (self.linear.weight, self.linear.bias))  # fmt: skip
+
+
 def lm_head_fn(model: nn.Module, temperature: float = 1.0) -> Callable[[Tensor], Tensor]:
     """Final-normed hidden states -> logits, as the model's forward computes them (with its
-    logit scaling, `output_scale`), divided by a sampling temperature."""
+    logit scaling, `output_scale`), divided by a sampling temperature: a `LinearHead` where the
+    head is one plain linear layer (what `head_token_stats` fuses)."""
+    config = getattr(model, "config", None)
+    plain = plain_linear(getattr(model, "lm_head", None))
+    if plain and config is not None and getattr(config, "final_logit_softcap", None) is None:
+        return LinearHead(model, temperature)
     if (head := getattr(model, "output_logits", None)) is None:
         scale = getattr(model, "output_scale", 1.0)
         head = lambda h: model.lm_head(h * scale)  # noqa: E731

@@ -52,7 +52,7 @@ from lmforge.infer.quantized_linear import (
     cpu_kernel_dtype,
 )
 from lmforge.model.attention import CausalSelfAttention
-from lmforge.model.linear import plain_linear
+from lmforge.model.linear import onednn_available, plain_linear
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -196,6 +196,8 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
     native = native_kernels() if torch.device(device).type == "cpu" else None
     linear = describe_kernels(dtype, quantize, device).removeprefix("; ").split(": ", 1)[-1]
     decode = f"lmforge's {native.variant} decode attention" if native else "SDPA"
+    if not linear and dtype == torch.float32 and torch.device(device).type == "cpu":
+        linear = "oneDNN's fp32 GEMM (model/linear.py)" if onednn_available() else ""
     return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
             "attention, decoding": f"{decode} (one query per row)",
             "attention, prefill": "SDPA (causal)",
@@ -303,7 +305,8 @@ def inference_model(
     caller's modules are never changed). Each layer's kernel is chosen here:
 
     - Linear: Int8Linear / Int4Linear with `quantize` (quantized_linear.py picks their kernels);
-      bf16 / fp16 weights on a CPU with lmforge's kernels built: HalfLinear; else nn.Linear.
+      bf16 / fp16 weights on a CPU with lmforge's kernels built: HalfLinear; else the model's
+      own layer (model/linear.py `Linear`: fp32 on a CPU through oneDNN).
     - softmax attention decoding one token per row on a CPU: lmforge's fused decode attention
       (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`); else SDPA.
     """

@@ -147,6 +147,36 @@ def test_the_head_never_sees_more_than_one_chunk(lm, small_chunks):
     assert model.embed.weight.grad is not None
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_linear_head_equals_the_full_logits(lm, small_chunks, temperature):
+    """A plain linear LM head goes through HeadLogprobs (its own backward): values and the
+    gradients of the parameters (the tied head included) and of the hidden states as autograd
+    gives them on the whole logits."""
+    model = lm.model
+    head = LP.lm_head_fn(model, temperature)
+    assert isinstance(head, LP.LinearHead) and head.fusable()
+    ids, labels = batch(lm)
+    weights = torch.randn(ids.shape[0], ids.shape[1] - 1)
+
+    def run(fused: bool):
+        hidden = model.norm(model.hidden_states(ids)[:, :-1]).detach().requires_grad_()
+        if fused:
+            logp = head_token_stats(head, hidden, labels[:, 1:]).logp
+        else:
+            logp = token_logprobs(model.output_logits(hidden) / temperature, labels[:, 1:])
+        loss = (weights * logp).sum()
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logp, hidden.grad, grads
+
+    (logp, grad_h, g), (logp_ref, grad_h_ref, g_ref) = run(True), run(False)
+    torch.testing.assert_close(logp, logp_ref, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(grad_h, grad_h_ref, atol=TOL, rtol=TOL)
+    assert "lm_head.weight" in g or "embed.weight" in g
+    assert_same_grads(g, g_ref)
+
+
 def test_head_token_stats_without_gradients_and_without_tokens():
     head = nn.Linear(4, 7)
     h, labels = torch.randn(2, 5, 4), torch.randint(0, 7, (2, 5))
