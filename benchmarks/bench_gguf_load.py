@@ -50,12 +50,14 @@ prompt = [int(i) for i in torch.randint(100, lm.config.vocab_size - 100, (prompt
 start = time.perf_counter()
 out = lm.generate([prompt], max_new_tokens=new, temperature=0.0, eos_ids=[])
 gen_s = time.perf_counter() - start
+storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in [*lm.model.parameters(), *lm.model.buffers()]}  # a tied table once
 c = lm.config
 kv = 2 * c.n_layer * c.n_kv_head * c.head_dim * (prompt_len + new) * 4  # fp32 K and V
 print(json.dumps({"before": before, "loaded": loaded, "after": status("VmRSS"),
                   "anon": status("RssAnon") - anon,
                   "peak": status("VmHWM"), "load_s": load_s, "gen_s": gen_s, "kv": kv,
-                  "tokens": len(out[0])}))
+                  "tensors": sum(storages.values()), "tokens": len(out[0])}))
 """
 
 
@@ -102,7 +104,8 @@ def main() -> None:
         row = [
             path.name, args.dtype, round(size / mb, 1), round(statistics.median(
                 r["before"] for r in runs) / mb), round(growth / mb, 1), round(peak / mb, 1),
-            round(anon / mb, 1), round(kv / mb, 1), f"{growth / (size + kv):.2f}x",
+            round(anon / mb, 1), round(runs[0]["tensors"] / mb, 1), round(kv / mb, 1),
+            f"{growth / (size + kv):.2f}x",
             "yes" if growth <= 1.3 * (size + kv) else "no",
             round(statistics.median(r["load_s"] for r in runs), 2),
             round(statistics.median(r["gen_s"] for r in runs), 2),
@@ -111,15 +114,17 @@ def main() -> None:
         print(row, flush=True)
     columns = [
         "file", "precision", "file MiB", "RSS before MiB", "RSS growth MiB", "peak growth MiB",
-        "anonymous growth MiB", "KV MiB", "growth / (file + KV)", "<= 1.3 file + KV", "load s",
-        "generate s",
+        "anonymous growth MiB", "tensors MiB", "KV MiB", "growth / (file + KV)",
+        "<= 1.3 (file + KV)", "load s", "generate s",
     ]  # fmt: skip
     notes = (
         f"Each figure the median of {args.repeats} fresh processes (after one warm-up that "
         "puts the file in the page cache). RSS growth: VmRSS after generating minus VmRSS "
         "just before LM.load (torch, lmforge and the native kernels already loaded); peak "
         "growth: VmHWM at the end minus that; anonymous growth: RssAnon's (without the "
-        "shared libraries' code pages first run by the load). Generation: batch 1, "
+        "shared libraries' code pages first run by the load); tensors: the model's parameters "
+        "and buffers (weights in the kernels' layouts, RoPE tables; a tied table once). "
+        "Generation: batch 1, "
         f"{args.prompt}-token prompt, {args.new} greedy tokens, {args.threads} thread(s); "
         "KV: the fp32 cache those tokens fill. 'file' precision is LM.load's default (the "
         f"GGUF's own formats). Host load average at start: {load:.1f} (2 cores shared)."
