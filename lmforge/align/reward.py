@@ -224,10 +224,11 @@ def policy_pairs(
                 ]
                 out.examples.append(D.PreferenceExample(*pair))
     if not out.examples:
-        raise DataError(
-            f"no on-policy pairs: all {len(records)} prompts had only right or only wrong samples "
-            f"out of {samples}; raise pair_samples or pair_temperature"
-        )
+        why = f"had only right or only wrong samples out of {samples}"
+        if rejected == "greedy":
+            why = "had a right greedy answer, or no right sample and no reference answer"
+        raise DataError(f"no on-policy pairs: all {len(records)} prompts {why}; "
+                        "raise pair_samples or pair_temperature")  # fmt: skip
     return out, unpaired
 
 
@@ -326,7 +327,9 @@ def sampled_pairs(trainer: AlignTrainer, source, skip_invalid=False, n=1000, see
         rejected=how.pairs_rejected,
     )  # fmt: skip
     trainer.log(f"{split}: {len(pairs)} on-policy pairs from {len(records)} prompts "
-                f"({unpaired} had only right or only wrong samples)")  # fmt: skip
+                f"({unpaired} gave none: " + ("a right greedy answer, or only wrong samples "
+                "and no reference answer)" if how.pairs_rejected == "greedy"
+                else "only right or only wrong samples)"))  # fmt: skip
     if trainer.dist.is_main:
         lines = [json.dumps(pair_text(p, trainer.tokenizer)) + "\n" for p in pairs.examples]
         role = "train" if split == "train" else "eval"
