@@ -20,7 +20,7 @@ Benchmarks (`--bench`), each run short enough for several pairs:
   generate  bench_generate.py --quick --repeats 3 --threads 1 (batch 1 and 16 with a 64-token
             prompt and 32 new tokens, and a 512-token prompt with 16 new; int8 weights, --dtype
             auto: the script's defaults)
-  dpo       bench_dpo.py --steps 10 --repeats 1 --threads 1 (its default 4-layer model)
+  dpo       bench_dpo.py --steps 40 --repeats 1 --threads 1 (its default 4-layer model)
   llamacpp  bench_llamacpp.py --new 64 --reps 1 --threads 1 --batches 1 --only
             'lmforge fp32,lmforge int8' (the lmforge rows and the transformers reference it always
             runs; llama.cpp rows only where llama-cpp-python is installed; SmolLM2 GGUF)
@@ -104,7 +104,7 @@ BENCHES: dict[str, tuple[Callable[[Path], list[str]], Callable[[str], dict[str, 
         _generate,
     ),
     "dpo": (
-        lambda _: ["benchmarks/bench_dpo.py", "--steps", "10", "--repeats", "1", "--threads", "1"],
+        lambda _: ["benchmarks/bench_dpo.py", "--steps", "40", "--repeats", "1", "--threads", "1"],
         _dpo,
     ),
     "llamacpp": (
