@@ -217,6 +217,12 @@ def smollm2(args) -> None:
                       f"{med['generate']:.1f}", f"{per_token:.1f}", f"{train:.1f}",
                       f"{med['length']:.0f}"])  # fmt: skip
     ratio = medians["lmforge"] / medians["TRL"]
+    per_repeat = [  # each repeat's median step, lmforge's over TRL's: the spread under the load
+        statistics.median(s["wall"] for s in runs["lmforge"][i * args.steps : (i + 1) * args.steps])
+        / statistics.median(s["wall"] for s in runs["TRL"][i * args.steps : (i + 1) * args.steps])
+        for i in range(args.repeats)
+    ]
+    print("per repeat: " + ", ".join(f"{r:.2f}" for r in per_repeat))
     for row in table:
         row.append(f"{medians[row[0]] / medians['TRL']:.2f}")
         print(row)
@@ -235,7 +241,8 @@ def smollm2(args) -> None:
                  "(lmforge's KV-cache engine; TRL: transformers' generate); training = step - "
                  "rollout (loss, backward, optimizer). Medians over the timed steps of "
                  f"{args.repeats} alternating runs per side ({args.warmup} warm-up step each), "
-                 f"{args.threads} thread(s), TRL 1.16. Host load average "
+                 f"{args.threads} thread(s), TRL 1.16. Per repeat, lmforge's median step over "
+                 f"TRL's: {', '.join(f'{r:.2f}' for r in per_repeat)}. Host load average "
                  f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
            command=f"python benchmarks/bench_grpo.py --model smollm2 --steps {args.steps} "
                    f"--warmup {args.warmup} --repeats {args.repeats} --new-tokens "

@@ -1,12 +1,12 @@
 """`Linear`: nn.Linear whose fp32 products on a CPU run on oneDNN's GEMM instead of torch's BLAS.
 
-torch's CPU `F.linear` / `mm` in fp32 calls the BLAS it was built with (MKL on x86-64 wheels),
-and MKL takes its generic path on CPUs it does not recognise as Intel's: on an AMD EPYC (Zen 5)
-core it ran at a third to a half of what oneDNN (the other CPU GEMM torch ships, the one its
-bf16 products already use) reaches on the same fp32 operands, at every shape a transformer has:
-the few rows of a decode step, the thousands of a training batch, and both products of the
-backward pass (figures: docs/benchmarks.md, `linear_kernels`). The arithmetic is the same IEEE
-fp32 multiply-add; only the order of the sums differs, as between any two BLAS builds.
+torch's CPU `F.linear` / `mm` in fp32 calls the BLAS it was built with (MKL on x86-64 wheels).
+On an AMD EPYC (Zen 5) core, oneDNN (the other CPU GEMM torch ships, the one its bf16 products
+already use) multiplied the same fp32 operands about 1.9x as fast for a training batch's
+thousands of rows (forward and both backward products) and for the LM head at a decode step's 8
+rows, 1.1-1.2x for the smaller layers at 8 rows (figures: docs/benchmarks.md, `linear_kernels`).
+The arithmetic is the same IEEE fp32 multiply-add; only the order of the sums differs, as
+between any two BLAS builds.
 
 So a `Linear` on the CPU with fp32 operands calls `torch.ops.mkldnn._linear_pointwise` (the op
 torch's own compiler emits for oneDNN linears) forward and, through `OneDNNLinearFn`, for the
