@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from corpus_config import corpus_config
 
 from lmforge.cli.main import main
 from lmforge.errors import CheckpointError, ConfigError, DataError
@@ -41,16 +42,13 @@ TEXT = "\n\n".join(
 
 
 def config(tmp_path, **kw) -> EncoderTrainConfig:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = tmp_path / "corpus.txt"
-    data.write_text(TEXT)
     base = dict(
-        out_dir=str(tmp_path / "bert"), data=str(data), tokenizer="word", vocab_size=200,
+        out_dir=str(tmp_path / "bert"), tokenizer="word", vocab_size=200,
         block_size=24, batch_size=16, max_iters=8, eval_interval=4, eval_iters=2, log_interval=1,
         warmup_iters=2, lr=2e-3, progress=False, threads=1, seed=5,
         model=dict(d_model=32, n_layer=1, n_head=2, d_ff=64, dropout=0.0, attn_dropout=0.0),
     )  # fmt: skip
-    return EncoderTrainConfig(**(base | kw))
+    return corpus_config(EncoderTrainConfig, tmp_path, TEXT, base, **kw)
 
 
 def quiet(*_):

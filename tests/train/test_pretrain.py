@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpus_config import corpus_config
 
 from lmforge.errors import CheckpointError, ConfigError, NonFiniteLoss
 from lmforge.train.config import TrainConfig, build_config, parse_overrides
@@ -17,17 +18,13 @@ TEXT = (
 
 
 def config(tmp_path, **kw) -> TrainConfig:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = tmp_path / "corpus.txt"
-    data.write_text(TEXT)
     base = dict(
-        out_dir=str(tmp_path / "run"), data=str(data), tokenizer="char", batch_size=4,
+        out_dir=str(tmp_path / "run"), tokenizer="char", batch_size=4,
         block_size=16, max_iters=12, eval_interval=4, eval_iters=2, log_interval=1,
         warmup_iters=2, progress=False, samples=0, seed=3,
         model=dict(n_layer=1, n_head=2, d_model=16, max_seq_len=16),
     )  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
+    return corpus_config(TrainConfig, tmp_path, TEXT, base, **kw)
 
 
 def train_losses(out_dir) -> list[float]:
