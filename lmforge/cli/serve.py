@@ -29,8 +29,8 @@ with Retry-After; prompts longer than the context are refused before tokenizing.
 def register(sub) -> None:
     import argparse
 
+    from lmforge import serve  # the limits' defaults only: the web stack loads in run()
     from lmforge.cli.generate import add_compile_args, add_engine_args
-    from lmforge.serve import guards
 
     p = sub.add_parser(
         "serve", help="OpenAI-compatible API server with a web chat page",
@@ -53,15 +53,15 @@ def register(sub) -> None:
         help="largest max_tokens a request may ask for (default: the context)",
     )  # fmt: skip
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
-    limits = (  # flag, type, default, help: the request guards of lmforge.serve.guards
-        ("--max-queue", _number(int, positive=False), guards.DEFAULT_MAX_QUEUE,
+    limits = (  # flag, type, default, help: the request guards (lmforge/serve/guards.py)
+        ("--max-queue", _number(int, positive=False), serve.DEFAULT_MAX_QUEUE,
          "samples that may wait for a batch slot beyond --max-batch; more get 429"),
-        ("--max-body-bytes", _number(int), guards.DEFAULT_MAX_BODY_BYTES,
+        ("--max-body-bytes", _number(int), serve.DEFAULT_MAX_BODY_BYTES,
          "largest request body; larger ones get 413 (2 MiB)"),
-        ("--read-timeout", _number(float), guards.DEFAULT_READ_TIMEOUT,
+        ("--read-timeout", _number(float), serve.DEFAULT_READ_TIMEOUT,
          "seconds a client has to send a request's headers, and then its body; slower ones "
          "are dropped"),
-        ("--keep-alive-timeout", _number(float), guards.DEFAULT_KEEP_ALIVE_TIMEOUT,
+        ("--keep-alive-timeout", _number(float), serve.DEFAULT_KEEP_ALIVE_TIMEOUT,
          "seconds an idle keep-alive connection stays open"),
     )  # fmt: skip
     for flag, kind, default, text in limits:

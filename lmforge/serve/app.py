@@ -40,11 +40,9 @@ from lmforge.chat_completion import ChatPlan, ChatRequestError, plan_chat
 from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.async_engine import AsyncEngine
 from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.serve import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_READ_TIMEOUT
 from lmforge.serve.embeddings import HiddenStateEmbedder, SentenceEmbedder, embed
 from lmforge.serve.guards import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_QUEUE,
-    DEFAULT_READ_TIMEOUT,
     Admission,
     APIError,
     RequestGuard,

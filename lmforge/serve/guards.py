@@ -30,12 +30,10 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from lmforge.serve import DEFAULT_KEEP_ALIVE_TIMEOUT, DEFAULT_READ_TIMEOUT
+
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 OPEN_PATHS = ("/health",)  # besides the chat page: "/" and its /static files
-DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
-DEFAULT_MAX_QUEUE = 64
-DEFAULT_READ_TIMEOUT = 30.0
-DEFAULT_KEEP_ALIVE_TIMEOUT = 5
 
 
 class APIError(Exception):

@@ -1,6 +1,8 @@
 """`lmforge serve` options: where the API key comes from, and what --help documents."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +55,25 @@ def test_help_documents_the_limits_and_the_key(capsys):
                   "Retry-After", "--keep-alive-timeout", "/docs, /redoc and /openapi.json",
                   "DNS-rebinding", "127.0.0.1 by default"]:  # fmt: skip
         assert words in text, words
+
+
+def test_every_parser_builds_without_the_web_stack():
+    """Registering `serve` must not import the server: a machine without starlette (a GPU
+    image with only the training stack) still runs `lmforge dpo` and shows `serve --help`."""
+    code = (
+        "import sys\n"
+        "for name in ('starlette', 'fastapi', 'uvicorn', 'prometheus_client'):\n"
+        "    sys.modules[name] = None  # import raises ImportError\n"
+        "from lmforge.cli.main import build_parser\n"
+        "parser = build_parser()\n"
+        "print(parser.parse_args(['dpo', '--help']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "usage: lmforge dpo" in done.stdout
+    assert not any(m in done.stderr for m in ("ModuleNotFoundError", "ImportError"))
+    served = subprocess.run([sys.executable, "-c", code.replace("'dpo'", "'serve'")],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    assert "--max-body-bytes" in served.stdout and "2097152" in served.stdout
