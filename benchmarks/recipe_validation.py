@@ -10,6 +10,10 @@ benchmarks/recipes.py alone.
 For the start model and each of --models:
   - greedy exact match on the first --n problems of `--task`'s validation split (as recipes.py
     scores test: up to 8 new tokens, the task's verifier);
+  - with --near-miss N, implicit-reward accuracy (relative to the start model) and likelihood
+    accuracy on the task's own pairs for the first N validation problems: the right answer
+    against the task's canned near miss (off by one, two or ten, or two digits swapped), the
+    pairs recipes.py scores on test as implicit_reward_accuracy;
   - with --pairs, implicit-reward accuracy (relative to the start model) and likelihood accuracy
     on on-policy validation pairs: the start model's own right and wrong answers to the first
     --pairs validation prompts, built as a `pairs_from: policy` run builds its training pairs
@@ -30,6 +34,21 @@ import recipes
 from protocol import paired_bootstrap
 
 
+def pair_accuracies(got: dict[str, dict], start: str, prefix: str) -> dict[str, dict]:
+    """Per-pair implicit-reward wins (relative to `start`) and likelihood wins of each model's
+    scored pairs (got: {model: a preference stage's result})."""
+    c0, r0 = got[start]["chosen"], got[start]["rejected"]
+    return {
+        f"{prefix}implicit_reward_accuracy": {
+            m: recipes.wins([(a - a0) - (b - b0) for a, a0, b, b0 in
+                             zip(g["chosen"], c0, g["rejected"], r0)])
+            for m, g in got.items()},
+        f"{prefix}likelihood_accuracy": {
+            m: recipes.wins([a - b for a, b in zip(g["chosen"], g["rejected"])])
+            for m, g in got.items()},
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True, help="the recipe run compared (the record's name)")
@@ -38,6 +57,7 @@ def main() -> None:
     ap.add_argument("--task", default="task:arith:2:validation:chat")
     ap.add_argument("--n", type=int, default=512, help="validation problems for exact match")
     ap.add_argument("--pairs", type=int, default=0, help="validation prompts for on-policy pairs")
+    ap.add_argument("--near-miss", type=int, default=0, help="problems for the task's own pairs")
     ap.add_argument("--out", required=True)
     ap.add_argument("--reuse", action="store_true")
     args = ap.parse_args()
@@ -58,12 +78,21 @@ def main() -> None:
         stages[f"em-{label[m]}"] = r = recipes.stage(f"val-em-{label[m]}", job, out)
         scores["exact_match"][m] = r["scores"]
     pairs_note = ""
+    if args.near_miss:
+        got = {}
+        for m in models:
+            job = {**base, "kind": "preference", "test": args.task, "n": args.near_miss,
+                   "max_len": 64, "model": m}  # fmt: skip
+            got[m] = recipes.stage(f"val-nm-{label[m]}", job, out)
+        scores.update(pair_accuracies(got, args.start, ""))
+        pairs_note += (f" Near-miss pairs: the task's own, right answer against its canned near "
+                       f"miss, first {args.near_miss} validation problems.")  # fmt: skip
     if args.pairs:
         settings = {**recipes.ARITH_POLICY_PAIRS["cpu"], "n": args.pairs}
         job = {**base, **settings, "kind": "policy-pairs", "test": args.task, "max_len": 64,
                "model": args.start}  # fmt: skip
         sampled = recipes.stage("val-pairs", job, out)
-        pairs_note = (f" On-policy pairs: {len(sampled['pairs'])} from the start model's answers "
+        pairs_note += (f" On-policy pairs: {len(sampled['pairs'])} from the start model's answers "
                       f"to the first {args.pairs} validation prompts ({sampled['unpaired']} gave "
                       f"none), {settings['samples']} samples each at T = "
                       f"{settings['temperature']}, one pair per prompt.")  # fmt: skip
@@ -72,15 +101,7 @@ def main() -> None:
             job = {**base, "kind": "policy-preference", "pairs": str(out / "val-pairs.result.json"),
                    "model": m}  # fmt: skip
             got[m] = recipes.stage(f"val-pp-{label[m]}", job, out)
-        c0, r0 = got[args.start]["chosen"], got[args.start]["rejected"]
-        scores["onpolicy_implicit_reward_accuracy"] = {
-            m: recipes.wins([(a - a0) - (b - b0) for a, a0, b, b0 in
-                             zip(g["chosen"], c0, g["rejected"], r0)])
-            for m, g in got.items()}  # fmt: skip
-        scores["onpolicy_likelihood_accuracy"] = {
-            m: recipes.wins([a - b for a, b in zip(g["chosen"], g["rejected"])])
-            for m, g in got.items()
-        }
+        scores.update(pair_accuracies(got, args.start, "onpolicy_"))
     rows = []
     for metric, per_model in scores.items():
         for m, s in per_model.items():

@@ -181,11 +181,14 @@ def chosen_sft_baseline(cfg: dict, variant: str, out: Path) -> dict:
     from lmforge.errors import DataError
 
     files = {}
-    for key, n, role in (("data", cfg["n_train"], "train"), ("eval_data", cfg["n_eval"], "eval")):
+    seed = cfg.get("seed", 0)  # a task source draws its problems from the seed, as the trainer
+    # does (AlignTrainer.load_examples: seed for train, seed + 1 for validation): the same pairs
+    for key, n, role, s in (("data", cfg["n_train"], "train", seed),
+                            ("eval_data", cfg["n_eval"], "eval", seed + 1)):  # fmt: skip
         source = cfg[key]
         if cfg.get("pairs_from") == "policy":
             source = str(ROOT / cfg["out_dir"] / f"policy_pairs_{role}.jsonl")
-        records = [r for _, r in D.records_from(source, "preference", n=n)]
+        records = [r for _, r in D.records_from(source, "preference", n=n, seed=s)]
         rows = []
         for record in records:
             try:
