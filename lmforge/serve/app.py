@@ -1,10 +1,10 @@
-"""The OpenAI-compatible HTTP server: FastAPI routes over one shared AsyncEngine.
+"""The OpenAI-compatible HTTP server: FastAPI routes over one Engine that a thread steps.
 
     app = create_app(Engine.from_lm(lm, max_batch=16), model_name="tiny", api_key="secret")
     uvicorn.Server(guards.uvicorn_config(app, "127.0.0.1", 8000)).run()  # as `lmforge serve`
 
-Every request joins the engine's running batch (see infer/async_engine.py), so concurrent clients
-are served together, not one at a time. Streaming uses server-sent events exactly as OpenAI does
+Every request joins the engine's running batch (`AsyncEngine` below), so concurrent clients are
+served together, not one at a time. Streaming uses server-sent events exactly as OpenAI does
 (`data: {chunk}` lines, then `data: [DONE]`); a client that disconnects cancels its handler, which
 aborts the request and frees its batch slot. Every failure is an OpenAI-style error body
 {"error": {"message", "type", "param", "code"}} with a 4xx status for bad input. Host, API key,
@@ -23,12 +23,15 @@ compiler.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -38,18 +41,12 @@ from starlette.exceptions import HTTPException
 
 from lmforge.chat_completion import ChatPlan, ChatRequestError, plan_chat
 from lmforge.errors import ConfigError, LMForgeError
-from lmforge.infer.async_engine import AsyncEngine
-from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.infer.engine import Engine, GenerationParams, StepOutput
 from lmforge.serve import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_READ_TIMEOUT
 from lmforge.serve.embeddings import HiddenStateEmbedder, SentenceEmbedder, embed
-from lmforge.serve.guards import (
-    Admission,
-    APIError,
-    RequestGuard,
-    error_response,
-)
+from lmforge.serve.guards import Admission, APIError, RequestGuard, error_response
 from lmforge.serve.metrics import ServerMetrics
-from lmforge.serve.responses import ChatFormat, CompletionFormat, collect, sse_stream
+from lmforge.serve.responses import ChatFormat, CompletionFormat, EngineFailure, collect, sse_stream
 from lmforge.serve.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -63,6 +60,124 @@ __all__ = ["APIError", "create_app", "error_response"]
 
 STATIC = Path(__file__).parent / "static"
 WARMING_HEADERS = {"Retry-After": "10"}  # seconds: one compile of a range takes a minute or more
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    """Shares one Engine's batch between many concurrent asyncio callers.
+
+    The model runs in a plain thread (PyTorch releases the GIL inside its kernels), so the event
+    loop keeps accepting connections and streaming bytes while a step computes. Each step's outputs
+    are handed to the loop in one `call_soon_threadsafe` and appended to the request's inbox. A
+    consumer takes everything in its inbox at once: when the loop falls behind the engine (many
+    clients, each token costing JSON + HTTP work), one chunk carries several tokens instead of the
+    loop paying that per-token cost again and again, so per-client overhead shrinks exactly when the
+    batch is large, and a lone client still gets every token as soon as it exists. A request whose
+    consumer stops early (client disconnect -> task cancelled) is aborted, which frees its batch
+    slot at the next step. An exception inside a step fails only the requests running at that moment
+    (`EngineFailure`); the thread resets the engine and keeps serving.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._inboxes: dict[str, _Inbox] = {}
+        self._wake = threading.Event()
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count()
+
+    def start(self) -> None:
+        """Start the stepping thread (call from inside the running event loop)."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="lmforge-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    @torch.inference_mode()  # once for the thread, not per step
+    def _run(self) -> None:
+        engine = self.engine
+        while self._running:
+            if not engine.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs: list = engine.step()
+            except Exception as err:  # keep serving: fail the running requests, start clean
+                log.exception("engine step failed")
+                failed = {s.request_id for s in [*engine.rows, *engine.waiting]}
+                engine.reset()
+                outputs = [(rid, EngineFailure(f"generation failed: {err}")) for rid in failed]
+            if outputs:
+                self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _dispatch(self, outputs: list) -> None:
+        for out in outputs:
+            rid = out[0] if isinstance(out, tuple) else out.request_id
+            inbox = self._inboxes.get(rid)
+            if inbox is not None:
+                inbox.put(out[1] if isinstance(out, tuple) else out)
+
+    async def generate(
+        self, prompt: str | Sequence[int], params: GenerationParams, n: int = 1
+    ) -> AsyncIterator[list[StepOutput]]:
+        """Outputs of all n samples of one request until every one finished, in lists: each
+        list is everything produced since the consumer last asked (in order, samples mixed).
+
+        Raises ConfigError (bad prompt/params) before anything is queued.
+        """
+        rid = f"req-{next(self._ids)}"
+        inbox = _Inbox()
+        self._inboxes[rid] = inbox
+        try:
+            self.engine.add_request(prompt, params, n, request_id=rid)
+        except BaseException:
+            del self._inboxes[rid]
+            raise
+        self._wake.set()
+        remaining = n
+        try:
+            while remaining:
+                outs = await inbox.take()
+                failure = next((o for o in outs if isinstance(o, Exception)), None)
+                if failure is not None:
+                    raise failure
+                remaining -= sum(out.finished for out in outs)
+                yield outs
+        finally:
+            self._inboxes.pop(rid, None)
+            if remaining:
+                self.engine.abort(rid)
+                self._wake.set()
+
+
+class _Inbox:
+    """A request's pending outputs; `take` waits for at least one, then returns them all."""
+
+    def __init__(self):
+        self.items: list = []
+        self.ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    async def take(self) -> list:
+        if not self.items:
+            await self.ready.wait()
+        self.ready.clear()
+        items, self.items = self.items, []
+        return items
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -14,8 +14,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from lmforge.chat_completion import ChatPlan, ToolCallStream, assistant_message
-from lmforge.infer.async_engine import EngineFailure
 from lmforge.infer.engine import StepOutput
+
+
+class EngineFailure(RuntimeError):
+    """A step raised; the requests that were running get this instead of more tokens."""
 
 
 def new_id(prefix: str) -> str:
