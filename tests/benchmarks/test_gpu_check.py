@@ -76,3 +76,38 @@ def test_smoke_runs_every_gpu_recipe_and_the_smol_gpu_speedrun(tmp_path):
     assert sorted(gpu_check.RECIPES) == sorted(
         p.stem for p in (ROOT / "configs" / "recipes").glob("*-gpu.yaml")
     )  # every -gpu recipe is checked
+
+
+def test_weights_travel_in_halves_and_are_joined_only_when_whole(tmp_path, monkeypatch):
+    """One device call carries at most 64 MiB: the GGUF goes in halves over two calls, joined
+    on the machine once both came and only if the SHA-256 matches."""
+    blob = os.urandom(1001)
+    (tmp_path / "model.gguf").write_bytes(blob)
+    monkeypatch.setattr(gpu_check, "CARRY", tmp_path / "carry")
+    monkeypatch.setattr(gpu_check, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.setattr(gpu_check, "RECEIVED", tmp_path / "received")
+    (tmp_path / "carry").mkdir()
+    gpu_check.split_weights(tmp_path / "model.gguf")
+    halves = sorted((tmp_path / "weights").iterdir())
+    assert [p.name for p in halves] == ["0", "1"] and sum(p.stat().st_size for p in halves) == 1001
+    kept = {p.name: p.read_bytes() for p in halves}
+    (tmp_path / "weights" / "1").unlink()  # the first call carries half 0 only
+    assert gpu_check.receive_weights() is None
+    (tmp_path / "weights" / "0").unlink()  # the second, half 1 only
+    (tmp_path / "weights" / "1").write_bytes(kept["1"])
+    joined = gpu_check.receive_weights()
+    assert joined is not None and joined.read_bytes() == blob
+    # a corrupted half is refused
+    joined.unlink()
+    (tmp_path / "received" / "0").write_bytes(b"x" + kept["0"][1:])
+    assert gpu_check.receive_weights() is None
+
+
+def test_whole_recipes_keep_their_yaml_sizes():
+    start = "/tmp/SmolLM2.gguf"
+    shrunk = gpu_check.recipe_args("dpo-arith-gpu", "gpu", start, Path("/s"), Path("/d"))
+    whole = gpu_check.recipe_args("dpo-arith-gpu", "gpu", start, Path("/s"), Path("/d"), True)
+    assert shrunk[shrunk.index("--max_iters") + 1] == "4" and "--max_iters" not in whole
+    assert "--pairs_from" not in whole  # real weights: the policy's own pairs, as the YAML says
+    random = gpu_check.recipe_args("dpo-arith-gpu", "gpu", "/tmp/start", Path("/s"), Path("/d"))
+    assert random[random.index("--pairs_from") + 1] == "data"
