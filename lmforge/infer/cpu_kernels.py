@@ -93,7 +93,8 @@ class NativeKernels:
     - int8_matmul(x, packed, scale, n): x [M, K] fp32 times int8 weights [n, K] -> [M, n] fp32;
       `packed` from `pack_int8`, fp32 `scale` [packed rows] per output row (x is quantised to
       int8 per block of 32 inside).
-    - int4_matmul(x, packed, n) / q8_matmul(x, packed, n): the same for int4 (`pack_int4`) and
+    - int4_matmul(x, packed, n) / q8_matmul(x, packed, n): the same for int4 (`pack_int4`:
+      asymmetric, or symmetric without offsets, told apart by the packed block's bytes) and
       llama.cpp's Q8_0 weights (`pack_q8`).
     - half_matmul(x, w): x [M, K] times bf16 / fp16 weights [N, K] as the model holds them ->
       [M, N] in x's dtype (products and sums in fp32), for the few rows of a decode step.
@@ -128,7 +129,8 @@ class NativeKernels:
         return NativeKernels, (self.namespace,)
 
     def dequantize_int4(self, packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-        """The int4 weights [n, K] (w = q * scale + offset) in `dtype` (fp32 or bf16)."""
+        """The int4 weights [n, K] (w = q * scale + offset, or (q - 8) * scale when symmetric)
+        in `dtype` (fp32 or bf16)."""
         return self.ops.dequantize_int4(packed, n, dtype == torch.bfloat16)
 
 
@@ -195,33 +197,51 @@ def unpack_q8(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]
     return unpack_int8(packed, n), _per_row(packed, LANES * BLOCK, n)
 
 
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+INT4_CODE_BYTES = LANES * BLOCK // 2  # a block's codes: 16 rows x 32 columns, two a byte
+INT4_BYTES = INT4_CODE_BYTES + 4 * LANES  # then 16 fp16 scales and 16 fp16 offsets
+INT4_SYM_BYTES = INT4_CODE_BYTES + 2 * LANES  # symmetric: the scales only (offset -8 * scale)
+
+
+def pack_int4(
+    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None
+) -> torch.Tensor:
     """Codes q [N, K] (0..15) with fp16 `scale` and `offset` [N, K / 32] (w = q * scale +
     offset) -> the int4 kernel's layout: uint8 [ceil(N / 16), K / 32, 320]: per block the codes
     (byte j of a row's group: column j in the low nibble, column j + 16 in the high one), then
-    the 16 rows' scales, then their offsets."""
+    the 16 rows' scales, then their offsets. offset None: the symmetric layout, w = (q - 8) *
+    scale (llama.cpp's Q4_0), [.., 288] bytes: the codes and the scales."""
     n, k = q.shape
     g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
     return pack_int4_nibbles(g[:, :, 0] | g[:, :, 1] << 4, scale, offset)
 
 
 def pack_int4_nibbles(
-    nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+    nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`pack_int4` from codes already in bytes: nibbles uint8 [N, K / 32, 16] (byte j: column j
     low, j + 16 high, as llama.cpp's Q4_0 / Q4_1 blocks store them)."""
     codes = _interleave(nibbles, 0)
     blocks = codes.shape[0]
-    parts = [codes, _per_block(scale, blocks), _per_block(offset, blocks)]
+    parts = [codes, _per_block(scale, blocks)]
+    if offset is not None:
+        parts.append(_per_block(offset, blocks))
     return torch.cat(parts, dim=-1).contiguous()
 
 
-def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inverse of `pack_int4`: codes uint8 [n, K] and fp16 scale and offset [n, K / 32]."""
+def int4_symmetric(packed: torch.Tensor) -> bool:
+    """Whether int4 weights packed by `pack_int4` are in the symmetric layout (no offsets)."""
+    return packed.shape[-1] == INT4_SYM_BYTES
+
+
+def unpack_int4(
+    packed: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The inverse of `pack_int4`: codes uint8 [n, K], fp16 scale and offset [n, K / 32]
+    (offset None for the symmetric layout)."""
     g = _deinterleave(packed, BLOCK // 2, n)
     codes = torch.cat([g & 15, g >> 4], dim=-1).reshape(n, -1)
-    code_bytes = LANES * BLOCK // 2
-    return codes, _per_row(packed, code_bytes, n), _per_row(packed, code_bytes + 2 * LANES, n)
+    offset = None if int4_symmetric(packed) else _per_row(packed, INT4_CODE_BYTES + 2 * LANES, n)
+    return codes, _per_row(packed, INT4_CODE_BYTES, n), offset
 
 
 def build_key(cxx: str, flags: list[str]) -> str:

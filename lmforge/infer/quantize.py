@@ -20,9 +20,11 @@ depends on the CPU (cpu_features.py):
   CPU has bf16 units), dequantised in chunks of rows rather than kept as a second copy.
 
 int4 is group-wise asymmetric (w = (q - 8) * scale + zero per group, torch's int4pack
-convention), so llama.cpp's Q4_0 and Q4_1 blocks map onto it code for code
-(`Int4Linear.from_q4_blocks`); Q8_0's scale is per block of 32, so it has its own layer
-(`BlockInt8Linear`), which a GGUF loaded at its own precision uses.
+convention), so llama.cpp's Q4_1 blocks map onto it code for code (`Int4Linear.from_q4_blocks`),
+and Q4_0's (zero = 0) onto the same kernel's symmetric layout, which stores no offsets (4.5 bits
+a weight, as the file); Q8_0's scale is per block of 32, so it has its own layer
+(`BlockInt8Linear`), which a GGUF loaded at its own precision uses. `--quantize int4` quantises
+asymmetrically.
 
     model = inference_model(model, dtype="auto", quantize="int8")  # what the engine runs
 """

@@ -22,7 +22,9 @@ from torch import nn
 from lmforge.errors import ConfigError
 from lmforge.infer.cpu_kernels import (
     BLOCK,
+    INT4_CODE_BYTES,
     LANES,
+    int4_symmetric,
     native_kernels,
     pack_int4,
     pack_int4_nibbles,
@@ -336,7 +338,8 @@ class BlockInt8Linear(QuantizedLinear):
 class Int4Linear(QuantizedLinear):
     """int4 weights, group-wise scale and zero (w = (q - 8) * scale + zero). On a CPU where the
     native kernel is built and groups are 32, in its layout (cpu_kernels.pack_int4, fp16 scales
-    and offsets); otherwise through torch's int4pack kernels. On CPU that kernel's packed layout
+    and offsets; llama.cpp's Q4_0 blocks in its symmetric layout, scales only: `symmetric`);
+    otherwise through torch's int4pack kernels. On CPU that kernel's packed layout
     is blocks of 32 output rows with rows r and r + 16 sharing a byte (checked once per process,
     `_cpu_layout_known`); the GEMM path unpacks from it, or, on a torch build where the check
     fails, from a plain copy of the codes.
@@ -379,14 +382,15 @@ class Int4Linear(QuantizedLinear):
         cls,
         nibbles: torch.Tensor,
         d: torch.Tensor,
-        m: torch.Tensor,
+        m: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         name: str = "",
     ) -> Int4Linear:
-        """From llama.cpp Q4_0 / Q4_1 blocks as stored: nibbles uint8 [N, K / 32, 16] (byte j:
-        element j low, j + 16 high), fp16 d and m [N, K / 32], w = q d + m. The native kernel's
-        format is the same bytes and fp16 values interleaved, so they are packed as they are."""
+        """From llama.cpp Q4_1 blocks as stored: nibbles uint8 [N, K / 32, 16] (byte j: element
+        j low, j + 16 high), fp16 d and m [N, K / 32], w = q d + m; or from Q4_0 blocks (m None:
+        w = (q - 8) d). The native kernel's layouts are the same bytes and fp16 values
+        interleaved, so they are packed as they are (Q4_0 into the symmetric one)."""
         n, groups, _ = nibbles.shape
         if nibbles.device.type == "cpu" and (native := native_kernels()) is not None:
             self = cls.__new__(cls)
@@ -396,7 +400,17 @@ class Int4Linear(QuantizedLinear):
             return self
         codes = torch.stack([nibbles & 15, nibbles >> 4], dim=2).view(n, groups * BLOCK)
         scale = d.float()
-        return cls.from_codes(codes, scale, m.float() + 8 * scale, bias, dtype, name)
+        zero = torch.zeros_like(scale) if m is None else m.float() + 8 * scale
+        return cls.from_codes(codes, scale, zero, bias, dtype, name)
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether the weights are held in the native kernel's symmetric layout (no offsets)."""
+        packed = self._buffers.get("native_packed")
+        return packed is not None and int4_symmetric(packed)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (" symmetric" if self.symmetric else "")
 
     def _keep_native(self, native, packed: torch.Tensor) -> None:
         """Hold the weights only in the native kernel's layout (`packed`, from pack_int4)."""
@@ -477,18 +491,20 @@ class Int4Linear(QuantizedLinear):
             return super().rows(ids)
         t, groups = ids.numel(), packed.shape[1]
         blocks, lane, every = packed[ids // LANES], ids % LANES, torch.arange(t)
-        code_bytes = LANES * BLOCK // 2
-        c = blocks[..., :code_bytes].view(t, groups, 4, LANES, 4)[every, :, :, lane]
+        c = blocks[..., :INT4_CODE_BYTES].view(t, groups, 4, LANES, 4)[every, :, :, lane]
         c = c.reshape(t, groups, BLOCK // 2)
         q = torch.cat([c & 15, c >> 4], dim=-1).float()  # columns j and j + 16 of each group
-        scales = blocks[..., code_bytes:].contiguous().view(torch.half)  # [t, G, 32]: d then m
-        d, m = scales[every, :, lane].float(), scales[every, :, LANES + lane].float()
-        w = q * d[..., None] + m[..., None]
+        scales = blocks[..., INT4_CODE_BYTES:].contiguous().view(torch.half)  # [t, G, 16 or 32]
+        d = scales[every, :, lane].float()  # then m, unless symmetric
+        if int4_symmetric(packed):
+            w = (q - 8) * d[..., None]
+        else:
+            w = q * d[..., None] + scales[every, :, LANES + lane].float()[..., None]
         return w.view(t, self.in_features).to(self.dtype)
 
     def _native_rows(self, start: int, stop: int):
         """(codes, scale d, offset m) of output rows start:stop (start a multiple of 16) from the
-        native kernel's layout."""
+        native kernel's layout (m None for the symmetric one)."""
         blocks = self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
         return unpack_int4(blocks, stop - start)
 
@@ -501,7 +517,10 @@ class Int4Linear(QuantizedLinear):
             if packed.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
                 codes, d, m = self._native_rows(start, stop)
                 q = codes.to(dtype).view(stop - start, -1, BLOCK)
-                w = q * d.to(dtype)[..., None] + m.to(dtype)[..., None]
+                if m is None:  # symmetric: w = (q - 8) d
+                    w = (q - 8) * d.to(dtype)[..., None]
+                else:
+                    w = q * d.to(dtype)[..., None] + m.to(dtype)[..., None]
                 return w.view(stop - start, self.in_features)
             made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
             blocks = packed[start // LANES : -(-stop // LANES)]

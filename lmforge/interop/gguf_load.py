@@ -8,12 +8,13 @@ copy of the whole model. Three policies:
 
 - `as_stored` (LM.load's default): the file's own precision. Q8_0 blocks become BlockInt8Linear
   and Q4_0 / Q4_1 blocks Int4Linear code for code (both are the native kernels' formats, only
-  interleaved), F16 / BF16 stay 16-bit (HalfLinear), F32 stays F32; the token table too
-  (QuantizedEmbedding, whose layer is also the head of a tied model). Formats the kernels have no
-  layout for (the K-quants, Q5_x, the IQ types) are dequantised one tensor at a time and
-  quantised again: to int4 (groups of 32, scale and offset: Q4_1's layout) when they store at
-  most 5 bits per weight, else to Q8_0; one warning states which tensors and the largest
-  relative weight error that caused. Activations are float32.
+  interleaved; Q4_0 in the symmetric int4 layout, without offsets), F16 / BF16 stay 16-bit
+  (HalfLinear), F32 stays F32; the token table too (QuantizedEmbedding, whose layer is also the
+  head of a tied model). Formats the kernels have no layout for (the K-quants, Q5_x, the IQ
+  types) are dequantised one tensor at a time and quantised again: to int4 (groups of 32, scale
+  and offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0; one
+  warning states which tensors and the largest relative weight error that caused. Activations
+  are float32.
 - `dense`: every tensor dequantised to one dtype (training, export, `--dtype` given).
 - `quantized`: lmforge's int8 / int4 (`--quantize`), as lmforge.infer.quantize makes them, from
   each layer's dequantised weights; Q4_0 / Q4_1 tensors keep their codes under int4.
@@ -111,6 +112,19 @@ class _Loader:
         self.release(names)
         return joined
 
+    def q4_blocks(self, rule) -> list[torch.Tensor | None]:
+        """(nibbles, d, m) of a rule whose parts are Q4_0 / Q4_1 (`read_q4_blocks`): m None when
+        every part is Q4_0 (the symmetric layout); in a rule mixing both, its Q4_0 parts get
+        their implied offset m = -8 d (exact in fp16: a power-of-two multiple)."""
+        if self.kinds(rule) == {"Q4_0"}:
+            return [*self.components(rule, lambda f, g: read_q4_blocks(f, g)[:2]), None]
+
+        def read(f: GGUFFile, g: str) -> tuple[torch.Tensor, ...]:
+            q, d, m = read_q4_blocks(f, g)
+            return q, d, -8 * d if m is None else m
+
+        return self.components(rule, read)
+
     def release(self, names: list[str]) -> None:
         for g in names:
             self.f.release(g)
@@ -129,7 +143,7 @@ class _Loader:
             q, d = self.components(rule, read_q8_blocks)
             return BlockInt8Linear.from_blocks(q, d, bias, self.dtype)
         if kinds <= set(Q4_TYPES):
-            q, d, m = self.components(rule, read_q4_blocks)
+            q, d, m = self.q4_blocks(rule)
             return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
         if len(kinds) == 1 and (kind := next(iter(kinds))) in ("F16", "BF16"):
             return HalfLinear(self.dense(rule, PLAIN_TYPES[kind]), bias, self.dtype)
@@ -149,7 +163,7 @@ class _Loader:
         """lmforge's int8 / int4 (lmforge.infer.quantize's choices: int4 keeps the output head
         at int8), Q4_0 / Q4_1 codes kept under int4."""
         if self.quantize == "int4" and self.kinds(rule) <= set(Q4_TYPES):
-            q, d, m = self.components(rule, read_q4_blocks)
+            q, d, m = self.q4_blocks(rule)
             return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
         linear = _dense_linear(self.dense(rule, torch.float32), bias)
         if self.quantize == "int8" or name == "lm_head":

@@ -411,12 +411,14 @@ Q4_TYPES = ("Q4_0", "Q4_1")
 Q4_BLOCK = Q8_BLOCK = 32
 
 
-def read_q4_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def read_q4_blocks(
+    f: GGUFFile, name: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A Q4_0/Q4_1 tensor's blocks as they are in the file, not dequantised: (nibbles uint8
     [rows, K/32, 16], d fp16 [rows, K/32], m fp16 [rows, K/32]) with w = q d + m for the codes
     q in 0..15: byte j of a block holds element j in its low nibble and j + 16 in its high one.
     A Q4_1 block is an fp16 d, an fp16 m and the 16 bytes; a Q4_0 block an fp16 d and the 16
-    bytes, with w = (q - 8) d, i.e. m = -8 d (exact in fp16: a power-of-two multiple)."""
+    bytes, with w = (q - 8) d: m is None (symmetric; Int4Linear.from_q4_blocks keeps it so)."""
     kind = f.type_name(name)
     if kind not in Q4_TYPES:
         raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(Q4_TYPES)}")
@@ -424,7 +426,7 @@ def read_q4_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, 
     head = 2 if kind == "Q4_0" else 4
     raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
     d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
-    m = -8 * d if kind == "Q4_0" else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    m = None if kind == "Q4_0" else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
     return raw[..., head:].contiguous(), d, m
 
 

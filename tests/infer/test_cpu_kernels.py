@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -90,6 +91,62 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
     codes, d2, m2 = cpu_kernels.unpack_int4(packed, n)
     assert torch.equal(codes, q.to(torch.uint8)) and torch.equal(d2, d) and torch.equal(m2, m)
     torch.testing.assert_close(kernel.dequantize_int4(packed, n, torch.float32), w)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8])
+@pytest.mark.parametrize("shape", [(70, 96), (36, 64)])
+def test_symmetric_int4_is_the_int4_kernel_with_the_offset_minus_8_scale(kernel, rows, shape):
+    """The symmetric layout (llama.cpp's Q4_0: w = (q - 8) d, no offsets stored) against the
+    fp32 product on the same quantised activations, and bit for bit against the asymmetric
+    layout holding m = -8 d (exact in fp16), whose offset term is then zero."""
+    n, k = shape
+    g = torch.Generator().manual_seed(rows + n + 2)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    d = (torch.randn(n, k // 32, generator=g) / 20).half()  # Q4_0's d takes either sign
+    x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)
+    packed = cpu_kernels.pack_int4(q, d)
+    assert packed.shape[-1] == cpu_kernels.INT4_SYM_BYTES and cpu_kernels.int4_symmetric(packed)
+    codes, d2, m2 = cpu_kernels.unpack_int4(packed, n)
+    assert torch.equal(codes, q.to(torch.uint8)) and torch.equal(d2, d) and m2 is None
+    w = ((q.float() - 8).view(n, -1, 32) * d.float()[..., None]).view(n, k)
+    y = kernel.int4_matmul(x, packed, n)
+    torch.testing.assert_close(y, quantised_activations(x) @ w.t(), rtol=1e-4, atol=1e-4)
+    assert torch.equal(y, kernel.int4_matmul(x, cpu_kernels.pack_int4(q, d, -8 * d), n))
+    assert torch.equal(kernel.dequantize_int4(packed, n, torch.float32), w)
+    assert torch.equal(kernel.dequantize_int4(packed, n, torch.bfloat16), w.bfloat16())
+
+
+def test_gguf_q4_0_runs_in_the_symmetric_layout_on_every_variant(kernel, tmp_path):
+    """Oracle gguf-py: its quantiser writes a Q4_0 tensor and its dequantiser reads it back; the
+    blocks repacked as stored (no offsets: 4.5 bits a weight) give those weights bit for bit
+    (the kernel's dequantisation and the embedding's row lookup) and their product."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    from lmforge.interop.gguf_read import GGUFFile, read_q4_blocks
+
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    w = np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "q4_0.gguf"), "llama")
+    writer.add_tensor("w", quantize(w, q4_0), raw_dtype=q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = GGUFFile(tmp_path / "q4_0.gguf")
+    theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), q4_0), dtype=np.float32))
+    nibbles, d, m = read_q4_blocks(f, "w")
+    assert m is None
+    layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, name="w")
+    assert layer.symmetric and layer.extra_repr().endswith("int4 symmetric")
+    packed = layer._buffers["native_packed"]
+    assert packed.numel() == 48 * 96 * 9 // 16  # 4.5 bits a weight (40 rows padded to 48)
+    assert torch.equal(layer.dequantize(), theirs)
+    assert torch.equal(layer.rows(torch.tensor([0, 17, 39, 17])), theirs[[0, 17, 39, 17]])
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(layer(x), quantised_activations(x) @ theirs.t(),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    f.close()
 
 
 # rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM

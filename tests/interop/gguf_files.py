@@ -245,6 +245,8 @@ def assert_as_stored(path, ref, dense, vocab_size, tol=0.03):
     name = "blocks.0.mlp.down_proj"
     layer = lm.model.get_submodule(name)
     assert type(layer) is layer_type
+    if layer_type is Int4Linear:  # Q4_0 in the symmetric int4 layout (no offsets stored)
+        assert layer.symmetric == (kind == "Q4_0")
     weight = dense.model.get_submodule(name).weight
     if exact and layer_type is not Linear:
         assert torch.equal(layer.dequantize(dtype=torch.float32), weight)

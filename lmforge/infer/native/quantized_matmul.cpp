@@ -22,6 +22,9 @@
  * (fp16), w = q d + m with codes q in 0..15. Codes are unsigned already, so vpdpbusd and
  * vpmaddubsw take them as they are; y = sum_g d_g sx_g (dot(q_g, xq_g) - 8 sum(xq_g))
  * + sum_g (m_g + 8 d_g) sum(x_g): the codes centred, so the activations' rounding meets q - 8.
+ * Symmetric int4 (llama.cpp's Q4_0: w = (q - 8) d, 4.5 bits a weight against 5) is the same
+ * kernel with the offset implied, m = -8 d: its blocks hold no offsets, and the second sum,
+ * which is zero for it, is skipped.
  *
  * Compiled once per instruction-set variant (kernels.h); OpenMP threads split the blocks of
  * output rows.
@@ -163,7 +166,8 @@ static inline Prefetch prefetch_share(const uint8_t* next, int64_t stride, int64
   return pf;
 }
 #define INT8_BLOCK_BYTES (LANES * BLOCK)
-#define INT4_BLOCK_BYTES (LANES * BLOCK / 2 + 4 * LANES)
+#define INT4_BLOCK_BYTES (LANES * BLOCK / 2 + 4 * LANES)     /* codes, scales, offsets */
+#define INT4_SYM_BLOCK_BYTES (LANES * BLOCK / 2 + 2 * LANES) /* codes, scales */
 #define Q8_BLOCK_BYTES (LANES * BLOCK + 2 * LANES)
 
 static inline int32_t piece(const int8_t* q, int64_t c) {
@@ -295,16 +299,18 @@ static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, 
 /* The int4 sums of one block for T rows of x:
  *   acc[i] += d sx_i,g (sum(c q) - 8 sum(q)) + (m + 8 d) sum(x_g),
  * i.e. w = (c - 8) d + (m + 8 d): the activations' rounding error meets the centred codes c - 8
- * (as in llama.cpp's Q4_0 dot) instead of c, about half the error for the same arithmetic. */
-template <int T>
+ * (as in llama.cpp's Q4_0 dot) instead of c, about half the error for the same arithmetic.
+ * SYM: the symmetric layout (no offsets: m = -8 d), where the second term is zero and skipped. */
+template <int T, bool SYM = false>
 static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx,
                               const float* xsum, const float* qs, int64_t k, int64_t groups,
                               Prefetch pf, float* out) {
+  constexpr int64_t bytes = SYM ? INT4_SYM_BLOCK_BYTES : INT4_BLOCK_BYTES;
 #if defined(VNNI512)
   const __m512i low = _mm512_set1_epi8(0x0f);
   __m512 acc[T];
   for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; g++, w += INT4_BLOCK_BYTES) {
+  for (int64_t g = 0; g < groups; g++, w += bytes) {
     prefetch_part(pf, g);
     __m512i s[T];
     for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
@@ -318,13 +324,16 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
       }
     }
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 256)));
-    __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 288)));
-    m = _mm512_fmadd_ps(_mm512_set1_ps(8.f), d, m);
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (!SYM) {
+      m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 288)));
+      m = _mm512_fmadd_ps(_mm512_set1_ps(8.f), d, m);
+    }
     for (int i = 0; i < T; i++) {
       __m512 c = _mm512_sub_ps(_mm512_cvtepi32_ps(s[i]), _mm512_set1_ps(8.f * qs[i * groups + g]));
       __m512 v = _mm512_mul_ps(c, _mm512_set1_ps(sx[i * groups + g]));
       acc[i] = _mm512_fmadd_ps(v, d, acc[i]);
-      acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[i * groups + g]), acc[i]);
+      if constexpr (!SYM) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[i * groups + g]), acc[i]);
     }
   }
   for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
@@ -332,7 +341,7 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
   const __m256i low = _mm256_set1_epi8(0x0f);
   __m256 acc[T][2];
   for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; g++, w += INT4_BLOCK_BYTES) {
+  for (int64_t g = 0; g < groups; g++, w += bytes) {
     prefetch_part(pf, g);
     __m256i s[T][2];
     for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
@@ -349,23 +358,27 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
     }
     for (int h = 0; h < 2; h++) {
       __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 256 + 16 * h)));
-      __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 288 + 16 * h)));
-      m = _mm256_fmadd_ps(_mm256_set1_ps(8.f), d, m);
+      __m256 m = _mm256_setzero_ps();
+      if constexpr (!SYM) {
+        m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 288 + 16 * h)));
+        m = _mm256_fmadd_ps(_mm256_set1_ps(8.f), d, m);
+      }
       for (int i = 0; i < T; i++) {
         __m256 c = _mm256_sub_ps(_mm256_cvtepi32_ps(s[i][h]),
                                  _mm256_set1_ps(8.f * qs[i * groups + g]));
         __m256 v = _mm256_mul_ps(c, _mm256_set1_ps(sx[i * groups + g]));
         acc[i][h] = _mm256_fmadd_ps(v, d, acc[i][h]);
-        acc[i][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[i * groups + g]), acc[i][h]);
+        if constexpr (!SYM)
+          acc[i][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[i * groups + g]), acc[i][h]);
       }
     }
   }
   store_halves<T>(acc, out);
 #else
   for (int i = 0; i < T * LANES; i++) out[i] = 0.f;
-  for (int64_t g = 0; g < groups; g++, w += INT4_BLOCK_BYTES) {
+  for (int64_t g = 0; g < groups; g++, w += bytes) {
     const uint16_t* d = (const uint16_t*)(w + 256);
-    const uint16_t* m = (const uint16_t*)(w + 288);
+    const uint16_t* m = SYM ? NULL : (const uint16_t*)(w + 288);
     for (int i = 0; i < T; i++)
       for (int r = 0; r < LANES; r++) {
         int32_t s = 0;
@@ -376,11 +389,18 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
             s += (c & 15) * qg[0] + (c >> 4) * qg[16];
           }
         const float dr = half_to_float(d[r]);
-        out[i * LANES + r] += dr * sx[i * groups + g] * ((float)s - 8.f * qs[i * groups + g]) +
-                              (half_to_float(m[r]) + 8.f * dr) * xsum[i * groups + g];
+        out[i * LANES + r] += dr * sx[i * groups + g] * ((float)s - 8.f * qs[i * groups + g]);
+        if (!SYM) out[i * LANES + r] += (half_to_float(m[r]) + 8.f * dr) * xsum[i * groups + g];
       }
   }
 #endif
+}
+
+template <int T>
+static inline void int4_sym_block(const uint8_t* w, const int8_t* q, const float* sx,
+                                  const float* xsum, const float* qs, int64_t k, int64_t groups,
+                                  Prefetch pf, float* out) {
+  int4_block<T, true>(w, q, sx, xsum, qs, k, groups, pf, out);
 }
 
 /* Quantised rows of x: q [m, k] int8, scales [m, k / 32], per row the share of the +128 in the
@@ -419,11 +439,12 @@ static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* ou
     default: kernel<1>(__VA_ARGS__, acc); break; \
   }
 
-enum Kind { INT8 = 0, INT4 = 1, Q8 = 2 };
+enum Kind { INT8 = 0, INT4 = 1, Q8 = 2, INT4_SYM = 3 };
 
 /* y [m, n] (fp32) = x [m, k] (fp32) times the interleaved weights (n rounded up to 16 rows):
  * int8 (`w_scale` [that many] per output row, zero for the padding), int4 (codes, fp16 scales d
- * and offsets m per group, w = q d + m) or q8 (codes and an fp16 scale d per group, w = q d);
+ * and offsets m per group, w = q d + m), symmetric int4 (codes and fp16 scales d per group,
+ * w = (q - 8) d) or q8 (codes and an fp16 scale d per group, w = q d);
  * k % 32 == 0. They differ only in the block kernel and the store: a template, so each is
  * compiled as its own loop (a version taking lambdas ran 1.4x slower at one row: the kernels
  * were no longer inlined in the OpenMP loop). Returns 0, or -1 when memory runs out (nothing
@@ -431,8 +452,10 @@ enum Kind { INT8 = 0, INT4 = 1, Q8 = 2 };
 template <int KIND>
 static int quantized_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
                 int64_t n, int64_t k, int threads) {
-  constexpr int64_t block_bytes =
-      KIND == INT4 ? INT4_BLOCK_BYTES : KIND == Q8 ? Q8_BLOCK_BYTES : INT8_BLOCK_BYTES;
+  constexpr int64_t block_bytes = KIND == INT4       ? INT4_BLOCK_BYTES
+                                  : KIND == INT4_SYM ? INT4_SYM_BLOCK_BYTES
+                                  : KIND == Q8       ? Q8_BLOCK_BYTES
+                                                     : INT8_BLOCK_BYTES;
   if (k % BLOCK != 0 || m <= 0) return -1;
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
@@ -448,6 +471,9 @@ static int quantized_matmul(const float* x, const uint8_t* w, const float* w_sca
       const Prefetch pf = prefetch_share(next, block_bytes, i0 / TILE, passes);
       if constexpr (KIND == INT4) {
         TILE_DISPATCH(int4_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
+                      qx.xsum + i0 * groups, qx.qsum + i0 * groups, k, groups, pf)
+      } else if constexpr (KIND == INT4_SYM) {
+        TILE_DISPATCH(int4_sym_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
                       qx.xsum + i0 * groups, qx.qsum + i0 * groups, k, groups, pf)
       } else if constexpr (KIND == Q8) {
         TILE_DISPATCH(q8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
@@ -478,22 +504,39 @@ int int4_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n
   return quantized_matmul<INT4>(x, w, NULL, y, m, n, k, threads);
 }
 
+int int4_sym_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                    int threads) {
+  return quantized_matmul<INT4_SYM>(x, w, NULL, y, m, n, k, threads);
+}
+
 int q8_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
               int threads) {
   return quantized_matmul<Q8>(x, w, NULL, y, m, n, k, threads);
 }
 
-/* w = q d + m for the rows [n, k] of interleaved int4 weights, written as fp32, or as bf16
+/* w = q d + m for the rows [n, k] of interleaved int4 weights (w = (q - 8) d when `symmetric`:
+ * exact in fp32, as llama.cpp's Q4_0 dequantisation computes it), written as fp32, or as bf16
  * (round to nearest even) when `bf16`: the weights the prefill GEMM multiplies by. */
-void dequantize_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int bf16, int threads) {
+void dequantize_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int symmetric, int bf16,
+                     int threads) {
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
+  const int64_t bytes = symmetric ? INT4_SYM_BLOCK_BYTES : INT4_BLOCK_BYTES;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     for (int r = 0; r < LANES && b * LANES + r < n; r++) {
       float row[k]; /* one row in fp32, then stored */
       for (int64_t g = 0; g < groups; g++) {
-        const uint8_t* wg = w + (b * groups + g) * INT4_BLOCK_BYTES;
+        const uint8_t* wg = w + (b * groups + g) * bytes;
         const float dg = half_to_float(((const uint16_t*)(wg + 256))[r]);
+        if (symmetric) {
+          for (int t = 0; t < 4; t++)
+            for (int j = 0; j < 4; j++) {
+              uint8_t c = wg[64 * t + 4 * r + j];
+              row[g * BLOCK + 4 * t + j] = (float)((c & 15) - 8) * dg;
+              row[g * BLOCK + 16 + 4 * t + j] = (float)((c >> 4) - 8) * dg;
+            }
+          continue;
+        }
         const float mg = half_to_float(((const uint16_t*)(wg + 288))[r]);
         for (int t = 0; t < 4; t++)
           for (int j = 0; j < 4; j++) {

@@ -46,6 +46,7 @@ void use_kernel_variant(const std::string& name) {
 
 constexpr int64_t kLanes = 16, kBlock = 32, kInt8Bytes = kLanes * kBlock,
                   kInt4Bytes = kLanes * kBlock / 2 + 4 * kLanes,
+                  kInt4SymBytes = kLanes * kBlock / 2 + 2 * kLanes,
                   kQ8Bytes = kLanes * kBlock + 2 * kLanes;
 
 void check(const at::Tensor& t, at::ScalarType type, int64_t dim, const char* what) {
@@ -61,6 +62,15 @@ int64_t check_packed(const at::Tensor& w, int64_t n, int64_t block_bytes) {
   TORCH_CHECK(n > 0 && w.size(0) == (n + kLanes - 1) / kLanes && w.size(2) == block_bytes,
               "lmforge kernels: packed weights ", w.sizes(), " do not hold ", n, " rows");
   return w.size(1) * kBlock;
+}
+
+// The int4 layouts are told apart by their block bytes: 320 with an offset per row and group
+// (w = q d + m), 288 without (symmetric, w = (q - 8) d).
+bool int4_symmetric(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 3 && (w.size(2) == kInt4Bytes || w.size(2) == kInt4SymBytes),
+              "lmforge kernels: int4 weights must be packed in blocks of ", kInt4Bytes, " or ",
+              kInt4SymBytes, " bytes, got ", w.sizes());
+  return w.size(2) == kInt4SymBytes;
 }
 
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
@@ -80,7 +90,8 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return y;
 }
 
-// int4 (quantized_matmul.cpp's int4 layout) or q8 (its q8 layout: llama.cpp's Q8_0 blocks)
+// int4 (quantized_matmul.cpp's int4 layout), symmetric int4 or q8 (its q8 layout: llama.cpp's
+// Q8_0 blocks)
 template <int64_t kBytes>
 at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   auto xc = x.contiguous();
@@ -89,7 +100,9 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   TORCH_CHECK(xc.size(1) == k, "lmforge kernels: shapes ", xc.sizes(), " x packed ", w.sizes());
   auto y = at::empty({m, n}, xc.options());
   if (m == 0) return y;
-  auto run = kBytes == kInt4Bytes ? active->int4_matmul : active->q8_matmul;
+  auto run = kBytes == kInt4Bytes      ? active->int4_matmul
+             : kBytes == kInt4SymBytes ? active->int4_sym_matmul
+                                       : active->q8_matmul;
   TORCH_CHECK(run(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), y.data_ptr<float>(), m, n, k,
                   at::get_num_threads()) == 0,
               "lmforge kernels: out of memory");
@@ -97,7 +110,8 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
 }
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  return block_matmul<kInt4Bytes>(x, w, n);
+  return int4_symmetric(w) ? block_matmul<kInt4SymBytes>(x, w, n)
+                           : block_matmul<kInt4Bytes>(x, w, n);
 }
 
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
@@ -105,10 +119,11 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
 }
 
 at::Tensor dequantize_int4(const at::Tensor& w, int64_t n, bool bf16) {
-  const int64_t k = check_packed(w, n, kInt4Bytes);
+  const bool symmetric = int4_symmetric(w);
+  const int64_t k = check_packed(w, n, symmetric ? kInt4SymBytes : kInt4Bytes);
   auto out = at::empty({n, k}, w.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  active->dequantize_int4(w.data_ptr<uint8_t>(), out.data_ptr(), n, k, bf16 ? 1 : 0,
-                       at::get_num_threads());
+  active->dequantize_int4(w.data_ptr<uint8_t>(), out.data_ptr(), n, k, symmetric ? 1 : 0,
+                          bf16 ? 1 : 0, at::get_num_threads());
   return out;
 }
 

@@ -5,7 +5,12 @@
 #define LMFORGE_NAME(x) LMFORGE_STRING(x)
 
 namespace lmforge_kernels::LMFORGE_VARIANT {
-extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT), int8_matmul,     int4_matmul,
-                              q8_matmul,                      dequantize_int4, half_matmul,
+extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT),
+                              int8_matmul,
+                              int4_matmul,
+                              int4_sym_matmul,
+                              q8_matmul,
+                              dequantize_int4,
+                              half_matmul,
                               decode_attention};
 }
