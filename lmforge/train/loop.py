@@ -341,7 +341,9 @@ class Trainer(ABC):
             share = weight * world / total if total else 1.0
             with self.dist.no_sync(last=i == last):  # reduce gradients once per update
                 with self.autocast():
-                    loss, stats = self.wrapping.loss(mb, fn)
+                    # under torchrun the loss may run inside one DDP/FSDP call (LoopWrapsLoss)
+                    wrapped = self.wrapping.loss_module
+                    loss, stats = fn(mb) if wrapped is None else wrapped(mb, fn)
                     if share != 1.0:
                         loss = loss * share
                 (loss * self.scaler.scale if self.scaler else loss).backward()

@@ -120,7 +120,7 @@ class LoopWrapsLoss:
 
     def __init__(self, copy_on_every_rank: bool = False, static_graph: bool = True):
         self.copy_on_every_rank, self.static_graph = copy_on_every_rank, static_graph
-        self.loss_module: nn.Module | None = None
+        self.loss_module: nn.Module | None = None  # what the loop calls the loss through
         self.whole: WholeCopy | None = None
 
     def attach(self, module: nn.Module, config: Any, dist: Any) -> None:
@@ -138,10 +138,6 @@ class LoopWrapsLoss:
             moe = getattr(self.config, "mlp", "") == "moe"
             self.dist.static_graph = self.static_graph and not moe
             self.loss_module = self.dist.wrap(LossModule(self.module, self.config))
-
-    def loss(self, batch: Any, fn: Callable[[Any], Any]) -> Any:
-        """`fn(batch)`, under torchrun inside one call of the wrapped LossModule."""
-        return fn(batch) if self.loss_module is None else self.loss_module(batch, fn)
 
     def updated(self) -> None:
         """The weights changed: whole copies are stale."""
@@ -177,13 +173,11 @@ class TrainerWrapsModel:
     training state."""
 
     sharded_state = True
+    loss_module = None  # the loop calls the loss as it is: it calls the wrapped model itself
 
     def attach(self, module: nn.Module, config: Any, dist: Any) -> None: ...
 
     def before_update(self) -> None: ...
-
-    def loss(self, batch: Any, fn: Callable[[Any], Any]) -> Any:
-        return fn(batch)
 
     def updated(self) -> None: ...
 
