@@ -50,15 +50,6 @@ SUPPORTED_TYPES = (
 )  # fmt: skip
 
 
-def is_gguf(path: str | Path) -> bool:
-    """Whether `path` is a file starting with the GGUF magic bytes."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
 class GGUFFile:
     """A parsed GGUF: metadata as Python values and the tensor table (lmforge.interop.gguf_header,
     every field checked before use), the tensors left in the file, read through a memory map."""
