@@ -122,8 +122,10 @@ def random_k_blocks(shape, qtype, seed=0):
     return raw.reshape(shape[0], -1)
 
 
-def write_gguf(path, hf_model, arch, qtype=Q.F32, vocab=None, meta_overrides=None, drop=()):
-    """Write `hf_model` as llama.cpp's converter would (tensors in `qtype`, 1-D in F32)."""
+def write_gguf(path, hf_model, arch, qtype=Q.F32, vocab=None, meta_overrides=None, drop=(),
+               qtypes=None):  # fmt: skip
+    """Write `hf_model` as llama.cpp's converter would (tensors in `qtype`, 1-D in F32;
+    `qtypes`: {a part of a GGUF tensor name: its type instead}, as llama-quantize's mixes)."""
     cfg = hf_model.config
     w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_name("tiny test model")
@@ -180,12 +182,13 @@ def write_gguf(path, hf_model, arch, qtype=Q.F32, vocab=None, meta_overrides=Non
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1  # llama.cpp stores Gemma's norms as the 1 + weight they scale by
         data = t.contiguous().numpy()
-        if data.ndim == 1 or qtype == Q.F32:
+        kind = next((q for part, q in (qtypes or {}).items() if part in name), qtype)
+        if data.ndim == 1 or kind == Q.F32:
             w.add_tensor(name, data)
-        elif qtype in K_QUANT_SCALES:
-            w.add_tensor(name, random_k_blocks(data.shape, qtype), raw_dtype=qtype)
+        elif kind in K_QUANT_SCALES:
+            w.add_tensor(name, random_k_blocks(data.shape, kind), raw_dtype=kind)
         else:
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

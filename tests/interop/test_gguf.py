@@ -40,6 +40,21 @@ def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype, build_
             assert (hf(x).logits - lm.model(x)).abs().max().item() <= 1e-4
 
 
+def test_a_layer_joining_q4_0_and_q4_1_tensors_keeps_both_exactly(tmp_path, bpe_vocab, build_hf):
+    """q and k in Q4_0, v in Q4_1 (one fused qkv layer): the layer takes the asymmetric int4
+    layout with Q4_0's implied offsets, the Q4_0-only layers the symmetric one; both hold the
+    file's weights exactly (the dense load, through gguf-py's dequantisation, is the oracle)."""
+    hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
+    path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.Q4_0, bpe_vocab,
+                      qtypes={"attn_v": Q.Q4_1})  # fmt: skip
+    dense, lm = LM.load(path, dtype="float32"), LM.load(path)
+    for name, symmetric in [("blocks.0.attn.qkv_proj", False), ("blocks.0.attn.o_proj", True)]:
+        layer = lm.model.get_submodule(name)
+        assert layer.symmetric == symmetric
+        weight = dense.model.get_submodule(name).weight
+        assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
+
+
 @pytest.mark.parametrize(
     "arch,cls_name,kwargs",
     [
