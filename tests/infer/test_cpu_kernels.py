@@ -301,12 +301,19 @@ def test_switched_off_by_the_environment(monkeypatch):
         cpu_kernels.native_kernels.cache_clear()
 
 
-def test_an_int4_layer_moved_off_the_cpu_dequantises_with_torch_ops():
-    """The native layout stays usable where the CPU kernel cannot run (here the meta device
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_an_int4_layer_moved_off_the_cpu_dequantises_with_torch_ops(symmetric):
+    """The native layouts stay usable where the CPU kernel cannot run (here the meta device
     stands in for a GPU): dequantise in torch ops, multiply with the GEMM."""
-    layer = Int4Linear(nn.Linear(96, 40), torch.float32, 32)
+    if symmetric:  # Q4_0 blocks: no offsets
+        g = torch.Generator().manual_seed(0)
+        nibbles = torch.randint(0, 256, (40, 3, 16), dtype=torch.uint8, generator=g)
+        layer = Int4Linear.from_q4_blocks(nibbles, (torch.rand(40, 3, generator=g) / 9).half())
+    else:
+        layer = Int4Linear(nn.Linear(96, 40), torch.float32, 32)
     if layer._native is None:
         pytest.skip("native kernel unavailable")
+    assert layer.symmetric == symmetric
     on_cpu = layer.dequantize()
     moved = layer.to("meta")
     assert moved.dequantize().shape == on_cpu.shape and moved.dequantize().device.type == "meta"
