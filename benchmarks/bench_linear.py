@@ -6,7 +6,13 @@ Both run on the same tensors, alternating, `--repeats` times each; the median is
 GFLOP/s (2·M·K·N per product; a backward is two products). The recorded table is
 `linear_kernels` in docs/benchmarks.md.
 
-  python benchmarks/bench_linear.py [--repeats 5] [--threads 1]
+`--decode` times instead every product of one SmolLM2 decode step at 8 rows — 30 layers' own
+weights and the LM head, 0.54 GB of fp32 read once per step, as the engine reads them (one
+layer's weights alone would sit in the cache between calls) — by torch's F.linear, oneDNN
+(`Linear` in training) and lmforge's dense GEMV (`Linear.gemv`, what the engine's copy of the
+model runs: infer/native/dense_matmul.cpp), alternating; recorded as `dense_matmul`.
+
+  python benchmarks/bench_linear.py [--repeats 5] [--threads 1] [--decode]
 """
 
 from __future__ import annotations
@@ -52,12 +58,72 @@ def compare(k: int, n: int, m: int, backward: bool, repeats: int) -> dict[str, f
     return {side: statistics.median(v) for side, v in times.items()}
 
 
+N_LAYERS, DECODE_ROWS = 30, 8  # SmolLM2-135M's blocks; 8 sequences decoding
+
+
+def decode_step(args) -> None:
+    """Seconds per decode step's products at 8 rows by each kernel; record `dense_matmul`."""
+    from results import record
+
+    from lmforge.infer.cpu_kernels import native_kernels
+
+    native = native_kernels()
+    if native is None or not onednn_available():
+        raise SystemExit("--decode needs lmforge's native kernels and torch's oneDNN linear")
+    load_start = os.getloadavg()[0]
+    g = torch.Generator().manual_seed(0)
+    # (in, out) of each block's qkv, o, gate, up and down
+    per_block = [(576, 960), (576, 576), (576, 1536), (576, 1536), (1536, 576)]
+    shapes = per_block * N_LAYERS + [(576, 49152)]  # + the LM head
+    weights = [torch.randn(n, k, generator=g) for k, n in shapes]
+    inputs = {k: torch.randn(DECODE_ROWS, k, generator=g) for k in {w.shape[1] for w in weights}}
+    kernels = {"torch F.linear (MKL)": lambda x, w: F.linear(x, w),
+               "oneDNN (lmforge Linear)": lambda x, w: torch.ops.mkldnn._linear_pointwise(
+                   x, w, None, "none", [], ""),
+               f"lmforge dense GEMV ({native.variant})": native.dense_matmul}  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    with torch.no_grad():
+        for i in range(args.repeats + 1):  # the first round warms up
+            for name, kernel in kernels.items():
+                t0 = time.perf_counter()
+                for w in weights:
+                    kernel(inputs[w.shape[1]], w)
+                if i:
+                    times[name].append(time.perf_counter() - t0)
+    gigabytes = sum(w.numel() for w in weights) * 4 / 1e9
+    base = statistics.median(times["oneDNN (lmforge Linear)"])
+    rows = []
+    for name, spent in times.items():
+        med = statistics.median(spent)
+        rows.append([name, f"{1000 * med:.1f}", f"{gigabytes / med:.1f}", f"{base / med:.2f}"])
+        print(rows[-1], flush=True)
+    record("dense_matmul", "fp32 products of one SmolLM2 decode step at 8 rows: per kernel",
+           ["kernel", "ms per step", "GB/s of weights", "speed-up vs oneDNN"], rows,
+           notes=f"Every Linear of SmolLM2-135M's decode step ({N_LAYERS} x q/k/v fused, o, "
+                 f"gate, up, down, and the 49,152-row LM head; {gigabytes:.2f} GB of fp32 "
+                 f"weights, each its own tensor) times {DECODE_ROWS} rows of x, torch "
+                 f"{torch.__version__}, alternating, median of {args.repeats} steps each after "
+                 f"one warm-up, {args.threads} thread(s). Host load average {load_start:.1f} at "
+                 f"the start, {os.getloadavg()[0]:.1f} at the end (a shared machine: only "
+                 "ratios mean anything).",
+           command=f"python benchmarks/bench_linear.py --decode --repeats {args.repeats}",
+           )  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--decode",
+        action="store_true",
+        help="every product of a SmolLM2 decode step at 8 rows, per kernel",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.decode:
+        decode_step(args)
+        return
     if not onednn_available():
         raise SystemExit(
             "this torch has no oneDNN linear (torch.backends.mkldnn): nothing to compare"

@@ -1,6 +1,7 @@
 """lmforge's native CPU kernels (lmforge/infer/native/) as torch ops: the int8 / int4 / Q8_0
-products of decode and prefill (quantized_matmul.cpp), the 16-bit-weight decode products
-(half_matmul.cpp) and the decode attention (decode_attention.cpp); their weight layouts.
+products of decode and prefill (quantized_matmul.cpp), the decode products with 16-bit or fp32
+weights as stored (dense_matmul.cpp) and the decode attention (decode_attention.cpp); their
+weight layouts.
 
 Why by hand: see the header of quantized_matmul.cpp (torch's int8 GEMV converts every weight to
 float and runs well below the memory bandwidth; integer dot products with activations quantised
@@ -41,7 +42,7 @@ from lmforge.fileio import cache_root
 
 NATIVE = Path(__file__).with_name("native")
 KERNEL_SOURCES = tuple(NATIVE / name for name in
-                       ("quantized_matmul.cpp", "half_matmul.cpp", "decode_attention.cpp",
+                       ("quantized_matmul.cpp", "dense_matmul.cpp", "decode_attention.cpp",
                         "variant_table.cpp"))  # fmt: skip
 BINDING = NATIVE / "torch_ops.cpp"  # compiled once, by torch's extension builder
 HEADERS = (NATIVE / "kernels.h", NATIVE / "simd.h")  # part of the build's key
@@ -96,13 +97,13 @@ class NativeKernels:
     - int4_matmul(x, packed, n) / q8_matmul(x, packed, n): the same for int4 (`pack_int4`:
       asymmetric, or symmetric without offsets, told apart by the packed block's bytes) and
       llama.cpp's Q8_0 weights (`pack_q8`).
-    - half_matmul(x, w): x [M, K] times bf16 / fp16 weights [N, K] as the model holds them ->
-      [M, N] in x's dtype (products and sums in fp32), for the few rows of a decode step.
+    - dense_matmul(x, w): x [M, K] times bf16 / fp16 / fp32 weights [N, K] as the model holds
+      them -> [M, N] in x's dtype (products and sums in fp32), for the few rows of a decode step.
     - decode_attention(q, k, v, mask): one query per row over its cache: q [B, H, 1, D] fp32,
       k / v [B, KV, L, D] fp32, fp16 or bf16 (unit stride along D), mask None or bool [B, L] or
       [B, 1, 1, L] (True: a real key) -> [B, H, 1, D] fp32, scaled by D ** -0.5."""
 
-    OPS = ("int8_matmul", "int4_matmul", "q8_matmul", "half_matmul", "decode_attention")
+    OPS = ("int8_matmul", "int4_matmul", "q8_matmul", "dense_matmul", "decode_attention")
 
     def __init__(self, namespace: str):
         self.namespace, self.ops = namespace, getattr(torch.ops, namespace)
@@ -289,7 +290,7 @@ def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKerne
         for op in ("int8_matmul", "int4_matmul", "q8_matmul"):
             torch.library.register_fake(f"{namespace}::{op}")(_fake_matmul)
         torch.library.register_fake(f"{namespace}::dequantize_int4")(_fake_dequant_int4)
-        torch.library.register_fake(f"{namespace}::half_matmul")(_fake_half)
+        torch.library.register_fake(f"{namespace}::dense_matmul")(_fake_dense)
         torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
     kernels = NativeKernels(namespace)
     if kernels.variants() != list(VARIANTS):
@@ -331,7 +332,7 @@ def _fake_dequant_int4(packed, n, bf16):
     return packed.new_empty(n, packed.shape[1] * BLOCK, dtype=dtype)
 
 
-def _fake_half(x, w):
+def _fake_dense(x, w):
     return x.new_empty(x.shape[0], w.shape[0])
 
 

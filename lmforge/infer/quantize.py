@@ -54,7 +54,7 @@ from lmforge.infer.quantized_linear import (
     cpu_kernel_dtype,
 )
 from lmforge.model.attention import CausalSelfAttention
-from lmforge.model.linear import onednn_available, plain_linear
+from lmforge.model.linear import Linear, onednn_available, plain_linear
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -188,7 +188,7 @@ def _describe_half(dtype: torch.dtype, device) -> str:
     how = "fp32 multiply-adds on converted weights"
     if dtype == torch.bfloat16 and native.variant == "avx512_bf16":
         how = "the AVX512-BF16 dot product"
-    return (f"; {short} weights: lmforge's {native.variant} half matmul ({how}) up to {rows} "
+    return (f"; {short} weights: lmforge's {native.variant} dense matmul ({how}) up to {rows} "
             "rows, torch's GEMM above")  # fmt: skip
 
 
@@ -199,7 +199,11 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
     linear = describe_kernels(dtype, quantize, device).removeprefix("; ").split(": ", 1)[-1]
     decode = f"lmforge's {native.variant} decode attention" if native else "SDPA"
     if not linear and dtype == torch.float32 and torch.device(device).type == "cpu":
-        linear = "oneDNN's fp32 GEMM (model/linear.py)" if onednn_available() else ""
+        gemm = "oneDNN's fp32 GEMM (model/linear.py)" if onednn_available() else ""
+        if native is not None:
+            above = gemm or "torch's fp32 matmul"
+            gemm = f"lmforge's {native.variant} dense matmul up to {Linear.gemv_rows} rows, {above}"
+        linear = gemm
     return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
             "attention, decoding": f"{decode} (one query per row)",
             "attention, prefill": "SDPA (causal)",
@@ -308,7 +312,8 @@ def inference_model(
 
     - Linear: Int8Linear / Int4Linear with `quantize` (quantized_linear.py picks their kernels);
       bf16 / fp16 weights on a CPU with lmforge's kernels built: HalfLinear; else the model's
-      own layer (model/linear.py `Linear`: fp32 on a CPU through oneDNN).
+      own layer (model/linear.py `Linear`: fp32 on a CPU through oneDNN, and with lmforge's
+      kernels built lmforge's dense GEMV for a decode step's few rows, `Linear.gemv`).
     - softmax attention decoding one token per row on a CPU: lmforge's fused decode attention
       (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`); else SDPA.
     """
@@ -325,12 +330,14 @@ def inference_model(
         for layer in converted.modules():
             if isinstance(layer, CausalSelfAttention):
                 layer.decode_kernel = native.decode_attention
+            if isinstance(layer, Linear):
+                layer.gemv = native.dense_matmul
     call_directly(converted)
     return converted
 
 
 def _half_weights(linear: nn.Linear) -> bool:
-    """bf16 / fp16 weights on a CPU: lmforge's half GEMV reads them at the memory bandwidth
+    """bf16 / fp16 weights on a CPU: lmforge's dense GEMV reads them at the memory bandwidth
     (HalfLinear over the same tensors, so training updates stay visible)."""
     w = linear.weight
     return w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16)

@@ -536,7 +536,7 @@ class Int4Linear(QuantizedLinear):
 class HalfLinear(QuantizedLinear):
     """A Linear whose bf16 / fp16 weights stay as stored (a GGUF's F16 / BF16 tensors) while the
     model computes in `dtype` (fp32 by default): on a CPU with the native kernels lmforge's half
-    GEMV (native/half_matmul.cpp, fp32 sums) for few rows and torch's 16-bit GEMM above; elsewhere
+    GEMV (native/dense_matmul.cpp, fp32 sums) for few rows and torch's 16-bit GEMM above; elsewhere
     torch's matmul in the weights' dtype."""
 
     bits = 16
@@ -549,7 +549,7 @@ class HalfLinear(QuantizedLinear):
         self.register_buffer("weight_half", weight.detach().contiguous())
         self._native = native_kernels() if weight.device.type == "cpu" else None
 
-    # rows up to which lmforge's half matmul runs, by weight dtype: above, torch's GEMM (its
+    # rows up to which lmforge's dense matmul runs, by weight dtype: above, torch's GEMM (its
     # blocked bf16 kernels win from 16 rows; its CPU fp16 GEMM is slow at any size, so fp16
     # takes an fp32 GEMM on converted weights instead)
     native_rows = {torch.bfloat16: 8, torch.float16: 16}
@@ -558,7 +558,7 @@ class HalfLinear(QuantizedLinear):
         w = self._buffers["weight_half"]
         few = x.shape[0] <= self.native_rows[w.dtype]
         if self._native is not None and few and x.device.type == "cpu":
-            return self._native.half_matmul(x, w)
+            return self._native.dense_matmul(x, w)
         if x.device.type == "cpu" and w.dtype == torch.float16 and not few:
             return QuantizedLinear.gemm(self, x)  # fp32 on chunks of converted rows
         return F.linear(x.to(w.dtype), w).to(x.dtype)

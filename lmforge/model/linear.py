@@ -14,6 +14,12 @@ input and weight gradients. Everything else is nn.Linear's: tiny layers (below `
 elements, where a call's fixed cost dominates), other dtypes and devices, tensor subclasses
 (FSDP's DTensors, fake tensors) and code being traced by torch.compile / torch.export, which
 picks its own kernels. `LMFORGE_ONEDNN_LINEAR=0` turns the routing off (e.g. to compare).
+
+A decode step's few rows are another matter: its product reads every weight once for a handful
+of rows, and oneDNN's GEMM ran well below the rate the weights stream from memory. A `Linear`
+whose `gemv` an inference copy of the model set (lmforge.infer.quantize.inference_model: the
+native GEMV, infer/native/dense_matmul.cpp) calls that for up to `gemv_rows` rows when no
+gradient is wanted; training and every larger product keep oneDNN.
 """
 
 from __future__ import annotations
@@ -108,10 +114,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters, state dict and initialisation) computed by `linear`."""
+    """nn.Linear (same parameters, state dict and initialisation) computed by `linear`, or by
+    its `gemv` for a few rows without gradients (see the module docstring)."""
+
+    # A product for few rows, kernel(x [M, K], weight [N, K]) -> [M, N], or None. Inference sets
+    # it on its copy of the model (infer.quantize.inference_model), as it sets attention's
+    # decode_kernel; `gemv_rows` is the most rows it gets (above, oneDNN's GEMM measured faster).
+    gemv = None
+    gemv_rows = 16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv is not None and self._gemv_takes(x):
+            out = self.gemv(x.reshape(-1, x.shape[-1]), self.weight)
+            if self.bias is not None:
+                out += self.bias
+            return out.view(*x.shape[:-1], self.out_features)
         return linear(x, self.weight, self.bias)
+
+    def _gemv_takes(self, x: torch.Tensor) -> bool:
+        """Whether `gemv` computes this call: a few fp32 rows on the CPU, no gradients, plain
+        contiguous weights, not inside a torch.compile / export trace."""
+        weight = self.weight
+        return (
+            0 < x.numel() <= self.gemv_rows * x.shape[-1]
+            and not torch.is_grad_enabled()
+            and type(x) is torch.Tensor
+            and type(weight) in (nn.Parameter, torch.Tensor)
+            and x.dtype == weight.dtype == torch.float32
+            and x.device.type == weight.device.type == "cpu"
+            and weight.is_contiguous()
+            and not torch.compiler.is_compiling()
+        )
 
 
 def plain_linear(module: nn.Module) -> bool:

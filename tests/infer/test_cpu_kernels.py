@@ -150,31 +150,42 @@ def test_gguf_q4_0_runs_in_the_symmetric_layout_on_every_variant(kernel, tmp_pat
 
 
 # rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM
-# for bf16 weights, still the kernel for fp16), 20 (torch's GEMM for both); k = 200 leaves a tail
-# after the last whole vector of every width
-@pytest.mark.parametrize("rows", [1, 3, 5, 9, 20])
-@pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16])
+# for bf16 weights, still the kernel for fp16 and fp32), 13 (fp32 weights on AVX-512: a tile of
+# 8 rows, then 4, then 1), 20 (a GEMM for all); k = 200 leaves a tail after the last whole
+# vector of every width
+@pytest.mark.parametrize("rows", [1, 3, 5, 9, 13, 20])
+@pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
-def test_half_matmul_matches_torch_in_float64(kernel, rows, weights, activations):
+def test_dense_matmul_matches_torch_in_float64(kernel, rows, weights, activations):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(37, 200, generator=g).to(weights)
     x = torch.randn(rows, 200, generator=g).to(activations)
-    y = kernel.half_matmul(x, w)
+    y = kernel.dense_matmul(x, w)
     assert y.dtype == activations and y.shape == (rows, 37)
-    # the same 16-bit weights and the same activations, multiplied and summed exactly by torch;
-    # bf16 outputs are rounded
+    # the same weights and the same activations, multiplied and summed exactly by torch; bf16
+    # outputs are rounded
     expect = x.double() @ w.double().t()
     tol = 2e-5 if activations == torch.float32 else 2e-2
     torch.testing.assert_close(y.double(), expect, rtol=tol, atol=tol * expect.abs().max().item())
 
 
-def test_half_matmul_rejects_weights_it_cannot_read(kernel):
+def test_dense_matmul_sums_a_row_alike_in_any_batch(kernel):
+    """A row's outputs are bit-identical whether it is multiplied alone or among 1-15 others
+    (its sum runs in one order in every tile of rows): a sequence decodes alike in any batch."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(50, 576, generator=g), torch.randn(16, 576, generator=g)
+    alone = torch.cat([kernel.dense_matmul(x[i : i + 1], w) for i in range(16)])
+    for rows in (2, 5, 8, 13, 16):
+        assert torch.equal(kernel.dense_matmul(x[:rows], w), alone[:rows])
+
+
+def test_dense_matmul_rejects_weights_it_cannot_read(kernel):
     x = torch.randn(1, 64)
-    for w in (torch.randn(8, 64), torch.randn(64, 8).to(torch.bfloat16).t()):
-        with pytest.raises(RuntimeError, match="contiguous 2-d CPU bf16 or fp16"):
-            kernel.half_matmul(x, w)
+    for w in (torch.randn(8, 64).double(), torch.randn(64, 8).to(torch.bfloat16).t()):
+        with pytest.raises(RuntimeError, match="contiguous 2-d CPU bf16, fp16 or fp32"):
+            kernel.dense_matmul(x, w)
     with pytest.raises(RuntimeError, match="shapes"):
-        kernel.half_matmul(torch.randn(1, 32), torch.randn(8, 64).to(torch.bfloat16))
+        kernel.dense_matmul(torch.randn(1, 32), torch.randn(8, 64).to(torch.bfloat16))
 
 
 # (rows, heads, kv heads, head_dim, keys): GQA 3:1 at head_dim 64 (SmolLM2), MHA at 32, a

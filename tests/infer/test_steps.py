@@ -64,9 +64,9 @@ def test_matches_transformer_forward(name):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @torch.inference_mode()
-def test_half_weights_decode_through_the_native_half_matmul(dtype, monkeypatch):
-    """bf16 / fp16 Linears on a CPU run lmforge's half matmul for decode rows
-    (native/half_matmul.cpp), torch's GEMM for more (bf16 above 8 rows), and agree with the
+def test_half_weights_decode_through_the_native_dense_matmul(dtype, monkeypatch):
+    """bf16 / fp16 Linears on a CPU run lmforge's dense matmul for decode rows
+    (native/dense_matmul.cpp), torch's GEMM for more (bf16 above 8 rows), and agree with the
     model's own forward (torch's matmul on the same 16-bit weights)."""
     kernel = native_kernels()
     if kernel is None:
@@ -74,12 +74,12 @@ def test_half_weights_decode_through_the_native_half_matmul(dtype, monkeypatch):
     model = build("gpt2-micro").to(dtype)  # biases too
     calls = []
 
-    def counting(x, w):  # the half matmul, counting the rows it gets
+    def counting(x, w):  # the dense matmul, counting the rows it gets
         calls.append(x.shape[0])
         return real(x, w)
 
-    real = kernel.half_matmul
-    monkeypatch.setattr(kernel, "half_matmul", counting)
+    real = kernel.dense_matmul
+    monkeypatch.setattr(kernel, "dense_matmul", counting)
     fast = inference_model(model)
     cache, reference = (new_cache(model.config, 2, 16, dtype=dtype) for _ in range(2))
     ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -91,6 +91,37 @@ def test_half_weights_decode_through_the_native_half_matmul(dtype, monkeypatch):
     assert (12 in calls) == (dtype == torch.float16)
     # 16-bit activations round after every op on both sides, in different places
     assert (a - b).abs().max() <= 0.05 * b.abs().max()
+
+
+@torch.inference_mode()
+def test_fp32_weights_decode_through_the_native_dense_matmul(monkeypatch):
+    """fp32 Linears of the engine's copy run lmforge's dense matmul for a decode step's rows
+    (Linear.gemv, up to gemv_rows), oneDNN / torch for the prefill's more; the training model
+    keeps its own layers; the logits agree with the model's own forward."""
+    kernel = native_kernels()
+    if kernel is None:
+        pytest.skip("native kernels unavailable")
+    model = build("gpt2-micro")  # biases too
+    calls = []
+
+    def counting(x, w):  # the dense matmul, counting the rows it gets
+        calls.append(x.shape[0])
+        return real(x, w)
+
+    real = kernel.dense_matmul
+    monkeypatch.setattr(kernel, "dense_matmul", counting)
+    fast = inference_model(model)
+    assert all(getattr(m, "gemv", None) is None for m in model.modules())
+    cache, reference = (new_cache(model.config, 3, 40) for _ in range(2))
+    ids = torch.randint(0, 61, (3, 7), generator=torch.Generator().manual_seed(0))
+    fast(ids, cache=cache), model(ids, cache=reference)
+    assert not calls  # the prefill's 21 rows: oneDNN's GEMM
+    nxt = torch.tensor([[5], [7], [9]])
+    a = fast(nxt, cache=cache, last_only=True)
+    b = model(nxt, cache=reference, last_only=True)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert calls == [3] * n_linear  # every layer and the LM head, for the 3 decode rows
+    assert torch.allclose(a, b, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 /* The entry points of the native CPU kernels, declared once: quantized_matmul.cpp,
- * half_matmul.cpp and decode_attention.cpp define them, torch_ops.cpp calls them.
+ * dense_matmul.cpp and decode_attention.cpp define them, torch_ops.cpp calls them.
  *
  * Every source is compiled once per instruction-set variant (cpu_kernels.py: VARIANTS, each
  * with its -m flags and -DLMFORGE_VARIANT=<name>), into the namespace lmforge_kernels::<name>,
@@ -31,10 +31,10 @@ using BlockMatmul = int(const float* x, const uint8_t* w, float* y, int64_t m, i
  * `bf16` (the prefill GEMM's) */
 using DequantizeInt4 = void(const uint8_t* w, void* out, int64_t n, int64_t k, int symmetric,
                             int bf16, int threads);
-/* y [m, n] fp32 = x [m, k] (fp32, or bf16 when x_bf16) times w [n, k] bf16 (fp16 when w_f16)
- * as the model stores them (half_matmul.cpp) */
-using HalfMatmul = int(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y,
-                       int64_t m, int64_t n, int64_t k, int threads);
+/* y [m, n] fp32 = x [m, k] (fp32, or bf16 when x_bf16) times w [n, k] as the model stores it:
+ * bf16, fp16 or fp32 (w_type 0, 1, 2) (dense_matmul.cpp) */
+using DenseMatmul = int(const void* x, int x_bf16, const void* w, int w_type, float* y,
+                        int64_t m, int64_t n, int64_t k, int threads);
 /* out [b, h, d] fp32 = softmax(q k^T scale) v, one query per row and head over k / v
  * [b, kv, len, d] (fp32 / fp16 / bf16: dtype 0 / 1 / 2; element strides per batch, head and
  * key, unit along d), mask [b, len] of 0/1 bytes (row stride mask_sb) or NULL
@@ -53,7 +53,7 @@ struct Kernels {
   BlockMatmul* int4_sym_matmul;
   BlockMatmul* q8_matmul;
   DequantizeInt4* dequantize_int4;
-  HalfMatmul* half_matmul;
+  DenseMatmul* dense_matmul;
   DecodeAttention* decode_attention;
 };
 
@@ -72,7 +72,7 @@ namespace LMFORGE_VARIANT {
 Int8Matmul int8_matmul;
 BlockMatmul int4_matmul, int4_sym_matmul, q8_matmul;
 DequantizeInt4 dequantize_int4;
-HalfMatmul half_matmul;
+DenseMatmul dense_matmul;
 DecodeAttention decode_attention;
 }  // namespace LMFORGE_VARIANT
 #endif

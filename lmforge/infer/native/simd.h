@@ -1,4 +1,4 @@
-/* The one SIMD mapping of the native kernels (quantized_matmul.cpp, half_matmul.cpp,
+/* The one SIMD mapping of the native kernels (quantized_matmul.cpp, dense_matmul.cpp,
  * decode_attention.cpp): scalar 16-bit float conversions, and a float vector `vec` of SIMD_WIDTH
  * lanes with the operations the kernels use, mapped onto the instruction set this variant is
  * compiled for (AVX-512: 16 lanes; AVX2 + FMA + F16C: 8; otherwise SIMD_WIDTH is undefined and

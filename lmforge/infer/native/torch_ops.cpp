@@ -127,26 +127,26 @@ at::Tensor dequantize_int4(const at::Tensor& w, int64_t n, bool bf16) {
   return out;
 }
 
-// x [M, K] (any float dtype) times w [N, K] bf16 or fp16 -> [M, N] in x's dtype (half_matmul.cpp:
-// fp32 sums); for the few rows of a decode step (quantize.py sends more to torch's GEMM)
-at::Tensor half_matmul(const at::Tensor& x, const at::Tensor& w) {
+// x [M, K] (any float dtype) times w [N, K] bf16, fp16 or fp32 -> [M, N] in x's dtype
+// (dense_matmul.cpp: fp32 sums); for the few rows of a decode step (HalfLinear and
+// model/linear.py send more to a GEMM)
+at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& w) {
   const auto wtype = w.scalar_type();
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() &&
-                  (wtype == at::kBFloat16 || wtype == at::kHalf),
-              "lmforge half matmul: weights must be a contiguous 2-d CPU bf16 or fp16 tensor, "
-              "got ", wtype, " ", w.sizes());
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "lmforge half matmul: shapes ", x.sizes(),
+                  (wtype == at::kBFloat16 || wtype == at::kHalf || wtype == at::kFloat),
+              "lmforge dense matmul: weights must be a contiguous 2-d CPU bf16, fp16 or fp32 "
+              "tensor, got ", wtype, " ", w.sizes());
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "lmforge dense matmul: shapes ", x.sizes(),
               " x ", w.sizes());
   const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
   const bool x_bf16 = x.scalar_type() == at::kBFloat16;  // bf16 goes in as it is
   auto xc = (x_bf16 ? x : x.to(at::kFloat)).contiguous();
   auto y = at::empty({m, n}, xc.options().dtype(at::kFloat));
+  const int w_type = wtype == at::kFloat ? 2 : wtype == at::kHalf ? 1 : 0;
   if (m > 0 && n > 0)
-    TORCH_CHECK(active->half_matmul(xc.data_ptr(), x_bf16 ? 1 : 0,
-                                  reinterpret_cast<const uint16_t*>(w.data_ptr()),
-                                  wtype == at::kHalf ? 1 : 0, y.data_ptr<float>(), m, n, k,
-                                  at::get_num_threads()) == 0,
-                "lmforge half matmul: out of memory");
+    TORCH_CHECK(active->dense_matmul(xc.data_ptr(), x_bf16 ? 1 : 0, w.data_ptr(), w_type,
+                                     y.data_ptr<float>(), m, n, k, at::get_num_threads()) == 0,
+                "lmforge dense matmul: out of memory");
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -202,7 +202,7 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("int4_matmul(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("dequantize_int4(Tensor packed, int n, bool bf16) -> Tensor");
-  m.def("half_matmul(Tensor x, Tensor w) -> Tensor");
+  m.def("dense_matmul(Tensor x, Tensor w) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
   m.def("kernel_variants() -> str[]", &kernel_variants);
   m.def("kernel_variant() -> str", &kernel_variant);
@@ -214,6 +214,6 @@ LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("int4_matmul", &int4_matmul);
   m.impl("q8_matmul", &q8_matmul);
   m.impl("dequantize_int4", &dequantize_int4);
-  m.impl("half_matmul", &half_matmul);
+  m.impl("dense_matmul", &dense_matmul);
   m.impl("decode_attention", &decode_attention);
 }

@@ -11,6 +11,6 @@ extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT),
                               int4_sym_matmul,
                               q8_matmul,
                               dequantize_int4,
-                              half_matmul,
+                              dense_matmul,
                               decode_attention};
 }

@@ -1,45 +1,62 @@
-/* Products with bf16 or fp16 weights on a CPU, for decoding: y[m, n] = sum_k x[m, k] * w[n, k]
- * with few rows of x (the running rows of a decode step), the weights in the model's own
- * row-major layout (no copy, no repacking).
+/* Products with the weights as the model stores them (bf16, fp16 or fp32) on a CPU, for
+ * decoding: y[m, n] = sum_k x[m, k] * w[n, k] with few rows of x (the running rows of a decode
+ * step), the weights in the model's own row-major layout (no copy, no repacking).
  *
- * Why by hand: decoding reads every weight once a step, so a bf16 model decodes at the speed its
+ * Why by hand: decoding reads every weight once a step, so a model decodes at the speed its
  * weights stream from memory. torch's bf16 matmul with one row of activations ran at a third of
  * the read bandwidth on a Zen 4 core (SmolLM2 bf16: 0.33-0.44x llama.cpp's F16 at batch 1,
- * issue 19). Two ways here, both summing in fp32 like torch's bf16 matmul (in another order):
+ * issue 19), and oneDNN's fp32 GEMM (model/linear.py) at 8 rows well below it on a Zen 5 core
+ * (figures: docs/benchmarks.md, `dense_matmul`). The ways here, all summing in fp32 like torch's
+ * matmuls (in another order):
  * - bf16 weights and bf16 activations on a CPU with AVX512-BF16 (Zen 4, Cooper Lake, Sapphire
  *   Rapids): vdpbf16ps multiplies 32 pairs into 16 fp32 lanes, one instruction per 32 weights
  *   and no conversion.
  * - otherwise (fp16 weights, fp32 activations, AVX2 CPUs) as llama.cpp's F16 rows: 16 (AVX-512)
  *   or 8 (AVX2 + F16C) weights converted in registers (bf16: widen and shift into a float's top
  *   half; fp16: vcvtph2ps) meet fp32 activations in fused multiply-adds; without AVX2 a loop.
+ * - fp32 weights: the same multiply-adds on the weights as loaded, with software prefetches a
+ *   few rows ahead of the stream: at 8 rows of x the loop does 8 multiply-adds per weight vector
+ *   and the hardware prefetcher alone fell behind.
  *
- * The weights are read one row after another, one stream front to back; each row's 4 vectors of
- * columns in flight go into 4 accumulators per row of x (a single sum would wait on every add),
+ * The weights are read one row after another, one stream front to back; each row's vectors of
+ * columns in flight go into U accumulators per row of x (a single sum would wait on every add),
  * up to TMAX rows of x share each weight vector loaded, and a row's sums come out of one
- * horizontal add. (Tiles of 4 weight rows side by side, which would reuse each x vector 4 times,
- * measured 0.7x the bandwidth at one row of x: 4 interleaved streams a row apart; x stays in L1
- * anyway.) OpenMP threads split the rows of weights; quantize.py hands more than a few rows of
- * x to torch's GEMM. */
+ * horizontal add. A row of x is summed in the same order whatever the other rows are, so a
+ * sequence's outputs do not depend on the batch it decodes in. (Tiles of 4 weight rows side by
+ * side, which would reuse each x vector 4 times, measured 0.7x the bandwidth at one row of x: 4
+ * interleaved streams a row apart; x stays in L1 anyway.) OpenMP threads split the rows of
+ * weights; callers hand more than a few rows of x to a GEMM (HalfLinear, model/linear.py). */
 #include <stdlib.h>
+
+#include <type_traits>
 
 #include "kernels.h"
 #include "simd.h"
 
 namespace lmforge_kernels::LMFORGE_VARIANT {
 
-enum { WEIGHTS_BF16 = 0, WEIGHTS_F16 = 1 };
+enum { WEIGHTS_BF16 = 0, WEIGHTS_F16 = 1, WEIGHTS_F32 = 2 }; /* kernels.h's w_type */
 
 template <int WT>
-static inline float half_at(const uint16_t* w, int64_t j) { /* element j, as a float */
-  return WT == WEIGHTS_F16 ? half_to_float(w[j]) : bf16_to_float(w[j]);
+using weight_t = std::conditional_t<WT == WEIGHTS_F32, float, uint16_t>;
+
+template <int WT>
+static inline float weight_at(const weight_t<WT>* w, int64_t j) { /* element j, as a float */
+  if constexpr (WT == WEIGHTS_F32) return w[j];
+  else return WT == WEIGHTS_F16 ? half_to_float(w[j]) : bf16_to_float(w[j]);
 }
+
+/* fp32 weights: prefetch this many bytes ahead of the vector being read (a few rows of the
+ * decode layers' 576-4,096 columns) */
+#define PREFETCH_BYTES 8192
 
 #ifdef SIMD_WIDTH
 #define V SIMD_WIDTH
 #define TMAX (V == 16 ? 4 : 2) /* AVX2's 16 registers: 2 rows x 4 accumulators, weights, x */
 template <int WT>
-static inline vec load_weights(const uint16_t* p) {
-  return WT == WEIGHTS_F16 ? vload_f16(p) : vload_bf16(p);
+static inline vec load_weights(const weight_t<WT>* p) {
+  if constexpr (WT == WEIGHTS_F32) return vload(p);
+  else return WT == WEIGHTS_F16 ? vload_f16(p) : vload_bf16(p);
 }
 #else
 #define TMAX 4
@@ -49,7 +66,8 @@ static inline vec load_weights(const uint16_t* p) {
  * vectors of columns at a time into U accumulators per row of x (a single sum would wait on
  * each add). Each weight vector loaded serves the T rows of x. */
 template <int WT, int T, int U>
-static inline void dot_row(const float* x, const uint16_t* w, float* y, int64_t k, int64_t n) {
+static inline void dot_row(const float* x, const weight_t<WT>* w, float* y, int64_t k,
+                           int64_t n) {
   int64_t j = 0;
   float sums[T];
 #ifdef SIMD_WIDTH
@@ -58,6 +76,8 @@ static inline void dot_row(const float* x, const uint16_t* w, float* y, int64_t 
     for (int u = 0; u < U; u++) acc[t][u] = vset(0.f);
   for (; j + U * V <= k; j += U * V)
     for (int u = 0; u < U; u++) {
+      if constexpr (WT == WEIGHTS_F32)
+        __builtin_prefetch((const char*)(w + j + u * V) + PREFETCH_BYTES, 0, 3);
       const vec wv = load_weights<WT>(w + j + u * V);
       for (int t = 0; t < T; t++) acc[t][u] = vfma(vload(x + t * k + j + u * V), wv, acc[t][u]);
     }
@@ -73,7 +93,7 @@ static inline void dot_row(const float* x, const uint16_t* w, float* y, int64_t 
   for (int t = 0; t < T; t++) sums[t] = 0.f;
 #endif
   for (; j < k; j++) /* the columns after the last whole vector (all of them without AVX2) */
-    for (int t = 0; t < T; t++) sums[t] += x[t * k + j] * half_at<WT>(w, j);
+    for (int t = 0; t < T; t++) sums[t] += x[t * k + j] * weight_at<WT>(w, j);
   for (int t = 0; t < T; t++) y[t * n] = sums[t];
 }
 
@@ -106,16 +126,19 @@ static inline void dot_row_bf16(const uint16_t* x, const uint16_t* w, float* y, 
     for (int u = 1; u < U; u++) acc[t][0] = _mm512_add_ps(acc[t][0], acc[t][u]);
     float s = _mm512_reduce_add_ps(acc[t][0]);
     for (int64_t c = j; c < k; c++)
-      s += half_at<WEIGHTS_BF16>(x + t * k, c) * half_at<WEIGHTS_BF16>(w, c);
+      s += weight_at<WEIGHTS_BF16>(x + t * k, c) * weight_at<WEIGHTS_BF16>(w, c);
     y[t * n] = s;
   }
 }
 #endif
 
 /* One row of weights against every row of x, TMAX rows at a time (x fp32, or bf16 for the bf16
- * dot: XT = uint16_t). */
+ * dot: XT = uint16_t). fp32 weights take tiles of 8 rows of x (AVX-512), then 4, then 1, with 2
+ * accumulators per row in each (the same U everywhere: a row's sum runs in one order in any
+ * tile): twice the multiply-adds per weight vector loaded of 4 x 4, which at fp32's bytes per
+ * weight measured faster. */
 template <int WT, typename XT>
-static void weight_row(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n,
+static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, int64_t n,
                        int64_t k) {
   int64_t i = 0;
 #ifdef BF16_DOT
@@ -125,7 +148,13 @@ static void weight_row(const XT* x, const uint16_t* w, float* y, int64_t m, int6
     return;
   }
 #endif
-  if constexpr (sizeof(XT) == 4) {
+  if constexpr (sizeof(XT) == 4 && WT == WEIGHTS_F32) {
+#if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
+    for (; i + 8 <= m; i += 8) dot_row<WT, 8, 2>(x + i * k, w, y + i * n, k, n);
+#endif
+    for (; i + 4 <= m; i += 4) dot_row<WT, 4, 2>(x + i * k, w, y + i * n, k, n);
+    for (; i < m; i++) dot_row<WT, 1, 2>(x + i * k, w, y + i * n, k, n);
+  } else if constexpr (sizeof(XT) == 4) {
     for (; i + TMAX <= m; i += TMAX) dot_row<WT, TMAX, 4>(x + i * k, w, y + i * n, k, n);
     for (; i < m; i++) dot_row<WT, 1, 4>(x + i * k, w, y + i * n, k, n);
   }
@@ -133,33 +162,38 @@ static void weight_row(const XT* x, const uint16_t* w, float* y, int64_t m, int6
 
 /* Every row of weights against x, one after another (the header says why). */
 template <int WT, typename XT>
-static void rows_times_weights(const XT* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                      int threads) {
+static void rows_times_weights(const XT* x, const weight_t<WT>* w, float* y, int64_t m,
+                               int64_t n, int64_t k, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t r = 0; r < n; r++) weight_row<WT>(x, w + r * k, y + r, m, n, k);
 }
 
-/* y [m, n] fp32 = x [m, k] times w [n, k]^T, both contiguous: w bf16 (fp16 when `w_f16`), x
- * fp32 or bf16 (`x_bf16`). Returns 0, or -1 when memory runs out (nothing written). */
-int half_matmul(const void* x, int x_bf16, const uint16_t* w, int w_f16, float* y, int64_t m,
-                int64_t n, int64_t k, int threads) {
+/* y [m, n] fp32 = x [m, k] times w [n, k]^T, both contiguous: w bf16, fp16 or fp32 (`w_type`
+ * 0, 1, 2), x fp32 or bf16 (`x_bf16`). Returns 0, or -1 when memory runs out (nothing
+ * written). */
+int dense_matmul(const void* x, int x_bf16, const void* w, int w_type, float* y, int64_t m,
+                 int64_t n, int64_t k, int threads) {
 #ifdef BF16_DOT
-  if (x_bf16 && !w_f16) {
-    rows_times_weights<WEIGHTS_BF16>((const uint16_t*)x, w, y, m, n, k, threads);
+  if (x_bf16 && w_type == WEIGHTS_BF16) {
+    rows_times_weights<WEIGHTS_BF16>((const uint16_t*)x, (const uint16_t*)w, y, m, n, k,
+                                     threads);
     return 0;
   }
 #endif
   const float* xf = (const float*)x;
   float* widened = NULL;
-  if (x_bf16) { /* no bf16 dot here (or fp16 weights): the activations in fp32 */
+  if (x_bf16) { /* no bf16 dot here (or other weights): the activations in fp32 */
     widened = (float*)malloc(sizeof(float) * (size_t)(m * k) + 1);
     if (!widened) return -1;
     const uint16_t* xb = (const uint16_t*)x;
     for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_float(xb[i]);
     xf = widened;
   }
-  if (w_f16) rows_times_weights<WEIGHTS_F16>(xf, w, y, m, n, k, threads);
-  else rows_times_weights<WEIGHTS_BF16>(xf, w, y, m, n, k, threads);
+  if (w_type == WEIGHTS_F32)
+    rows_times_weights<WEIGHTS_F32>(xf, (const float*)w, y, m, n, k, threads);
+  else if (w_type == WEIGHTS_F16)
+    rows_times_weights<WEIGHTS_F16>(xf, (const uint16_t*)w, y, m, n, k, threads);
+  else rows_times_weights<WEIGHTS_BF16>(xf, (const uint16_t*)w, y, m, n, k, threads);
   free(widened);
   return 0;
 }
