@@ -830,8 +830,8 @@ BASELINES = {"lora-sft-gsm8k": "full fine-tuning, same steps and examples",
              "grpo-gsm8k": "LoRA SFT on gold solutions, same steps and sequences",
              "dpo-hh": "LoRA SFT on the chosen replies, same steps and pairs",
              "lora-sft-arith": f"the start model prompted with {ARITH_SHOTS} solved train problems",
-             "dpo-arith": "LoRA SFT on the chosen (verified-correct) replies of the same on-policy "
-                          "pairs, same steps, pairs per step and lr",
+             "dpo-arith": "LoRA SFT on the chosen (right) replies of the same pairs, same "
+                          "steps, pairs per step and lr",
              "grpo-arith": "RSFT: the same rollouts per step, SFT on their verified-correct "
                            "samples, one step each"}  # fmt: skip
 
