@@ -152,14 +152,15 @@ def test_gguf_q4_0_runs_in_the_symmetric_layout_on_every_variant(kernel, tmp_pat
 # rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM
 # for bf16 weights, still the kernel for fp16 and fp32), 13 (fp32 weights on AVX-512: a tile of
 # 8 rows, then 4, then 1), 20 (a GEMM for all); k = 200 leaves a tail after the last whole
-# vector of every width
+# vector of every width, k = 1,500 splits fp32 weights into two blocks of columns (768 + 732)
 @pytest.mark.parametrize("rows", [1, 3, 5, 9, 13, 20])
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
-def test_dense_matmul_matches_torch_in_float64(kernel, rows, weights, activations):
+@pytest.mark.parametrize("k", [200, 1500])
+def test_dense_matmul_matches_torch_in_float64(kernel, rows, weights, activations, k):
     g = torch.Generator().manual_seed(rows)
-    w = torch.randn(37, 200, generator=g).to(weights)
-    x = torch.randn(rows, 200, generator=g).to(activations)
+    w = torch.randn(37, k, generator=g).to(weights)
+    x = torch.randn(rows, k, generator=g).to(activations)
     y = kernel.dense_matmul(x, w)
     assert y.dtype == activations and y.shape == (rows, 37)
     # the same weights and the same activations, multiplied and summed exactly by torch; bf16
@@ -169,11 +170,12 @@ def test_dense_matmul_matches_torch_in_float64(kernel, rows, weights, activation
     torch.testing.assert_close(y.double(), expect, rtol=tol, atol=tol * expect.abs().max().item())
 
 
-def test_dense_matmul_sums_a_row_alike_in_any_batch(kernel):
+@pytest.mark.parametrize("k", [576, 1536])  # SmolLM2's: one block of columns and two
+def test_dense_matmul_sums_a_row_alike_in_any_batch(kernel, k):
     """A row's outputs are bit-identical whether it is multiplied alone or among 1-15 others
     (its sum runs in one order in every tile of rows): a sequence decodes alike in any batch."""
     g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(50, 576, generator=g), torch.randn(16, 576, generator=g)
+    w, x = torch.randn(50, k, generator=g), torch.randn(16, k, generator=g)
     alone = torch.cat([kernel.dense_matmul(x[i : i + 1], w) for i in range(16)])
     for rows in (2, 5, 8, 13, 16):
         assert torch.equal(kernel.dense_matmul(x[:rows], w), alone[:rows])

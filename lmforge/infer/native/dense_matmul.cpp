@@ -62,28 +62,29 @@ static inline vec load_weights(const weight_t<WT>* p) {
 #define TMAX 4
 #endif
 
-/* y[t] = x[t] . w for T rows of x (row stride k, y row stride n) and one row of weights, U
- * vectors of columns at a time into U accumulators per row of x (a single sum would wait on
- * each add). Each weight vector loaded serves the T rows of x. */
+/* y[t] (+)= x[t] . w for T rows of x (row stride ldx, y row stride n) and `len` columns of one
+ * row of weights, U vectors of columns at a time into U accumulators per row of x (a single sum
+ * would wait on each add). Each weight vector loaded serves the T rows of x. fp32 weights are
+ * prefetched `pf` elements ahead; `add` adds the sums to y (a later block of columns). */
 template <int WT, int T, int U>
-static inline void dot_row(const float* x, const weight_t<WT>* w, float* y, int64_t k,
-                           int64_t n) {
+static inline void dot_row(const float* x, const weight_t<WT>* w, float* y, int64_t len,
+                           int64_t ldx, int64_t n, int64_t pf = 0, bool add = false) {
   int64_t j = 0;
   float sums[T];
 #ifdef SIMD_WIDTH
   vec acc[T][U];
   for (int t = 0; t < T; t++)
     for (int u = 0; u < U; u++) acc[t][u] = vset(0.f);
-  for (; j + U * V <= k; j += U * V)
+  for (; j + U * V <= len; j += U * V)
     for (int u = 0; u < U; u++) {
-      if constexpr (WT == WEIGHTS_F32)
-        __builtin_prefetch((const char*)(w + j + u * V) + PREFETCH_BYTES, 0, 3);
+      if constexpr (WT == WEIGHTS_F32) __builtin_prefetch(w + j + u * V + pf, 0, 3);
       const vec wv = load_weights<WT>(w + j + u * V);
-      for (int t = 0; t < T; t++) acc[t][u] = vfma(vload(x + t * k + j + u * V), wv, acc[t][u]);
+      for (int t = 0; t < T; t++)
+        acc[t][u] = vfma(vload(x + t * ldx + j + u * V), wv, acc[t][u]);
     }
-  for (; j + V <= k; j += V) {
+  for (; j + V <= len; j += V) {
     const vec wv = load_weights<WT>(w + j);
-    for (int t = 0; t < T; t++) acc[t][0] = vfma(vload(x + t * k + j), wv, acc[t][0]);
+    for (int t = 0; t < T; t++) acc[t][0] = vfma(vload(x + t * ldx + j), wv, acc[t][0]);
   }
   for (int t = 0; t < T; t++) {
     for (int u = 1; u < U; u++) acc[t][0] = vadd(acc[t][0], acc[t][u]);
@@ -92,9 +93,9 @@ static inline void dot_row(const float* x, const weight_t<WT>* w, float* y, int6
 #else
   for (int t = 0; t < T; t++) sums[t] = 0.f;
 #endif
-  for (; j < k; j++) /* the columns after the last whole vector (all of them without AVX2) */
-    for (int t = 0; t < T; t++) sums[t] += x[t * k + j] * weight_at<WT>(w, j);
-  for (int t = 0; t < T; t++) y[t * n] = sums[t];
+  for (; j < len; j++) /* the columns after the last whole vector (all of them without AVX2) */
+    for (int t = 0; t < T; t++) sums[t] += x[t * ldx + j] * weight_at<WT>(w, j);
+  for (int t = 0; t < T; t++) y[t * n] = add ? y[t * n] + sums[t] : sums[t];
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -133,10 +134,7 @@ static inline void dot_row_bf16(const uint16_t* x, const uint16_t* w, float* y, 
 #endif
 
 /* One row of weights against every row of x, TMAX rows at a time (x fp32, or bf16 for the bf16
- * dot: XT = uint16_t). fp32 weights take tiles of 8 rows of x (AVX-512), then 4, then 1, with 2
- * accumulators per row in each (the same U everywhere: a row's sum runs in one order in any
- * tile): twice the multiply-adds per weight vector loaded of 4 x 4, which at fp32's bytes per
- * weight measured faster. */
+ * dot: XT = uint16_t). */
 template <int WT, typename XT>
 static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, int64_t n,
                        int64_t k) {
@@ -148,15 +146,46 @@ static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, 
     return;
   }
 #endif
-  if constexpr (sizeof(XT) == 4 && WT == WEIGHTS_F32) {
+  if constexpr (sizeof(XT) == 4) {
+    for (; i + TMAX <= m; i += TMAX) dot_row<WT, TMAX, 4>(x + i * k, w, y + i * n, k, k, n);
+    for (; i < m; i++) dot_row<WT, 1, 4>(x + i * k, w, y + i * n, k, k, n);
+  }
+}
+
+/* fp32 weights: at most this many columns at a time, so that a tile's 8 rows of x (32 KB) stay
+ * in L1 across every row of weights (with all 1,536 columns of SmolLM2's down projection, 48 KB,
+ * x came from L2 for each row of weights and the step ran at half the bandwidth) */
+#define F32_BLOCK 1024
+
+/* `len` columns of one row of fp32 weights against every row of x (row stride k): tiles of 8
+ * rows (AVX-512), then 4, then 1, with 2 accumulators per row in each (the same U everywhere,
+ * and blocks of columns set by k alone: a row's sum runs in one order in any batch); twice the
+ * multiply-adds per weight vector loaded of 4 x 4, which at fp32's bytes per weight measured
+ * faster. */
+static void f32_weight_row(const float* x, const float* w, float* y, int64_t m, int64_t n,
+                           int64_t len, int64_t k, int64_t pf, bool add) {
+  constexpr int F = WEIGHTS_F32;
+  int64_t i = 0;
 #if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
-    for (; i + 8 <= m; i += 8) dot_row<WT, 8, 2>(x + i * k, w, y + i * n, k, n);
+  for (; i + 8 <= m; i += 8) dot_row<F, 8, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
 #endif
-    for (; i + 4 <= m; i += 4) dot_row<WT, 4, 2>(x + i * k, w, y + i * n, k, n);
-    for (; i < m; i++) dot_row<WT, 1, 2>(x + i * k, w, y + i * n, k, n);
-  } else if constexpr (sizeof(XT) == 4) {
-    for (; i + TMAX <= m; i += TMAX) dot_row<WT, TMAX, 4>(x + i * k, w, y + i * n, k, n);
-    for (; i < m; i++) dot_row<WT, 1, 4>(x + i * k, w, y + i * n, k, n);
+  for (; i + 4 <= m; i += 4) dot_row<F, 4, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
+  for (; i < m; i++) dot_row<F, 1, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
+}
+
+/* fp32 weights, a block of columns at a time (F32_BLOCK; equal blocks, whole vectors): within a
+ * block the rows of weights stream one after another, each prefetched PREFETCH_BYTES ahead, or,
+ * with several blocks, two rows ahead at the same columns. */
+static void f32_rows_times_weights(const float* x, const float* w, float* y, int64_t m,
+                                   int64_t n, int64_t k, int threads) {
+  const int64_t blocks = (k + F32_BLOCK - 1) / F32_BLOCK;
+  const int64_t width = ((k + blocks - 1) / blocks + 31) / 32 * 32;
+  const int64_t pf = blocks > 1 ? 2 * k : PREFETCH_BYTES / (int64_t)sizeof(float);
+  for (int64_t j0 = 0; j0 < k; j0 += width) {
+    const int64_t len = k - j0 < width ? k - j0 : width;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < n; r++)
+      f32_weight_row(x + j0, w + r * k + j0, y + r, m, n, len, k, pf, j0 > 0);
   }
 }
 
@@ -189,8 +218,7 @@ int dense_matmul(const void* x, int x_bf16, const void* w, int w_type, float* y,
     for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_float(xb[i]);
     xf = widened;
   }
-  if (w_type == WEIGHTS_F32)
-    rows_times_weights<WEIGHTS_F32>(xf, (const float*)w, y, m, n, k, threads);
+  if (w_type == WEIGHTS_F32) f32_rows_times_weights(xf, (const float*)w, y, m, n, k, threads);
   else if (w_type == WEIGHTS_F16)
     rows_times_weights<WEIGHTS_F16>(xf, (const uint16_t*)w, y, m, n, k, threads);
   else rows_times_weights<WEIGHTS_BF16>(xf, (const uint16_t*)w, y, m, n, k, threads);
