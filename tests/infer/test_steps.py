@@ -62,24 +62,31 @@ def test_matches_transformer_forward(name):
         assert a.shape == (3, 1, 61) and torch.allclose(a, b, atol=1e-5)
 
 
+def count_dense_matmul_rows(monkeypatch) -> list[int]:
+    """The rows each call of the native dense matmul gets, appended to the returned list (the
+    test is skipped where the native kernels are unavailable)."""
+    kernel = native_kernels()
+    if kernel is None:
+        pytest.skip("native kernels unavailable")
+    calls: list[int] = []
+    real = kernel.dense_matmul
+
+    def counting(x, w):
+        calls.append(x.shape[0])
+        return real(x, w)
+
+    monkeypatch.setattr(kernel, "dense_matmul", counting)
+    return calls
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @torch.inference_mode()
 def test_half_weights_decode_through_the_native_dense_matmul(dtype, monkeypatch):
     """bf16 / fp16 Linears on a CPU run lmforge's dense matmul for decode rows
     (native/dense_matmul.cpp), torch's GEMM for more (bf16 above 8 rows), and agree with the
     model's own forward (torch's matmul on the same 16-bit weights)."""
-    kernel = native_kernels()
-    if kernel is None:
-        pytest.skip("native kernels unavailable")
+    calls = count_dense_matmul_rows(monkeypatch)
     model = build("gpt2-micro").to(dtype)  # biases too
-    calls = []
-
-    def counting(x, w):  # the dense matmul, counting the rows it gets
-        calls.append(x.shape[0])
-        return real(x, w)
-
-    real = kernel.dense_matmul
-    monkeypatch.setattr(kernel, "dense_matmul", counting)
     fast = inference_model(model)
     cache, reference = (new_cache(model.config, 2, 16, dtype=dtype) for _ in range(2))
     ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -98,18 +105,8 @@ def test_fp32_weights_decode_through_the_native_dense_matmul(monkeypatch):
     """fp32 Linears of the engine's copy run lmforge's dense matmul for a decode step's rows
     (Linear.gemv, up to gemv_rows), oneDNN / torch for the prefill's more; the training model
     keeps its own layers; the logits agree with the model's own forward."""
-    kernel = native_kernels()
-    if kernel is None:
-        pytest.skip("native kernels unavailable")
+    calls = count_dense_matmul_rows(monkeypatch)
     model = build("gpt2-micro")  # biases too
-    calls = []
-
-    def counting(x, w):  # the dense matmul, counting the rows it gets
-        calls.append(x.shape[0])
-        return real(x, w)
-
-    real = kernel.dense_matmul
-    monkeypatch.setattr(kernel, "dense_matmul", counting)
     fast = inference_model(model)
     assert all(getattr(m, "gemv", None) is None for m in model.modules())
     cache, reference = (new_cache(model.config, 3, 40) for _ in range(2))
