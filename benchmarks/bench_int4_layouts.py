@@ -41,7 +41,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.protocol import paired_bootstrap
     from lmforge.infer.cpu_kernels import native_kernels, pack_int4, unpack_int4
-    from lmforge.infer.quantized_linear import Int4Linear
+    from lmforge.infer.int4_linear import Int4Linear
     from lmforge.lm import LM
 
     torch.set_num_threads(args.threads)

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.infer.cpu_features import cpu_features
-from lmforge.infer.quantized_linear import Int4Linear, Int8Linear, quantize_int4, quantize_int8
+from lmforge.infer.int4_linear import Int4Linear, quantize_int4
+from lmforge.infer.quantized_linear import Int8Linear, quantize_int8
 
 SHAPES = [  # (name, in_features K, out_features N)
     ("q/o 576x576", 576, 576),

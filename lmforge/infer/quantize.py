@@ -1,7 +1,8 @@
 """Inference precision and kernels: the activation dtype per machine, a model's Linears converted
-to the weight-only int8 / int4 layers of quantized_linear.py (`to_inference_precision`), and the
-place that picks the kernel each layer of the engine's model runs (`inference_model`) and says
-which (`kernel_plan`, `lmforge precision`). Measurements behind each choice: docs/inference.md.
+to the weight-only int8 / int4 layers of quantized_linear.py and int4_linear.py
+(`to_inference_precision`), and the place that picks the kernel each layer of the engine's
+model runs (`inference_model`) and says which (`kernel_plan`, `lmforge precision`).
+Measurements behind each choice: docs/inference.md.
 
 Decoding one token reads every weight once, so on a CPU a small batch runs at memory bandwidth /
 weight bytes (int8 reads 4x fewer bytes than fp32, int4 8x fewer), and what computes fastest
@@ -43,14 +44,12 @@ from torch import nn
 from lmforge.errors import ConfigError
 from lmforge.infer.cpu_features import CPUFeatures, cpu_features
 from lmforge.infer.cpu_kernels import native_kernels
+from lmforge.infer.int4_linear import DEFAULT_GROUP_SIZE, Int4Linear, check_int4_shape
 from lmforge.infer.quantized_linear import (
-    DEFAULT_GROUP_SIZE,
     HalfLinear,
-    Int4Linear,
     Int8Linear,
     QuantizedEmbedding,
     QuantizedLinear,
-    check_int4_shape,
     cpu_kernel_dtype,
 )
 from lmforge.model.attention import CausalSelfAttention
@@ -310,7 +309,8 @@ def inference_model(
     its module tree that shares every parameter and buffer (training updates stay visible; the
     caller's modules are never changed). Each layer's kernel is chosen here:
 
-    - Linear: Int8Linear / Int4Linear with `quantize` (quantized_linear.py picks their kernels);
+    - Linear: Int8Linear / Int4Linear with `quantize` (quantized_linear.py / int4_linear.py
+      pick their kernels);
       bf16 / fp16 weights on a CPU with lmforge's kernels built: HalfLinear; else the model's
       own layer (model/linear.py `Linear`: fp32 on a CPU through oneDNN, and with lmforge's
       kernels built lmforge's dense GEMV for a decode step's few rows, `Linear.gemv`).

@@ -29,11 +29,11 @@ import torch
 from torch import nn
 
 from lmforge.errors import CheckpointError
+from lmforge.infer.int4_linear import Int4Linear
 from lmforge.infer.quantized_linear import (
     BLOCK,
     BlockInt8Linear,
     HalfLinear,
-    Int4Linear,
     Int8Linear,
     QuantizedEmbedding,
     QuantizedLinear,

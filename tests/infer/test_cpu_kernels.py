@@ -14,7 +14,8 @@ from torch import nn
 
 from lmforge.infer import cpu_kernels
 from lmforge.infer.cpu_features import cpu_features
-from lmforge.infer.quantized_linear import Int4Linear, Int8Linear, quantize_int4
+from lmforge.infer.int4_linear import Int4Linear, quantize_int4
+from lmforge.infer.quantized_linear import Int8Linear
 
 pytestmark = pytest.mark.skipif(
     cpu_kernels.native_kernels() is None,

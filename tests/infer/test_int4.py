@@ -11,8 +11,9 @@ from torch import nn
 
 from lmforge.errors import ConfigError
 from lmforge.infer.engine import Engine, GenerationParams
+from lmforge.infer.int4_linear import Int4Linear, quantize_int4
 from lmforge.infer.quantize import to_inference_precision
-from lmforge.infer.quantized_linear import Int4Linear, Int8Linear, QuantizedLinear, quantize_int4
+from lmforge.infer.quantized_linear import Int8Linear, QuantizedLinear
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError
+from lmforge.infer.int4_linear import Int4Linear
 from lmforge.infer.quantize import to_inference_precision
-from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear, Int4Linear
+from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear
 from lmforge.interop.gguf_read import gguf_names, permute_qk
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
