@@ -1,6 +1,6 @@
 """The speedrun: the whole pipeline in one command, with a report card (nanochat's speedrun.sh).
 
-    lmforge speedrun --preset cpu-tiny          # about 5 minutes on 2 CPU cores
+    lmforge speedrun --preset cpu-tiny          # docs/speedrun.md has its timings
 
 tokenizer -> pretrain -> SFT -> reward model -> DPO -> GRPO (-> PPO) -> eval -> RAG -> report.
 `presets` holds the plans, `stages` one class per stage, `runner` the resumable loop,

@@ -144,9 +144,9 @@ BASE: dict[str, Any] = {
         "ppl_tokens": 8192,
         "kl_samples": 64,
         "max_new_tokens": 6,
-        # CORE on its two quickest tasks (0-shot, two options, 100 items each: ~5 s a model on
-        # 2 cores; arc_easy/piqa took 4-8x longer); "auto" finds ../shared/data/core or the
-        # `lmforge eval core` cache and skips CORE when neither holds the files
+        # CORE on its two quickest tasks (0-shot, two options, 100 items each); "auto" finds
+        # ../shared/data/core or the `lmforge eval core` cache and skips CORE when neither holds
+        # the files
         "core_data": "auto",
         "core_tasks": "copa,winograd",
         "core_per_task": 100,
