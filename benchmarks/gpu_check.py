@@ -420,7 +420,7 @@ def recipe_args(name: str, mode: str, start: str, scratch: Path, data_dir: Path,
     """`VERB --config configs/recipes/NAME.yaml` with the step's sizes (none when `whole`: the
     recipe as its YAML says), its out_dir and init in scratch, and the shared data read from
     data_dir."""
-    from lmforge.align.methods import METHODS
+    from lmforge.cli.post_train import METHODS
     from lmforge.fileio import load_yaml
     from lmforge.train.config import flat_fields
 
@@ -493,7 +493,7 @@ def record_recipes(runs: Path, seconds: dict[str, float], machine: dict, results
 
 def speedrun_args(mode: str, start: str, scratch: Path, data_dir: Path) -> list[str]:
     """`speedrun --preset smol-gpu` from `start`, each stage shrunk as the recipes are."""
-    from lmforge.align.methods import METHODS
+    from lmforge.cli.post_train import METHODS
     from lmforge.speedrun.presets import resolve_plan
     from lmforge.train.config import flat_fields
 

@@ -130,7 +130,7 @@ MATCHED = ("max_iters", "batch_size", "n_train", "minibatch_size")  # a baseline
 
 def config_fields(verb: str) -> set[str]:
     """The keys `lmforge VERB --config` accepts."""
-    from lmforge.align.methods import METHODS
+    from lmforge.cli.post_train import METHODS
     from lmforge.train.config import flat_fields
 
     return set(flat_fields(METHODS[verb].config))
@@ -145,7 +145,7 @@ def only_fields(verb: str, cfg: dict[str, Any]) -> dict[str, Any]:
 def smoke_settings(verb: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """SMOKE's sizes for a recipe's config: they shrink what the recipe runs and never switch on
     what it leaves off (a DPO recipe on HH pairs has no held-out generation to shrink)."""
-    from lmforge.align.methods import METHODS
+    from lmforge.cli.post_train import METHODS
 
     smoke = only_fields(verb, SMOKE)
     defaults = METHODS[verb].config().to_dict()

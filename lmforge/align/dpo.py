@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import lm_sequence_logprobs
+from lmforge.align.logprobs import final_head_stats
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
-from lmforge.align.replay import ReplayConfig, with_replay
+from lmforge.align.replay import ReplayConfig
 from lmforge.align.reward import PAIR_SOURCES, PairSourceConfig, data_pairs
 from lmforge.align.sft import GreedyEvalConfig, generation_records, greedy_accuracy
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
@@ -81,9 +81,12 @@ class DPOConfig(PreferenceConfig):
 
 
 def completion_logprob_sums(model, batch: dict[str, Tensor]) -> Tensor:
-    """Σ log p(token) over completion tokens for every row of a right-padded batch -> [rows]."""
+    """Σ log p(token) over completion tokens for every row of a right-padded batch -> [rows]:
+    the model's forward to its last hidden states, then the chunked LM head (`final_head_stats`:
+    the [rows, T, vocab] logits are never built; ignored labels count 0)."""
     # Right padding never changes the real tokens' logits under causal attention: no mask needed.
-    return lm_sequence_logprobs(model, batch["input_ids"], batch["labels"])
+    hidden = model.hidden_states(batch["input_ids"], None)[:, :-1]
+    return final_head_stats(model, hidden, batch["labels"][:, 1:]).logp.sum(-1)
 
 
 class PreferenceTrainer(AlignTrainer, abc.ABC):
@@ -122,7 +125,7 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
         loss, rc, rr = self.pair_loss(batch)
         stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
         stats.update(reward_chosen=rc.mean().item(), reward_rejected=rr.mean().item())
-        return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
+        return self.with_replay(loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss, implicit-reward preference accuracy and reward margin."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from lmforge.align.replay import ReplayConfig, with_replay
+from lmforge.align.replay import ReplayConfig
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rl_losses import (
     ADVANTAGE_SCALES,
@@ -110,7 +110,7 @@ class GRPOTrainer(RLTrainer):
         # PPO-ptx: + replay_coef x next-token loss on pretraining text (align/replay.py)
         stats = self.minibatch_steps(
             rollout, cfg.num_iterations, cfg.minibatch_size or len(rollout),
-            lambda mb: with_replay(self, *self.minibatch_loss(mb)), ("loss", "kl", "clip_frac"),
+            lambda mb: self.with_replay(*self.minibatch_loss(mb)), ("loss", "kl", "clip_frac"),
         )  # fmt: skip
         flat = (rollout.rewards.view(-1, cfg.group_size).std(-1) == 0).float().mean().item()
         return {**stats, "frac_zero_std": flat}

@@ -24,7 +24,6 @@ from torch import Tensor
 from lmforge.align import data as D
 from lmforge.align.dpo import PreferenceConfig, completion_logprob_sums
 from lmforge.align.preference_losses import KTO_LOSS_TYPES, kto_loss
-from lmforge.align.replay import with_replay
 from lmforge.align.trainer import AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.peft.config import apply_peft
@@ -152,7 +151,7 @@ class KTOTrainer(AlignTrainer):
     def loss(self, batch):
         loss, z0, rewards = self._loss(batch)
         stats = {"kl": z0.item(), **self._stats(rewards, batch["desirable"])}
-        return with_replay(self, loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
+        return self.with_replay(loss, stats)  # PPO-ptx: + replay_coef x LM loss on pretraining
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss, reference point z₀ and the desirable - undesirable reward margin."""

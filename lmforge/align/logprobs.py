@@ -334,10 +334,26 @@ def lm_token_stats(
     count) under `model` (anything with `hidden_states`, `norm` and `lm_head`, as lmforge's
     Transformer), with the LM head applied a chunk of tokens at a time."""
     h = model.hidden_states(input_ids, attention_mask)[:, start - 1 : -1]
+    return final_head_stats(model, h, labels[:, start:], temperature, entropy, mean_logp,
+                            ignore_index)  # fmt: skip
+
+
+def final_head_stats(
+    model: nn.Module,
+    hidden: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    mean_logp: bool = False,
+    ignore_index: int = -100,
+) -> TokenStats:
+    """`TokenStats` of `labels` [B, T] from `model`'s last hidden states [B, T, d] (before its
+    final norm; position t predicts ``labels[:, t]``): the final norm and the LM head, a chunk of
+    tokens at a time."""
     head = lm_head_fn(model, temperature)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     return head_token_stats(
-        lambda x: head(model.norm(x)), h, labels[:, start:], ignore_index, entropy, mean_logp,
+        lambda x: head(model.norm(x)), hidden, labels, ignore_index, entropy, mean_logp,
         chunk_tokens(vocab) if vocab else None,
     )  # fmt: skip
 

@@ -2,7 +2,8 @@
 
 InstructGPT's PPO-ptx (Ouyang et al. 2022, eq. 2) adds γ · E_{x~D_pretrain}[log π(x)] to the RL
 objective; the same term on any post-training loss is replay (or rehearsal) of the pretraining
-distribution. Here it is one config section (`cfg.replay`) and one call in a trainer's `loss()`:
+distribution. Here it is one config section (`cfg.replay`) and one call in a trainer's `loss()`
+(`AlignTrainer.with_replay`):
 
     loss = task_loss + replay_coef · next-token loss on `replay_batch_size` windows of
            `replay_block_size` tokens drawn from `replay_data`
@@ -101,10 +102,8 @@ class Replay:
         self._step, self._call = -1, 0
 
     @classmethod
-    def from_config(cls, cfg: ReplayConfig, trainer: Any) -> Replay | None:
-        """The trainer's replay (None when replay_data is unset or replay_coef is 0)."""
-        if cfg.replay_data is None or cfg.replay_coef == 0:
-            return None
+    def from_config(cls, cfg: ReplayConfig, trainer: Any) -> Replay:
+        """The trainer's replay of `cfg.replay_data` (`AlignTrainer.with_replay` builds it)."""
         tokens = load_replay_tokens(cfg.replay_data, trainer.tokenizer, cfg.replay_max_tokens)
         block = min(cfg.replay_block_size, trainer.lm.config.max_seq_len)
         rank = getattr(getattr(trainer, "dist", None), "rank", 0)
@@ -128,15 +127,3 @@ class Replay:
         ids = self.windows(step)
         return lm_sft_loss(model, ids, ids)
 
-
-def with_replay(trainer: Any, loss: Tensor, stats: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
-    """`loss + replay_coef · replay loss` (and the replay loss in the stats) when the trainer's
-    config asks for replay; `(loss, stats)` unchanged otherwise. Trainers call it in `loss()`,
-    in training only; the replay stream is built at the first call and kept on the trainer."""
-    if not hasattr(trainer, "_replay"):
-        trainer._replay = Replay.from_config(trainer.cfg.replay, trainer)
-    replay: Replay | None = trainer._replay
-    if replay is None:
-        return loss, stats
-    value = replay.loss(trainer.lm.model, trainer.step)
-    return loss + replay.coef * value, {**stats, "replay_loss": value.item()}

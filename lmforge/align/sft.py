@@ -11,7 +11,7 @@ import torch
 
 from lmforge.align import data as D
 from lmforge.align.logprobs import lm_sft_loss
-from lmforge.align.replay import ReplayConfig, with_replay
+from lmforge.align.replay import ReplayConfig
 from lmforge.align.trainer import AlignConfig, AlignTrainer, eval_source
 from lmforge.errors import ConfigError
 from lmforge.lm import LM
@@ -96,7 +96,7 @@ class SFTTrainer(AlignTrainer):
         # so no attention mask is needed (and SDPA keeps its fast causal path).
         loss = lm_sft_loss(self.lm.model, batch["input_ids"], batch["labels"],
                            label_smoothing=self.cfg.label_smoothing)  # fmt: skip
-        return with_replay(self, loss, {})  # + replay_coef x LM loss on pretraining text
+        return self.with_replay(loss, {})  # + replay_coef x LM loss on pretraining text
 
     def loss_weight(self, batch) -> float:
         """Response tokens: the loss is a mean over them (see AlignTrainer.loss_weight)."""

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align import data as D
+from lmforge.align.replay import Replay
 from lmforge.errors import (
     CheckpointError,
     ConfigError,
@@ -237,6 +238,18 @@ class AlignTrainer(Trainer, ABC):
         """Write the model users load (HF layout; a PEFT run also saves its adapter alone)."""
         export_peft(self.lm.model, self.tokenizer, path, getattr(self.cfg, "peft", None),
                     self.cfg.init)  # fmt: skip
+
+    def with_replay(self, loss: Tensor, stats: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+        """`loss + replay_coef · replay loss` (and the replay loss in the stats) when the config
+        asks for replay (`align/replay.py`); `(loss, stats)` unchanged otherwise. Trainers call
+        it in `loss()`, in training only; the replay stream is built at the first call."""
+        cfg = self.cfg.replay
+        if cfg.replay_data is None or cfg.replay_coef == 0:
+            return loss, stats
+        if not hasattr(self, "replay"):
+            self.replay = Replay.from_config(cfg, self)
+        value = self.replay.loss(self.lm.model, self.step)
+        return loss + cfg.replay_coef * value, {**stats, "replay_loss": value.item()}
 
     # ---- what the loop asks for --------------------------------------------------------------
     def next_batch(self) -> list[int]:

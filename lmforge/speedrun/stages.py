@@ -22,7 +22,11 @@ from typing import Any
 import torch
 import yaml
 
-from lmforge.align.methods import METHODS
+from lmforge.align.dpo import DPOConfig, DPOTrainer
+from lmforge.align.grpo import GRPOConfig, GRPOTrainer
+from lmforge.align.ppo import PPOConfig, PPOTrainer
+from lmforge.align.reward import RewardConfig, RewardTrainer
+from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.errors import LMForgeError, require_device
 from lmforge.fileio import read_json, write_json, write_text
 from lmforge.interop.gguf import smollm2_gguf
@@ -99,13 +103,14 @@ class TokenizerStage(Stage):
 
 # ----------------------------------------------------------------------------- trainers
 
-# stage -> (lmforge subcommand, config class, trainer class); post-training from the registry
+# stage -> (lmforge subcommand, config class, trainer class)
 TRAINERS = {
     "pretrain": ("pretrain", TrainConfig, Pretrainer),
-    **{
-        stage: (stage, METHODS[stage].config, METHODS[stage].trainer)
-        for stage in ("sft", "reward", "dpo", "grpo", "ppo")
-    },
+    "sft": ("sft", SFTConfig, SFTTrainer),
+    "reward": ("reward", RewardConfig, RewardTrainer),
+    "dpo": ("dpo", DPOConfig, DPOTrainer),
+    "grpo": ("grpo", GRPOConfig, GRPOTrainer),
+    "ppo": ("ppo", PPOConfig, PPOTrainer),
 }
 
 

@@ -8,7 +8,7 @@ import torch
 from lmforge.align.dpo import DPOConfig, DPOTrainer
 from lmforge.align.grpo import GRPOConfig, GRPOTrainer
 from lmforge.align.logprobs import sft_loss
-from lmforge.align.replay import Replay, load_replay_tokens, with_replay
+from lmforge.align.replay import Replay, load_replay_tokens
 from lmforge.align.sft import SFTConfig, SFTTrainer
 from lmforge.errors import ConfigError, DataError
 
@@ -117,4 +117,4 @@ def test_bad_replay_settings(tmp_path, text_file):
     (shard.parent / "meta.json").write_text('{"dtype": "uint16", "vocab_size": 50000}')
     trainer = SFTTrainer(sft_cfg(tmp_path / "run", replay_data=str(shard)), log=quiet)
     with pytest.raises(DataError, match="vocabulary of 50000"):
-        with_replay(trainer, torch.zeros(()), {})
+        trainer.with_replay(torch.zeros(()), {})
