@@ -126,4 +126,3 @@ class Replay:
         """Mean next-token cross-entropy of `model` on this step's windows."""
         ids = self.windows(step)
         return lm_sft_loss(model, ids, ids)
-
