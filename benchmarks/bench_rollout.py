@@ -1,6 +1,6 @@
 """GRPO's sampling phase at the speedrun's setting: the old generation loop vs the engine.
 
-Setting (lmforge/speedrun/presets.py, cpu-tiny): the pretrain model (4 layers, d_model 128, 4
+Setting (lmforge/speedrun/presets.yaml, cpu-tiny): the pretrain model (4 layers, d_model 128, 4
 heads, learned positions, LayerNorm, GELU, no biases; byte-level BPE of 2048 tokens with split
 digits), GRPO with 64 prompts of the 2-digit addition task per step, a group of 8 completions
 each, up to 6 new tokens at temperature 1.0: 512 sequences per step. The model is randomly

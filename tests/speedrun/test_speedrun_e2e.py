@@ -47,7 +47,7 @@ def test_speedrun_end_to_end_report_has_finite_numbers(tmp_path, capsys):
     grpo_cfg = json.loads((out / "grpo" / "grpo_config.json").read_text())
     assert grpo_cfg["replay_data"] == str(out / "pretrain" / "data" / "train.bin")
     assert grpo_cfg["replay_coef"] > 0
-    # cpu-tiny post-trains with Muon for the hidden matrices, as it pretrains (presets.py)
+    # cpu-tiny post-trains with Muon for the hidden matrices, as it pretrains (presets.yaml)
     assert grpo_cfg["optimizer"] == "muon" and grpo_cfg["muon_lr"] == 0.003
     # three greedy chat samples per model, in the report and its HTML
     samples = json.loads((out / "eval" / "samples.json").read_text())
