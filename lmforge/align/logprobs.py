@@ -318,44 +318,27 @@ def lm_head_fn(model: nn.Module, temperature: float = 1.0) -> Callable[[Tensor],
     return lambda h: head(h) / temperature
 
 
-def lm_token_stats(
-    model: nn.Module,
-    input_ids: Tensor,
-    labels: Tensor,
-    attention_mask: Tensor | None = None,
-    start: int = 1,
-    temperature: float = 1.0,
-    entropy: bool = False,
-    mean_logp: bool = False,
-    ignore_index: int = -100,
-) -> TokenStats:
+def lm_token_stats(model: nn.Module, input_ids: Tensor, labels: Tensor,
+                   attention_mask: Tensor | None = None, start: int = 1,
+                   temperature: float = 1.0, **stats) -> TokenStats:  # fmt: skip
     """`TokenStats` [B, T - start] of the tokens ``labels[:, start:]`` (HF-style, unshifted:
     ``labels[:, t]`` is predicted at position t-1; ``ignore_index`` marks tokens that do not
     count) under `model` (anything with `hidden_states`, `norm` and `lm_head`, as lmforge's
-    Transformer), with the LM head applied a chunk of tokens at a time."""
+    Transformer), with the LM head applied a chunk of tokens at a time (`stats`:
+    head_token_stats' ignore_index, entropy, mean_logp)."""
     h = model.hidden_states(input_ids, attention_mask)[:, start - 1 : -1]
-    return final_head_stats(model, h, labels[:, start:], temperature, entropy, mean_logp,
-                            ignore_index)  # fmt: skip
+    return final_head_stats(model, h, labels[:, start:], temperature, **stats)
 
 
-def final_head_stats(
-    model: nn.Module,
-    hidden: Tensor,
-    labels: Tensor,
-    temperature: float = 1.0,
-    entropy: bool = False,
-    mean_logp: bool = False,
-    ignore_index: int = -100,
-) -> TokenStats:
+def final_head_stats(model: nn.Module, hidden: Tensor, labels: Tensor, temperature: float = 1.0,
+                     **stats) -> TokenStats:  # fmt: skip
     """`TokenStats` of `labels` [B, T] from `model`'s last hidden states [B, T, d] (before its
     final norm; position t predicts ``labels[:, t]``): the final norm and the LM head, a chunk of
-    tokens at a time."""
+    tokens at a time (`stats`: head_token_stats' ignore_index, entropy, mean_logp)."""
     head = lm_head_fn(model, temperature)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    return head_token_stats(
-        lambda x: head(model.norm(x)), hidden, labels, ignore_index, entropy, mean_logp,
-        chunk_tokens(vocab) if vocab else None,
-    )  # fmt: skip
+    chunk = chunk_tokens(vocab) if vocab else None
+    return head_token_stats(lambda x: head(model.norm(x)), hidden, labels, chunk=chunk, **stats)
 
 
 def lm_sequence_logprobs(
