@@ -44,7 +44,7 @@ from lmforge.errors import ConfigError, require_choice
 from lmforge.train import sharded_checkpoint as dcp_ckpt
 from lmforge.train.checkpoint import STATE_FILE, check_signature, rng_state, set_rng_state
 from lmforge.train.samplers import LaneSampler, check_world_size
-from lmforge.train.stop import agree_stop, local_stop
+from lmforge.train.stop import agree_stop, stop_pending
 
 
 def launched_by_torchrun() -> bool:
@@ -186,7 +186,7 @@ class DDPParallel(Parallel):
         return contextlib.nullcontext() if last else self.module.no_sync()
 
     def sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor([*values, float(local_stop())], dtype=torch.float64, device=self.device)
+        t = torch.tensor([*values, float(stop_pending())], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)  # SUM: gloo has no AVG
         *sums, stops = t.tolist()
         agree_stop(bool(stops))  # some rank was asked to stop: every rank stops after this step

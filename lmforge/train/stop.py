@@ -2,7 +2,7 @@
 
 The loop checks `take_stop` at each step boundary, so the checkpoint it saves is the state after
 a whole step and a resume continues exactly. Under torchrun the request rides on the step's
-all-reduce (`lmforge.train.parallel.DDPParallel.sum` calls `local_stop` and `agree_stop`), so
+all-reduce (`lmforge.train.parallel.DDPParallel.sum` calls `stop_pending` and `agree_stop`), so
 every rank stops after the same step.
 """
 
@@ -31,7 +31,8 @@ def request_stop(signum: int = signal.SIGINT) -> None:
 
 
 def stop_pending() -> bool:
-    """Whether a stop was asked for and not yet taken (a second signal then means: now)."""
+    """Whether a stop was asked for and not yet taken: a second signal then means now, and
+    under torchrun it is the flag a rank adds to the step's all-reduce."""
     return bool(_stop_requested)
 
 
@@ -76,11 +77,6 @@ def handling_signals(signums: tuple[int, ...], handler: Callable[[int], None]) -
     finally:
         for signum, action in previous.items():
             signal.signal(signum, action)
-
-
-def local_stop() -> bool:
-    """Whether this process was asked to stop (the flag a rank adds to the step's all-reduce)."""
-    return bool(_stop_requested)
 
 
 def agree_stop(seen: bool) -> None:
