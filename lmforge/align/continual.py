@@ -141,10 +141,14 @@ class ContinualTrainer(SFTTrainer):
         self.old_train = load("train", cfg.n_train, cfg.seed + 2).examples
         self.old_eval = load("validation", cfg.n_eval, cfg.seed + 3).examples if is_task else (
             self.old_train[-max(1, len(self.old_train) // 20) :])  # fmt: skip
-        with torch.no_grad():
-            self.before = {"old_loss": self.eval_loss(self.old_eval),
-                           "new_loss": self.eval_loss(self.eval_examples)}  # fmt: skip
+        self.before = self.task_losses()
         self.regularizer = REGULARIZERS[cfg.regularizer](self)
+
+    @torch.no_grad()
+    def task_losses(self) -> dict[str, float]:
+        """Held-out loss on the old task and on the new one."""
+        return {"old_loss": self.eval_loss(self.old_eval),
+                "new_loss": self.eval_loss(self.eval_examples)}  # fmt: skip
 
     def trainable_params(self) -> dict[str, Tensor]:
         return {n: p for n, p in self.lm.model.named_parameters() if p.requires_grad}
@@ -168,10 +172,8 @@ class ContinualTrainer(SFTTrainer):
 
     def run(self) -> dict[str, Any]:
         result = super().run()
-        with torch.no_grad():
-            self.lm.model.eval()
-            after = {"old_loss": self.eval_loss(self.old_eval),
-                     "new_loss": self.eval_loss(self.eval_examples)}  # fmt: skip
+        self.lm.model.eval()
+        after = self.task_losses()
         report = {
             "trainable": self.cfg.trainable,
             "regularizer": self.cfg.regularizer,

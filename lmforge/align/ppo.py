@@ -275,18 +275,10 @@ class PPOTrainer(RLTrainer):
     def _minibatch_loss(self, mb: Rollout, beta: float) -> tuple[Tensor, dict[str, float]]:
         cfg: PPOConfig = self.cfg
         mask = mb.completion_mask
-        labels = mb.completion_ids.masked_fill(mask == 0, -100)
-        stats, hidden = completion_stats(
-            self.lm.model,
-            mb.input_ids,
-            mb.attention_mask,
-            mb.prompt_width,
-            cfg.temperature,
-            labels,
-            entropy=True,
-        )
-        logp = stats.logp  # fmt: skip
-        values = self.critic(hidden, mb.input_ids, mb.attention_mask, mb.prompt_width)
+        rows = (mb.input_ids, mb.attention_mask, mb.prompt_width)
+        stats, hidden = completion_stats(self.lm.model, *rows, cfg.temperature, entropy=True)
+        logp = stats.logp
+        values = self.critic(hidden, *rows)
         pg, pstats = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mask, cfg.clip_eps)
         vf = ppo_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
         entropy = masked_mean(stats.entropy, mask)

@@ -72,11 +72,16 @@ def distillation_loss(
 
     Softened by temperature T on both sides; T² keeps gradient scale independent of T.
     """
-    t = temperature
+    kl = _softened_kl(student_logits, teacher_logits, temperature)
+    return kl.mean() if mask is None else masked_mean(kl, mask)
+
+
+def _softened_kl(student_logits: Tensor, teacher_logits: Tensor, t: float) -> Tensor:
+    """T²·KL(softmax(teacher/T) ‖ softmax(student/T)) at each position (no gradient to the
+    teacher)."""
     s = F.log_softmax(student_logits.float() / t, dim=-1)
     q = F.log_softmax(teacher_logits.float().detach() / t, dim=-1)
-    kl = (q.exp() * (q - s)).sum(-1) * t * t
-    return kl.mean() if mask is None else masked_mean(kl, mask)
+    return (q.exp() * (q - s)).sum(-1) * t * t
 
 
 def lm_distillation_loss(
@@ -93,13 +98,11 @@ def lm_distillation_loss(
         teacher_h = teacher.hidden_states(input_ids)
     student_h = student.hidden_states(input_ids)
     head_s, head_t = lm_head_fn(student), lm_head_fn(teacher)
-    t = temperature
 
     def kl(hs: Tensor, ht: Tensor) -> tuple[Tensor]:
-        s = F.log_softmax(head_s(student.norm(hs)).float() / t, dim=-1)
         with torch.no_grad():
-            q = F.log_softmax(head_t(teacher.norm(ht)).float() / t, dim=-1)
-        return ((q.exp() * (q - s)).sum(-1) * t * t,)
+            teacher_logits = head_t(teacher.norm(ht))
+        return (_softened_kl(head_s(student.norm(hs)), teacher_logits, temperature),)
 
     b, n, d = student_h.shape
     (per_token,) = map_token_chunks(
