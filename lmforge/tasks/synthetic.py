@@ -15,6 +15,7 @@ one or ten, two letters swapped), and the verifier checks both labels.
 
 from __future__ import annotations
 
+import operator
 import random
 import string
 import zlib
@@ -65,11 +66,7 @@ class Task(ABC):
 class Arithmetic(Task):
     """`a<op>b=` with operands of 1..digits digits; subtraction never goes negative."""
 
-    OPS: dict[str, Callable[[int, int], int]] = {
-        "+": lambda a, b: a + b,
-        "-": lambda a, b: a - b,
-        "*": lambda a, b: a * b,
-    }
+    OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
     def __init__(self, ops: str = "+-*", digits: int = 2):
         if digits < 1 or not ops or set(ops) - set(self.OPS):
