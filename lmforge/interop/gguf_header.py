@@ -12,7 +12,7 @@ divides its rows. A truncated, garbage or hostile file (one that claims 2^60 ten
 terabyte string) therefore costs one CheckpointError line naming the file and the field, and
 memory in proportion to the file's real size, never to what the header claims.
 
-    header = read_gguf_header("model.gguf")
+    header = GGUFHeader("model.gguf")
     header.meta["general.architecture"], header.tensors["token_embd.weight"].type_name
     raw = header.raw("token_embd.weight")   # uint8 view of the tensor's bytes, no copy
 """
@@ -264,8 +264,3 @@ class GGUFHeader:
             except BufferError:  # numpy views exist: the map closes when they are freed
                 pass
             self._map = None
-
-
-def read_gguf_header(path: str | Path) -> GGUFHeader:
-    """The checked header of a GGUF file (see the module docstring)."""
-    return GGUFHeader(path)

@@ -21,6 +21,7 @@ from lmforge.interop.families import FAMILIES
 from lmforge.interop.gguf_read import gguf_names, permute_named
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
 from lmforge.interop.hf import export_state, require_dense
+from lmforge.interop.rope import rope_to_hf
 from lmforge.model.config import ModelConfig
 from lmforge.model.positions import rope_inv_freq, rope_scaling_type
 
@@ -51,10 +52,7 @@ def _rope_metadata(writer, config: ModelConfig) -> np.ndarray | None:
 
     scaling = config.rope_scaling or {}
     kind = rope_scaling_type(config.rope_scaling)
-    base = config.rope_base
-    if kind == "ntk":  # static NTK is plain RoPE with a larger base
-        d = config.head_dim
-        base = base * scaling["factor"] ** (d / (d - 2))
+    base = rope_to_hf(config)["rope_theta"]  # static NTK: plain RoPE with a larger base
     writer.add_rope_freq_base(float(base))
     if kind in ("linear", "yarn"):
         writer.add_rope_scaling_type(gguf.RopeScalingType[kind.upper()])

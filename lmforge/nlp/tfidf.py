@@ -28,6 +28,10 @@ TF_VARIANTS = ("raw", "relative", "boolean", "log", "augmented")
 IDF_VARIANTS = ("plain", "smooth", "sklearn", "bm25")
 
 
+def _unknown(kind: str, variant: str, variants: tuple[str, ...]) -> LMForgeError:
+    return LMForgeError(f"unknown {kind} variant {variant!r}; choose from {', '.join(variants)}")
+
+
 def term_frequency(
     count: float,
     doc_length: float,
@@ -53,7 +57,7 @@ def term_frequency(
     if variant == "augmented":
         # The formula is for terms present in d; an absent term weighs 0, as in the vectorizer.
         return 0.5 + 0.5 * count / max_count if count > 0 else 0.0
-    raise LMForgeError(f"unknown TF variant {variant!r}; choose from {', '.join(TF_VARIANTS)}")
+    raise _unknown("TF", variant, TF_VARIANTS)
 
 
 def inverse_document_frequency(
@@ -73,7 +77,7 @@ def inverse_document_frequency(
         return math.log((1 + n_docs) / (1 + df)) / log_b + 1.0
     if variant == "bm25":
         return math.log((n_docs - df + 0.5) / (df + 0.5) + 1.0) / log_b
-    raise LMForgeError(f"unknown IDF variant {variant!r}; choose from {', '.join(IDF_VARIANTS)}")
+    raise _unknown("IDF", variant, IDF_VARIANTS)
 
 
 def tfidf(
@@ -89,9 +93,8 @@ def tfidf(
 ) -> float:
     """TF x IDF for one term in one document (`max_count` defaults to `count`)."""
     m = count if max_count is None else max_count
-    return term_frequency(count, doc_length, m, tf, base=base) * inverse_document_frequency(
-        df, n_docs, idf, base=base
-    )
+    tf_value = term_frequency(count, doc_length, m, tf, base=base)
+    return tf_value * inverse_document_frequency(df, n_docs, idf, base=base)
 
 
 class TfidfVectorizer:
@@ -113,11 +116,9 @@ class TfidfVectorizer:
         min_df: int = 1,
     ) -> None:
         if tf not in TF_VARIANTS:
-            raise LMForgeError(f"unknown TF variant {tf!r}; choose from {', '.join(TF_VARIANTS)}")
+            raise _unknown("TF", tf, TF_VARIANTS)
         if idf not in IDF_VARIANTS:
-            raise LMForgeError(
-                f"unknown IDF variant {idf!r}; choose from {', '.join(IDF_VARIANTS)}"
-            )
+            raise _unknown("IDF", idf, IDF_VARIANTS)
         if norm not in ("l2", None):
             raise LMForgeError(f"norm must be 'l2' or None, got {norm!r}")
         self.tf, self.idf, self.base, self.norm = tf, idf, base, norm

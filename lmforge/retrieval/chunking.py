@@ -14,11 +14,11 @@ named in `Corpus.skipped`; a corpus with no text left is a DataError.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmforge.errors import ConfigError, DataError
-from lmforge.fileio import read_jsonl
+from lmforge.fileio import read_jsonl, read_text_file
 
 SOURCES_HELP = "builtin:pydoc, a text file, a folder of text files, or a .jsonl file ('text')"
 
@@ -38,9 +38,6 @@ class Chunk:
     text: str
     start: int  # offset of the window in its document, in chunking units (words or chars)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
 class Corpus:
@@ -57,17 +54,6 @@ class Corpus:
 
 
 # ---- reading ---------------------------------------------------------------------------------
-def _decode(path: Path) -> tuple[str | None, str]:
-    """(text, "") or (None, reason) — binary content (NUL bytes) and bad UTF-8 are refused."""
-    data = path.read_bytes()
-    if b"\x00" in data[:8192]:
-        return None, "binary"
-    try:
-        return data.decode("utf-8"), ""
-    except UnicodeDecodeError as e:
-        return None, f"not UTF-8 at byte {e.start}"
-
-
 def _first_line_title(text: str, fallback: str) -> str:
     lines = (line.strip().lstrip("#").strip() for line in text.splitlines())
     return next((line[:80] for line in lines if line), fallback)
@@ -93,7 +79,7 @@ def _read_files(paths: list[Path], root: Path) -> Corpus:
     corpus = Corpus([])
     for path in paths:
         name = str(path.relative_to(root)) if path != root else path.name
-        text, reason = _decode(path)
+        text, reason = read_text_file(path)
         if text is None:
             corpus.skipped.append(f"{name} ({reason})")
         else:

@@ -13,7 +13,7 @@ different score scales never need calibrating. An index is a folder:
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -169,7 +169,7 @@ class Retriever:
         if self.embeddings is not None:
             meta = {"encoder": self.encoder_name or "", "dim": str(self.embeddings.shape[1])}
             save_tensors(path / "embeddings.safetensors", {"embeddings": self.embeddings}, meta)
-        write_json(path / "chunks.json", [c.to_dict() for c in self.chunks])
+        write_json(path / "chunks.json", [asdict(c) for c in self.chunks])
         write_json(  # written last: a folder without it is not (yet) an index
             path / "index.json",
             {

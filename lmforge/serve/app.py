@@ -23,6 +23,7 @@ compiler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import sys
@@ -432,14 +433,11 @@ def create_app(
         fmt = CompletionFormat(tok, model_name, len(ids), req.logprobs)
         return await respond(request, req, ids, params, fmt)
 
-    grammars: list = []  # built on first use: it reads the whole vocabulary once
-
+    @functools.cache  # built on first use: it reads the whole vocabulary once
     def grammars_for():
-        if not grammars:
-            from lmforge.infer.structured import Grammars
+        from lmforge.infer.structured import Grammars
 
-            grammars.append(Grammars(tok, engine.config.vocab_size, chat_stop_ids))
-        return grammars[0]
+        return Grammars(tok, engine.config.vocab_size, chat_stop_ids)
 
     def plan_for(req: ChatCompletionRequest) -> ChatPlan:
         """The turn's prompt and grammar (in a worker thread: templates, grammar compiles)."""

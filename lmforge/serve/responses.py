@@ -8,6 +8,7 @@ server-sent events. Token strings in logprobs are each token decoded alone, as O
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -144,8 +145,7 @@ def merge(outs: list[StepOutput]) -> list[StepOutput]:
     for out in outs:
         m = merged.get(out.index)
         if m is None:
-            merged[out.index] = StepOutput(out.request_id, out.index, list(out.token_ids),
-                                           out.text, out.logprobs, out.finish_reason)  # fmt: skip
+            merged[out.index] = dataclasses.replace(out, token_ids=list(out.token_ids))
             continue
         m.token_ids += out.token_ids
         m.text += out.text

@@ -73,14 +73,6 @@ def core_tasks_in(folder: Path, tasks: str) -> list[CoreTask]:
     return chosen
 
 
-def core_score(lm: LM, folder: Path, tasks: str, max_per_task: int) -> float:
-    """CORE (mean centered accuracy) of `lm` over the named tasks, `max_per_task` items each."""
-    from lmforge.eval.core import evaluate_core
-
-    chosen = core_tasks_in(folder, tasks)
-    return evaluate_core(lm, folder, chosen, max_per_task=max_per_task).core
-
-
 @torch.no_grad()
 def chat_samples(lm: LM, prompts: list[str], max_new_tokens: int) -> list[str]:
     """Greedy replies to user turns, rendered with the model's chat template as SFT trains."""
@@ -132,6 +124,7 @@ def evaluate_models(
     settings["chat_prompts"])."""
     from lmforge.align.reward import RewardModel
     from lmforge.eval.chat_eval import evaluate_chat
+    from lmforge.eval.core import evaluate_core
 
     rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
     ref = LM.load(reference, device=device) if reference else None
@@ -154,9 +147,9 @@ def evaluate_models(
             row["reward"] = mean_reward(lm, records, rm, new_tokens)
         if ref is not None:
             row["kl"] = kl_to_reference(lm, ref, kl_records, new_tokens)
-        if core_data is not None:
-            row["core"] = core_score(lm, core_data, settings["core_tasks"],
-                                     settings["core_per_task"])  # fmt: skip
+        if core_data is not None:  # CORE: mean centered accuracy over the named tasks
+            tasks = core_tasks_in(core_data, settings["core_tasks"])
+            row["core"] = evaluate_core(lm, core_data, tasks, settings["core_per_task"]).core
         if prompts := settings.get("chat_prompts"):
             replies = chat_samples(lm, prompts, settings.get("sample_tokens", 48))
             samples[stage] = [{"prompt": p, "reply": r} for p, r in zip(prompts, replies)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -293,7 +294,7 @@ class VisionLanguageModel(nn.Module):
             {
                 "model_type": VLM_MODEL_TYPE,
                 "text_config": self.config.to_dict(),
-                "vision_config": self.vision_tower.config.to_dict(),
+                "vision_config": asdict(self.vision_tower.config),
                 "projector": self.projector_kind,
                 "freeze_vision": self.freeze_vision,
                 "image_token": IMAGE,

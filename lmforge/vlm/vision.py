@@ -92,9 +92,6 @@ class VisionConfig:
         """Feature vectors per image: one per patch, plus CLS when used."""
         return self.grid**2 + int(self.use_cls)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict, source: str = "vision config") -> VisionConfig:
         valid = {f.name for f in dataclasses.fields(cls)}

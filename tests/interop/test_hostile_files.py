@@ -16,7 +16,7 @@ import torch
 
 from lmforge.errors import CheckpointError
 from lmforge.fileio import load_tensors, save_tensors
-from lmforge.interop.gguf_header import read_gguf_header
+from lmforge.interop.gguf_header import GGUFHeader
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
 
@@ -52,7 +52,7 @@ def gguf_bytes(
     return out + (bytes(1024) if data is None else data)
 
 
-def _rejects(path, match: str, limit_mb: float = 8.0, read=read_gguf_header) -> str:
+def _rejects(path, match: str, limit_mb: float = 8.0, read=GGUFHeader) -> str:
     """The one-line CheckpointError the reader (the GGUF header's by default) raises, with
     Python's allocations (numpy's included) during the read bounded by `limit_mb`."""
     tracemalloc.start()
@@ -71,7 +71,7 @@ def _rejects(path, match: str, limit_mb: float = 8.0, read=read_gguf_header) -> 
 def test_valid_handmade_file_parses(tmp_path):
     path = tmp_path / "ok.gguf"
     path.write_bytes(gguf_bytes())
-    header = read_gguf_header(path)
+    header = GGUFHeader(path)
     assert header.meta == {"general.architecture": "llama"}
     t = header.tensors["w"]
     assert (t.shape, t.type_name, t.nbytes) == ((2, 32), "F32", 256)
