@@ -1,6 +1,9 @@
 """DPO trainer: ln 2 at init for any β, completion-only log-probs, precomputed reference."""
 
 import math
+import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,3 +131,43 @@ def test_dpo_on_policy_pairs(tmp_path, cfg, monkeypatch):
     assert 0.0 <= result["exact_match"] <= 1.0 and math.isfinite(result["loss"])
     with pytest.raises(ConfigError, match="pairs_from"):
         DPOConfig(pairs_from="labellers")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def walk_files(number: int) -> tuple[list[str], set[str]]:
+    """(numbered step files, leaf files and folders) of walk `number` of docs/ARCHITECTURE.md;
+    "as in walk 1" adds walk 1's leaves."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = re.search(rf"### Walk {number}:(.*?)(?=\n### |\n## )", text, re.S).group(1)
+    steps_text, _, leaves_text = section.partition("\nLeaves:")
+    steps = list(dict.fromkeys(re.findall(r"\d+\. `([\w/]+\.py)`", steps_text)))
+    leaves = set(re.findall(r"`([\w/]+(?:\.py|/))`", leaves_text))
+    if "as in walk 1" in " ".join(leaves_text.split()) and number != 1:
+        leaves |= walk_files(1)[1]
+    return steps, leaves
+
+
+def test_train_step_runs_the_files_walk_3_names(tmp_path, cfg):
+    """Walk 3 measured: every lmforge file whose code runs in one train_step (recorded with
+    sys.setprofile) is one of the walk's numbered steps or leaves, the steps are at most 7
+    files, and each step after the entry point (cli/post_train.py) does run."""
+    steps, leaves = walk_files(3)
+    assert len(steps) <= 7, steps
+    trainer = DPOTrainer(cfg(tmp_path), log=lambda *a: None)
+    package = str(ROOT / "lmforge") + "/"
+    ran: set[str] = set()
+
+    def record(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            ran.add(frame.f_code.co_filename[len(package) :])
+
+    sys.setprofile(record)
+    try:
+        trainer.train_step()
+    finally:
+        sys.setprofile(None)
+    unnamed = {f for f in ran - set(steps) if not any(f.startswith(x) for x in leaves)}
+    assert not unnamed, f"the DPO step runs files walk 3 does not name: {sorted(unnamed)}"
+    assert set(steps[1:]) <= ran, set(steps[1:]) - ran
