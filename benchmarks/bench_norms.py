@@ -33,6 +33,7 @@ def main() -> None:
     import torch
 
     from lmforge.train.config import TrainConfig
+    from lmforge.train.metrics import read_series
     from lmforge.train.pretrain import Pretrainer
 
     torch.set_num_threads(args.threads)
@@ -50,7 +51,7 @@ def main() -> None:
             )  # fmt: skip
             trainer = Pretrainer(cfg, log=lambda *a: None)
             result = trainer.run()
-            _, val = trainer.metrics.series("val", "loss")
+            _, val = read_series(trainer.metrics.path, "val", "loss")
             curve = "  ".join(f"{v:.3f}" for v in val)
             print(f"  {name:<18} val loss {curve}   {result['tokens_per_s']:>8,.0f} tok/s")
 

@@ -103,9 +103,7 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
         self.setup_reference()  # before PEFT wraps the policy: π_ref is the starting model
         apply_peft(self.lm.model, cfg.peft)
 
-    def load_pairs(self, source, **kw) -> D.Dataset:
-        """The preference pairs of `source` (`load_examples`'s loader): as written there."""
-        return data_pairs(self, source, **kw)
+    load_pairs = data_pairs  # `load_examples`' loader: the pairs as `source` writes them
 
     def setup_reference(self) -> None:
         """Build what scores the pairs under a reference model (none here)."""

@@ -55,10 +55,6 @@ class MetricsLog:
             for name, value in values.items():
                 self.writer.add_scalar(f"{split}/{name}", value, step)
 
-    def series(self, split: str, metric: str) -> tuple[list[int], list[float]]:
-        """(steps, values) for one curve, read back from the CSV."""
-        return read_series(self.path, split, metric)
-
     def plot(self, curves: list[tuple[str, str]], path: str | Path, title: str = "") -> Path:
         """One panel per metric name; each (split, metric) a line. Writes a PNG (not without
         an out_dir)."""
@@ -73,13 +69,14 @@ class MetricsLog:
         fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), squeeze=False)
         for ax, metric in zip(axes[0], metrics):
             for split in [s for s, m in curves if m == metric]:
-                steps, values = self.series(split, metric)  # none while the CSV is absent
+                steps, values = read_series(self.path, split, metric)  # none: no CSV yet
                 if steps:
                     ax.plot(steps, values, label=split, marker="." if len(steps) < 30 else None)
             ax.set_xlabel("step")
             ax.set_ylabel(metric)
             ax.grid(alpha=0.3)
-            ax.legend()
+            if ax.lines:  # a curve with no points yet has no legend entry
+                ax.legend()
         if title:
             fig.suptitle(title)
         fig.tight_layout()
