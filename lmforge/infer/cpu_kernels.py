@@ -150,10 +150,11 @@ def _interleave(rows: torch.Tensor, fill: int) -> torch.Tensor:
     return blocks.reshape(-1, groups, LANES * nbytes).contiguous()
 
 
-def _deinterleave(packed: torch.Tensor, nbytes: int, n: int) -> torch.Tensor:
-    """The inverse of `_interleave` for the first 16 nbytes of every block: uint8 [n, K/32, B]."""
+def _deinterleave(packed: torch.Tensor, nbytes: int, n: int, at: int = 0) -> torch.Tensor:
+    """The inverse of `_interleave` for the 16 nbytes from byte `at` of every block: uint8
+    [n, K/32, B]."""
     blocks, groups, _ = packed.shape
-    pieces = packed[:, :, : LANES * nbytes].reshape(blocks, groups, nbytes // 4, LANES, 4)
+    pieces = packed[:, :, at : at + LANES * nbytes].reshape(blocks, groups, nbytes // 4, LANES, 4)
     return pieces.permute(0, 3, 1, 2, 4).reshape(blocks * LANES, groups, nbytes)[:n]
 
 
@@ -199,50 +200,87 @@ def unpack_q8(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 INT4_CODE_BYTES = LANES * BLOCK // 2  # a block's codes: 16 rows x 32 columns, two a byte
+INT5_HIGH_BYTES = 4 * LANES  # 5-bit layouts: then the 16 rows' fifth bits, 4 bytes a row
 INT4_BYTES = INT4_CODE_BYTES + 4 * LANES  # then 16 fp16 scales and 16 fp16 offsets
 INT4_SYM_BYTES = INT4_CODE_BYTES + 2 * LANES  # symmetric: the scales only (offset -8 * scale)
+# bit t of a row's fifth-bit byte j is column 4 t + j's, bit 4 + t column 16 + 4 t + j's
+# (quantized_matmul.cpp: one shift lines a plane up with the nibbles it completes)
+_FIFTH_BYTE = torch.arange(BLOCK) % 4
+_FIFTH_SHIFT = torch.arange(BLOCK) % 16 // 4 + 4 * (torch.arange(BLOCK) // 16)
 
 
 def pack_int4(
     q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Codes q [N, K] (0..15) with fp16 `scale` and `offset` [N, K / 32] (w = q * scale +
-    offset) -> the int4 kernel's layout: uint8 [ceil(N / 16), K / 32, 320]: per block the codes
-    (byte j of a row's group: column j in the low nibble, column j + 16 in the high one), then
-    the 16 rows' scales, then their offsets. offset None: the symmetric layout, w = (q - 8) *
-    scale (llama.cpp's Q4_0), [.., 288] bytes: the codes and the scales."""
+    """Codes q [N, K] (0..15, or 0..31: the 5-bit layout) with fp16 `scale` and `offset`
+    [N, K / 32] (w = q * scale + offset) -> the int4 kernel's layout: uint8
+    [ceil(N / 16), K / 32, 320]: per block the codes (byte j of a row's group: column j in the
+    low nibble, column j + 16 in the high one), then the 16 rows' scales, then their offsets.
+    offset None: the symmetric layout, w = (q - 8) * scale (llama.cpp's Q4_0), [.., 288] bytes:
+    the codes and the scales. Codes above 15: `pack_int4_nibbles` with their fifth bits."""
     n, k = q.shape
-    g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.uint8)
-    return pack_int4_nibbles(g[:, :, 0] | g[:, :, 1] << 4, scale, offset)
+    g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.int32)
+    bits = (g >> 4 & 1).view(n, k // BLOCK, BLOCK) << torch.arange(BLOCK, dtype=torch.int32)
+    high = bits.sum(-1, dtype=torch.int32) if bool((g > 15).any()) else None
+    nibbles = (g[:, :, 0] & 15 | (g[:, :, 1] & 15) << 4).to(torch.uint8)
+    return pack_int4_nibbles(nibbles, scale, offset, high)
 
 
 def pack_int4_nibbles(
-    nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None
+    nibbles: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None = None,
+    high: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`pack_int4` from codes already in bytes: nibbles uint8 [N, K / 32, 16] (byte j: column j
-    low, j + 16 high, as llama.cpp's Q4_0 / Q4_1 blocks store them)."""
+    low, j + 16 high, as llama.cpp's Q4_0 / Q4_1 blocks store them). `high`: the codes' fifth
+    bits, int32 [N, K / 32] with column j's at bit j (llama.cpp's Q5_0 / Q5_1 `qh`): the 5-bit
+    layout, w = q * scale + offset or (q - 16) * scale, [.., 384] or [.., 352] bytes."""
     codes = _interleave(nibbles, 0)
     blocks = codes.shape[0]
-    parts = [codes, _per_block(scale, blocks)]
+    parts = [codes]
+    if high is not None:
+        bits = (high[..., None] >> torch.arange(BLOCK, dtype=torch.int32) & 1).to(torch.uint8)
+        planes = bits.view(*high.shape, 2, 4, 4) << torch.arange(8, dtype=torch.uint8).view(
+            2, 4, 1
+        )  # [.., low / high nibbles, t, j] -> bit 4 * half + t of byte j
+        parts.append(_interleave(planes.sum((-3, -2), dtype=torch.uint8), 0))
+    parts.append(_per_block(scale, blocks))
     if offset is not None:
         parts.append(_per_block(offset, blocks))
     return torch.cat(parts, dim=-1).contiguous()
 
 
 def int4_symmetric(packed: torch.Tensor) -> bool:
-    """Whether int4 weights packed by `pack_int4` are in the symmetric layout (no offsets)."""
-    return packed.shape[-1] == INT4_SYM_BYTES
+    """Whether weights packed by `pack_int4` are in a symmetric layout (no offsets)."""
+    return packed.shape[-1] in (INT4_SYM_BYTES, INT4_SYM_BYTES + INT5_HIGH_BYTES)
+
+
+def int5(packed: torch.Tensor) -> bool:
+    """Whether weights packed by `pack_int4` hold 5-bit codes (a plane of fifth bits)."""
+    return packed.shape[-1] > INT4_BYTES
+
+
+def group_codes(nibbles: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
+    """Codes uint8 [.., 32] of a row's group from its nibble bytes [.., 16] and, in a 5-bit
+    layout, its 4 fifth-bit bytes [.., 4] as the kernel stores them."""
+    codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)
+    if high is None:
+        return codes
+    return codes | (high[..., _FIFTH_BYTE] >> _FIFTH_SHIFT.to(torch.uint8) & 1) << 4
 
 
 def unpack_int4(
     packed: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The inverse of `pack_int4`: codes uint8 [n, K], fp16 scale and offset [n, K / 32]
-    (offset None for the symmetric layout)."""
-    g = _deinterleave(packed, BLOCK // 2, n)
-    codes = torch.cat([g & 15, g >> 4], dim=-1).reshape(n, -1)
-    offset = None if int4_symmetric(packed) else _per_row(packed, INT4_CODE_BYTES + 2 * LANES, n)
-    return codes, _per_row(packed, INT4_CODE_BYTES, n), offset
+    (offset None for a symmetric layout)."""
+    five = int5(packed)
+    high = _deinterleave(packed, 4, n, INT4_CODE_BYTES) if five else None
+    codes = group_codes(_deinterleave(packed, BLOCK // 2, n), high).reshape(n, -1)
+    at = INT4_CODE_BYTES + (INT5_HIGH_BYTES if five else 0)
+    offset = None if int4_symmetric(packed) else _per_row(packed, at + 2 * LANES, n)
+    return codes, _per_row(packed, at, n), offset
 
 
 def build_key(cxx: str, flags: list[str]) -> str:

@@ -1,8 +1,9 @@
 """Int4 inference Linear layers: group-wise 4-bit weights in two layouts, asymmetric (fp16 scale
 and offset per group of 32, GGUF Q4_1's layout, what `--quantize int4` makes) and symmetric
 (fp16 scale only, offset -8 x scale, GGUF Q4_0's), each run by lmforge's CPU kernels
-(native/quantized_matmul.cpp) where they fit and by torch's int4 kernels elsewhere; the shared
-machinery (QuantizedLinear, the kernel choice by rows) is in quantized_linear.py."""
+(native/quantized_matmul.cpp) where they fit and by torch's int4 kernels elsewhere; and their
+5-bit versions (GGUF Q5_1 / Q5_0 as stored), lmforge's CPU kernels only. The shared machinery
+(QuantizedLinear, the kernel choice by rows) is in quantized_linear.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from lmforge.errors import ConfigError
 from lmforge.infer.cpu_kernels import (
     BLOCK,
     INT4_CODE_BYTES,
+    INT5_HIGH_BYTES,
     LANES,
+    group_codes,
     int4_symmetric,
+    int5,
     native_kernels,
     pack_int4,
     pack_int4_nibbles,
@@ -114,18 +118,24 @@ class Int4Linear(QuantizedLinear):
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         name: str = "",
+        high: torch.Tensor | None = None,
     ) -> Int4Linear:
         """From llama.cpp Q4_1 blocks as stored: nibbles uint8 [N, K / 32, 16] (byte j: element
         j low, j + 16 high), fp16 d and m [N, K / 32], w = q d + m; or from Q4_0 blocks (m None:
         w = (q - 8) d). The native kernel's layouts are the same bytes and fp16 values
-        interleaved, so they are packed as they are (Q4_0 into the symmetric one)."""
+        interleaved, so they are packed as they are (Q4_0 into the symmetric one). With `high`
+        (int32 [N, K / 32], element j's fifth bit at bit j): Q5_1 / Q5_0 blocks (w = q d + m or
+        (q - 16) d, codes 0..31) into the 5-bit layouts, which only the native kernels run."""
         n, groups, _ = nibbles.shape
-        if nibbles.device.type == "cpu" and (native := native_kernels()) is not None:
+        native = native_kernels() if nibbles.device.type == "cpu" else None
+        if native is not None:
             self = cls.__new__(cls)
             QuantizedLinear.__init__(self, groups * BLOCK, n, bias, dtype)
             self.group_size = BLOCK
-            self._keep_native(native, pack_int4_nibbles(nibbles, d, m))
+            self._keep_native(native, pack_int4_nibbles(nibbles, d, m, high))
             return self
+        if high is not None:
+            raise ConfigError(f"{name or 'a layer'}: 5-bit blocks need lmforge's CPU kernels")
         codes = torch.stack([nibbles & 15, nibbles >> 4], dim=2).view(n, groups * BLOCK)
         scale = d.float()
         zero = torch.zeros_like(scale) if m is None else m.float() + 8 * scale
@@ -137,12 +147,18 @@ class Int4Linear(QuantizedLinear):
         packed = self._buffers.get("native_packed")
         return packed is not None and int4_symmetric(packed)
 
+    @property
+    def centre(self) -> int:
+        """The code that a symmetric layout maps to 0 (w = (q - centre) d): 8, or 16 in 5 bits."""
+        return 1 << self.bits - 1
+
     def extra_repr(self) -> str:
         return super().extra_repr() + (" symmetric" if self.symmetric else "")
 
     def _keep_native(self, native, packed: torch.Tensor) -> None:
         """Hold the weights only in the native kernel's layout (`packed`, from pack_int4)."""
         self._native, self.padded = native, self.out_features
+        self.bits = 5 if int5(packed) else 4
         self.register_buffer("native_packed", packed)
         for name in ("scale_zeros", "kernel_scale_zeros", "weight_int4", "codes"):
             self.register_buffer(name, None)
@@ -220,15 +236,24 @@ class Int4Linear(QuantizedLinear):
         t, groups = ids.numel(), packed.shape[1]
         blocks, lane, every = packed[ids // LANES], ids % LANES, torch.arange(t)
         c = blocks[..., :INT4_CODE_BYTES].view(t, groups, 4, LANES, 4)[every, :, :, lane]
-        c = c.reshape(t, groups, BLOCK // 2)
-        q = torch.cat([c & 15, c >> 4], dim=-1).float()  # columns j and j + 16 of each group
-        scales = blocks[..., INT4_CODE_BYTES:].contiguous().view(torch.half)  # [t, G, 16 or 32]
-        d = scales[every, :, lane].float()  # then m, unless symmetric
-        if int4_symmetric(packed):
-            w = (q - 8) * d[..., None]
-        else:
-            w = q * d[..., None] + scales[every, :, LANES + lane].float()[..., None]
-        return w.view(t, self.in_features).to(self.dtype)
+        at, high = INT4_CODE_BYTES, None
+        if self.bits == 5:  # the fifth bits: one 4-byte piece per row
+            at += INT5_HIGH_BYTES
+            high = blocks[..., INT4_CODE_BYTES:at].view(t, groups, LANES, 4)[every, :, lane]
+        q = group_codes(c.reshape(t, groups, BLOCK // 2), high)
+        scales = blocks[..., at:].contiguous().view(torch.half)  # [t, G, 16 or 32]
+        d = scales[every, :, lane]  # then m, unless symmetric
+        m = None if int4_symmetric(packed) else scales[every, :, LANES + lane]
+        return self._weights(q, d, m, self.dtype).view(t, self.in_features)
+
+    def _weights(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                 dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+        """w = q d + m (or (q - centre) d) in `dtype` from codes [.., G, 32] and fp16 d, m
+        [.., G], in torch ops (as the kernel computes it: fp32, then rounded)."""
+        q = q.float()
+        if m is None:
+            return ((q - self.centre) * d.float()[..., None]).to(dtype)
+        return (q * d.float()[..., None] + m.float()[..., None]).to(dtype)
 
     def _native_rows(self, start: int, stop: int):
         """(codes, scale d, offset m) of output rows start:stop (start a multiple of 16) from the
@@ -244,11 +269,7 @@ class Int4Linear(QuantizedLinear):
             packed = buffers["native_packed"]
             if packed.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
                 codes, d, m = self._native_rows(start, stop)
-                q = codes.to(dtype).view(stop - start, -1, BLOCK)
-                if m is None:  # symmetric: w = (q - 8) d
-                    w = (q - 8) * d.to(dtype)[..., None]
-                else:
-                    w = q * d.to(dtype)[..., None] + m.to(dtype)[..., None]
+                w = self._weights(codes.view(stop - start, -1, BLOCK), d, m, dtype)
                 return w.view(stop - start, self.in_features)
             made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
             blocks = packed[start // LANES : -(-stop // LANES)]

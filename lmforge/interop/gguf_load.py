@@ -7,10 +7,12 @@ file, converted and placed, and the file's pages for it are dropped from this pr
 copy of the whole model. Three policies:
 
 - `as_stored` (LM.load's default): the file's own precision. Q8_0 blocks become BlockInt8Linear
-  and Q4_0 / Q4_1 blocks Int4Linear code for code (both are the native kernels' formats, only
-  interleaved; Q4_0 in the symmetric int4 layout, without offsets), F16 / BF16 stay 16-bit
+  and Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks Int4Linear code for code (both are the native kernels'
+  formats, only interleaved; Q4_0 / Q5_0 in the symmetric layouts, without offsets; Q5 in the
+  5-bit ones); a fused layer joining Q8_0 with Q4_0 / Q5_0 parts holds them all as Q8_0 blocks
+  (their centred codes fit int8: exact). F16 / BF16 stay 16-bit
   (HalfLinear), F32 stays F32; the token table too (QuantizedEmbedding, whose layer is also the
-  head of a tied model). Formats the kernels have no layout for (the K-quants, Q5_x, the IQ
+  head of a tied model). Formats the kernels have no layout for (the K-quants, the IQ
   types) are dequantised one tensor at a time and quantised again: to int4 (groups of 32, scale
   and offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0; one
   warning states which tensors and the largest relative weight error that caused. Activations
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import CheckpointError
+from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.int4_linear import Int4Linear
 from lmforge.infer.quantized_linear import (
     BLOCK,
@@ -40,13 +43,14 @@ from lmforge.infer.quantized_linear import (
 )
 from lmforge.interop.gguf_header import ggml_types
 from lmforge.interop.gguf_read import (
+    GROUP_TYPES,
     PLAIN_TYPES,
-    Q4_TYPES,
+    Q8_EXACT_TYPES,
     GGUFFile,
     check_tensors,
     permute_named,
     read_config,
-    read_q4_blocks,
+    read_group_blocks,
     read_q8_blocks,
 )
 from lmforge.interop.hf import to_ours
@@ -112,18 +116,25 @@ class _Loader:
         self.release(names)
         return joined
 
-    def q4_blocks(self, rule) -> list[torch.Tensor | None]:
-        """(nibbles, d, m) of a rule whose parts are Q4_0 / Q4_1 (`read_q4_blocks`): m None when
-        every part is Q4_0 (the symmetric layout); in a rule mixing both, its Q4_0 parts get
-        their implied offset m = -8 d (exact in fp16: a power-of-two multiple)."""
-        if self.kinds(rule) == {"Q4_0"}:
-            return [*self.components(rule, lambda f, g: read_q4_blocks(f, g)[:2]), None]
+    def group_blocks(self, rule) -> list[torch.Tensor | None]:
+        """(nibbles, d, m, high) of a rule whose parts are Q4_0 / Q4_1 / Q5_0 / Q5_1
+        (`read_group_blocks`): m None when every part is Q4_0, or every part Q5_0 (a symmetric
+        layout); in a rule mixing them, the symmetric parts get their implied offset m = -8 d or
+        -16 d (exact in fp16: a power-of-two multiple); high None unless a part is Q5 (then
+        zero for the Q4 parts)."""
+        kinds = self.kinds(rule)
+        symmetric, five = kinds in ({"Q4_0"}, {"Q5_0"}), any(k.startswith("Q5") for k in kinds)
 
         def read(f: GGUFFile, g: str) -> tuple[torch.Tensor, ...]:
-            q, d, m = read_q4_blocks(f, g)
-            return q, d, -8 * d if m is None else m
+            q, d, m, high = read_group_blocks(f, g)
+            if m is None and not symmetric:
+                m = -(8 if high is None else 16) * d
+            if high is None and five:
+                high = torch.zeros(d.shape, dtype=torch.int32)
+            return tuple(t for t in (q, d, m, high) if t is not None)
 
-        return self.components(rule, read)
+        parts = self.components(rule, read)
+        return [*parts[:2], None if symmetric else parts[2], parts[-1] if five else None]
 
     def release(self, names: list[str]) -> None:
         for g in names:
@@ -139,12 +150,12 @@ class _Loader:
         kinds = self.kinds(rule)
         if kinds == {"F32"}:
             return None
-        if kinds == {"Q8_0"}:
+        if "Q8_0" in kinds and kinds <= set(Q8_EXACT_TYPES):
             q, d = self.components(rule, read_q8_blocks)
             return BlockInt8Linear.from_blocks(q, d, bias, self.dtype)
-        if kinds <= set(Q4_TYPES):
-            q, d, m = self.q4_blocks(rule)
-            return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
+        if kinds <= set(GROUP_TYPES) and (kinds <= {"Q4_0", "Q4_1"} or native_kernels()):
+            q, d, m, high = self.group_blocks(rule)
+            return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name, high)
         if len(kinds) == 1 and (kind := next(iter(kinds))) in ("F16", "BF16"):
             return HalfLinear(self.dense(rule, PLAIN_TYPES[kind]), bias, self.dtype)
         weight = self.dense(rule, torch.float32)
@@ -162,8 +173,8 @@ class _Loader:
     def quantized_layer(self, rule, bias: torch.Tensor | None, name: str) -> nn.Module:
         """lmforge's int8 / int4 (lmforge.infer.quantize's choices: int4 keeps the output head
         at int8), Q4_0 / Q4_1 codes kept under int4."""
-        if self.quantize == "int4" and self.kinds(rule) <= set(Q4_TYPES):
-            q, d, m = self.q4_blocks(rule)
+        if self.quantize == "int4" and self.kinds(rule) <= {"Q4_0", "Q4_1"}:
+            q, d, m, _ = self.group_blocks(rule)
             return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name)
         linear = _dense_linear(self.dense(rule, torch.float32), bias)
         if self.quantize == "int8" or name == "lm_head":

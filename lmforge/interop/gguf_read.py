@@ -397,36 +397,51 @@ def check_tensors(
     return name_map
 
 
-# ---- Q4 blocks onto the int4 inference path ----------------------------------------------------
-Q4_TYPES = ("Q4_0", "Q4_1")
+# ---- Q4 / Q5 / Q8 blocks onto the int4 / int5 / Q8_0 inference paths -----------------------------
+GROUP_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")  # llama.cpp's 4 / 5-bit blocks of 32
+Q8_EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0")  # w = (q - centre) d: Q8_0 blocks hold them exactly
 Q4_BLOCK = Q8_BLOCK = 32
 
 
-def read_q4_blocks(
+def read_group_blocks(
     f: GGUFFile, name: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A Q4_0/Q4_1 tensor's blocks as they are in the file, not dequantised: (nibbles uint8
-    [rows, K/32, 16], d fp16 [rows, K/32], m fp16 [rows, K/32]) with w = q d + m for the codes
-    q in 0..15: byte j of a block holds element j in its low nibble and j + 16 in its high one.
-    A Q4_1 block is an fp16 d, an fp16 m and the 16 bytes; a Q4_0 block an fp16 d and the 16
-    bytes, with w = (q - 8) d: m is None (symmetric; Int4Linear.from_q4_blocks keeps it so)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A Q4_0 / Q4_1 / Q5_0 / Q5_1 tensor's blocks as they are in the file, not dequantised:
+    (nibbles uint8 [rows, K/32, 16], d fp16 [rows, K/32], m fp16 [rows, K/32], high int32
+    [rows, K/32]) with w = q d + m for the codes q: byte j of a block holds the low 4 bits of
+    element j in its low nibble and of j + 16 in its high one; Q5's `qh` holds element j's
+    fifth bit at bit j (high None for Q4). A block is an fp16 d, an fp16 m (Q4_1 / Q5_1), the
+    4 bytes of qh (Q5) and the 16 bytes (ggml-common.h). Q4_0 and Q5_0 are symmetric,
+    w = (q - 8) d and (q - 16) d: m is None (Int4Linear.from_q4_blocks keeps it so)."""
     kind = f.type_name(name)
-    if kind not in Q4_TYPES:
-        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(Q4_TYPES)}")
+    if kind not in GROUP_TYPES:
+        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(GROUP_TYPES)}")
     rows, k = f.shape(name)
-    head = 2 if kind == "Q4_0" else 4
+    head = (2 if kind.endswith("_0") else 4) + (4 if kind.startswith("Q5") else 0)
     raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
     d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
-    m = None if kind == "Q4_0" else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
-    return raw[..., head:].contiguous(), d, m
+    m = None if kind.endswith("_0") else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    high = None
+    if kind.startswith("Q5"):  # qh: a little-endian uint32 before the nibbles
+        high = raw[..., head - 4 : head].contiguous().view(torch.int32)[..., 0]
+    return raw[..., head:].contiguous(), d, m, high
 
 
 def read_q8_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q8_0 tensor's blocks as stored: (codes int8 [rows, K], scales fp16 [rows, K / 32]);
-    a block is an fp16 scale d then 32 int8 codes, w = q d."""
-    if f.type_name(name) != "Q8_0":
-        raise CheckpointError(f"{f.path}: tensor {name} is {f.type_name(name)}, not Q8_0")
+    a block is an fp16 scale d then 32 int8 codes, w = q d. A Q4_0 / Q5_0 tensor's blocks as
+    the same: their centred codes q - 8 / q - 16 with their own d (exact)."""
+    kind = f.type_name(name)
+    if kind not in Q8_EXACT_TYPES:
+        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not Q8_0")
     rows, k = f.shape(name)
+    if kind != "Q8_0":
+        nibbles, d, _, high = read_group_blocks(f, name)
+        codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).to(torch.int8)
+        if high is not None:
+            codes |= (high[..., None] >> torch.arange(Q4_BLOCK, dtype=torch.int32) & 1).to(
+                torch.int8) << 4  # fmt: skip
+        return (codes - (16 if high is not None else 8)).view(rows, k), d
     raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q8_BLOCK, 2 + Q8_BLOCK)
     d = raw[..., :2].contiguous().view(torch.float16)[..., 0]
     return raw[..., 2:].contiguous().view(torch.int8).view(rows, k), d

@@ -96,57 +96,76 @@ def test_int4_matches_torch_on_the_same_quantised_activations(kernel, rows, shap
 
 @pytest.mark.parametrize("rows", [1, 5, 8])
 @pytest.mark.parametrize("shape", [(70, 96), (36, 64)])
-def test_symmetric_int4_is_the_int4_kernel_with_the_offset_minus_8_scale(kernel, rows, shape):
-    """The symmetric layout (llama.cpp's Q4_0: w = (q - 8) d, no offsets stored) against the
-    fp32 product on the same quantised activations, and bit for bit against the asymmetric
-    layout holding m = -8 d (exact in fp16), whose offset term is then zero."""
+@pytest.mark.parametrize("bits", [4, 5])
+def test_symmetric_int4_is_the_int4_kernel_with_the_offset_minus_8_scale(kernel, rows, shape,
+                                                                         bits):  # fmt: skip
+    """The symmetric layouts (llama.cpp's Q4_0: w = (q - 8) d, Q5_0: w = (q - 16) d, no offsets
+    stored) against the fp32 product on the same quantised activations, and bit for bit
+    against the asymmetric layout holding m = -8 d or -16 d (exact in fp16), whose offset term
+    is then zero."""
     n, k = shape
+    centre = 1 << bits - 1
     g = torch.Generator().manual_seed(rows + n + 2)
-    q = torch.randint(0, 16, (n, k), generator=g)
+    q = torch.randint(0, 2 * centre, (n, k), generator=g)
     d = (torch.randn(n, k // 32, generator=g) / 20).half()  # Q4_0's d takes either sign
     x = torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4, k)
     packed = cpu_kernels.pack_int4(q, d)
-    assert packed.shape[-1] == cpu_kernels.INT4_SYM_BYTES and cpu_kernels.int4_symmetric(packed)
+    high = cpu_kernels.INT5_HIGH_BYTES if bits == 5 else 0
+    assert packed.shape[-1] == cpu_kernels.INT4_SYM_BYTES + high
+    assert cpu_kernels.int4_symmetric(packed) and cpu_kernels.int5(packed) == (bits == 5)
     codes, d2, m2 = cpu_kernels.unpack_int4(packed, n)
     assert torch.equal(codes, q.to(torch.uint8)) and torch.equal(d2, d) and m2 is None
-    w = ((q.float() - 8).view(n, -1, 32) * d.float()[..., None]).view(n, k)
+    w = ((q.float() - centre).view(n, -1, 32) * d.float()[..., None]).view(n, k)
     y = kernel.int4_matmul(x, packed, n)
     torch.testing.assert_close(y, quantised_activations(x) @ w.t(), rtol=1e-4, atol=1e-4)
-    assert torch.equal(y, kernel.int4_matmul(x, cpu_kernels.pack_int4(q, d, -8 * d), n))
+    asymmetric = cpu_kernels.pack_int4(q, d, -centre * d)
+    assert asymmetric.shape[-1] == cpu_kernels.INT4_BYTES + high
+    assert torch.equal(y, kernel.int4_matmul(x, asymmetric, n))
     assert torch.equal(kernel.dequantize_int4(packed, n, torch.float32), w)
+    assert torch.equal(kernel.dequantize_int4(asymmetric, n, torch.float32), w)
     assert torch.equal(kernel.dequantize_int4(packed, n, torch.bfloat16), w.bfloat16())
 
 
-def test_gguf_q4_0_runs_in_the_symmetric_layout_on_every_variant(kernel, tmp_path):
-    """Oracle gguf-py: its quantiser writes a Q4_0 tensor and its dequantiser reads it back; the
-    blocks repacked as stored (no offsets: 4.5 bits a weight) give those weights bit for bit
-    (the kernel's dequantisation and the embedding's row lookup) and their product."""
+@pytest.mark.parametrize(("kind", "bits"), [("Q4_0", 4.5), ("Q5_0", 5.5), ("Q5_1", 6)])
+def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits):
+    """Oracle gguf-py: its quantiser writes a Q4_0 / Q5_0 / Q5_1 tensor and its dequantiser
+    reads it back; the blocks repacked as stored (no offsets for Q4_0 / Q5_0, a plane of fifth
+    bits for Q5: the file's bits a weight) give those weights bit for bit (the kernel's
+    dequantisation and the embedding's row lookup) and their product at decode and prefill
+    sizes; the first three rows again in fp32 against the fp32 product of the raw x."""
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize, quantize
 
-    from lmforge.interop.gguf_read import GGUFFile, read_q4_blocks
+    from lmforge.interop.gguf_read import GGUFFile, read_group_blocks
 
-    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    qtype = gguf.GGMLQuantizationType[kind]
     w = np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
-    writer = gguf.GGUFWriter(str(tmp_path / "q4_0.gguf"), "llama")
-    writer.add_tensor("w", quantize(w, q4_0), raw_dtype=q4_0)
+    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    writer.add_tensor("w", quantize(w, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    f = GGUFFile(tmp_path / "q4_0.gguf")
-    theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), q4_0), dtype=np.float32))
-    nibbles, d, m = read_q4_blocks(f, "w")
-    assert m is None
-    layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, name="w")
-    assert layer.symmetric and layer.extra_repr().endswith("int4 symmetric")
+    f = GGUFFile(tmp_path / "q.gguf")
+    theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), qtype), dtype=np.float32))
+    nibbles, d, m, high = read_group_blocks(f, "w")
+    assert (m is None) == kind.endswith("_0") and (high is None) == (kind == "Q4_0")
+    layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, name="w", high=high)
+    assert layer.symmetric == kind.endswith("_0") and layer.bits == (5 if high is not None else 4)
     packed = layer._buffers["native_packed"]
-    assert packed.numel() == 48 * 96 * 9 // 16  # 4.5 bits a weight (40 rows padded to 48)
+    assert packed.numel() == 48 * 96 * bits / 8  # the file's bits a weight (48 padded rows)
     assert torch.equal(layer.dequantize(), theirs)
     assert torch.equal(layer.rows(torch.tensor([0, 17, 39, 17])), theirs[[0, 17, 39, 17]])
-    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(layer(x), quantised_activations(x) @ theirs.t(),
-                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    # Q5_1's offsets (with the centring's 16 d) meet the exact group sums of x (as for int4)
+    offset = torch.zeros(40, 3) if m is None else m.float() + 16 * d.float()
+    centred = theirs - offset.repeat_interleave(32, dim=1)
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(0))
+    for rows in (1, 3, 40):  # a decode step, a tile's tail, a prompt
+        expect = (quantised_activations(x[:rows]) @ centred.t()
+                  + x[:rows].view(rows, 3, 32).sum(-1) @ offset.t())  # fmt: skip
+        torch.testing.assert_close(layer(x[:rows]), expect, rtol=1e-4, atol=1e-4)
+    exact = x[:3].double() @ theirs.double().t()
+    assert ((layer(x[:3]) - exact).norm() / exact.norm()) < 1e-2
     f.close()
 
 

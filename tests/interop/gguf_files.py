@@ -230,6 +230,7 @@ def assert_same_model(ref, lm, vocab_size, tol=1e-4):
 AS_STORED = {
     "F32": (Linear, True), "F16": (HalfLinear, True), "BF16": (HalfLinear, True),
     "Q8_0": (BlockInt8Linear, True), "Q4_0": (Int4Linear, True), "Q4_1": (Int4Linear, True),
+    "Q5_0": (Int4Linear, True), "Q5_1": (Int4Linear, True),
     "Q4_K": (Int4Linear, False), "Q6_K": (BlockInt8Linear, False),
 }  # fmt: skip
 
@@ -249,8 +250,8 @@ def assert_as_stored(path, ref, dense, vocab_size, tol=0.03):
     name = "blocks.0.mlp.down_proj"
     layer = lm.model.get_submodule(name)
     assert type(layer) is layer_type
-    if layer_type is Int4Linear:  # Q4_0 in the symmetric int4 layout (no offsets stored)
-        assert layer.symmetric == (kind == "Q4_0")
+    if layer_type is Int4Linear:  # Q4_0 / Q5_0 in the symmetric layouts (no offsets stored)
+        assert layer.symmetric == kind.endswith("_0") and layer.bits == int(kind[1])
     weight = dense.model.get_submodule(name).weight
     if exact and layer_type is not Linear:
         assert torch.equal(layer.dequantize(dtype=torch.float32), weight)

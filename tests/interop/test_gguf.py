@@ -24,7 +24,9 @@ from lmforge.lm import LM
 
 # ---- import ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name
+    "qtype",
+    [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K],
+    ids=lambda q: q.name,
 )
 def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype, build_hf):
     vocab = bpe_vocab
@@ -40,17 +42,23 @@ def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype, build_
             assert (hf(x).logits - lm.model(x)).abs().max().item() <= 1e-4
 
 
-def test_a_layer_joining_q4_0_and_q4_1_tensors_keeps_both_exactly(tmp_path, bpe_vocab, build_hf):
-    """q and k in Q4_0, v in Q4_1 (one fused qkv layer): the layer takes the asymmetric int4
-    layout with Q4_0's implied offsets, the Q4_0-only layers the symmetric one; both hold the
-    file's weights exactly (the dense load, through gguf-py's dequantisation, is the oracle)."""
+@pytest.mark.parametrize(("kind", "v_kind", "bits"), [(Q.Q4_0, Q.Q4_1, 4), (Q.Q5_0, Q.Q4_1, 5),
+                                                     (Q.Q5_0, Q.Q8_0, 8)])  # fmt: skip
+def test_a_layer_joining_two_block_types_keeps_both_exactly(tmp_path, bpe_vocab, build_hf, kind,
+                                                             v_kind, bits):  # fmt: skip
+    """q and k in Q4_0 or Q5_0, v in Q4_1 or Q8_0 (one fused qkv layer; SmolLM2's Q4_K_M file
+    joins Q5_0 and Q8_0): with Q4_1 the layer takes the asymmetric int4 / int5 layout with the
+    symmetric parts' implied offsets, with Q8_0 Q8_0 blocks (Q5_0's centred codes fit int8); the
+    other layers the symmetric layout; all hold the file's weights exactly (the dense load,
+    through gguf-py's dequantisation, is the oracle)."""
     hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
-    path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.Q4_0, bpe_vocab,
-                      qtypes={"attn_v": Q.Q4_1})  # fmt: skip
+    path = write_gguf(tmp_path / "m.gguf", hf, "llama", kind, bpe_vocab,
+                      qtypes={"attn_v": v_kind})  # fmt: skip
     dense, lm = LM.load(path, dtype="float32"), LM.load(path)
     for name, symmetric in [("blocks.0.attn.qkv_proj", False), ("blocks.0.attn.o_proj", True)]:
         layer = lm.model.get_submodule(name)
-        assert layer.symmetric == symmetric
+        assert layer.bits == (bits if name.endswith("qkv_proj") else min(bits, 5))
+        assert getattr(layer, "symmetric", False) == symmetric
         weight = dense.model.get_submodule(name).weight
         assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
 

@@ -22,15 +22,18 @@ namespace lmforge_kernels {
  * block of 32 inside */
 using Int8Matmul = int(const float* x, const uint8_t* w, const float* w_scale, float* y,
                        int64_t m, int64_t n, int64_t k, int threads);
-/* the same for int4 codes with fp16 scale d and offset m per group of 32 (w = q d + m), for
- * symmetric int4 codes with an fp16 scale d per group of 32 (w = (q - 8) d: llama.cpp's Q4_0),
- * and for llama.cpp's Q8_0 blocks (int8 codes, an fp16 scale per group of 32: w = q d) */
+/* the same for llama.cpp's Q8_0 blocks (int8 codes, an fp16 scale per group of 32: w = q d) */
 using BlockMatmul = int(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
                         int64_t k, int threads);
-/* the interleaved int4 weights [n, k] (symmetric ones when `symmetric`) as fp32, or bf16 when
- * `bf16` (the prefill GEMM's) */
+/* and for the group-wise layouts: int4 codes with an fp16 scale d and offset m per group of 32
+ * (w = q d + m), or, when `symmetric`, an fp16 scale d only (w = (q - 8) d: llama.cpp's Q4_0);
+ * when `five`, their 5-bit versions (llama.cpp's Q5_1, and Q5_0: w = (q - 16) d) */
+using GroupMatmul = int(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
+                        int64_t k, int symmetric, int five, int threads);
+/* the interleaved int4 weights [n, k] (symmetric ones when `symmetric`, 5-bit ones when
+ * `five`) as fp32, or bf16 when `bf16` (the prefill GEMM's) */
 using DequantizeInt4 = void(const uint8_t* w, void* out, int64_t n, int64_t k, int symmetric,
-                            int bf16, int threads);
+                            int five, int bf16, int threads);
 /* y [m, n] fp32 = x [m, k] (fp32, or bf16 when x_bf16) times w [n, k] as the model stores it:
  * bf16, fp16 or fp32 (w_type 0, 1, 2) (dense_matmul.cpp) */
 using DenseMatmul = int(const void* x, int x_bf16, const void* w, int w_type, float* y,
@@ -49,8 +52,7 @@ using DecodeAttention = int(const float* q, const void* k, const void* v, int dt
 struct Kernels {
   const char* variant;
   Int8Matmul* int8_matmul;
-  BlockMatmul* int4_matmul;
-  BlockMatmul* int4_sym_matmul;
+  GroupMatmul* group_matmul;
   BlockMatmul* q8_matmul;
   DequantizeInt4* dequantize_int4;
   DenseMatmul* dense_matmul;
@@ -70,7 +72,8 @@ LMFORGE_VARIANTS(LMFORGE_DECLARE_TABLE)
 #ifdef LMFORGE_VARIANT /* compiling one variant: its entry points */
 namespace LMFORGE_VARIANT {
 Int8Matmul int8_matmul;
-BlockMatmul int4_matmul, int4_sym_matmul, q8_matmul;
+GroupMatmul group_matmul;
+BlockMatmul q8_matmul;
 DequantizeInt4 dequantize_int4;
 DenseMatmul dense_matmul;
 DecodeAttention decode_attention;

@@ -24,7 +24,9 @@
  * + sum_g (m_g + 8 d_g) sum(x_g): the codes centred, so the activations' rounding meets q - 8.
  * Symmetric int4 (llama.cpp's Q4_0: w = (q - 8) d, 4.5 bits a weight against 5) is the same
  * kernel with the offset implied, m = -8 d: its blocks hold no offsets, and the second sum,
- * which is zero for it, is skipped.
+ * which is zero for it, is skipped. The 5-bit layouts (llama.cpp's Q5_0: w = (q - 16) d, and
+ * Q5_1: w = q d + m, codes 0..31) are the same kernels again with a plane of fifth bits after
+ * the nibbles, ORed in as bit 4 of each code (the codes centred on 16).
  *
  * Compiled once per instruction-set variant (kernels.h); OpenMP threads split the blocks of
  * output rows.
@@ -127,6 +129,10 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
  *   int8: 8 pieces per block (512 bytes), weights stored as unsigned u = w + 128;
  *   int4: 4 pieces of codes (256 bytes; byte j of a row's group: column j low nibble, j + 16
  *         high), then the 16 rows' fp16 scales d (32 bytes) and offsets m (32 bytes);
+ *   int5: the int4 codes, then one piece (64 bytes) of fifth bits: bit t of byte j of a row
+ *         is that of column 4 t + j (the low nibbles of piece t), bit 4 + t that of column
+ *         16 + 4 t + j, so one shift and mask per piece lines them up with its nibbles; then the
+ *         scales and offsets;
  *   q8 (llama.cpp's Q8_0: w = q d per group of 32): the int8 block, then the 16 rows' fp16
  *         scales d (32 bytes).
  * The packing is done by torch ops in cpu_kernels.py (pack_int8 / pack_int4 / pack_q8).
@@ -166,8 +172,13 @@ static inline Prefetch prefetch_share(const uint8_t* next, int64_t stride, int64
   return pf;
 }
 #define INT8_BLOCK_BYTES (LANES * BLOCK)
-#define INT4_BLOCK_BYTES (LANES * BLOCK / 2 + 4 * LANES)     /* codes, scales, offsets */
-#define INT4_SYM_BLOCK_BYTES (LANES * BLOCK / 2 + 2 * LANES) /* codes, scales */
+#define INT4_CODE_BYTES (LANES * BLOCK / 2)
+#define INT5_HIGH_BYTES (LANES * 4) /* the fifth bits: one 4-byte piece per row */
+/* a group-wise layout's block: codes, fifth bits (FIVE), scales, offsets (unless SYM) */
+#define GROUP_BLOCK_BYTES(SYM, FIVE) \
+  (INT4_CODE_BYTES + ((FIVE) ? INT5_HIGH_BYTES : 0) + ((SYM) ? 2 : 4) * LANES)
+#define INT4_BLOCK_BYTES GROUP_BLOCK_BYTES(false, false)
+#define INT4_SYM_BLOCK_BYTES GROUP_BLOCK_BYTES(true, false)
 #define Q8_BLOCK_BYTES (LANES * BLOCK + 2 * LANES)
 
 static inline int32_t piece(const int8_t* q, int64_t c) {
@@ -290,47 +301,50 @@ static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx
 #endif
 }
 
-template <int T>
-static inline void q8_block(const uint8_t* w, const int8_t* q, const float* sx, const float* qs,
-                            int64_t k, int64_t groups, Prefetch pf, float* out) {
-  int8_block<T, true>(w, q, sx, qs, k, groups, pf, out);
-}
-
 /* The int4 sums of one block for T rows of x:
  *   acc[i] += d sx_i,g (sum(c q) - 8 sum(q)) + (m + 8 d) sum(x_g),
  * i.e. w = (c - 8) d + (m + 8 d): the activations' rounding error meets the centred codes c - 8
  * (as in llama.cpp's Q4_0 dot) instead of c, about half the error for the same arithmetic.
- * SYM: the symmetric layout (no offsets: m = -8 d), where the second term is zero and skipped. */
-template <int T, bool SYM = false>
+ * SYM: the symmetric layout (no offsets: m = -8 d), where the second term is zero and skipped.
+ * FIVE: 5-bit codes (the fifth bits' plane after the nibbles), centred on 16 instead of 8. */
+template <int T, bool SYM = false, bool FIVE = false>
 static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx,
                               const float* xsum, const float* qs, int64_t k, int64_t groups,
                               Prefetch pf, float* out) {
-  constexpr int64_t bytes = SYM ? INT4_SYM_BLOCK_BYTES : INT4_BLOCK_BYTES;
+  constexpr int64_t bytes = GROUP_BLOCK_BYTES(SYM, FIVE);
+  constexpr int64_t at_d = INT4_CODE_BYTES + (FIVE ? INT5_HIGH_BYTES : 0), at_m = at_d + 32;
+  constexpr float centre = FIVE ? 16.f : 8.f;
 #if defined(VNNI512)
-  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[T];
   for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += bytes) {
     prefetch_part(pf, g);
-    __m512i s[T];
+    __m512i s[T], high = _mm512_setzero_si512();
     for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
+    if constexpr (FIVE) high = _mm512_loadu_si512((const void*)(w + INT4_CODE_BYTES));
     for (int t = 0; t < 4; t++) {
       __m512i c = _mm512_loadu_si512((const void*)(w + 64 * t));
       __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+      if constexpr (FIVE) { /* bit t -> 4 for the low nibbles, bit 4 + t -> 4 for the high */
+        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(high, 4 - t), bit4));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(high, t), bit4));
+      }
       for (int i = 0; i < T; i++) {
         const int8_t* qg = q + i * k + g * BLOCK + 4 * t;
         s[i] = _mm512_dpbusd_epi32(s[i], lo, _mm512_set1_epi32(piece(qg, 0)));
         s[i] = _mm512_dpbusd_epi32(s[i], hi, _mm512_set1_epi32(piece(qg, 16)));
       }
     }
-    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 256)));
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + at_d)));
     __m512 m = _mm512_setzero_ps();
     if constexpr (!SYM) {
-      m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 288)));
-      m = _mm512_fmadd_ps(_mm512_set1_ps(8.f), d, m);
+      m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + at_m)));
+      m = _mm512_fmadd_ps(_mm512_set1_ps(centre), d, m);
     }
     for (int i = 0; i < T; i++) {
-      __m512 c = _mm512_sub_ps(_mm512_cvtepi32_ps(s[i]), _mm512_set1_ps(8.f * qs[i * groups + g]));
+      __m512 c = _mm512_sub_ps(_mm512_cvtepi32_ps(s[i]),
+                               _mm512_set1_ps(centre * qs[i * groups + g]));
       __m512 v = _mm512_mul_ps(c, _mm512_set1_ps(sx[i * groups + g]));
       acc[i] = _mm512_fmadd_ps(v, d, acc[i]);
       if constexpr (!SYM) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[i * groups + g]), acc[i]);
@@ -338,7 +352,7 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
   }
   for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
 #elif defined(__AVX2__) && defined(__F16C__)
-  const __m256i low = _mm256_set1_epi8(0x0f);
+  const __m256i low = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
   __m256 acc[T][2];
   for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += bytes) {
@@ -349,6 +363,11 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
       for (int h = 0; h < 2; h++) {
         __m256i c = _mm256_loadu_si256((const __m256i*)(w + 64 * t + 32 * h));
         __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
+        if constexpr (FIVE) {
+          __m256i high = _mm256_loadu_si256((const __m256i*)(w + INT4_CODE_BYTES + 32 * h));
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(high, 4 - t), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(high, t), bit4));
+        }
         for (int i = 0; i < T; i++) {
           const int8_t* qg = q + i * k + g * BLOCK + 4 * t;
           s[i][h] = dot4_u4(s[i][h], lo, _mm256_set1_epi32(piece(qg, 0)));
@@ -357,15 +376,15 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
       }
     }
     for (int h = 0; h < 2; h++) {
-      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 256 + 16 * h)));
+      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + at_d + 16 * h)));
       __m256 m = _mm256_setzero_ps();
       if constexpr (!SYM) {
-        m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 288 + 16 * h)));
-        m = _mm256_fmadd_ps(_mm256_set1_ps(8.f), d, m);
+        m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + at_m + 16 * h)));
+        m = _mm256_fmadd_ps(_mm256_set1_ps(centre), d, m);
       }
       for (int i = 0; i < T; i++) {
         __m256 c = _mm256_sub_ps(_mm256_cvtepi32_ps(s[i][h]),
-                                 _mm256_set1_ps(8.f * qs[i * groups + g]));
+                                 _mm256_set1_ps(centre * qs[i * groups + g]));
         __m256 v = _mm256_mul_ps(c, _mm256_set1_ps(sx[i * groups + g]));
         acc[i][h] = _mm256_fmadd_ps(v, d, acc[i][h]);
         if constexpr (!SYM)
@@ -377,30 +396,24 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
 #else
   for (int i = 0; i < T * LANES; i++) out[i] = 0.f;
   for (int64_t g = 0; g < groups; g++, w += bytes) {
-    const uint16_t* d = (const uint16_t*)(w + 256);
-    const uint16_t* m = SYM ? NULL : (const uint16_t*)(w + 288);
+    const uint16_t* d = (const uint16_t*)(w + at_d);
+    const uint16_t* m = SYM ? NULL : (const uint16_t*)(w + at_m);
     for (int i = 0; i < T; i++)
       for (int r = 0; r < LANES; r++) {
         int32_t s = 0;
         for (int t = 0; t < 4; t++)
           for (int j = 0; j < 4; j++) {
-            uint8_t c = w[64 * t + 4 * r + j];
+            const int32_t c = w[64 * t + 4 * r + j];
+            const int32_t h = FIVE ? w[INT4_CODE_BYTES + 4 * r + j] : 0;
             const int8_t* qg = q + i * k + g * BLOCK + 4 * t + j;
-            s += (c & 15) * qg[0] + (c >> 4) * qg[16];
+            s += ((c & 15) | (h >> t & 1) << 4) * qg[0] + ((c >> 4) | (h >> (4 + t) & 1) << 4) * qg[16];
           }
         const float dr = half_to_float(d[r]);
-        out[i * LANES + r] += dr * sx[i * groups + g] * ((float)s - 8.f * qs[i * groups + g]);
-        if (!SYM) out[i * LANES + r] += (half_to_float(m[r]) + 8.f * dr) * xsum[i * groups + g];
+        out[i * LANES + r] += dr * sx[i * groups + g] * ((float)s - centre * qs[i * groups + g]);
+        if (!SYM) out[i * LANES + r] += (half_to_float(m[r]) + centre * dr) * xsum[i * groups + g];
       }
   }
 #endif
-}
-
-template <int T>
-static inline void int4_sym_block(const uint8_t* w, const int8_t* q, const float* sx,
-                                  const float* xsum, const float* qs, int64_t k, int64_t groups,
-                                  Prefetch pf, float* out) {
-  int4_block<T, true>(w, q, sx, xsum, qs, k, groups, pf, out);
 }
 
 /* Quantised rows of x: q [m, k] int8, scales [m, k / 32], per row the share of the +128 in the
@@ -430,32 +443,31 @@ static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* ou
   return 0;
 }
 
-/* One block of 16 output rows for rows [i0, i0 + t) of x, through the T-row kernel. */
-#define TILE_DISPATCH(kernel, t, ...)            \
-  switch (t) {                                   \
-    case 4: kernel<4>(__VA_ARGS__, acc); break;  \
-    case 3: kernel<3>(__VA_ARGS__, acc); break;  \
-    case 2: kernel<2>(__VA_ARGS__, acc); break;  \
-    default: kernel<1>(__VA_ARGS__, acc); break; \
+/* One block of 16 output rows for rows [i0, i0 + t) of x: CALL(T) runs the T-row kernel. */
+#define TILE_DISPATCH(t, CALL) \
+  switch (t) {                 \
+    case 4: CALL(4); break;    \
+    case 3: CALL(3); break;    \
+    case 2: CALL(2); break;    \
+    default: CALL(1); break;   \
   }
 
-enum Kind { INT8 = 0, INT4 = 1, Q8 = 2, INT4_SYM = 3 };
+enum Kind { INT8 = 0, GROUP = 1, Q8 = 2 };
 
 /* y [m, n] (fp32) = x [m, k] (fp32) times the interleaved weights (n rounded up to 16 rows):
- * int8 (`w_scale` [that many] per output row, zero for the padding), int4 (codes, fp16 scales d
- * and offsets m per group, w = q d + m), symmetric int4 (codes and fp16 scales d per group,
- * w = (q - 8) d) or q8 (codes and an fp16 scale d per group, w = q d);
- * k % 32 == 0. They differ only in the block kernel and the store: a template, so each is
- * compiled as its own loop (a version taking lambdas ran 1.4x slower at one row: the kernels
- * were no longer inlined in the OpenMP loop). Returns 0, or -1 when memory runs out (nothing
- * written). */
-template <int KIND>
+ * int8 (`w_scale` [that many] per output row, zero for the padding), the group-wise layouts
+ * (GROUP: int4 codes, fp16 scales d and offsets m per group, w = q d + m; SYM: symmetric, codes
+ * and fp16 scales d, w = (q - 8) d; FIVE: their 5-bit versions, w = q d + m, w = (q - 16) d) or
+ * q8 (codes and an fp16 scale d per group, w = q d); k % 32 == 0. They differ only in the block
+ * kernel and the store: a template, so each is compiled as its own loop (a version taking
+ * lambdas ran 1.4x slower at one row: the kernels were no longer inlined in the OpenMP loop).
+ * Returns 0, or -1 when memory runs out (nothing written). */
+template <int KIND, bool SYM = false, bool FIVE = false>
 static int quantized_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
                 int64_t n, int64_t k, int threads) {
-  constexpr int64_t block_bytes = KIND == INT4       ? INT4_BLOCK_BYTES
-                                  : KIND == INT4_SYM ? INT4_SYM_BLOCK_BYTES
-                                  : KIND == Q8       ? Q8_BLOCK_BYTES
-                                                     : INT8_BLOCK_BYTES;
+  constexpr int64_t block_bytes = KIND == Q8     ? Q8_BLOCK_BYTES
+                                  : KIND == INT8 ? INT8_BLOCK_BYTES
+                                                 : GROUP_BLOCK_BYTES(SYM, FIVE);
   if (k % BLOCK != 0 || m <= 0) return -1;
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
@@ -469,19 +481,18 @@ static int quantized_matmul(const float* x, const uint8_t* w, const float* w_sca
     for (int64_t i0 = 0; i0 < m; i0 += TILE) {
       const int t = (int)(m - i0 < TILE ? m - i0 : TILE);
       const Prefetch pf = prefetch_share(next, block_bytes, i0 / TILE, passes);
-      if constexpr (KIND == INT4) {
-        TILE_DISPATCH(int4_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
-                      qx.xsum + i0 * groups, qx.qsum + i0 * groups, k, groups, pf)
-      } else if constexpr (KIND == INT4_SYM) {
-        TILE_DISPATCH(int4_sym_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
-                      qx.xsum + i0 * groups, qx.qsum + i0 * groups, k, groups, pf)
-      } else if constexpr (KIND == Q8) {
-        TILE_DISPATCH(q8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups,
-                      qx.qsum + i0 * groups, k, groups, pf)
+      const int8_t* q = qx.q + i0 * k;
+      const float *sx = qx.scale + i0 * groups, *qs = qx.qsum + i0 * groups;
+#define GROUP_CALL(T) \
+  int4_block<T, SYM, FIVE>(wb, q, sx, qx.xsum + i0 * groups, qs, k, groups, pf, acc)
+#define INT8_CALL(T) int8_block<T, KIND == Q8>(wb, q, sx, qs, k, groups, pf, acc)
+      if constexpr (KIND == GROUP) {
+        TILE_DISPATCH(t, GROUP_CALL)
       } else {
-        TILE_DISPATCH(int8_block, t, wb, qx.q + i0 * k, qx.scale + i0 * groups, NULL, k, groups,
-                      pf)
+        TILE_DISPATCH(t, INT8_CALL)
       }
+#undef GROUP_CALL
+#undef INT8_CALL
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)
           y[(i0 + i) * n + b * LANES + r] =
@@ -499,14 +510,13 @@ int int8_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y
   return quantized_matmul<INT8>(x, w, w_scale, y, m, n, k, threads);
 }
 
-int int4_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                int threads) {
-  return quantized_matmul<INT4>(x, w, NULL, y, m, n, k, threads);
-}
-
-int int4_sym_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                    int threads) {
-  return quantized_matmul<INT4_SYM>(x, w, NULL, y, m, n, k, threads);
+int group_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                 int symmetric, int five, int threads) {
+  if (five)
+    return symmetric ? quantized_matmul<GROUP, true, true>(x, w, NULL, y, m, n, k, threads)
+                     : quantized_matmul<GROUP, false, true>(x, w, NULL, y, m, n, k, threads);
+  return symmetric ? quantized_matmul<GROUP, true>(x, w, NULL, y, m, n, k, threads)
+                   : quantized_matmul<GROUP>(x, w, NULL, y, m, n, k, threads);
 }
 
 int q8_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
@@ -514,35 +524,36 @@ int q8_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, 
   return quantized_matmul<Q8>(x, w, NULL, y, m, n, k, threads);
 }
 
-/* w = q d + m for the rows [n, k] of interleaved int4 weights (w = (q - 8) d when `symmetric`:
- * exact in fp32, as llama.cpp's Q4_0 dequantisation computes it), written as fp32, or as bf16
- * (round to nearest even) when `bf16`: the weights the prefill GEMM multiplies by. */
-void dequantize_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int symmetric, int bf16,
-                     int threads) {
+/* w = q d + m for the rows [n, k] of interleaved int4 or int5 weights (`five`), w = (q - 8) d
+ * or (q - 16) d when `symmetric`: exact in fp32, as llama.cpp's Q4_0 / Q5_0 dequantisation
+ * computes it, written as fp32, or as bf16 (round to nearest even) when `bf16`: the weights the
+ * prefill GEMM multiplies by. */
+void dequantize_int4(const uint8_t* w, void* out, int64_t n, int64_t k, int symmetric, int five,
+                     int bf16, int threads) {
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
-  const int64_t bytes = symmetric ? INT4_SYM_BLOCK_BYTES : INT4_BLOCK_BYTES;
+  const int64_t bytes = GROUP_BLOCK_BYTES(symmetric, five);
+  const int64_t at_d = INT4_CODE_BYTES + (five ? INT5_HIGH_BYTES : 0);
+  const float centre = five ? 16.f : 8.f;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     for (int r = 0; r < LANES && b * LANES + r < n; r++) {
       float row[k]; /* one row in fp32, then stored */
       for (int64_t g = 0; g < groups; g++) {
         const uint8_t* wg = w + (b * groups + g) * bytes;
-        const float dg = half_to_float(((const uint16_t*)(wg + 256))[r]);
-        if (symmetric) {
-          for (int t = 0; t < 4; t++)
-            for (int j = 0; j < 4; j++) {
-              uint8_t c = wg[64 * t + 4 * r + j];
-              row[g * BLOCK + 4 * t + j] = (float)((c & 15) - 8) * dg;
-              row[g * BLOCK + 16 + 4 * t + j] = (float)((c >> 4) - 8) * dg;
-            }
-          continue;
-        }
-        const float mg = half_to_float(((const uint16_t*)(wg + 288))[r]);
+        const float dg = half_to_float(((const uint16_t*)(wg + at_d))[r]);
+        const float mg = symmetric ? 0.f : half_to_float(((const uint16_t*)(wg + at_d + 32))[r]);
         for (int t = 0; t < 4; t++)
           for (int j = 0; j < 4; j++) {
-            uint8_t c = wg[64 * t + 4 * r + j];
-            row[g * BLOCK + 4 * t + j] = (float)(c & 15) * dg + mg;
-            row[g * BLOCK + 16 + 4 * t + j] = (float)(c >> 4) * dg + mg;
+            const int c = wg[64 * t + 4 * r + j], h = five ? wg[INT4_CODE_BYTES + 4 * r + j] : 0;
+            const int lo = (c & 15) | (h >> t & 1) << 4, hi = (c >> 4) | (h >> (4 + t) & 1) << 4;
+            float* dst = row + g * BLOCK + 4 * t + j;
+            if (symmetric) { /* (q - centre) d: exact, as llama.cpp computes it */
+              dst[0] = (float)(lo - (int)centre) * dg;
+              dst[16] = (float)(hi - (int)centre) * dg;
+            } else {
+              dst[0] = (float)lo * dg + mg;
+              dst[16] = (float)hi * dg + mg;
+            }
           }
       }
       const int64_t o = b * LANES + r;

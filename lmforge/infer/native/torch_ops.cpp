@@ -45,9 +45,13 @@ void use_kernel_variant(const std::string& name) {
 }
 
 constexpr int64_t kLanes = 16, kBlock = 32, kInt8Bytes = kLanes * kBlock,
-                  kInt4Bytes = kLanes * kBlock / 2 + 4 * kLanes,
-                  kInt4SymBytes = kLanes * kBlock / 2 + 2 * kLanes,
                   kQ8Bytes = kLanes * kBlock + 2 * kLanes;
+
+// A group-wise layout's block bytes: the codes' nibbles, the fifth bits (int5), the fp16 scales,
+// the fp16 offsets (unless symmetric).
+constexpr int64_t group_bytes(bool symmetric, bool five) {
+  return kLanes * kBlock / 2 + (five ? 4 * kLanes : 0) + (symmetric ? 2 : 4) * kLanes;
+}
 
 void check(const at::Tensor& t, at::ScalarType type, int64_t dim, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == dim &&
@@ -64,13 +68,19 @@ int64_t check_packed(const at::Tensor& w, int64_t n, int64_t block_bytes) {
   return w.size(1) * kBlock;
 }
 
-// The int4 layouts are told apart by their block bytes: 320 with an offset per row and group
-// (w = q d + m), 288 without (symmetric, w = (q - 8) d).
-bool int4_symmetric(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 3 && (w.size(2) == kInt4Bytes || w.size(2) == kInt4SymBytes),
-              "lmforge kernels: int4 weights must be packed in blocks of ", kInt4Bytes, " or ",
-              kInt4SymBytes, " bytes, got ", w.sizes());
-  return w.size(2) == kInt4SymBytes;
+// The group-wise layouts are told apart by their block bytes: int4 320 with an offset per row
+// and group (w = q d + m), 288 without (symmetric, w = (q - 8) d); int5 384 and 352.
+struct GroupLayout {
+  bool symmetric, five;
+};
+GroupLayout group_layout(const at::Tensor& w) {
+  for (bool five : {false, true})
+    for (bool symmetric : {false, true})
+      if (w.dim() == 3 && w.size(2) == group_bytes(symmetric, five)) return {symmetric, five};
+  TORCH_CHECK(false, "lmforge kernels: int4 / int5 weights must be packed in blocks of ",
+              group_bytes(true, false), ", ", group_bytes(false, false), ", ",
+              group_bytes(true, true), " or ", group_bytes(false, true), " bytes, got ",
+              w.sizes());
 }
 
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
@@ -90,19 +100,17 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return y;
 }
 
-// int4 (quantized_matmul.cpp's int4 layout), symmetric int4 or q8 (its q8 layout: llama.cpp's
-// Q8_0 blocks)
-template <int64_t kBytes>
-at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+// the group-wise layouts (quantized_matmul.cpp's int4 / int5, asymmetric or symmetric) or q8
+// (its q8 layout: llama.cpp's Q8_0 blocks): `bytes` per block, run by `run`
+template <typename Run>
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t bytes,
+                        Run run) {
   auto xc = x.contiguous();
   check(xc, at::kFloat, 2, "x");
-  const int64_t k = check_packed(w, n, kBytes), m = xc.size(0);
+  const int64_t k = check_packed(w, n, bytes), m = xc.size(0);
   TORCH_CHECK(xc.size(1) == k, "lmforge kernels: shapes ", xc.sizes(), " x packed ", w.sizes());
   auto y = at::empty({m, n}, xc.options());
   if (m == 0) return y;
-  auto run = kBytes == kInt4Bytes      ? active->int4_matmul
-             : kBytes == kInt4SymBytes ? active->int4_sym_matmul
-                                       : active->q8_matmul;
   TORCH_CHECK(run(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), y.data_ptr<float>(), m, n, k,
                   at::get_num_threads()) == 0,
               "lmforge kernels: out of memory");
@@ -110,20 +118,24 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
 }
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  return int4_symmetric(w) ? block_matmul<kInt4SymBytes>(x, w, n)
-                           : block_matmul<kInt4Bytes>(x, w, n);
+  const auto [symmetric, five] = group_layout(w);
+  return block_matmul(x, w, n, group_bytes(symmetric, five),
+                      [&](const float* xp, const uint8_t* wp, float* y, int64_t m, int64_t n,
+                          int64_t k, int threads) {
+                        return active->group_matmul(xp, wp, y, m, n, k, symmetric, five, threads);
+                      });
 }
 
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  return block_matmul<kQ8Bytes>(x, w, n);
+  return block_matmul(x, w, n, kQ8Bytes, active->q8_matmul);
 }
 
 at::Tensor dequantize_int4(const at::Tensor& w, int64_t n, bool bf16) {
-  const bool symmetric = int4_symmetric(w);
-  const int64_t k = check_packed(w, n, symmetric ? kInt4SymBytes : kInt4Bytes);
+  const auto [symmetric, five] = group_layout(w);
+  const int64_t k = check_packed(w, n, group_bytes(symmetric, five));
   auto out = at::empty({n, k}, w.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   active->dequantize_int4(w.data_ptr<uint8_t>(), out.data_ptr(), n, k, symmetric ? 1 : 0,
-                          bf16 ? 1 : 0, at::get_num_threads());
+                          five ? 1 : 0, bf16 ? 1 : 0, at::get_num_threads());
   return out;
 }
 

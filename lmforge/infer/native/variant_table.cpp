@@ -7,8 +7,7 @@
 namespace lmforge_kernels::LMFORGE_VARIANT {
 extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT),
                               int8_matmul,
-                              int4_matmul,
-                              int4_sym_matmul,
+                              group_matmul,
                               q8_matmul,
                               dequantize_int4,
                               dense_matmul,
