@@ -282,8 +282,9 @@ class BlockInt8Linear(QuantizedLinear):
             q = (pieces.reshape(t, groups, BLOCK).to(torch.int16) - 128).to(torch.int8)
             scales = blocks[..., LANES * BLOCK :].contiguous().view(torch.half)
             d = scales[every, :, lane]
-        w = q.float().view(len(ids), -1, BLOCK) * d.float()[..., None]
-        return w.view(len(ids), self.in_features).to(self.dtype)
+        t = ids.shape[0]  # not len(ids): an int, which torch.export would fix to the example's
+        w = q.float().view(t, -1, BLOCK) * d.float()[..., None]
+        return w.view(t, self.in_features).to(self.dtype)
 
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         stop = self.out_features if stop is None else stop

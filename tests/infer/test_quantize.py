@@ -134,3 +134,23 @@ def test_lm_load_quantized(tmp_path, lm):
     out = q.generate(prompts, max_new_tokens=4, temperature=0.0, eos_ids=[])
     assert len(out[0]) == 4 and all(0 <= t < 97 for t in out[0])
     assert LM.load(tmp_path, dtype="bfloat16").model.embed.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("layout", ["q8_0", "int4", "bf16"])
+def test_embedding_lookup_keeps_the_row_count_symbolic_under_export(layout):
+    """A table lookup exported for 2 ids must hold for any number (the compiled decode step is
+    exported once for a range of batch sizes): an output fixed at 2 rows made a step compiled
+    at batch 2 return 2 rows' logits at batch 8."""
+    from lmforge.infer.int4_linear import Int4Linear
+    from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear, QuantizedEmbedding
+
+    linear = nn.Linear(64, 48, bias=False)
+    table = {"q8_0": lambda: BlockInt8Linear(linear), "int4": lambda: Int4Linear(linear),
+             "bf16": lambda: HalfLinear(linear.weight.detach().bfloat16())}[layout]()  # fmt: skip
+    embed, ids = QuantizedEmbedding(table), torch.tensor([[3], [40]])
+    ep = torch.export.export(embed, (ids,), dynamic_shapes=({0: torch.export.Dim.AUTO},),
+                             strict=False)  # fmt: skip
+    out = next(n for n in ep.graph.nodes if n.op == "output").args[0][0].meta["val"]
+    assert isinstance(out.shape[0], torch.SymInt)
+    many = torch.tensor([[5], [3], [47], [0], [40]])
+    assert torch.equal(ep.module()(many), embed(many))
