@@ -21,6 +21,7 @@ from lmforge.eval.prompts import qa_prompt
 from lmforge.fileio import read_rows
 
 Verifier = Callable[[str, dict], float]  # (claim, row) -> V in [0, 1]
+STOP = ["\nQuestion:", "\n\n"]  # an answer ends where a next question or paragraph would begin
 
 
 def _norm(text: str) -> str:
@@ -117,16 +118,10 @@ def sweep(
     for with_rag, prompts in prompt_sets.items():
         for s in settings:
             n = samples if s.temperature > 0 else 1  # greedy gives the same answer every time
-            claims = generate_texts(
-                lm,
-                [p for p in prompts for _ in range(n)],
-                max_new_tokens,
-                ["\nQuestion:", "\n\n"],
-                progress=progress,
-                temperature=s.temperature,
-                top_p=s.top_p if s.top_p < 1.0 else None,
-                seed=seed,
-            )
+            repeated = [p for p in prompts for _ in range(n)]
+            top_p = s.top_p if s.top_p < 1.0 else None
+            options = dict(temperature=s.temperature, top_p=top_p, seed=seed, progress=progress)
+            claims = generate_texts(lm, repeated, max_new_tokens, STOP, **options)
             verdicts = [verifier(c, rows[i // n]) for i, c in enumerate(claims)]
             rate = hallucination_rate(verdicts)
             out.append(SweepRow(s.label, s.temperature, s.top_p, with_rag, rate, len(verdicts)))
