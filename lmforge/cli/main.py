@@ -32,24 +32,12 @@ from types import TracebackType
 
 from lmforge.errors import LMForgeError, Terminated, require_device
 
-COMMANDS = [
-    "lmforge.cli.pretrain",
-    "lmforge.cli.tokenizer",
-    "lmforge.cli.generate",
-    "lmforge.cli.evaluate",
-    "lmforge.cli.rag",
-    "lmforge.cli.model_info",
-    "lmforge.cli.precision",
-    "lmforge.cli.seq2seq",
-    "lmforge.cli.classify",
-    "lmforge.cli.convert",
-    "lmforge.cli.post_train",
-    "lmforge.cli.chat",
-    "lmforge.cli.serve",
-    "lmforge.cli.vlm",
-    "lmforge.cli.checkpoint",
-    "lmforge.cli.speedrun",
-]
+# the verb modules, `lmforge --help` lists their verbs in this order
+COMMAND_NAMES = (
+    "pretrain tokenizer generate evaluate rag model_info precision seq2seq classify convert "
+    "post_train chat serve vlm checkpoint speedrun"
+)
+COMMANDS = [f"lmforge.cli.{name}" for name in COMMAND_NAMES.split()]
 
 # What the OS means, in words that say what to fix; other errnos use the OS's own text.
 OS_CAUSES = {

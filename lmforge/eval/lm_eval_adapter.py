@@ -65,15 +65,10 @@ class LMForgeHarnessModel(HarnessLM):
             do_sample = bool(kwargs.pop("do_sample", False))
             temperature = float(kwargs.pop("temperature", 0.0)) if do_sample else 0.0
             top_p = kwargs.pop("top_p", None)
-            texts = generate_texts(
-                self.lm,
-                [requests[i].args[0] for i in idx],
-                max_new,
-                until,
-                self.batch_size,
-                temperature=temperature,
-                top_p=float(top_p) if do_sample and top_p is not None else None,
-            )
+            top_p = float(top_p) if do_sample and top_p is not None else None
+            prompts = [requests[i].args[0] for i in idx]
+            sampling = dict(temperature=temperature, top_p=top_p)
+            texts = generate_texts(self.lm, prompts, max_new, until, self.batch_size, **sampling)
             for i, text in zip(idx, texts):
                 out[i] = text
         return out
