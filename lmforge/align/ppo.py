@@ -286,13 +286,8 @@ class PPOTrainer(RLTrainer):
         loss = cfg.vf_coef * vf
         if self.step >= cfg.critic_warmup:  # during warm-up only the critic learns
             loss = loss + pg - cfg.ent_coef * entropy + penalty
-        return loss, {
-            "policy_loss": pg.item(),
-            "value_loss": vf.item(),
-            "entropy": entropy.item(),
-            "clip_frac": pstats["clip_frac"].item(),
-            "approx_kl": pstats["approx_kl"].item(),
-        }
+        logged = {"policy_loss": pg, "value_loss": vf, "entropy": entropy, **pstats}
+        return loss, {k: v.item() for k, v in logged.items()}  # pstats: clip_frac, approx_kl
 
     def extra_state(self) -> dict:
         return {"kl_coef": self.kl_ctl.value, "score_moments": vars(self.moments)}

@@ -65,12 +65,6 @@ def evaluate_gsm8k(
         pred = extract_numeric_answer(out)
         ok = exact_match(pred, r["reference"])
         samples.append({"question": r["question"], "completion": out, "pred": pred, "ok": ok})
-    correct = sum(s["ok"] for s in samples)
-    return TaskResult(
-        "gsm8k",
-        correct / len(samples),
-        correct,
-        len(samples),
-        {"shots": shots, "cot": cot, "max_new_tokens": max_new_tokens},
-        samples,
-    )
+    correct, n = sum(s["ok"] for s in samples), len(samples)
+    settings = {"shots": shots, "cot": cot, "max_new_tokens": max_new_tokens}
+    return TaskResult("gsm8k", correct / n, correct, n, settings, samples)
