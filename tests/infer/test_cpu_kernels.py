@@ -170,9 +170,10 @@ def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits)
 
 
 # rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM
-# for bf16 weights, still the kernel for fp16 and fp32), 13 (fp32 weights on AVX-512: a tile of
-# 8 rows, then 4, then 1), 20 (a GEMM for all); k = 200 leaves a tail after the last whole
-# vector of every width, k = 1,500 splits fp32 weights into two blocks of columns (768 + 732)
+# for bf16 weights, still the kernel for fp16 and fp32), 13 and 20 (fp32 weights on AVX-512:
+# tiles of 3 rows against 4 of the 37 rows of weights, then single rows); k = 200 leaves a tail
+# after the last whole vector of every width, k = 1,500 splits fp32 weights into two blocks of
+# columns (768 + 732)
 @pytest.mark.parametrize("rows", [1, 3, 5, 9, 13, 20])
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])

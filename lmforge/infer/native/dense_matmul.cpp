@@ -173,9 +173,64 @@ static void f32_weight_row(const float* x, const float* w, float* y, int64_t m, 
   for (; i < m; i++) dot_row<F, 1, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
 }
 
+#if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
+/* More than 8 rows of x (AVX-512): the step is bound by the multiply-adds, no longer by the
+ * weights streaming in, and one row of weights at a time costs a load of x per multiply-add.
+ * Here T rows of x meet R rows of weights: T R multiply-adds for T + R loads (each vector held
+ * in a register for its uses; left to itself the compiler reloads it from memory for each).
+ * Every (x row, weight row) pair sums exactly as dot_row<WEIGHTS_F32, T, 2> does (2 accumulators
+ * over alternate vectors, the odd last vector into the first, one horizontal add, then the
+ * scalar tail), so a row's outputs are the same bits as in any other tile. */
+#define F32_TILE_ROWS 3    /* rows of x */
+#define F32_TILE_WEIGHTS 4 /* rows of weights: 3 x 4 x 2 accumulators + 3 + 4 of 32 registers */
+template <int T, int R>
+static inline void f32_tile(const float* x, const float* w, float* y, int64_t len, int64_t k,
+                            int64_t n, int64_t pf, bool add) {
+  vec acc[T][R][2];
+  for (int t = 0; t < T; t++)
+    for (int r = 0; r < R; r++) acc[t][r][0] = acc[t][r][1] = vset(0.f);
+  int64_t j = 0;
+  for (; j + 2 * V <= len; j += 2 * V)
+    for (int u = 0; u < 2; u++) {
+      vec wv[R];
+      for (int r = 0; r < R; r++) {
+        __builtin_prefetch(w + r * k + j + u * V + pf, 0, 3);
+        wv[r] = vload(w + r * k + j + u * V);
+        if constexpr (T > 1) asm("" : "+v"(wv[r]));
+      }
+      for (int t = 0; t < T; t++) {
+        vec xv = vload(x + t * k + j + u * V);
+        if constexpr (R > 1) asm("" : "+v"(xv));
+        for (int r = 0; r < R; r++) acc[t][r][u] = vfma(xv, wv[r], acc[t][r][u]);
+      }
+    }
+  for (; j + V <= len; j += V)
+    for (int t = 0; t < T; t++)
+      for (int r = 0; r < R; r++)
+        acc[t][r][0] = vfma(vload(x + t * k + j), vload(w + r * k + j), acc[t][r][0]);
+  for (int t = 0; t < T; t++)
+    for (int r = 0; r < R; r++) {
+      float s = vsum(vadd(acc[t][r][0], acc[t][r][1]));
+      for (int64_t c = j; c < len; c++) s += x[t * k + c] * w[r * k + c];
+      y[t * n + r] = add ? y[t * n + r] + s : s;
+    }
+}
+
+/* R rows of fp32 weights against every row of x: tiles of F32_TILE_ROWS rows, then 1. */
+template <int R>
+static void f32_weight_rows(const float* x, const float* w, float* y, int64_t m, int64_t n,
+                            int64_t len, int64_t k, int64_t pf, bool add) {
+  constexpr int T = F32_TILE_ROWS;
+  int64_t i = 0;
+  for (; i + T <= m; i += T) f32_tile<T, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+  for (; i < m; i++) f32_tile<1, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+}
+#endif
+
 /* fp32 weights, a block of columns at a time (F32_BLOCK; equal blocks, whole vectors): within a
  * block the rows of weights stream one after another, each prefetched PREFETCH_BYTES ahead, or,
- * with several blocks, two rows ahead at the same columns. */
+ * with several blocks, two rows ahead at the same columns; above 8 rows of x (AVX-512) in
+ * groups of F32_TILE_WEIGHTS rows. */
 static void f32_rows_times_weights(const float* x, const float* w, float* y, int64_t m,
                                    int64_t n, int64_t k, int threads) {
   const int64_t blocks = (k + F32_BLOCK - 1) / F32_BLOCK;
@@ -183,6 +238,18 @@ static void f32_rows_times_weights(const float* x, const float* w, float* y, int
   const int64_t pf = blocks > 1 ? 2 * k : PREFETCH_BYTES / (int64_t)sizeof(float);
   for (int64_t j0 = 0; j0 < k; j0 += width) {
     const int64_t len = k - j0 < width ? k - j0 : width;
+#if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
+    if (m > 8) {
+      constexpr int R = F32_TILE_WEIGHTS;
+      const int64_t groups = n / R;
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t g = 0; g < groups; g++)
+        f32_weight_rows<R>(x + j0, w + g * R * k + j0, y + g * R, m, n, len, k, pf, j0 > 0);
+      for (int64_t r = groups * R; r < n; r++)
+        f32_weight_rows<1>(x + j0, w + r * k + j0, y + r, m, n, len, k, pf, j0 > 0);
+      continue;
+    }
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++)
       f32_weight_row(x + j0, w + r * k + j0, y + r, m, n, len, k, pf, j0 > 0);
