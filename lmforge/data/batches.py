@@ -12,7 +12,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.data.shards import TokenShard
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_int
 
 
 def _gather(shard: TokenShard, starts: np.ndarray, width: int) -> torch.Tensor:
@@ -30,10 +30,8 @@ def _split_xy(buf: torch.Tensor, device: str | torch.device) -> tuple[torch.Tens
 
 
 def _check_block(shard: TokenShard, batch_size: int, block_size: int) -> None:
-    if batch_size < 1 or block_size < 1:
-        raise ConfigError(
-            f"batch_size and block_size must be >= 1, got {batch_size} and {block_size}"
-        )
+    require_int("batch_size", batch_size)
+    require_int("block_size", block_size)
     if len(shard) < block_size + 1:
         raise DataError(
             f"{shard.name}: has {len(shard)} tokens, fewer than block_size + 1 = {block_size + 1}"

@@ -157,6 +157,8 @@ class Llama(Family):
                 parts = tuple(f"{hf}.self_attn.{x}_proj.{kind}" for x in "qkv")
                 m[f"{ours}.attn.qkv_proj.{kind}"] = Rule(parts, "cat", (q, kv, kv))
             _linear(m, f"{ours}.attn.o_proj", f"{hf}.self_attn.o_proj", config.attention_out_bias)
+            for x in "qk" if config.qk_norm else "":  # Qwen3, Gemma 3: per-head q/k RMSNorm
+                m[f"{ours}.attn.{x}_norm.weight"] = Rule((f"{hf}.self_attn.{x}_norm.weight",))
             self.mlp_keys(m, config, f"{ours}.mlp", f"{hf}.mlp")
         return m
 
@@ -359,14 +361,6 @@ class Qwen3(Qwen2):
             problems.append("mlp_bias")
         return problems
 
-    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
-        m = super().key_map(config)
-        for i in range(config.n_layer):
-            for x in "qk":
-                hf = f"model.layers.{i}.self_attn.{x}_norm.weight"
-                m[f"blocks.{i}.attn.{x}_norm.weight"] = Rule((hf,))
-        return m
-
 
 class Phi3(Mistral):
     """Llama with fused weights: qkv_proj (our layout already) and gate_up_proj (gate first)."""
@@ -427,7 +421,7 @@ class Gemma(Llama):
 
     def key_map(self, config: ModelConfig) -> dict[str, Rule]:
         m = super().key_map(config)
-        for key, rule in m.items():  # every norm stores weight - 1
+        for key, rule in m.items():  # every norm (q/k norms too) stores weight - 1
             if "norm" in key:
                 m[key] = Rule(rule.hf_keys, "plus_one")
         return m
@@ -525,14 +519,6 @@ class Gemma3(Gemma2):
 
     def extra_problems(self, config: ModelConfig) -> list[str]:
         return []
-
-    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
-        m = super().key_map(config)
-        for i in range(config.n_layer):
-            for x in "qk":
-                hf = f"model.layers.{i}.self_attn.{x}_norm.weight"
-                m[f"blocks.{i}.attn.{x}_norm.weight"] = Rule((hf,), "plus_one")
-        return m
 
 
 # in export preference order (hf.choose_family tries them in turn)

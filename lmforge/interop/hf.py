@@ -192,29 +192,18 @@ def export_state(family: Family, model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def write_weights(directory: Path, state: dict[str, torch.Tensor], max_shard_bytes: int | None):
-    """model.safetensors, or numbered shards plus the index transformers reads."""
-    total = sum(t.nbytes for t in state.values())
-    if max_shard_bytes is None or total <= max_shard_bytes:
-        save_tensors(directory / "model.safetensors", state, metadata={"format": "pt"})
-        # an index left by an earlier sharded save would be read instead of the new file
+    """model.safetensors, or numbered shards plus the index transformers reads (split as
+    huggingface_hub, which `datasets` brings, splits them for transformers' own saves)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_bytes or 2**62)
+    for fname, names in split.filename_to_tensors.items():
+        save_tensors(directory / fname, {n: state[n] for n in names}, metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        write_json(directory / INDEX_FILE, index)
+    else:  # an index left by an earlier sharded save would be read instead of the new file
         (directory / INDEX_FILE).unlink(missing_ok=True)
-        return
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in state.items():
-        if shards[-1] and size + tensor.nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor
-        size += tensor.nbytes
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_tensors(directory / fname, shard, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, fname))
-    write_json(
-        directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map}
-    )
 
 
 def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> Path:

@@ -23,6 +23,7 @@ from lmforge.nlp.tfidf import inverse_document_frequency
 
 Doc = str | Sequence[str]
 _CONFIG = "lmforge_bm25.json"
+_SETTINGS = ("k1", "b", "lowercase", "stopwords")  # what a saved index keeps of the constructor's
 
 
 class _BM25:
@@ -135,14 +136,8 @@ class BM25Index(_BM25):
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         self._bm25.save(path, allow_pickle=False, show_progress=False)
-        config = {
-            "format": "lmforge.bm25/1",
-            "k1": self.k1,
-            "b": self.b,
-            "lowercase": self.lowercase,
-            "stopwords": sorted(self.stopwords),
-            "n_docs": self.n_docs,
-        }
+        settings = {k: getattr(self, k) for k in _SETTINGS} | {"stopwords": sorted(self.stopwords)}
+        config = {"format": "lmforge.bm25/1", **settings, "n_docs": self.n_docs}
         (path / _CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     @classmethod
@@ -155,7 +150,7 @@ class BM25Index(_BM25):
             raise LMForgeError(f"{path}: not a saved BM25Index ({e})") from e
         if config.get("format") != "lmforge.bm25/1":
             raise LMForgeError(f"{path / _CONFIG}: unknown format {config.get('format')!r}")
-        index = cls(**{k: config[k] for k in ("k1", "b", "lowercase", "stopwords")})
+        index = cls(**{k: config[k] for k in _SETTINGS})
         try:
             # allow_pickle=False: a tampered .npy holding Python objects is refused, not executed.
             index._bm25 = bm25s.BM25.load(path, allow_pickle=False, mmap=mmap, show_progress=False)

@@ -1,32 +1,9 @@
-"""Chunking, sparse/dense/hybrid retrieval and RAG."""
+"""Chunking, sparse/dense/hybrid retrieval and RAG; the other names live in the modules
+(chunking, encoder, retriever, rag, evaluate)."""
 
-from lmforge.retrieval.chunking import (
-    Chunk,
-    Corpus,
-    Document,
-    chunk_corpus,
-    chunk_documents,
-    read_corpus,
-    windows,
-)
+from lmforge.retrieval.chunking import chunk_corpus
 from lmforge.retrieval.encoder import SentenceEncoder
-from lmforge.retrieval.rag import RAG, Answer, ExtractiveAnswerer, LMAnswerer
-from lmforge.retrieval.retriever import SEARCH_MODES, Hit, Retriever
+from lmforge.retrieval.rag import RAG
+from lmforge.retrieval.retriever import Retriever
 
-__all__ = [
-    "RAG",
-    "SEARCH_MODES",
-    "Answer",
-    "Chunk",
-    "Corpus",
-    "Document",
-    "ExtractiveAnswerer",
-    "Hit",
-    "LMAnswerer",
-    "Retriever",
-    "SentenceEncoder",
-    "chunk_corpus",
-    "chunk_documents",
-    "read_corpus",
-    "windows",
-]
+__all__ = ["RAG", "Retriever", "SentenceEncoder", "chunk_corpus"]

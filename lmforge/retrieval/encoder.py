@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from lmforge.data.batches import pad_collate
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, require_int
 from lmforge.fileio import read_json
 from lmforge.model.bert import BertModel, load_bert
 
@@ -128,8 +128,7 @@ class SentenceEncoder:
         """Embed `texts` -> float32 tensor [N, dim] on the CPU, row i for texts[i]."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise LMForgeError("SentenceEncoder.encode takes a list of strings")
-        if batch_size < 1:
-            raise LMForgeError(f"batch_size={batch_size}: must be at least 1")
+        require_int("batch_size", batch_size)
         out = torch.empty(len(texts), self.dim)
         if not texts:
             return out

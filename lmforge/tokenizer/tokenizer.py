@@ -276,15 +276,11 @@ class Tokenizer:
     unk_id = _role_id("unk")
 
     def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
-        if add_bos:
-            if self.bos_id is None:
-                raise LMForgeError("add_bos=True but this tokenizer has no 'bos' special token")
-            ids.insert(0, self.bos_id)
-        if add_eos:
-            if self.eos_id is None:
-                raise LMForgeError("add_eos=True but this tokenizer has no 'eos' special token")
-            ids.append(self.eos_id)
-        return ids
+        for role, wanted in (("bos", add_bos), ("eos", add_eos)):
+            if wanted and getattr(self, f"{role}_id") is None:
+                raise LMForgeError(f"add_{role}=True: this tokenizer has no {role!r} special token")
+        bos = [self.bos_id] if add_bos else []
+        return bos + ids + ([self.eos_id] if add_eos else [])
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Token ids for `text`; BOS/EOS only when asked (the backend adds nothing itself)."""

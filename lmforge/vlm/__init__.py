@@ -9,23 +9,3 @@ data.py       built-in synthetic shapes captions (random sizes/positions; train 
               test / novel splits, Latin-square held-out colour x shape pairs), image loading
 train.py      the training run behind `lmforge vlm train`
 """
-
-from lmforge.vlm.data import ShapesDataset, load_image, to_pixels
-from lmforge.vlm.hf_vision import load_hf_vision_tower
-from lmforge.vlm.model import IMAGE, VisionLanguageModel, build_vlm_tokenizer
-from lmforge.vlm.projector import PROJECTORS, build_projector
-from lmforge.vlm.vision import VisionConfig, VisionEncoder
-
-__all__ = [
-    "IMAGE",
-    "PROJECTORS",
-    "ShapesDataset",
-    "VisionConfig",
-    "VisionEncoder",
-    "VisionLanguageModel",
-    "build_projector",
-    "build_vlm_tokenizer",
-    "load_hf_vision_tower",
-    "load_image",
-    "to_pixels",
-]

@@ -13,7 +13,6 @@ Pixels go in as the HF model expects them (its own mean/std normalisation, not l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,24 +21,11 @@ from lmforge.errors import CheckpointError
 from lmforge.fileio import check_state, load_tensors, read_json
 from lmforge.vlm.vision import VisionConfig, VisionEncoder
 
-
-@dataclass(frozen=True)
-class Flavour:
-    """How one HF vision tower family maps onto VisionConfig."""
-
-    use_cls: bool
-    patch_bias: bool
-    pre_norm: bool
-    final_norm: bool
-    default_eps: float
-
-
+# How each HF vision tower family maps onto VisionConfig (norm_eps: when config.json has none).
 FLAVOURS = {
-    "clip": Flavour(use_cls=True, patch_bias=False, pre_norm=True, final_norm=False,
-                    default_eps=1e-5),
-    "siglip": Flavour(use_cls=False, patch_bias=True, pre_norm=False, final_norm=True,
-                      default_eps=1e-6),
-}  # fmt: skip
+    "clip": dict(use_cls=True, patch_bias=False, pre_norm=True, final_norm=False, norm_eps=1e-5),
+    "siglip": dict(use_cls=False, patch_bias=True, pre_norm=False, final_norm=True, norm_eps=1e-6),
+}
 HF_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -65,9 +51,8 @@ def hf_vision_config(path: str | Path) -> tuple[VisionConfig, str]:
             image_size=vision["image_size"], patch_size=vision["patch_size"],
             channels=vision.get("num_channels", 3), d_model=vision["hidden_size"],
             n_layer=vision["num_hidden_layers"], n_head=vision["num_attention_heads"],
-            d_ff=vision["intermediate_size"], use_cls=spec.use_cls, act=HF_ACTS[act],
-            patch_bias=spec.patch_bias, pre_norm=spec.pre_norm, final_norm=spec.final_norm,
-            norm_eps=vision.get("layer_norm_eps", spec.default_eps),
+            d_ff=vision["intermediate_size"], act=HF_ACTS[act],
+            **{**spec, "norm_eps": vision.get("layer_norm_eps", spec["norm_eps"])},
         )  # fmt: skip
     except KeyError as err:
         raise CheckpointError(f"{source}: vision config lacks the field {err}") from err
