@@ -89,9 +89,7 @@ class AsyncEngine:
         self._ids = itertools.count()
 
     def start(self) -> None:
-        """Start the stepping thread (call from inside the running event loop)."""
-        if self._thread is not None:
-            return
+        """Start the stepping thread (call from inside the running event loop, once)."""
         self._loop = asyncio.get_running_loop()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="lmforge-engine", daemon=True)
