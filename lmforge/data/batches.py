@@ -69,10 +69,6 @@ class BatchSampler:
         self.batches_drawn += 1
         return _split_xy(_gather(self.shard, starts, self.block_size + 1), self.device)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next_batch()
-
     def state_dict(self) -> dict[str, Any]:
         """JSON-safe state: the generator state as a list of byte values, plus the batch count."""
         return {
