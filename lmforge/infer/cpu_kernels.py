@@ -219,11 +219,20 @@ def pack_int4(
     offset None: the symmetric layout, w = (q - 8) * scale (llama.cpp's Q4_0), [.., 288] bytes:
     the codes and the scales. Codes above 15: `pack_int4_nibbles` with their fifth bits."""
     n, k = q.shape
-    g = q.reshape(n, k // BLOCK, 2, BLOCK // 2).to(torch.int32)
-    bits = (g >> 4 & 1).view(n, k // BLOCK, BLOCK) << torch.arange(BLOCK, dtype=torch.int32)
-    high = bits.sum(-1, dtype=torch.int32) if bool((g > 15).any()) else None
-    nibbles = (g[:, :, 0] & 15 | (g[:, :, 1] & 15) << 4).to(torch.uint8)
+    nibbles, high = split_codes(q.reshape(n, k // BLOCK, BLOCK))
     return pack_int4_nibbles(nibbles, scale, offset, high)
+
+
+def split_codes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Codes [.., 32] of groups (0..15, or 0..31) as llama.cpp's Q4 / Q5 blocks store them:
+    nibbles uint8 [.., 16] (byte j: column j low, j + 16 high) and, where a code exceeds 15,
+    the fifth bits int32 [..] (column j's at bit j; else None)."""
+    g = q.to(torch.int32)
+    high = None
+    if bool((g > 15).any()):
+        high = ((g >> 4 & 1) << torch.arange(BLOCK, dtype=torch.int32)).sum(-1, dtype=torch.int32)
+    half = BLOCK // 2
+    return (g[..., :half] & 15 | (g[..., half:] & 15) << 4).to(torch.uint8), high
 
 
 def pack_int4_nibbles(

@@ -12,11 +12,13 @@ copy of the whole model. Three policies:
   5-bit ones); a fused layer joining Q8_0 with Q4_0 / Q5_0 parts holds them all as Q8_0 blocks
   (their centred codes fit int8: exact). F16 / BF16 stay 16-bit
   (HalfLinear), F32 stays F32; the token table too (QuantizedEmbedding, whose layer is also the
-  head of a tied model). Formats the kernels have no layout for (the K-quants, the IQ
-  types) are dequantised one tensor at a time and quantised again: to int4 (groups of 32, scale
-  and offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0; one
-  warning states which tensors and the largest relative weight error that caused. Activations
-  are float32.
+  head of a tied model). Q4_K / Q5_K super-blocks go block by block into the int4 / int5
+  layouts (each sub-block of 32 a group, its scale d sc and offset -dmin m rounded to fp16: the
+  only error). Formats the kernels have no layout for (Q6_K, Q2_K, Q3_K, the IQ types) are
+  dequantised one tensor at a time and quantised again: to int4 (groups of 32, scale and
+  offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0. One warning
+  states which tensors were converted and the largest relative weight error that caused.
+  Activations are float32.
 - `dense`: every tensor dequantised to one dtype (training, export, `--dtype` given).
 - `quantized`: lmforge's int8 / int4 (`--quantize`), as lmforge.infer.quantize makes them, from
   each layer's dequantised weights; Q4_0 / Q4_1 tensors keep their codes under int4.
@@ -44,6 +46,7 @@ from lmforge.infer.quantized_linear import (
 from lmforge.interop.gguf_header import ggml_types
 from lmforge.interop.gguf_read import (
     GROUP_TYPES,
+    K_GROUP_TYPES,
     PLAIN_TYPES,
     Q8_EXACT_TYPES,
     GGUFFile,
@@ -51,6 +54,7 @@ from lmforge.interop.gguf_read import (
     permute_named,
     read_config,
     read_group_blocks,
+    read_k_blocks,
     read_q8_blocks,
 )
 from lmforge.interop.hf import to_ours
@@ -118,15 +122,21 @@ class _Loader:
 
     def group_blocks(self, rule) -> list[torch.Tensor | None]:
         """(nibbles, d, m, high) of a rule whose parts are Q4_0 / Q4_1 / Q5_0 / Q5_1
-        (`read_group_blocks`): m None when every part is Q4_0, or every part Q5_0 (a symmetric
+        (`read_group_blocks`) or Q4_K / Q5_K (`read_k_blocks`, whose rounding error is recorded
+        for the warning): m None when every part is Q4_0, or every part Q5_0 (a symmetric
         layout); in a rule mixing them, the symmetric parts get their implied offset m = -8 d or
         -16 d (exact in fp16: a power-of-two multiple); high None unless a part is Q5 (then
-        zero for the Q4 parts)."""
+        zero for the parts without fifth bits)."""
         kinds = self.kinds(rule)
         symmetric, five = kinds in ({"Q4_0"}, {"Q5_0"}), any(k.startswith("Q5") for k in kinds)
+        errors: list[tuple[float, float]] = []
 
         def read(f: GGUFFile, g: str) -> tuple[torch.Tensor, ...]:
-            q, d, m, high = read_group_blocks(f, g)
+            if f.type_name(g) in K_GROUP_TYPES:
+                q, d, m, high, error = read_k_blocks(f, g)
+                errors.append(error)
+            else:
+                q, d, m, high = read_group_blocks(f, g)
             if m is None and not symmetric:
                 m = -(8 if high is None else 16) * d
             if high is None and five:
@@ -134,6 +144,10 @@ class _Loader:
             return tuple(t for t in (q, d, m, high) if t is not None)
 
         parts = self.components(rule, read)
+        if errors:
+            error, norm = map(sum, zip(*errors))
+            self.converted.append((",".join(self.parts(rule)), "/".join(sorted(kinds)),
+                                   (error / max(norm, 1e-30)) ** 0.5))  # fmt: skip
         return [*parts[:2], None if symmetric else parts[2], parts[-1] if five else None]
 
     def release(self, names: list[str]) -> None:
@@ -153,7 +167,8 @@ class _Loader:
         if "Q8_0" in kinds and kinds <= set(Q8_EXACT_TYPES):
             q, d = self.components(rule, read_q8_blocks)
             return BlockInt8Linear.from_blocks(q, d, bias, self.dtype)
-        if kinds <= set(GROUP_TYPES) and (kinds <= {"Q4_0", "Q4_1"} or native_kernels()):
+        five = any(k.startswith("Q5") for k in kinds)  # the 5-bit layouts: native kernels only
+        if kinds <= {*GROUP_TYPES, *K_GROUP_TYPES} and (not five or native_kernels()):
             q, d, m, high = self.group_blocks(rule)
             return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name, high)
         if len(kinds) == 1 and (kind := next(iter(kinds))) in ("F16", "BF16"):
@@ -247,9 +262,11 @@ class _Loader:
         worst = max(range(len(errors)), key=errors.__getitem__)
         warnings.warn(
             f"{self.f.path}: {len(names)} tensor(s) of type {', '.join(sorted(set(kinds)))} have "
-            "no exact layout in lmforge's kernels and were re-quantised per tensor (int4 groups "
-            f"of 32 up to {CONVERT_TO_INT4_BITS:g} bits per weight, Q8_0 above); largest "
-            f"relative weight error {errors[worst]:.2%} ({names[worst]})",
+            "no exact layout in lmforge's kernels and were converted per tensor (Q4_K / Q5_K "
+            "block by block to int4 / int5 groups of 32, their scales' products rounded to fp16; "
+            f"others re-quantised: int4 groups of 32 up to {CONVERT_TO_INT4_BITS:g} bits per "
+            f"weight, Q8_0 above); largest relative weight error {errors[worst]:.2%} "
+            f"({names[worst]})",
             stacklevel=4,
         )
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.infer.cpu_kernels import split_codes
 from lmforge.interop.families import FAMILIES, Family
 from lmforge.interop.gguf_header import GGUFHeader, TensorInfo
 from lmforge.interop.hf import hf_config_to_ours, hf_shapes
@@ -425,6 +426,47 @@ def read_group_blocks(
     if kind.startswith("Q5"):  # qh: a little-endian uint32 before the nibbles
         high = raw[..., head - 4 : head].contiguous().view(torch.int32)[..., 0]
     return raw[..., head:].contiguous(), d, m, high
+
+
+K_GROUP_TYPES = ("Q4_K", "Q5_K")  # super-blocks of 256 whose sub-blocks of 32 map onto groups
+QK_K = 256
+
+
+def read_k_blocks(
+    f: GGUFFile, name: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, tuple[float, float]]:
+    """A Q4_K / Q5_K tensor's super-blocks of 256 (ggml-common.h's block_q4_K / block_q5_K: fp16
+    d and dmin, 12 bytes packing 6-bit scales sc and mins m of the 8 sub-blocks of 32, Q5_K's
+    32 bytes of fifth bits, 128 bytes of nibbles; w = d sc q - dmin m) as groups of 32 in
+    `read_group_blocks`' form: (nibbles, fp16 d sc, fp16 -dmin m, high or None), exact but for
+    rounding those two products to fp16; and (the squared error that rounding causes, the
+    squared weights) summed over the tensor, a few rows at a time (no float copy of it)."""
+    kind = f.type_name(name)
+    if kind not in K_GROUP_TYPES:
+        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not Q4_K or Q5_K")
+    rows, k = f.shape(name)
+    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // QK_K, -1)
+    d, dmin = (raw[..., i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
+    lo, mid, top = raw[..., 4:16].unflatten(-1, (3, 4)).unbind(-2)  # gguf-py's get_scale_min
+    sc = torch.cat([lo & 63, top & 15 | lo >> 2 & 48], dim=-1).float()  # [rows, blocks, 8]
+    mins = torch.cat([mid & 63, top >> 4 | mid >> 2 & 48], dim=-1).float()
+    halves = torch.tensor([0, 4], dtype=torch.uint8).view(2, 1)  # sub-blocks 2c, 2c + 1
+    codes = (raw[..., -128:].reshape(rows, -1, 4, 1, 32) >> halves & 15).view(rows, -1, 8, 32)
+    if kind == "Q5_K":  # sub-block s's fifth bits: bit s of the 32 bytes of qh
+        planes = torch.arange(8, dtype=torch.uint8).view(8, 1)
+        codes |= (raw[..., 16:48].reshape(rows, -1, 1, 32) >> planes & 1) << 4
+    scale, offset = d * sc, -dmin * mins  # exact in fp32 (11 x 6 significant bits)
+    scale16, offset16 = scale.half(), offset.half()
+    error = norm = 0.0
+    step = max(1, (1 << 20) // k)
+    for r in range(0, rows, step):
+        q = codes[r : r + step].float()
+        exact = q * scale[r : r + step, ..., None] + offset[r : r + step, ..., None]
+        ours = q * scale16[r : r + step, ..., None].float() + offset16[r : r + step, ..., None]
+        error += float((ours - exact).double().square().sum())
+        norm += float(exact.double().square().sum())
+    nibbles, high = split_codes(codes.view(rows, k // Q4_BLOCK, Q4_BLOCK))
+    return nibbles, scale16.view(rows, -1), offset16.view(rows, -1), high, (error, norm)
 
 
 def read_q8_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor]:

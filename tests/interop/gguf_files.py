@@ -110,15 +110,17 @@ def add_vocab(w, v):
 
 # gguf-py dequantises K-quants but cannot quantise to them: such tensors get random blocks
 # whose fp16 super-block scales (byte offsets below) are set small enough for sane weights.
-K_QUANT_SCALES = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+K_QUANT_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
-def random_k_blocks(shape, qtype, seed=0):
+def random_k_blocks(shape, qtype, seed=0, scale=None):
+    """Random blocks with the fp16 scales `scale` [rows, blocks] (default: one small value)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed + shape[0])
     raw = rng.integers(0, 256, (shape[0], shape[1] // block, size), dtype=np.uint8)
+    if scale is None:
+        scale = np.full(raw.shape[:2], 6e-5 if qtype == Q.Q6_K else 2e-4, dtype=np.float16)
     for offset in K_QUANT_SCALES[qtype]:
-        scale = np.full(raw.shape[:2], 2e-4 if qtype == Q.Q4_K else 6e-5, dtype=np.float16)
         raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(shape[0], -1)
 
@@ -231,7 +233,7 @@ AS_STORED = {
     "F32": (Linear, True), "F16": (HalfLinear, True), "BF16": (HalfLinear, True),
     "Q8_0": (BlockInt8Linear, True), "Q4_0": (Int4Linear, True), "Q4_1": (Int4Linear, True),
     "Q5_0": (Int4Linear, True), "Q5_1": (Int4Linear, True),
-    "Q4_K": (Int4Linear, False), "Q6_K": (BlockInt8Linear, False),
+    "Q4_K": (Int4Linear, False), "Q5_K": (Int4Linear, False), "Q6_K": (BlockInt8Linear, False),
 }  # fmt: skip
 
 
@@ -245,7 +247,7 @@ def assert_as_stored(path, ref, dense, vocab_size, tol=0.03):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lm = LM.load(path)
-    converted = [w for w in caught if "re-quantised" in str(w.message)]
+    converted = [w for w in caught if "converted per tensor" in str(w.message)]
     assert len(converted) == (0 if exact else 1)
     name = "blocks.0.mlp.down_proj"
     layer = lm.model.get_submodule(name)

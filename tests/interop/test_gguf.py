@@ -14,6 +14,7 @@ from gguf_files import (
     gguf,
     hf_from_gguf,
     hf_tokenizer,
+    random_k_blocks,
     write_gguf,
 )
 
@@ -25,7 +26,7 @@ from lmforge.lm import LM
 # ---- import ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "qtype",
-    [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K],
+    [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K],
     ids=lambda q: q.name,
 )
 def test_llama_quant_types_match_transformers(tmp_path, bpe_vocab, qtype, build_hf):
@@ -61,6 +62,42 @@ def test_a_layer_joining_two_block_types_keeps_both_exactly(tmp_path, bpe_vocab,
         assert getattr(layer, "symmetric", False) == symmetric
         weight = dense.model.get_submodule(name).weight
         assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K], ids=lambda q: q.name)
+def test_k_quant_blocks_become_int4_groups_up_to_fp16_products(tmp_path, qtype):
+    """Oracle gguf-py's dequantisation: a Q4_K / Q5_K tensor's sub-blocks of 32 become int4 /
+    int5 groups whose scale d sc and offset -dmin m are rounded to fp16. With power-of-two d
+    and dmin those products are fp16 numbers and the layer holds gguf-py's weights bit for bit;
+    with others the error is that rounding's (< 2^-11 of each product), as reported."""
+    from gguf.quants import dequantize
+
+    from lmforge.infer.int4_linear import Int4Linear
+    from lmforge.interop.gguf_read import GGUFFile, read_k_blocks
+
+    rng = np.random.default_rng(0)
+    scales = {"exact": np.full((40, 2), 2.0**-12, dtype=np.float16),
+              "rounded": (rng.random((40, 2)) * 1e-3 + 1e-4).astype(np.float16)}  # fmt: skip
+    for case, scale in scales.items():
+        writer = gguf.GGUFWriter(str(tmp_path / f"{case}.gguf"), "llama")
+        writer.add_tensor("w", random_k_blocks((40, 512), qtype, scale=scale), raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        f = GGUFFile(tmp_path / f"{case}.gguf")
+        theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), qtype), dtype=np.float32))
+        nibbles, d, m, high, (error, norm) = read_k_blocks(f, "w")
+        assert (high is None) == (qtype == Q.Q4_K)
+        layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, high=high)
+        ours = layer.dequantize()
+        if case == "exact":
+            assert error == 0 and torch.equal(ours, theirs.view(40, 512))
+        else:
+            relative = float((ours - theirs).norm() / theirs.norm())
+            assert 0 < relative < 2**-11 and relative == pytest.approx((error / norm) ** 0.5,
+                                                                         rel=1e-3)  # fmt: skip
+        f.close()
 
 
 @pytest.mark.parametrize(
