@@ -183,12 +183,12 @@ def _describe_half(dtype: torch.dtype, device) -> str:
     native = native_kernels()
     if native is None:
         return ""
-    short, rows = ("bf16", 8) if dtype == torch.bfloat16 else ("fp16", 16)
-    how = "fp32 multiply-adds on converted weights"
+    short = "bf16" if dtype == torch.bfloat16 else "fp16"
+    how, rows = "fp32 multiply-adds on converted weights", "at every batch size"
     if dtype == torch.bfloat16 and native.variant == "avx512_bf16":
         how = "the AVX512-BF16 dot product"
-    return (f"; {short} weights: lmforge's {native.variant} dense matmul ({how}) up to {rows} "
-            "rows, torch's GEMM above")  # fmt: skip
+        rows = f"up to {HalfLinear.torch_bf16_rows} rows, torch's bf16 GEMM above"
+    return f"; {short} weights: lmforge's {native.variant} dense matmul ({how}) {rows}"
 
 
 def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -> dict[str, str]:

@@ -295,11 +295,14 @@ class BlockInt8Linear(QuantizedLinear):
 
 class HalfLinear(QuantizedLinear):
     """A Linear whose bf16 / fp16 weights stay as stored (a GGUF's F16 / BF16 tensors) while the
-    model computes in `dtype` (fp32 by default): on a CPU with the native kernels lmforge's half
-    GEMV (native/dense_matmul.cpp, fp32 sums) for few rows and torch's 16-bit GEMM above; elsewhere
-    torch's matmul in the weights' dtype."""
+    model computes in `dtype` (fp32 by default): on a CPU with the native kernels lmforge's dense
+    matmul (native/dense_matmul.cpp: the weights converted exactly, fp32 sums; a GEMV for a
+    decode step's rows, a blocked GEMM above), except bf16 weights above `torch_bf16_rows` rows
+    where the CPU has AVX512-BF16 (torch's bf16 GEMM runs its dot product, 2x the fp32 one, on
+    activations rounded to bf16); elsewhere torch's matmul in the weights' dtype."""
 
     bits = 16
+    torch_bf16_rows = 8
 
     def __init__(self, weight: torch.Tensor, bias=None, dtype: torch.dtype = torch.float32):
         if weight.dtype not in (torch.bfloat16, torch.float16):
@@ -308,18 +311,16 @@ class HalfLinear(QuantizedLinear):
         super().__init__(k, n, bias, dtype)
         self.register_buffer("weight_half", weight.detach().contiguous())
         self._native = native_kernels() if weight.device.type == "cpu" else None
-
-    # rows up to which lmforge's dense matmul runs, by weight dtype: above, torch's GEMM (its
-    # blocked bf16 kernels win from 16 rows; its CPU fp16 GEMM is slow at any size, so fp16
-    # takes an fp32 GEMM on converted weights instead)
-    native_rows = {torch.bfloat16: 8, torch.float16: 16}
+        self._torch_bf16 = weight.dtype == torch.bfloat16 and self._native is not None and (
+            self._native.variant == "avx512_bf16")  # fmt: skip
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         w = self._buffers["weight_half"]
-        few = x.shape[0] <= self.native_rows[w.dtype]
-        if self._native is not None and few and x.device.type == "cpu":
-            return self._native.dense_matmul(x, w)
-        if x.device.type == "cpu" and w.dtype == torch.float16 and not few:
+        cpu = x.device.type == "cpu"
+        if self._native is not None and cpu:
+            if not self._torch_bf16 or x.shape[0] <= self.torch_bf16_rows:
+                return self._native.dense_matmul(x, w)
+        elif cpu and w.dtype == torch.float16:  # torch's CPU fp16 GEMM is slow at any size
             return QuantizedLinear.gemm(self, x)  # fp32 on chunks of converted rows
         return F.linear(x.to(w.dtype), w).to(x.dtype)
 

@@ -169,12 +169,13 @@ def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits)
     f.close()
 
 
-# rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 9 (torch's GEMM
-# for bf16 weights, still the kernel for fp16 and fp32), 13 and 20 (fp32 weights on AVX-512:
-# tiles of 3 rows against 4 of the 37 rows of weights, then single rows); k = 200 leaves a tail
+# rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 13 and 20 (fp32
+# weights on AVX-512: tiles of 3 rows against 4 of the 37 rows of weights, then single rows; the
+# 16-bit GEMM's partial tile at 20), 40 (the GEMM: a whole tile of 32 (AVX-512) or 16 (AVX2)
+# rows of x and a part; its 37 weight rows: 3 tiles of 12 (6 of 6) and 1); k = 200 leaves a tail
 # after the last whole vector of every width, k = 1,500 splits fp32 weights into two blocks of
-# columns (768 + 732)
-@pytest.mark.parametrize("rows", [1, 3, 5, 9, 13, 20])
+# columns (768 + 732) and the GEMM's into three (500)
+@pytest.mark.parametrize("rows", [1, 3, 5, 13, 20, 40])
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [200, 1500])
@@ -189,6 +190,15 @@ def test_dense_matmul_matches_torch_in_float64(kernel, rows, weights, activation
     expect = x.double() @ w.double().t()
     tol = 2e-5 if activations == torch.float32 else 2e-2
     torch.testing.assert_close(y.double(), expect, rtol=tol, atol=tol * expect.abs().max().item())
+
+
+@pytest.mark.parametrize("weights", [torch.float16, torch.bfloat16])
+def test_dense_matmul_gemm_takes_rows_in_passes(kernel, weights):
+    """More rows of x than one pass of the GEMM holds (256): the passes and the tail tile."""
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(13, 96, generator=g).to(weights), torch.randn(300, 96, generator=g)
+    expect = x.double() @ w.double().t()
+    torch.testing.assert_close(kernel.dense_matmul(x, w).double(), expect, rtol=2e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("k", [576, 1536])  # SmolLM2's: one block of columns and two

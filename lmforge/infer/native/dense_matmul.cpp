@@ -26,6 +26,7 @@
  * side, which would reuse each x vector 4 times, measured 0.7x the bandwidth at one row of x: 4
  * interleaved streams a row apart; x stays in L1 anyway.) OpenMP threads split the rows of
  * weights; callers hand more than a few rows of x to a GEMM (HalfLinear, model/linear.py). */
+#include <omp.h>
 #include <stdlib.h>
 
 #include <type_traits>
@@ -264,6 +265,108 @@ static void rows_times_weights(const XT* x, const weight_t<WT>* w, float* y, int
   for (int64_t r = 0; r < n; r++) weight_row<WT>(x, w + r * k, y + r, m, n, k);
 }
 
+/* ---- many rows (prefill): a blocked GEMM --------------------------------------------------- */
+/* Above GEMV_ROWS rows of x the products are compute-bound, and the GEMV, which converts every
+ * weight again for each tile of x rows and ends every (row, weight row) pair in a horizontal sum,
+ * falls far behind the multiply-add units. So, as BLIS's and llama.cpp's tinyBLAS micro-kernels
+ * do, a tile of WR rows of weights times XR = 2 vectors of x rows stays in WR x 2 accumulators
+ * over a block of KC columns: per column, two vector loads of x (transposed once per call into
+ * [KC][XR]: rows of x along the lanes), and per row of weights one broadcast of its fp32 value
+ * into two multiply-adds. The weights' block of columns is converted to fp32 once per call into a
+ * per-thread buffer of WR rows (fp16: vcvtph2ps, bf16: a shift; exact, as in the GEMV) and serves
+ * every tile of x rows; fp32 weights are read in place. Each output is one sum over k in column
+ * order (blocks of KC in turn), whatever the number of rows: a row's result does not depend on
+ * its batch here either. */
+#define GEMV_ROWS 16 /* up to here the GEMV (decode: memory-bound), above it the GEMM */
+#ifdef SIMD_WIDTH
+#define XR (2 * V) /* rows of x per tile: 2 vectors */
+#define WR (V == 16 ? 12 : 6) /* rows of weights per tile: 24 of 32 / 12 of 16 registers */
+#define KC 512 /* at most this many columns per block: the weight buffer, WR x KC fp32, in L1 */
+#define MC 256 /* rows of x per pass: their transposed block, KC x MC fp32, in L2 */
+
+/* acc[r] (+)= x block [kc][XR] times weight rows wb [WR][ldw] over kc columns, into
+ * y[i * n + r] for the `rows` valid rows of x and `wrows` valid rows of weights */
+static inline void gemm_tile(const float* xt, const float* wb, int64_t ldw, int64_t kc, float* y,
+                             int64_t n, int64_t rows, int64_t wrows, bool add) {
+  vec acc[WR][2];
+  for (int r = 0; r < WR; r++) acc[r][0] = acc[r][1] = vset(0.f);
+  for (int64_t c = 0; c < kc; c++) {
+    const vec x0 = vload(xt + c * XR), x1 = vload(xt + c * XR + V);
+    for (int r = 0; r < WR; r++) {
+      const vec b = vset(wb[r * ldw + c]);
+      acc[r][0] = vfma(x0, b, acc[r][0]);
+      acc[r][1] = vfma(x1, b, acc[r][1]);
+    }
+  }
+  alignas(64) float tile[WR][XR];
+  for (int r = 0; r < WR; r++) {
+    vstore(tile[r], acc[r][0]);
+    vstore(tile[r] + V, acc[r][1]);
+  }
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t r = 0; r < wrows; r++) y[i * n + r] = add ? y[i * n + r] + tile[r][i] : tile[r][i];
+}
+
+/* The GEMM: MC rows of x at a time, KC columns at a time (equal blocks); within, the groups of WR
+ * weight rows are split between the threads, each converting its group's block into its buffer
+ * and running it against every tile of XR rows of x. */
+template <int WT>
+static int gemm(const float* x, const weight_t<WT>* w, float* y, int64_t m, int64_t n, int64_t k,
+                int threads) {
+  const int64_t blocks = (k + KC - 1) / KC, width = (k + blocks - 1) / blocks;
+  const int64_t mc = m < MC ? (m + XR - 1) / XR * XR : MC;
+  float* xt = (float*)aligned_alloc(64, sizeof(float) * (size_t)(width * mc));
+  float* wbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(threads * WR * width));
+  if (!xt || !wbuf) {
+    free(xt);
+    free(wbuf);
+    return -1;
+  }
+  for (int64_t i0 = 0; i0 < m; i0 += mc) {
+    const int64_t rows = m - i0 < mc ? m - i0 : mc;
+    for (int64_t c0 = 0; c0 < k; c0 += width) {
+      const int64_t kc = k - c0 < width ? k - c0 : width;
+      /* x's block transposed per tile of XR rows: [tile][column][XR], zeros past the last row */
+      for (int64_t t = 0; t < rows; t += XR)
+        for (int64_t i = 0; i < XR; i++)
+          for (int64_t c = 0; c < kc; c++)
+            xt[t * kc + c * XR + i] = t + i < rows ? x[(i0 + t + i) * k + c0 + c] : 0.f;
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t r0 = 0; r0 < n; r0 += WR) {
+        const int64_t wrows = n - r0 < WR ? n - r0 : WR;
+        const float* wb;
+        int64_t ldw = kc;
+        if constexpr (WT == WEIGHTS_F32) {
+          wb = w + r0 * k + c0, ldw = k;
+          if (wrows < WR) { /* the last group: fewer rows, the rest zeros */
+            float* buf = wbuf + (int64_t)omp_get_thread_num() * WR * width;
+            for (int64_t r = 0; r < WR; r++)
+              for (int64_t c = 0; c < kc; c++) buf[r * kc + c] = r < wrows ? wb[r * k + c] : 0.f;
+            wb = buf, ldw = kc;
+          }
+        } else {
+          float* buf = wbuf + (int64_t)omp_get_thread_num() * WR * width;
+          for (int64_t r = 0; r < WR; r++) {
+            const weight_t<WT>* src = w + (r0 + r) * k + c0;
+            int64_t c = 0;
+            if (r < wrows)
+              for (; c + V <= kc; c += V) vstore(buf + r * kc + c, load_weights<WT>(src + c));
+            for (; c < kc; c++) buf[r * kc + c] = r < wrows ? weight_at<WT>(src, c) : 0.f;
+          }
+          wb = buf;
+        }
+        for (int64_t t = 0; t < rows; t += XR)
+          gemm_tile(xt + t * kc, wb, ldw, kc, y + (i0 + t) * n + r0, n,
+                    rows - t < XR ? rows - t : XR, wrows, c0 > 0);
+      }
+    }
+  }
+  free(xt);
+  free(wbuf);
+  return 0;
+}
+#endif
+
 /* y [m, n] fp32 = x [m, k] times w [n, k]^T, both contiguous: w bf16, fp16 or fp32 (`w_type`
  * 0, 1, 2), x fp32 or bf16 (`x_bf16`). Returns 0, or -1 when memory runs out (nothing
  * written). */
@@ -285,12 +388,19 @@ int dense_matmul(const void* x, int x_bf16, const void* w, int w_type, float* y,
     for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_float(xb[i]);
     xf = widened;
   }
+  int status = 0;
+#ifdef SIMD_WIDTH
+  if (m > GEMV_ROWS && w_type != WEIGHTS_F32)
+    status = w_type == WEIGHTS_F16 ? gemm<WEIGHTS_F16>(xf, (const uint16_t*)w, y, m, n, k, threads)
+                                   : gemm<WEIGHTS_BF16>(xf, (const uint16_t*)w, y, m, n, k, threads);
+  else
+#endif
   if (w_type == WEIGHTS_F32) f32_rows_times_weights(xf, (const float*)w, y, m, n, k, threads);
   else if (w_type == WEIGHTS_F16)
     rows_times_weights<WEIGHTS_F16>(xf, (const uint16_t*)w, y, m, n, k, threads);
   else rows_times_weights<WEIGHTS_BF16>(xf, (const uint16_t*)w, y, m, n, k, threads);
   free(widened);
-  return 0;
+  return status;
 }
 
 }  // namespace lmforge_kernels::LMFORGE_VARIANT
