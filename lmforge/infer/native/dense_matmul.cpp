@@ -1,6 +1,7 @@
-/* Products with the weights as the model stores them (bf16, fp16 or fp32) on a CPU, for
- * decoding: y[m, n] = sum_k x[m, k] * w[n, k] with few rows of x (the running rows of a decode
- * step), the weights in the model's own row-major layout (no copy, no repacking).
+/* Products with the weights as the model stores them (bf16, fp16 or fp32) on a CPU: y[m, n] =
+ * sum_k x[m, k] * w[n, k], the weights in the model's own row-major layout (no repacking), with
+ * few rows of x (the running rows of a decode step) and, for 16-bit weights, with many (prefill:
+ * the blocked GEMM below).
  *
  * Why by hand: decoding reads every weight once a step, so a model decodes at the speed its
  * weights stream from memory. torch's bf16 matmul with one row of activations ran at a third of
@@ -14,9 +15,10 @@
  * - otherwise (fp16 weights, fp32 activations, AVX2 CPUs) as llama.cpp's F16 rows: 16 (AVX-512)
  *   or 8 (AVX2 + F16C) weights converted in registers (bf16: widen and shift into a float's top
  *   half; fp16: vcvtph2ps) meet fp32 activations in fused multiply-adds; without AVX2 a loop.
- * - fp32 weights: the same multiply-adds on the weights as loaded, with software prefetches a
- *   few rows ahead of the stream: at 8 rows of x the loop does 8 multiply-adds per weight vector
- *   and the hardware prefetcher alone fell behind.
+ * - fp32 weights: the same multiply-adds on the weights as loaded.
+ * Every row is prefetched PREFETCH_BYTES ahead of the vector being read (once a cache line): with
+ * the hardware prefetcher alone the stream fell behind the read bandwidth, for 16-bit weights at
+ * one row of x too, and at 8 rows of fp32 weights (8 multiply-adds per weight vector) further.
  *
  * The weights are read one row after another, one stream front to back; each row's vectors of
  * columns in flight go into U accumulators per row of x (a single sum would wait on every add),
@@ -25,7 +27,7 @@
  * sequence's outputs do not depend on the batch it decodes in. (Tiles of 4 weight rows side by
  * side, which would reuse each x vector 4 times, measured 0.7x the bandwidth at one row of x: 4
  * interleaved streams a row apart; x stays in L1 anyway.) OpenMP threads split the rows of
- * weights; callers hand more than a few rows of x to a GEMM (HalfLinear, model/linear.py). */
+ * weights. */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -47,7 +49,7 @@ static inline float weight_at(const weight_t<WT>* w, int64_t j) { /* element j, 
   else return WT == WEIGHTS_F16 ? half_to_float(w[j]) : bf16_to_float(w[j]);
 }
 
-/* fp32 weights: prefetch this many bytes ahead of the vector being read (a few rows of the
+/* prefetch this many bytes ahead of the vector being read (a few rows of the
  * decode layers' 576-4,096 columns) */
 #define PREFETCH_BYTES 8192
 
@@ -78,7 +80,8 @@ static inline void dot_row(const float* x, const weight_t<WT>* w, float* y, int6
     for (int u = 0; u < U; u++) acc[t][u] = vset(0.f);
   for (; j + U * V <= len; j += U * V)
     for (int u = 0; u < U; u++) {
-      if constexpr (WT == WEIGHTS_F32) __builtin_prefetch(w + j + u * V + pf, 0, 3);
+      if (pf && (WT == WEIGHTS_F32 || (u * V * 2) % 64 == 0)) /* 16-bit: once a cache line */
+        __builtin_prefetch(w + j + u * V + pf, 0, 3);
       const vec wv = load_weights<WT>(w + j + u * V);
       for (int t = 0; t < T; t++)
         acc[t][u] = vfma(vload(x + t * ldx + j + u * V), wv, acc[t][u]);
@@ -115,6 +118,7 @@ static inline void dot_row_bf16(const uint16_t* x, const uint16_t* w, float* y, 
   int64_t j = 0;
   for (; j + 32 * U <= k; j += 32 * U)
     for (int u = 0; u < U; u++) {
+      __builtin_prefetch(w + j + 32 * u + PREFETCH_BYTES / 2, 0, 3);
       const __m512bh wv = load_bf16(w + j + 32 * u);
       for (int t = 0; t < T; t++)
         acc[t][u] = _mm512_dpbf16_ps(acc[t][u], load_bf16(x + t * k + j + 32 * u), wv);
@@ -148,8 +152,9 @@ static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, 
   }
 #endif
   if constexpr (sizeof(XT) == 4) {
-    for (; i + TMAX <= m; i += TMAX) dot_row<WT, TMAX, 4>(x + i * k, w, y + i * n, k, k, n);
-    for (; i < m; i++) dot_row<WT, 1, 4>(x + i * k, w, y + i * n, k, k, n);
+    const int64_t pf = PREFETCH_BYTES / (int64_t)sizeof(weight_t<WT>);
+    for (; i + TMAX <= m; i += TMAX) dot_row<WT, TMAX, 4>(x + i * k, w, y + i * n, k, k, n, pf);
+    for (; i < m; i++) dot_row<WT, 1, 4>(x + i * k, w, y + i * n, k, k, n, pf);
   }
 }
 
