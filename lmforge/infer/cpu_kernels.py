@@ -250,14 +250,57 @@ def pack_int4_nibbles(
     parts = [codes]
     if high is not None:
         bits = (high[..., None] >> torch.arange(BLOCK, dtype=torch.int32) & 1).to(torch.uint8)
-        planes = bits.view(*high.shape, 2, 4, 4) << torch.arange(8, dtype=torch.uint8).view(
-            2, 4, 1
-        )  # [.., low / high nibbles, t, j] -> bit 4 * half + t of byte j
-        parts.append(_interleave(planes.sum((-3, -2), dtype=torch.uint8), 0))
+        parts.append(_bit_plane(bits))
     parts.append(_per_block(scale, blocks))
     if offset is not None:
         parts.append(_per_block(offset, blocks))
     return torch.cat(parts, dim=-1).contiguous()
+
+
+def _bit_plane(bits: torch.Tensor) -> torch.Tensor:
+    """One bit of each code, uint8 0 / 1 [N, G, 32], as the kernel's plane of those bits:
+    [blocks, G, 64], bit t of a row's byte j column 4 t + j's, bit 4 + t column 16 + 4 t + j's."""
+    shifts = torch.arange(8, dtype=torch.uint8).view(2, 4, 1)  # [low / high nibbles, t, j]
+    planes = bits.view(*bits.shape[:-1], 2, 4, 4) << shifts
+    return _interleave(planes.sum((-3, -2), dtype=torch.uint8), 0)
+
+
+def _plane_bits(plane: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_bit_plane` for one row's bytes [.., 4]: the bits [.., 32] (0 / 1)."""
+    return plane[..., _FIFTH_BYTE] >> _FIFTH_SHIFT.to(torch.uint8) & 1
+
+
+INT6_BYTES = INT4_CODE_BYTES + 2 * INT5_HIGH_BYTES + 4 * LANES  # then fp16 d and 2 int8 sc a row
+
+
+def pack_int6(codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's Q6_K as codes [N, K] (0..63), an fp16 `d` [N, K / 32] and int8 scales `sc`
+    [N, K / 16] (w = d sc (q - 32)) -> the int6 kernel's layout: uint8 [ceil(N / 16), K / 32,
+    448]: per block the codes' nibbles (as int4's), their bits 4 and 5 as two planes (as
+    int5's fifth bits), the 16 rows' d, then their scales of columns 0..15 and of 16..31."""
+    n, k = codes.shape
+    q = codes.view(n, k // BLOCK, BLOCK).to(torch.uint8)
+    nibbles, _ = split_codes(q & 15)
+    parts = [_interleave(nibbles, 0), _bit_plane(q >> 4 & 1), _bit_plane(q >> 5 & 1)]
+    blocks = parts[0].shape[0]
+    parts.append(_per_block(d, blocks))
+    pad = torch.zeros(blocks * LANES - n, k // BLOCK, 2, dtype=torch.int8)
+    scales = torch.cat([sc.view(n, k // BLOCK, 2).to(torch.int8), pad])
+    scales = scales.view(blocks, LANES, -1, 2).permute(0, 2, 3, 1)  # [blocks, G, lo / hi, row]
+    parts.append(scales.reshape(blocks, k // BLOCK, 2 * LANES).view(torch.uint8))
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def unpack_int6(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_int6`: codes uint8 [n, K], fp16 d [n, K / 32], int8 sc [n, K / 16]."""
+    blocks, groups, _ = packed.shape
+    codes = group_codes(_deinterleave(packed, BLOCK // 2, n),
+                        _deinterleave(packed, 4, n, INT4_CODE_BYTES))  # fmt: skip
+    codes |= _plane_bits(_deinterleave(packed, 4, n, INT4_CODE_BYTES + INT5_HIGH_BYTES)) << 5
+    at = INT4_CODE_BYTES + 2 * INT5_HIGH_BYTES
+    sc = packed[:, :, at + 2 * LANES :].contiguous().view(torch.int8).view(blocks, groups, 2, -1)
+    sc = sc.permute(0, 3, 1, 2).reshape(blocks * LANES, 2 * groups)[:n]
+    return codes.reshape(n, -1), _per_row(packed, at, n), sc
 
 
 def int4_symmetric(packed: torch.Tensor) -> bool:
@@ -267,16 +310,14 @@ def int4_symmetric(packed: torch.Tensor) -> bool:
 
 def int5(packed: torch.Tensor) -> bool:
     """Whether weights packed by `pack_int4` hold 5-bit codes (a plane of fifth bits)."""
-    return packed.shape[-1] > INT4_BYTES
+    return packed.shape[-1] in (INT4_BYTES + INT5_HIGH_BYTES, INT4_SYM_BYTES + INT5_HIGH_BYTES)
 
 
 def group_codes(nibbles: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
     """Codes uint8 [.., 32] of a row's group from its nibble bytes [.., 16] and, in a 5-bit
     layout, its 4 fifth-bit bytes [.., 4] as the kernel stores them."""
     codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)
-    if high is None:
-        return codes
-    return codes | (high[..., _FIFTH_BYTE] >> _FIFTH_SHIFT.to(torch.uint8) & 1) << 4
+    return codes if high is None else codes | _plane_bits(high) << 4
 
 
 def unpack_int4(

@@ -1,9 +1,10 @@
 """Int4 inference Linear layers: group-wise 4-bit weights in two layouts, asymmetric (fp16 scale
 and offset per group of 32, GGUF Q4_1's layout, what `--quantize int4` makes) and symmetric
 (fp16 scale only, offset -8 x scale, GGUF Q4_0's), each run by lmforge's CPU kernels
-(native/quantized_matmul.cpp) where they fit and by torch's int4 kernels elsewhere; and their
-5-bit versions (GGUF Q5_1 / Q5_0 as stored), lmforge's CPU kernels only. The shared machinery
-(QuantizedLinear, the kernel choice by rows) is in quantized_linear.py."""
+(native/quantized_matmul.cpp) where they fit and by torch's int4 kernels elsewhere; their 5-bit
+versions (GGUF Q5_1 / Q5_0 as stored) and int6 (GGUF Q6_K as stored: `Int6Linear`), lmforge's
+CPU kernels only. The shared machinery (QuantizedLinear, the kernel choice by rows) is in
+quantized_linear.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from lmforge.infer.cpu_kernels import (
     native_kernels,
     pack_int4,
     pack_int4_nibbles,
+    pack_int6,
     unpack_int4,
+    unpack_int6,
 )
 from lmforge.infer.quantized_linear import QuantizedLinear, cpu_kernel_dtype
 
@@ -280,6 +283,42 @@ class Int4Linear(QuantizedLinear):
         scale, zero = sz[..., 0].t()[:, :, None], sz[..., 1].t()[:, :, None]
         w = (q.view(stop - start, -1, g) - 8) * scale + zero
         return w.view(stop - start, self.in_features).to(dtype)
+
+
+class Int6Linear(QuantizedLinear):
+    """llama.cpp's Q6_K weights as stored, in lmforge's int6 kernel (native/quantized_matmul.cpp):
+    codes 0..63 with an fp16 d per group of 32 and an int8 scale per 16 columns, w = d sc
+    (q - 32), 7 bits a weight (Q6_K's own 6.56: its d is per 256); CPU kernels only. Off the
+    CPU (or for the embedding's rows) the weights are dequantised in torch ops."""
+
+    bits = 6
+
+    def __init__(self, codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor,
+                 bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):  # fmt: skip
+        """codes uint8 [N, K] (0..63), fp16 d [N, K / 32], int8 sc [N, K / 16]."""
+        native = native_kernels() if codes.device.type == "cpu" else None
+        if native is None:
+            raise ConfigError("int6 (Q6_K) weights need lmforge's CPU kernels")
+        n, k = codes.shape
+        super().__init__(k, n, bias, dtype)
+        self._native, self.group_size = native, BLOCK
+        self.register_buffer("native_packed", pack_int6(codes, d, sc))
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":  # moved off the CPU: the GEMM on dequantised weights
+            return self.gemm(x)
+        fp32 = x if x.dtype == torch.float32 else x.float()
+        y = self._native.int4_matmul(fp32, self._buffers["native_packed"], self.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
+        stop = self.out_features if stop is None else stop
+        first = start // LANES * LANES
+        blocks = self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
+        codes, d, sc = (t[start - first :] for t in unpack_int6(blocks, stop - first))
+        scale = d.float().repeat_interleave(2, dim=1) * sc.float()  # d sc, then q: as gguf-py
+        w = scale.repeat_interleave(16, dim=1) * (codes.float() - 32)
+        return w.to(dtype or self.dtype)
 
 
 @functools.cache

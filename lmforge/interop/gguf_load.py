@@ -14,7 +14,9 @@ copy of the whole model. Three policies:
   (HalfLinear), F32 stays F32; the token table too (QuantizedEmbedding, whose layer is also the
   head of a tied model). Q4_K / Q5_K super-blocks go block by block into the int4 / int5
   layouts (each sub-block of 32 a group, its scale d sc and offset -dmin m rounded to fp16: the
-  only error). Formats the kernels have no layout for (Q6_K, Q2_K, Q3_K, the IQ types) are
+  only error); Q6_K into the int6 layout (Int6Linear: exact, its d repeated per group of 32: 7
+  bits a weight against 6.56). Formats the kernels have no layout for (Q2_K, Q3_K, the IQ types;
+  Q6_K in a fused layer with another format) are
   dequantised one tensor at a time and quantised again: to int4 (groups of 32, scale and
   offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0. One warning
   states which tensors were converted and the largest relative weight error that caused.
@@ -34,7 +36,7 @@ from torch import nn
 
 from lmforge.errors import CheckpointError
 from lmforge.infer.cpu_kernels import native_kernels
-from lmforge.infer.int4_linear import Int4Linear
+from lmforge.infer.int4_linear import Int4Linear, Int6Linear
 from lmforge.infer.quantized_linear import (
     BLOCK,
     BlockInt8Linear,
@@ -55,6 +57,7 @@ from lmforge.interop.gguf_read import (
     read_config,
     read_group_blocks,
     read_k_blocks,
+    read_q6_k_blocks,
     read_q8_blocks,
 )
 from lmforge.interop.hf import to_ours
@@ -171,6 +174,8 @@ class _Loader:
         if kinds <= {*GROUP_TYPES, *K_GROUP_TYPES} and (not five or native_kernels()):
             q, d, m, high = self.group_blocks(rule)
             return Int4Linear.from_q4_blocks(q, d, m, bias, self.dtype, name, high)
+        if kinds == {"Q6_K"} and native_kernels():
+            return Int6Linear(*self.components(rule, read_q6_k_blocks), bias, self.dtype)
         if len(kinds) == 1 and (kind := next(iter(kinds))) in ("F16", "BF16"):
             return HalfLinear(self.dense(rule, PLAIN_TYPES[kind]), bias, self.dtype)
         weight = self.dense(rule, torch.float32)

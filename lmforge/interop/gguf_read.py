@@ -469,6 +469,25 @@ def read_k_blocks(
     return nibbles, scale16.view(rows, -1), offset16.view(rows, -1), high, (error, norm)
 
 
+def read_q6_k_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q6_K tensor's super-blocks of 256 (ggml-common.h's block_q6_K: 128 bytes of the codes'
+    low 4 bits, 64 of their top 2, 16 int8 scales sc (one per 16), an fp16 d; w = d sc (q - 32))
+    unpacked as gguf-py's dequantisation orders them: codes uint8 [rows, K] (0..63), d fp16
+    [rows, K / 32] (the super-block's, per group of 32) and sc int8 [rows, K / 16]."""
+    if (kind := f.type_name(name)) != "Q6_K":
+        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not Q6_K")
+    rows, k = f.shape(name)
+    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // QK_K, -1)
+    nibbles = raw[..., :128].reshape(rows, -1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8
+                                                                         ).view(2, 1)  # fmt: skip
+    top = raw[..., 128:192].reshape(rows, -1, 2, 1, 32) >> torch.tensor(
+        [0, 2, 4, 6], dtype=torch.uint8).view(4, 1)  # fmt: skip
+    codes = (nibbles & 15).reshape(rows, k) | (top & 3).reshape(rows, k) << 4
+    sc = raw[..., 192:208].contiguous().view(torch.int8).reshape(rows, k // 16)
+    d = raw[..., 208:210].contiguous().view(torch.float16).expand(-1, -1, QK_K // Q4_BLOCK)
+    return codes, d.reshape(rows, k // Q4_BLOCK), sc
+
+
 def read_q8_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q8_0 tensor's blocks as stored: (codes int8 [rows, K], scales fp16 [rows, K / 32]);
     a block is an fp16 scale d then 32 int8 codes, w = q d. A Q4_0 / Q5_0 tensor's blocks as

@@ -126,10 +126,23 @@ def test_symmetric_int4_is_the_int4_kernel_with_the_offset_minus_8_scale(kernel,
     assert torch.equal(kernel.dequantize_int4(packed, n, torch.bfloat16), w.bfloat16())
 
 
-@pytest.mark.parametrize(("kind", "bits"), [("Q4_0", 4.5), ("Q5_0", 5.5), ("Q5_1", 6)])
+def write_one_tensor(path, blocks: np.ndarray, qtype):
+    """A GGUF file holding one tensor "w" of `qtype` blocks (gguf-py's writer)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", blocks, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("kind", "bits"), [("Q4_0", 4.5), ("Q4_1", 5), ("Q5_0", 5.5), ("Q5_1", 6)])
 def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits):
-    """Oracle gguf-py: its quantiser writes a Q4_0 / Q5_0 / Q5_1 tensor and its dequantiser
-    reads it back; the blocks repacked as stored (no offsets for Q4_0 / Q5_0, a plane of fifth
+    """Oracle gguf-py: its quantiser writes a Q4_0 / Q4_1 / Q5_0 / Q5_1 tensor and its
+    dequantiser reads it back; the blocks repacked as stored (no offsets for Q4_0 / Q5_0, fifth
     bits for Q5: the file's bits a weight) give those weights bit for bit (the kernel's
     dequantisation and the embedding's row lookup) and their product at decode and prefill
     sizes; the first three rows again in fp32 against the fp32 product of the raw x."""
@@ -140,24 +153,18 @@ def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits)
 
     qtype = gguf.GGMLQuantizationType[kind]
     w = np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
-    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
-    writer.add_tensor("w", quantize(w, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    f = GGUFFile(tmp_path / "q.gguf")
+    f = GGUFFile(write_one_tensor(tmp_path / "q.gguf", quantize(w, qtype), qtype))
     theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), qtype), dtype=np.float32))
     nibbles, d, m, high = read_group_blocks(f, "w")
-    assert (m is None) == kind.endswith("_0") and (high is None) == (kind == "Q4_0")
+    assert (m is None) == kind.endswith("_0") and (high is None) == kind.startswith("Q4")
     layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, name="w", high=high)
     assert layer.symmetric == kind.endswith("_0") and layer.bits == (5 if high is not None else 4)
     packed = layer._buffers["native_packed"]
     assert packed.numel() == 48 * 96 * bits / 8  # the file's bits a weight (48 padded rows)
     assert torch.equal(layer.dequantize(), theirs)
     assert torch.equal(layer.rows(torch.tensor([0, 17, 39, 17])), theirs[[0, 17, 39, 17]])
-    # Q5_1's offsets (with the centring's 16 d) meet the exact group sums of x (as for int4)
-    offset = torch.zeros(40, 3) if m is None else m.float() + 16 * d.float()
+    # Q4_1 / Q5_1's offsets (with the centring's 8 d / 16 d) meet the exact group sums of x
+    offset = torch.zeros(40, 3) if m is None else m.float() + layer.centre * d.float()
     centred = theirs - offset.repeat_interleave(32, dim=1)
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(0))
     for rows in (1, 3, 40):  # a decode step, a tile's tail, a prompt
@@ -166,6 +173,38 @@ def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits)
         torch.testing.assert_close(layer(x[:rows]), expect, rtol=1e-4, atol=1e-4)
     exact = x[:3].double() @ theirs.double().t()
     assert ((layer(x[:3]) - exact).norm() / exact.norm()) < 1e-2
+    f.close()
+    with pytest.raises(Exception, match="not Q4_0 or Q4_1 or Q5_0 or Q5_1"):
+        read_group_blocks(GGUFFile(write_one_tensor(tmp_path / "f.gguf", w, None)), "w")
+
+
+def test_gguf_q6_k_runs_as_stored_on_every_variant(kernel, tmp_path):
+    """Oracle gguf-py's dequantisation (it cannot quantise to Q6_K: random blocks with small fp16
+    d of either sign): the int6 layout holds those weights bit for bit (7 bits a weight), and
+    multiplies them as the fp32 product on the same quantised activations, decode and prefill."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+
+    from lmforge.infer.int4_linear import Int6Linear
+    from lmforge.interop.gguf_read import GGUFFile, read_q6_k_blocks
+
+    q6_k = gguf.GGMLQuantizationType.Q6_K
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, (40, 2, 210), dtype=np.uint8)
+    d = (rng.standard_normal((40, 2, 1)) * 1e-4).astype(np.float16)
+    raw[..., 208:] = d.view(np.uint8)
+    f = GGUFFile(write_one_tensor(tmp_path / "q6.gguf", raw.reshape(40, -1), q6_k))
+    theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), q6_k), dtype=np.float32))
+    layer = Int6Linear(*read_q6_k_blocks(f, "w"))
+    packed = layer._buffers["native_packed"]
+    assert packed.numel() == 48 * 512 * 7 // 8  # 7 bits a weight (48 padded rows)
+    assert torch.equal(layer.dequantize(), theirs)
+    assert torch.equal(layer.dequantize(17, 35), theirs[17:35])
+    assert torch.equal(layer.rows(torch.tensor([0, 17, 39, 17])), theirs[[0, 17, 39, 17]])
+    x = torch.randn(40, 512, generator=torch.Generator().manual_seed(0))
+    for rows in (1, 3, 40):  # a decode step, a tile's tail, a prompt
+        torch.testing.assert_close(layer(x[:rows]), quantised_activations(x[:rows]) @ theirs.t(),
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
     f.close()
 
 

@@ -4,13 +4,11 @@ own dequantiser, and (real_model) the perplexity of int8/int4 SmolLM2 against fp
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from lmforge.errors import ConfigError
-from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.infer.int4_linear import Int4Linear, quantize_int4
 from lmforge.infer.quantize import to_inference_precision
@@ -120,38 +118,6 @@ def test_int4_engine_computes_its_dequantised_model():
     ours = [c.token_ids for c in engine.generate(prompts, params)]
     theirs = Engine(back.model, max_batch=4, eos_ids=[]).generate(prompts, params)
     assert sum(a == b.token_ids for a, b in zip(ours, theirs)) >= 3
-
-
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_1"])
-def test_gguf_q4_codes_map_exactly_onto_int4(tmp_path, kind):
-    """Oracle: gguf-py's own quantiser writes the tensor and its dequantiser reads it back;
-    the codes read without dequantising give the same weights through Int4Linear."""
-    import gguf
-    from gguf.quants import dequantize, quantize
-
-    from lmforge.interop.gguf_read import GGUFFile, read_group_blocks
-
-    def write(path, data, qtype=None):
-        writer = gguf.GGUFWriter(str(path), "llama")
-        writer.add_tensor("w", data, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return GGUFFile(path)
-
-    qtype = gguf.GGMLQuantizationType[kind]
-    w = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
-    f = write(tmp_path / "q4.gguf", quantize(w, qtype), qtype)
-    nibbles, d, m, high = read_group_blocks(f, "w")
-    theirs = torch.from_numpy(np.array(dequantize(f.blocks("w"), qtype), dtype=np.float32))
-    if high is not None and native_kernels() is None:
-        pytest.skip("5-bit blocks run only in the native kernels")
-    layer = Int4Linear.from_q4_blocks(nibbles, d, m, dtype=torch.float32, name="w", high=high)
-    assert torch.equal(layer.dequantize(), theirs.view(48, 96))
-    assert (layer.dequantize() - torch.from_numpy(w)).abs().max() > 0  # it is a lossy format
-    with pytest.raises(Exception, match="not Q4_0 or Q4_1 or Q5_0 or Q5_1"):
-        read_group_blocks(write(tmp_path / "f.gguf", w), "w")
 
 
 @pytest.mark.real_model

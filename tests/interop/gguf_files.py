@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError
-from lmforge.infer.int4_linear import Int4Linear
+from lmforge.infer.int4_linear import Int4Linear, Int6Linear
 from lmforge.infer.quantize import to_inference_precision
 from lmforge.infer.quantized_linear import BlockInt8Linear, HalfLinear
 from lmforge.interop.gguf_read import gguf_names, permute_qk
@@ -233,7 +233,7 @@ AS_STORED = {
     "F32": (Linear, True), "F16": (HalfLinear, True), "BF16": (HalfLinear, True),
     "Q8_0": (BlockInt8Linear, True), "Q4_0": (Int4Linear, True), "Q4_1": (Int4Linear, True),
     "Q5_0": (Int4Linear, True), "Q5_1": (Int4Linear, True),
-    "Q4_K": (Int4Linear, False), "Q5_K": (Int4Linear, False), "Q6_K": (BlockInt8Linear, False),
+    "Q4_K": (Int4Linear, False), "Q5_K": (Int4Linear, False), "Q6_K": (Int6Linear, True),
 }  # fmt: skip
 
 

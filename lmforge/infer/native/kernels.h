@@ -27,9 +27,10 @@ using BlockMatmul = int(const float* x, const uint8_t* w, float* y, int64_t m, i
                         int64_t k, int threads);
 /* and for the group-wise layouts: int4 codes with an fp16 scale d and offset m per group of 32
  * (w = q d + m), or, when `symmetric`, an fp16 scale d only (w = (q - 8) d: llama.cpp's Q4_0);
- * when `five`, their 5-bit versions (llama.cpp's Q5_1, and Q5_0: w = (q - 16) d) */
+ * with `bits` 5, their 5-bit versions (llama.cpp's Q5_1, and Q5_0: w = (q - 16) d); with 6,
+ * symmetric int6 (llama.cpp's Q6_K: w = d sc (q - 32), an int8 sc per 16 columns) */
 using GroupMatmul = int(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n,
-                        int64_t k, int symmetric, int five, int threads);
+                        int64_t k, int symmetric, int bits, int threads);
 /* the interleaved int4 weights [n, k] (symmetric ones when `symmetric`, 5-bit ones when
  * `five`) as fp32, or bf16 when `bf16` (the prefill GEMM's) */
 using DequantizeInt4 = void(const uint8_t* w, void* out, int64_t n, int64_t k, int symmetric,

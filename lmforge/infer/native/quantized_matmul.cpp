@@ -177,6 +177,8 @@ static inline Prefetch prefetch_share(const uint8_t* next, int64_t stride, int64
 /* a group-wise layout's block: codes, fifth bits (FIVE), scales, offsets (unless SYM) */
 #define GROUP_BLOCK_BYTES(SYM, FIVE) \
   (INT4_CODE_BYTES + ((FIVE) ? INT5_HIGH_BYTES : 0) + ((SYM) ? 2 : 4) * LANES)
+/* int6 (Q6_K): codes, two planes of high bits, fp16 d and two int8 scales per row */
+#define INT6_BLOCK_BYTES (INT4_CODE_BYTES + 2 * INT5_HIGH_BYTES + 4 * LANES)
 #define INT4_BLOCK_BYTES GROUP_BLOCK_BYTES(false, false)
 #define INT4_SYM_BLOCK_BYTES GROUP_BLOCK_BYTES(true, false)
 #define Q8_BLOCK_BYTES (LANES * BLOCK + 2 * LANES)
@@ -301,6 +303,42 @@ static inline void int8_block(const uint8_t* w, const int8_t* q, const float* sx
 #endif
 }
 
+#if defined(__AVX2__)
+/* Byte-wise bit operations on 256- and 512-bit vectors, by overloading, so that the code
+ * unpacking below is written once for both widths. */
+static inline __m256i vand(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
+static inline __m256i vor(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+static inline __m256i vshl(__m256i a, int n) { return _mm256_slli_epi16(a, n); }
+static inline __m256i vshr(__m256i a, int n) { return _mm256_srli_epi16(a, n); }
+static inline __m256i vbytes(__m256i, int b) { return _mm256_set1_epi8((char)b); }
+#if defined(VNNI512)
+static inline __m512i vand(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
+static inline __m512i vor(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+static inline __m512i vshl(__m512i a, int n) { return _mm512_slli_epi16(a, n); }
+static inline __m512i vshr(__m512i a, int n) { return _mm512_srli_epi16(a, n); }
+static inline __m512i vbytes(__m512i, int b) { return _mm512_set1_epi8((char)b); }
+#endif
+
+/* The codes of piece t of a block: `lo` those of columns 4 t..4 t + 3 (the low nibbles of the
+ * bytes c), `hi` those of columns 16 + 4 t.. (the high nibbles); with a plane h4 of bits 4 (int5,
+ * int6) and h5 of bits 5 (int6) ORed in: bit t of a plane's byte is the low nibble's, bit 4 + t
+ * the high one's, so one shift and mask lines each up with its nibble. */
+template <class V>
+static inline void piece_codes(V c, const V* h4, const V* h5, int t, V& lo, V& hi) {
+  const V low = vbytes(c, 0x0f), bit4 = vbytes(c, 0x10), bit5 = vbytes(c, 0x20);
+  lo = vand(c, low);
+  hi = vand(vshr(c, 4), low);
+  if (h4) {
+    lo = vor(lo, vand(vshl(*h4, 4 - t), bit4));
+    hi = vor(hi, vand(vshr(*h4, t), bit4));
+  }
+  if (h5) {
+    lo = vor(lo, vand(vshl(*h5, 5 - t), bit5));
+    hi = vor(hi, vand(t == 0 ? vshl(*h5, 1) : vshr(*h5, t - 1), bit5));
+  }
+}
+#endif
+
 /* The int4 sums of one block for T rows of x:
  *   acc[i] += d sx_i,g (sum(c q) - 8 sum(q)) + (m + 8 d) sum(x_g),
  * i.e. w = (c - 8) d + (m + 8 d): the activations' rounding error meets the centred codes c - 8
@@ -315,7 +353,6 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
   constexpr int64_t at_d = INT4_CODE_BYTES + (FIVE ? INT5_HIGH_BYTES : 0), at_m = at_d + 32;
   constexpr float centre = FIVE ? 16.f : 8.f;
 #if defined(VNNI512)
-  const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[T];
   for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += bytes) {
@@ -324,12 +361,9 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
     for (int i = 0; i < T; i++) s[i] = _mm512_setzero_si512();
     if constexpr (FIVE) high = _mm512_loadu_si512((const void*)(w + INT4_CODE_BYTES));
     for (int t = 0; t < 4; t++) {
-      __m512i c = _mm512_loadu_si512((const void*)(w + 64 * t));
-      __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
-      if constexpr (FIVE) { /* bit t -> 4 for the low nibbles, bit 4 + t -> 4 for the high */
-        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(high, 4 - t), bit4));
-        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(high, t), bit4));
-      }
+      __m512i lo, hi;
+      piece_codes<__m512i>(_mm512_loadu_si512((const void*)(w + 64 * t)), FIVE ? &high : NULL, NULL, t,
+                  lo, hi);
       for (int i = 0; i < T; i++) {
         const int8_t* qg = q + i * k + g * BLOCK + 4 * t;
         s[i] = _mm512_dpbusd_epi32(s[i], lo, _mm512_set1_epi32(piece(qg, 0)));
@@ -352,7 +386,6 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
   }
   for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
 #elif defined(__AVX2__) && defined(__F16C__)
-  const __m256i low = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
   __m256 acc[T][2];
   for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++, w += bytes) {
@@ -361,13 +394,10 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
     for (int i = 0; i < T; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
     for (int t = 0; t < 4; t++) {
       for (int h = 0; h < 2; h++) {
-        __m256i c = _mm256_loadu_si256((const __m256i*)(w + 64 * t + 32 * h));
-        __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
-        if constexpr (FIVE) {
-          __m256i high = _mm256_loadu_si256((const __m256i*)(w + INT4_CODE_BYTES + 32 * h));
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(high, 4 - t), bit4));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(high, t), bit4));
-        }
+        __m256i lo, hi, high = _mm256_setzero_si256();
+        if constexpr (FIVE) high = _mm256_loadu_si256((const __m256i*)(w + INT4_CODE_BYTES + 32 * h));
+        piece_codes<__m256i>(_mm256_loadu_si256((const __m256i*)(w + 64 * t + 32 * h)),
+                    FIVE ? &high : NULL, NULL, t, lo, hi);
         for (int i = 0; i < T; i++) {
           const int8_t* qg = q + i * k + g * BLOCK + 4 * t;
           s[i][h] = dot4_u4(s[i][h], lo, _mm256_set1_epi32(piece(qg, 0)));
@@ -416,29 +446,144 @@ static inline void int4_block(const uint8_t* w, const int8_t* q, const float* sx
 #endif
 }
 
+/* The int6 sums of one block for T rows of x (llama.cpp's Q6_K: w = d sc (c - 32) with codes
+ * 0..63, an fp16 d per row and group, an int8 scale sc per 16 columns): the low and high 16
+ * columns of a group (the low and high nibbles) are summed apart, each meets its own scale:
+ *   acc[i] += d sx_i,g (sc_lo (sum_lo(c q) - 32 sum_lo(q)) + sc_hi (sum_hi(c q) - 32 sum_hi(q))).
+ * The codes' bits 4 and 5 are two planes laid out as int5's fifth bits. */
+template <int T>
+static inline void int6_block(const uint8_t* w, const int8_t* q, const float* sx,
+                              const float* qs, const float* ql, int64_t k, int64_t groups,
+                              Prefetch pf, float* out) {
+  constexpr int64_t at_d = INT4_CODE_BYTES + 2 * INT5_HIGH_BYTES, at_sc = at_d + 2 * LANES;
+#if defined(VNNI512)
+  __m512 acc[T];
+  for (int i = 0; i < T; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++, w += INT6_BLOCK_BYTES) {
+    prefetch_part(pf, g);
+    __m512i slo[T], shi[T];
+    for (int i = 0; i < T; i++) slo[i] = shi[i] = _mm512_setzero_si512();
+    const __m512i h4 = _mm512_loadu_si512((const void*)(w + INT4_CODE_BYTES));
+    const __m512i h5 = _mm512_loadu_si512((const void*)(w + INT4_CODE_BYTES + INT5_HIGH_BYTES));
+    for (int t = 0; t < 4; t++) {
+      __m512i lo, hi;
+      piece_codes<__m512i>(_mm512_loadu_si512((const void*)(w + 64 * t)), &h4, &h5, t, lo, hi);
+      for (int i = 0; i < T; i++) {
+        const int8_t* qg = q + i * k + g * BLOCK + 4 * t;
+        slo[i] = _mm512_dpbusd_epi32(slo[i], lo, _mm512_set1_epi32(piece(qg, 0)));
+        shi[i] = _mm512_dpbusd_epi32(shi[i], hi, _mm512_set1_epi32(piece(qg, 16)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + at_d)));
+    const __m512 sc_lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + at_sc))));
+    const __m512 sc_hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + at_sc + LANES))));
+    for (int i = 0; i < T; i++) {
+      const float qlo = ql[i * groups + g], qhi = qs[i * groups + g] - qlo;
+      __m512 v = _mm512_mul_ps(
+          _mm512_sub_ps(_mm512_cvtepi32_ps(slo[i]), _mm512_set1_ps(32.f * qlo)), sc_lo);
+      v = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(shi[i]), _mm512_set1_ps(32.f * qhi)),
+                          sc_hi, v);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(sx[i * groups + g])), d, acc[i]);
+    }
+  }
+  for (int i = 0; i < T; i++) _mm512_storeu_ps(out + i * LANES, acc[i]);
+#elif defined(__AVX2__) && defined(__F16C__)
+  __m256 acc[T][2];
+  for (int i = 0; i < T; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; g++, w += INT6_BLOCK_BYTES) {
+    prefetch_part(pf, g);
+    for (int h = 0; h < 2; h++) {
+      __m256i slo[T], shi[T];
+      for (int i = 0; i < T; i++) slo[i] = shi[i] = _mm256_setzero_si256();
+      const __m256i h4 = _mm256_loadu_si256((const __m256i*)(w + INT4_CODE_BYTES + 32 * h));
+      const __m256i h5 =
+          _mm256_loadu_si256((const __m256i*)(w + INT4_CODE_BYTES + INT5_HIGH_BYTES + 32 * h));
+      for (int t = 0; t < 4; t++) {
+        __m256i lo, hi;
+        piece_codes<__m256i>(_mm256_loadu_si256((const __m256i*)(w + 64 * t + 32 * h)), &h4, &h5, t, lo,
+                    hi);
+        for (int i = 0; i < T; i++) {
+          const int8_t* qg = q + i * k + g * BLOCK + 4 * t;
+          slo[i] = dot4_u4(slo[i], lo, _mm256_set1_epi32(piece(qg, 0)));
+          shi[i] = dot4_u4(shi[i], hi, _mm256_set1_epi32(piece(qg, 16)));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + at_d + 16 * h)));
+      const __m256 sc_lo = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + at_sc + 8 * h))));
+      const __m256 sc_hi = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + at_sc + LANES + 8 * h))));
+      for (int i = 0; i < T; i++) {
+        const float qlo = ql[i * groups + g], qhi = qs[i * groups + g] - qlo;
+        __m256 v = _mm256_mul_ps(
+            _mm256_sub_ps(_mm256_cvtepi32_ps(slo[i]), _mm256_set1_ps(32.f * qlo)), sc_lo);
+        v = _mm256_fmadd_ps(
+            _mm256_sub_ps(_mm256_cvtepi32_ps(shi[i]), _mm256_set1_ps(32.f * qhi)), sc_hi, v);
+        acc[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(sx[i * groups + g])), d,
+                                    acc[i][h]);
+      }
+    }
+  }
+  store_halves<T>(acc, out);
+#else
+  for (int i = 0; i < T * LANES; i++) out[i] = 0.f;
+  for (int64_t g = 0; g < groups; g++, w += INT6_BLOCK_BYTES) {
+    const uint16_t* d = (const uint16_t*)(w + at_d);
+    const int8_t* sc = (const int8_t*)(w + at_sc);
+    for (int i = 0; i < T; i++)
+      for (int r = 0; r < LANES; r++) {
+        int32_t slo = 0, shi = 0;
+        for (int t = 0; t < 4; t++)
+          for (int j = 0; j < 4; j++) {
+            const int32_t c = w[64 * t + 4 * r + j], h4 = w[INT4_CODE_BYTES + 4 * r + j],
+                          h5 = w[INT4_CODE_BYTES + INT5_HIGH_BYTES + 4 * r + j];
+            const int8_t* qg = q + i * k + g * BLOCK + 4 * t + j;
+            slo += ((c & 15) | (h4 >> t & 1) << 4 | (h5 >> t & 1) << 5) * qg[0];
+            shi += ((c >> 4) | (h4 >> (4 + t) & 1) << 4 | (h5 >> (4 + t) & 1) << 5) * qg[16];
+          }
+        const float qlo = ql[i * groups + g], qhi = qs[i * groups + g] - qlo;
+        const float v = ((float)slo - 32.f * qlo) * (float)sc[r] +
+                        ((float)shi - 32.f * qhi) * (float)sc[LANES + r];
+        out[i * LANES + r] += v * sx[i * groups + g] * half_to_float(d[r]);
+      }
+  }
+#endif
+}
+
 /* Quantised rows of x: q [m, k] int8, scales [m, k / 32], per row the share of the +128 in the
- * int8 weights (`offset`) and, per group, the float sums of x (`xsum`) and of q (`qsum`). */
+ * int8 weights (`offset`) and, per group, the float sums of x (`xsum`) and of q (`qsum`), and
+ * of q's first 16 (`qlow`: int6's scales are per 16 columns). */
 typedef struct {
   int8_t* q;
   float* scale;
   float* offset; /* [m] */
   float* xsum;   /* [m, k / 32] */
   float* qsum;   /* [m, k / 32] */
+  float* qlow;   /* [m, k / 32] */
 } QuantX;
 
+/* sums: 0 none, 1 xsum and qsum, 2 also qlow */
 static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* out) {
   const int64_t groups = k / BLOCK;
   out->q = (int8_t*)malloc((size_t)(m * k) + 64);
-  out->scale = (float*)malloc(sizeof(float) * (size_t)(3 * m * groups + m));
+  out->scale = (float*)malloc(sizeof(float) * (size_t)(4 * m * groups + m));
   if (!out->q || !out->scale) { free(out->q); free(out->scale); return -1; }
   out->xsum = out->scale + m * groups;
   out->qsum = out->xsum + m * groups;
-  out->offset = out->qsum + m * groups;
+  out->qlow = out->qsum + m * groups;
+  out->offset = out->qlow + m * groups;
   for (int64_t i = 0; i < m; i++) {
     out->offset[i] = quantize_row(x + i * k, out->q + i * k, out->scale + i * groups,
                                   sums ? out->xsum + i * groups : NULL,
                                   sums ? out->qsum + i * groups : NULL, k);
     if (SIGNED_WEIGHTS_INT8) out->offset[i] = 0.f;
+    for (int64_t g = 0; sums == 2 && g < groups; g++) {
+      int32_t low = 0;
+      for (int j = 0; j < BLOCK / 2; j++) low += out->q[i * k + g * BLOCK + j];
+      out->qlow[i * groups + g] = (float)low;
+    }
   }
   return 0;
 }
@@ -452,7 +597,7 @@ static int quantize_x(const float* x, int64_t m, int64_t k, int sums, QuantX* ou
     default: CALL(1); break;   \
   }
 
-enum Kind { INT8 = 0, GROUP = 1, Q8 = 2 };
+enum Kind { INT8 = 0, GROUP = 1, Q8 = 2, INT6 = 3 };
 
 /* y [m, n] (fp32) = x [m, k] (fp32) times the interleaved weights (n rounded up to 16 rows):
  * int8 (`w_scale` [that many] per output row, zero for the padding), the group-wise layouts
@@ -467,11 +612,12 @@ static int quantized_matmul(const float* x, const uint8_t* w, const float* w_sca
                 int64_t n, int64_t k, int threads) {
   constexpr int64_t block_bytes = KIND == Q8     ? Q8_BLOCK_BYTES
                                   : KIND == INT8 ? INT8_BLOCK_BYTES
+                                  : KIND == INT6 ? INT6_BLOCK_BYTES
                                                  : GROUP_BLOCK_BYTES(SYM, FIVE);
   if (k % BLOCK != 0 || m <= 0) return -1;
   const int64_t groups = k / BLOCK, blocks = (n + LANES - 1) / LANES;
   QuantX qx;
-  if (quantize_x(x, m, k, KIND != INT8, &qx)) return -1;
+  if (quantize_x(x, m, k, KIND == INT6 ? 2 : KIND != INT8, &qx)) return -1;
   const int64_t passes = (m + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
@@ -486,13 +632,17 @@ static int quantized_matmul(const float* x, const uint8_t* w, const float* w_sca
 #define GROUP_CALL(T) \
   int4_block<T, SYM, FIVE>(wb, q, sx, qx.xsum + i0 * groups, qs, k, groups, pf, acc)
 #define INT8_CALL(T) int8_block<T, KIND == Q8>(wb, q, sx, qs, k, groups, pf, acc)
+#define INT6_CALL(T) int6_block<T>(wb, q, sx, qs, qx.qlow + i0 * groups, k, groups, pf, acc)
       if constexpr (KIND == GROUP) {
         TILE_DISPATCH(t, GROUP_CALL)
+      } else if constexpr (KIND == INT6) {
+        TILE_DISPATCH(t, INT6_CALL)
       } else {
         TILE_DISPATCH(t, INT8_CALL)
       }
 #undef GROUP_CALL
 #undef INT8_CALL
+#undef INT6_CALL
       for (int i = 0; i < t; i++)
         for (int r = 0; r < LANES && b * LANES + r < n; r++)
           y[(i0 + i) * n + b * LANES + r] =
@@ -511,8 +661,9 @@ int int8_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y
 }
 
 int group_matmul(const float* x, const uint8_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                 int symmetric, int five, int threads) {
-  if (five)
+                 int symmetric, int bits, int threads) {
+  if (bits == 6) return quantized_matmul<INT6>(x, w, NULL, y, m, n, k, threads);
+  if (bits == 5)
     return symmetric ? quantized_matmul<GROUP, true, true>(x, w, NULL, y, m, n, k, threads)
                      : quantized_matmul<GROUP, false, true>(x, w, NULL, y, m, n, k, threads);
   return symmetric ? quantized_matmul<GROUP, true>(x, w, NULL, y, m, n, k, threads)

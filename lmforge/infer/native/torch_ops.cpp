@@ -68,19 +68,26 @@ int64_t check_packed(const at::Tensor& w, int64_t n, int64_t block_bytes) {
   return w.size(1) * kBlock;
 }
 
+constexpr int64_t kInt6Bytes = kLanes * kBlock / 2 + 8 * kLanes + 4 * kLanes;
+
 // The group-wise layouts are told apart by their block bytes: int4 320 with an offset per row
-// and group (w = q d + m), 288 without (symmetric, w = (q - 8) d); int5 384 and 352.
+// and group (w = q d + m), 288 without (symmetric, w = (q - 8) d); int5 384 and 352; int6 448.
 struct GroupLayout {
-  bool symmetric, five;
+  bool symmetric;
+  int bits;
+  int64_t bytes;
 };
 GroupLayout group_layout(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 3, "lmforge kernels: packed weights must be 3-d, got ", w.sizes());
+  if (w.size(2) == kInt6Bytes) return {true, 6, kInt6Bytes};
   for (bool five : {false, true})
     for (bool symmetric : {false, true})
-      if (w.dim() == 3 && w.size(2) == group_bytes(symmetric, five)) return {symmetric, five};
-  TORCH_CHECK(false, "lmforge kernels: int4 / int5 weights must be packed in blocks of ",
+      if (w.size(2) == group_bytes(symmetric, five))
+        return {symmetric, five ? 5 : 4, group_bytes(symmetric, five)};
+  TORCH_CHECK(false, "lmforge kernels: int4 / int5 / int6 weights must be packed in blocks of ",
               group_bytes(true, false), ", ", group_bytes(false, false), ", ",
-              group_bytes(true, true), " or ", group_bytes(false, true), " bytes, got ",
-              w.sizes());
+              group_bytes(true, true), ", ", group_bytes(false, true), " or ", kInt6Bytes,
+              " bytes, got ", w.sizes());
 }
 
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
@@ -118,11 +125,11 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n, int
 }
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  const auto [symmetric, five] = group_layout(w);
-  return block_matmul(x, w, n, group_bytes(symmetric, five),
+  const auto [symmetric, bits, bytes] = group_layout(w);
+  return block_matmul(x, w, n, bytes,
                       [&](const float* xp, const uint8_t* wp, float* y, int64_t m, int64_t n,
                           int64_t k, int threads) {
-                        return active->group_matmul(xp, wp, y, m, n, k, symmetric, five, threads);
+                        return active->group_matmul(xp, wp, y, m, n, k, symmetric, bits, threads);
                       });
 }
 
@@ -131,8 +138,10 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& w, int64_t n) {
 }
 
 at::Tensor dequantize_int4(const at::Tensor& w, int64_t n, bool bf16) {
-  const auto [symmetric, five] = group_layout(w);
-  const int64_t k = check_packed(w, n, group_bytes(symmetric, five));
+  const auto [symmetric, bits, bytes] = group_layout(w);
+  TORCH_CHECK(bits < 6, "lmforge kernels: dequantize_int4 takes the int4 / int5 layouts");
+  const int64_t k = check_packed(w, n, bytes);
+  const bool five = bits == 5;
   auto out = at::empty({n, k}, w.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   active->dequantize_int4(w.data_ptr<uint8_t>(), out.data_ptr(), n, k, symmetric ? 1 : 0,
                           five ? 1 : 0, bf16 ? 1 : 0, at::get_num_threads());
