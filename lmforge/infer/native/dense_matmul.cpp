@@ -286,7 +286,7 @@ static void rows_times_weights(const XT* x, const weight_t<WT>* w, float* y, int
 #ifdef SIMD_WIDTH
 #define XR (2 * V) /* rows of x per tile: 2 vectors */
 #define WR (V == 16 ? 12 : 6) /* rows of weights per tile: 24 of 32 / 12 of 16 registers */
-#define KC 512 /* at most this many columns per block: the weight buffer, WR x KC fp32, in L1 */
+#define KC 768 /* at most this many columns per block: the weight buffer, WR x KC fp32, in L1 */
 #define MC 256 /* rows of x per pass: their transposed block, KC x MC fp32, in L2 */
 
 /* acc[r] (+)= x block [kc][XR] times weight rows wb [WR][ldw] over kc columns, into
