@@ -193,13 +193,14 @@ def llama_speed(binary: Path, path: Path, threads: int, prompt: int, gen: int) -
     RSS and load time)."""
     cmd = [str(binary / "llama-bench"), "-m", str(path), "-p", str(prompt), "-n", str(gen),
            "-t", str(threads), "-r", "1", "-o", "json"]  # fmt: skip
-    text, _ = run_measured(cmd)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # ggml's OpenMP pool: -t threads
+    text, _ = run_measured(cmd, env)
     pp, tg, system = parse_llama_bench(text)
     ctx = max(BATCHES) * (prompt + gen)
     cmd = [str(binary / "llama-batched-bench"), "-m", str(path), "-c", str(ctx), "-b", "2048",
            "-ub", "512", "-npp", str(prompt), "-ntg", str(gen), "-t", str(threads),
            "-npl", ",".join(map(str, BATCHES)), "--output-format", "jsonl", "-lv", "4"]  # fmt: skip
-    text, peak = run_measured(cmd)
+    text, peak = run_measured(cmd, env)
     out = {"pp1": pp, "tg1": tg, "system": system, "peak": peak}
     out["load_s"] = parse_load_ms(text) / 1e3
     for rows, (spp, stg) in parse_batched_bench(text).items():
