@@ -40,6 +40,10 @@ from benchmarks.bench_llama_bench import (  # noqa: E402 - after the path
     run_measured,
 )
 
+# with the avx2 variant torch's own kernels (ATen, Inductor's generated code, oneDNN) are capped
+# at AVX2 too, by their environment variables: the whole process as an AVX2-only CPU runs it
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,11 +65,16 @@ def main() -> None:
     for path in args.gguf:
         for variant, binary in pairs:
             os.environ["LMFORGE_KERNEL_VARIANT"] = variant  # the children's kernels
+            for key, value in AVX2_ONLY.items():  # and torch's own, as on such a CPU
+                if variant == "avx2":
+                    os.environ[key] = value
+                else:
+                    os.environ.pop(key, None)
             runs = {"eager": [], "compiled": [], "llama.cpp": []}
             for _ in range(args.repeats):  # alternate: one run of each, then again
                 for mode in ("eager", "compiled"):
                     runs[mode].append(child(LMFORGE_SPEED, t, path, mode, t, args.prompt,
-                                            args.gen, "1", cache))  # fmt: skip
+                                            args.gen, "1", f"{cache}/{variant}"))  # fmt: skip
                 cmd = [str(binary / "llama-bench"), "-m", str(path), "-p", str(args.prompt),
                        "-n", str(args.gen), "-t", str(t), "-r", "1", "-o", "json"]  # fmt: skip
                 pp, tg, system = parse_llama_bench(run_measured(cmd)[0])
@@ -76,7 +85,6 @@ def main() -> None:
             rows.append([path.name, variant, binary.parent.name, *tg, f"{tg[1] / tg[2]:.2f}x",
                          f"{tg[0] / tg[2]:.2f}x", *pp, f"{max(pp[:2]) / pp[2]:.2f}x"])  # fmt: skip
             print(rows[-1], flush=True)
-    os.environ.pop("LMFORGE_KERNEL_VARIANT")
     load_end = [round(x, 1) for x in os.getloadavg()]
     columns = ["file", "lmforge variant", "llama.cpp build", "eager decode tok/s",
                "compiled decode tok/s", "llama.cpp decode tok/s", "compiled / llama.cpp",
@@ -85,7 +93,10 @@ def main() -> None:
     notes = (f"Batch 1, {t} thread(s): a {args.prompt}-token random prompt, then {args.gen} "
              "greedy tokens (llama-bench pp/tg). lmforge: LM.load's default (the file's 16-bit "
              "weights as stored), its native kernels forced to the variant named "
-             "(LMFORGE_KERNEL_VARIANT); eager = EngineConfig(compile=False), compiled = "
+             "(LMFORGE_KERNEL_VARIANT; with avx2 torch's kernels capped at AVX2 too: "
+             "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; a compile cache per variant); "
+             "eager = "
+             "EngineConfig(compile=False), compiled = "
              "compile=True (prefill is eager in both). llama.cpp builds (folder: commit): "
              f"{json.dumps(builds)}; the AVX2 one built with GGML_NATIVE=OFF, AVX/AVX2/FMA/F16C "
              f"on, AVX-512 off. Medians of {args.repeats} alternating runs (eager, compiled, "
