@@ -279,7 +279,7 @@ static void rows_times_weights(const XT* x, const weight_t<WT>* w, float* y, int
  * [KC][XR]: rows of x along the lanes), and per row of weights one broadcast of its fp32 value
  * into two multiply-adds. The weights' block of columns is converted to fp32 once per call into a
  * per-thread buffer of WR rows (fp16: vcvtph2ps, bf16: a shift; exact, as in the GEMV) and serves
- * every tile of x rows; fp32 weights are read in place. Each output is one sum over k in column
+ * every tile of x rows. Each output is one sum over k in column
  * order (blocks of KC in turn), whatever the number of rows: a row's result does not depend on
  * its batch here either. */
 #define GEMV_ROWS 16 /* up to here the GEMV (decode: memory-bound), above it the GEMM */
@@ -289,16 +289,16 @@ static void rows_times_weights(const XT* x, const weight_t<WT>* w, float* y, int
 #define KC 768 /* at most this many columns per block: the weight buffer, WR x KC fp32, in L1 */
 #define MC 256 /* rows of x per pass: their transposed block, KC x MC fp32, in L2 */
 
-/* acc[r] (+)= x block [kc][XR] times weight rows wb [WR][ldw] over kc columns, into
- * y[i * n + r] for the `rows` valid rows of x and `wrows` valid rows of weights */
-static inline void gemm_tile(const float* xt, const float* wb, int64_t ldw, int64_t kc, float* y,
-                             int64_t n, int64_t rows, int64_t wrows, bool add) {
+/* y[i * n + r] (+)= x block [kc][XR] times weight rows wb [WR][kc], for the `rows` valid rows
+ * of x and `wrows` valid rows of weights */
+static inline void gemm_tile(const float* xt, const float* wb, int64_t kc, float* y, int64_t n,
+                             int64_t rows, int64_t wrows, bool add) {
   vec acc[WR][2];
   for (int r = 0; r < WR; r++) acc[r][0] = acc[r][1] = vset(0.f);
   for (int64_t c = 0; c < kc; c++) {
     const vec x0 = vload(xt + c * XR), x1 = vload(xt + c * XR + V);
     for (int r = 0; r < WR; r++) {
-      const vec b = vset(wb[r * ldw + c]);
+      const vec b = vset(wb[r * kc + c]);
       acc[r][0] = vfma(x0, b, acc[r][0]);
       acc[r][1] = vfma(x1, b, acc[r][1]);
     }
@@ -316,7 +316,7 @@ static inline void gemm_tile(const float* xt, const float* wb, int64_t ldw, int6
  * weight rows are split between the threads, each converting its group's block into its buffer
  * and running it against every tile of XR rows of x. */
 template <int WT>
-static int gemm(const float* x, const weight_t<WT>* w, float* y, int64_t m, int64_t n, int64_t k,
+static int gemm(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                 int threads) {
   const int64_t blocks = (k + KC - 1) / KC, width = (k + blocks - 1) / blocks;
   const int64_t mc = m < MC ? (m + XR - 1) / XR * XR : MC;
@@ -339,30 +339,17 @@ static int gemm(const float* x, const weight_t<WT>* w, float* y, int64_t m, int6
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (int64_t r0 = 0; r0 < n; r0 += WR) {
         const int64_t wrows = n - r0 < WR ? n - r0 : WR;
-        const float* wb;
-        int64_t ldw = kc;
-        if constexpr (WT == WEIGHTS_F32) {
-          wb = w + r0 * k + c0, ldw = k;
-          if (wrows < WR) { /* the last group: fewer rows, the rest zeros */
-            float* buf = wbuf + (int64_t)omp_get_thread_num() * WR * width;
-            for (int64_t r = 0; r < WR; r++)
-              for (int64_t c = 0; c < kc; c++) buf[r * kc + c] = r < wrows ? wb[r * k + c] : 0.f;
-            wb = buf, ldw = kc;
-          }
-        } else {
-          float* buf = wbuf + (int64_t)omp_get_thread_num() * WR * width;
-          for (int64_t r = 0; r < WR; r++) {
-            const weight_t<WT>* src = w + (r0 + r) * k + c0;
-            int64_t c = 0;
-            if (r < wrows)
-              for (; c + V <= kc; c += V) vstore(buf + r * kc + c, load_weights<WT>(src + c));
-            for (; c < kc; c++) buf[r * kc + c] = r < wrows ? weight_at<WT>(src, c) : 0.f;
-          }
-          wb = buf;
+        float* wb = wbuf + (int64_t)omp_get_thread_num() * WR * width;
+        for (int64_t r = 0; r < WR; r++) { /* zeros for the rows past the last */
+          const uint16_t* src = w + (r0 + r) * k + c0;
+          int64_t c = 0;
+          if (r < wrows)
+            for (; c + V <= kc; c += V) vstore(wb + r * kc + c, load_weights<WT>(src + c));
+          for (; c < kc; c++) wb[r * kc + c] = r < wrows ? weight_at<WT>(src, c) : 0.f;
         }
         for (int64_t t = 0; t < rows; t += XR)
-          gemm_tile(xt + t * kc, wb, ldw, kc, y + (i0 + t) * n + r0, n,
-                    rows - t < XR ? rows - t : XR, wrows, c0 > 0);
+          gemm_tile(xt + t * kc, wb, kc, y + (i0 + t) * n + r0, n, rows - t < XR ? rows - t : XR,
+                    wrows, c0 > 0);
       }
     }
   }
