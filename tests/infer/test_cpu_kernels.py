@@ -210,8 +210,9 @@ def test_gguf_q6_k_runs_as_stored_on_every_variant(kernel, tmp_path):
 
 # rows: 1 (one weight row at a time), 3 and 5 (the tiles of x and their tails), 13 and 20 (fp32
 # weights on AVX-512: tiles of 3 rows against 4 of the 37 rows of weights, then single rows; the
-# 16-bit GEMM's partial tile at 20), 40 (the GEMM: a whole tile of 32 (AVX-512) or 16 (AVX2)
-# rows of x and a part; its 37 weight rows: 3 tiles of 12 (6 of 6) and 1); k = 200 leaves a tail
+# 16-bit GEMM's partial tiles: of one vector of rows at 13 on AVX-512, of two at 20), 40 (the
+# GEMM: a whole tile of 32 (AVX-512) or 16 (AVX2) rows of x and a part; its 37 weight rows: 3
+# tiles of 12 (6 of 6) and 1); k = 200 leaves a tail
 # after the last whole vector of every width, k = 1,500 splits fp32 weights into two blocks of
 # columns (768 + 732) and the GEMM's into three (500)
 @pytest.mark.parametrize("rows", [1, 3, 5, 13, 20, 40])

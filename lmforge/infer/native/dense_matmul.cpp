@@ -270,44 +270,45 @@ static void rows_times_weights(const XT* x, const weight_t<WT>* w, float* y, int
   for (int64_t r = 0; r < n; r++) weight_row<WT>(x, w + r * k, y + r, m, n, k);
 }
 
-/* ---- many rows (prefill): a blocked GEMM --------------------------------------------------- */
+/* ---- many rows (prefill, large batches): a blocked GEMM ------------------------------------ */
 /* Above GEMV_ROWS rows of x the products are compute-bound, and the GEMV, which converts every
  * weight again for each tile of x rows and ends every (row, weight row) pair in a horizontal sum,
  * falls far behind the multiply-add units. So, as BLIS's and llama.cpp's tinyBLAS micro-kernels
- * do, a tile of WR rows of weights times XR = 2 vectors of x rows stays in WR x 2 accumulators
- * over a block of KC columns: per column, two vector loads of x (transposed once per call into
- * [KC][XR]: rows of x along the lanes), and per row of weights one broadcast of its fp32 value
- * into two multiply-adds. The weights' block of columns is converted to fp32 once per call into a
- * per-thread buffer of WR rows (fp16: vcvtph2ps, bf16: a shift; exact, as in the GEMV) and serves
- * every tile of x rows. Each output is one sum over k in column
- * order (blocks of KC in turn), whatever the number of rows: a row's result does not depend on
- * its batch here either. */
-#define GEMV_ROWS 16 /* up to here the GEMV (decode: memory-bound), above it the GEMM */
+ * do, a tile of WR rows of weights times XR = XV vectors of x rows (2, or 1 up to one vector's
+ * rows) stays in WR x XV accumulators over a block of KC columns: per column, XV vector loads
+ * of x (transposed once per call into [KC][XR]: rows of x along the lanes), and per row of
+ * weights one broadcast of its fp32 value into XV multiply-adds. The weights' block of columns
+ * is converted to fp32 once per call into a per-thread buffer of WR rows (fp16: vcvtph2ps, bf16:
+ * a shift; exact, as in the GEMV), prefetching the next group's rows meanwhile (with few rows of
+ * x the conversion waited on memory), and serves every tile of x rows. Each output is one sum
+ * over k in column order (blocks of KC in turn), whatever the number of rows and XV: a row's
+ * result does not depend on its batch here either. */
+#define GEMV_ROWS 10 /* up to here the GEMV (memory-bound), above it the GEMM (compute-bound) */
 #ifdef SIMD_WIDTH
-#define XR (2 * V) /* rows of x per tile: 2 vectors */
 #define WR (V == 16 ? 12 : 6) /* rows of weights per tile: 24 of 32 / 12 of 16 registers */
 #define KC 768 /* at most this many columns per block: the weight buffer, WR x KC fp32, in L1 */
 #define MC 256 /* rows of x per pass: their transposed block, KC x MC fp32, in L2 */
 
 /* y[i * n + r] (+)= x block [kc][XR] times weight rows wb [WR][kc], for the `rows` valid rows
  * of x and `wrows` valid rows of weights */
+template <int XV>
 static inline void gemm_tile(const float* xt, const float* wb, int64_t kc, float* y, int64_t n,
                              int64_t rows, int64_t wrows, bool add) {
-  vec acc[WR][2];
-  for (int r = 0; r < WR; r++) acc[r][0] = acc[r][1] = vset(0.f);
+  constexpr int XR = XV * V;
+  vec acc[WR][XV];
+  for (int r = 0; r < WR; r++)
+    for (int v = 0; v < XV; v++) acc[r][v] = vset(0.f);
   for (int64_t c = 0; c < kc; c++) {
-    const vec x0 = vload(xt + c * XR), x1 = vload(xt + c * XR + V);
+    vec xv[XV];
+    for (int v = 0; v < XV; v++) xv[v] = vload(xt + c * XR + v * V);
     for (int r = 0; r < WR; r++) {
       const vec b = vset(wb[r * kc + c]);
-      acc[r][0] = vfma(x0, b, acc[r][0]);
-      acc[r][1] = vfma(x1, b, acc[r][1]);
+      for (int v = 0; v < XV; v++) acc[r][v] = vfma(xv[v], b, acc[r][v]);
     }
   }
   alignas(64) float tile[WR][XR];
-  for (int r = 0; r < WR; r++) {
-    vstore(tile[r], acc[r][0]);
-    vstore(tile[r] + V, acc[r][1]);
-  }
+  for (int r = 0; r < WR; r++)
+    for (int v = 0; v < XV; v++) vstore(tile[r] + v * V, acc[r][v]);
   for (int64_t i = 0; i < rows; i++)
     for (int64_t r = 0; r < wrows; r++) y[i * n + r] = add ? y[i * n + r] + tile[r][i] : tile[r][i];
 }
@@ -315,9 +316,10 @@ static inline void gemm_tile(const float* xt, const float* wb, int64_t kc, float
 /* The GEMM: MC rows of x at a time, KC columns at a time (equal blocks); within, the groups of WR
  * weight rows are split between the threads, each converting its group's block into its buffer
  * and running it against every tile of XR rows of x. */
-template <int WT>
+template <int WT, int XV>
 static int gemm(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                 int threads) {
+  constexpr int XR = XV * V;
   const int64_t blocks = (k + KC - 1) / KC, width = (k + blocks - 1) / blocks;
   const int64_t mc = m < MC ? (m + XR - 1) / XR * XR : MC;
   float* xt = (float*)aligned_alloc(64, sizeof(float) * (size_t)(width * mc));
@@ -344,11 +346,14 @@ static int gemm(const float* x, const uint16_t* w, float* y, int64_t m, int64_t 
           const uint16_t* src = w + (r0 + r) * k + c0;
           int64_t c = 0;
           if (r < wrows)
-            for (; c + V <= kc; c += V) vstore(wb + r * kc + c, load_weights<WT>(src + c));
+            for (; c + V <= kc; c += V) {
+              if ((c * 2) % 64 == 0) __builtin_prefetch(src + c + WR * k, 0, 3); /* next group */
+              vstore(wb + r * kc + c, load_weights<WT>(src + c));
+            }
           for (; c < kc; c++) wb[r * kc + c] = r < wrows ? weight_at<WT>(src, c) : 0.f;
         }
         for (int64_t t = 0; t < rows; t += XR)
-          gemm_tile(xt + t * kc, wb, kc, y + (i0 + t) * n + r0, n, rows - t < XR ? rows - t : XR,
+          gemm_tile<XV>(xt + t * kc, wb, kc, y + (i0 + t) * n + r0, n, rows - t < XR ? rows - t : XR,
                     wrows, c0 > 0);
       }
     }
@@ -383,8 +388,9 @@ int dense_matmul(const void* x, int x_bf16, const void* w, int w_type, float* y,
   int status = 0;
 #ifdef SIMD_WIDTH
   if (m > GEMV_ROWS && w_type != WEIGHTS_F32)
-    status = w_type == WEIGHTS_F16 ? gemm<WEIGHTS_F16>(xf, (const uint16_t*)w, y, m, n, k, threads)
-                                   : gemm<WEIGHTS_BF16>(xf, (const uint16_t*)w, y, m, n, k, threads);
+    status = (w_type == WEIGHTS_F16 ? m > V ? gemm<WEIGHTS_F16, 2> : gemm<WEIGHTS_F16, 1>
+                                    : m > V ? gemm<WEIGHTS_BF16, 2> : gemm<WEIGHTS_BF16, 1>)(
+        xf, (const uint16_t*)w, y, m, n, k, threads);
   else
 #endif
   if (w_type == WEIGHTS_F32) f32_rows_times_weights(xf, (const float*)w, y, m, n, k, threads);
