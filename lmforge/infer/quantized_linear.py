@@ -337,6 +337,38 @@ class HalfLinear(QuantizedLinear):
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
 
 
+class StackedLinear(QuantizedLinear):
+    """A fused layer (e.g. qkv) whose parts' output rows are held by layers of different formats
+    (a GGUF file's llama-quantize mix: q and k Q4_K, v Q6_K): each part multiplies x through its
+    own kernel and the outputs are joined, so every part stays exactly as stored."""
+
+    def __init__(self, parts: list[QuantizedLinear], bias, dtype: torch.dtype):
+        super().__init__(parts[0].in_features, sum(p.out_features for p in parts), bias, dtype)
+        self.parts = nn.ModuleList(parts)
+        self.bits = max(p.bits for p in parts)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([part.matmul(x) for part in self.parts], dim=-1)
+        bias = self._buffers["bias"]
+        return y if bias is None else y + bias
+
+    gemv = gemm = matmul
+
+    def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
+        stop, pieces, first = self.out_features if stop is None else stop, [], 0
+        for part in self.parts:
+            lo, hi = max(start, first), min(stop, first + part.out_features)
+            if lo < hi:  # the parts' layouts start at a multiple of 32 rows
+                aligned = (lo - first) // 32 * 32
+                rows = part.dequantize(aligned, hi - first, dtype or self.dtype)
+                pieces.append(rows[lo - first - aligned :])
+            first += part.out_features
+        return torch.cat(pieces)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
 class QuantizedEmbedding(nn.Module):
     """A token embedding whose table is kept in a QuantizedLinear's own layout (int8 / int4 /
     Q8_0 blocks / 16-bit): a lookup dequantises only the rows it reads. The LM head of a tied

@@ -15,10 +15,12 @@ copy of the whole model. Three policies:
   head of a tied model). Q4_K / Q5_K super-blocks go block by block into the int4 / int5
   layouts (each sub-block of 32 a group, its scale d sc and offset -dmin m rounded to fp16: the
   only error); Q6_K into the int6 layout (Int6Linear: exact, its d repeated per group of 32: 7
-  bits a weight against 6.56). Formats the kernels have no layout for (Q2_K, Q3_K, the IQ types;
-  Q6_K in a fused layer with another format) are
+  bits a weight against 6.56). Formats the kernels have no layout for (Q2_K, Q3_K, the IQ types)
+  are
   dequantised one tensor at a time and quantised again: to int4 (groups of 32, scale and
-  offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0. One warning
+  offset: Q4_1's layout) when they store at most 5 bits per weight, else to Q8_0. A fused layer
+  (qkv) whose parts mix formats that no one layout holds keeps each part in its own layer, as
+  stored where it can be (StackedLinear: llama-quantize's Q4_K / Q6_K qkv). One warning
   states which tensors were converted and the largest relative weight error that caused.
   Activations are float32.
 - `dense`: every tensor dequantised to one dtype (training, export, `--dtype` given).
@@ -44,7 +46,9 @@ from lmforge.infer.quantized_linear import (
     Int8Linear,
     QuantizedEmbedding,
     QuantizedLinear,
+    StackedLinear,
 )
+from lmforge.interop.families import Rule
 from lmforge.interop.gguf_header import ggml_types
 from lmforge.interop.gguf_read import (
     GROUP_TYPES,
@@ -178,6 +182,9 @@ class _Loader:
             return Int6Linear(*self.components(rule, read_q6_k_blocks), bias, self.dtype)
         if len(kinds) == 1 and (kind := next(iter(kinds))) in ("F16", "BF16"):
             return HalfLinear(self.dense(rule, PLAIN_TYPES[kind]), bias, self.dtype)
+        if rule.transform == "cat" and len(kinds) > 1 and "F32" not in kinds:  # each as stored
+            parts = [self.stored_layer(Rule((k,)), None, name) for k in rule.hf_keys]
+            return StackedLinear(parts, bias, self.dtype)
         weight = self.dense(rule, torch.float32)
         bits = max(bits_per_weight(k) for k in kinds)
         linear = _dense_linear(weight, None)

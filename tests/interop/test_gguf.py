@@ -64,6 +64,28 @@ def test_a_layer_joining_two_block_types_keeps_both_exactly(tmp_path, bpe_vocab,
         assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
 
 
+def test_a_fused_layer_mixing_formats_keeps_each_part_as_stored(tmp_path, bpe_vocab, build_hf):
+    """q and k in Q8_0, v in Q6_K (as llama-quantize's Q4_K_M mixes Q4_K and Q6_K in qkv): no
+    one layout holds both, so the fused layer keeps each part in its own layer and equals the
+    dense load (gguf-py's dequantisation) exactly, every row range; the logits agree with it."""
+    from lmforge.infer.int4_linear import Int6Linear
+    from lmforge.infer.quantized_linear import BlockInt8Linear
+
+    hf = build_hf("LlamaConfig", len(bpe_vocab["tokens"]))
+    path = write_gguf(tmp_path / "m.gguf", hf, "llama", Q.Q8_0, bpe_vocab,
+                      qtypes={"attn_v": Q.Q6_K})  # fmt: skip
+    dense, lm = LM.load(path, dtype="float32"), LM.load(path)
+    layer = lm.model.get_submodule("blocks.0.attn.qkv_proj")
+    assert [type(p) for p in layer.parts] == [BlockInt8Linear, BlockInt8Linear, Int6Linear]
+    weight = dense.model.get_submodule("blocks.0.attn.qkv_proj").weight
+    assert torch.equal(layer.dequantize(dtype=torch.float32), weight)
+    assert torch.equal(layer.dequantize(200, 300, torch.float32), weight[200:300])
+    x = batch_ids(hf.config.vocab_size)
+    with torch.no_grad():
+        a, b = dense.model(x), lm.model(x)
+    assert (a - b).norm() / a.norm() < 0.03
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K], ids=lambda q: q.name)
 def test_k_quant_blocks_become_int4_groups_up_to_fp16_products(tmp_path, qtype):
     """Oracle gguf-py's dequantisation: a Q4_K / Q5_K tensor's sub-blocks of 32 become int4 /
