@@ -323,7 +323,8 @@ static int gemm(const float* x, const uint16_t* w, float* y, int64_t m, int64_t 
   const int64_t blocks = (k + KC - 1) / KC, width = (k + blocks - 1) / blocks;
   const int64_t mc = m < MC ? (m + XR - 1) / XR * XR : MC;
   float* xt = (float*)aligned_alloc(64, sizeof(float) * (size_t)(width * mc));
-  float* wbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(threads * WR * width));
+  const size_t wbytes = (sizeof(float) * (size_t)(threads * WR * width) + 63) / 64 * 64;
+  float* wbuf = (float*)aligned_alloc(64, wbytes); /* (a size aligned_alloc takes everywhere) */
   if (!xt || !wbuf) {
     free(xt);
     free(wbuf);
