@@ -20,6 +20,8 @@ Benchmarks (`--bench`), each run short enough for several pairs:
   generate  bench_generate.py --quick --repeats 3 --threads 1 (batch 1 and 16 with a 64-token
             prompt and 32 new tokens, and a 512-token prompt with 16 new; int8 weights, --dtype
             auto: the script's defaults)
+  generate-fp32  the same with --dtype float32 --quantize none (fp32 weights and activations,
+            transformers' precision)
   dpo       bench_dpo.py --steps 40 --repeats 1 --threads 1 (its default 4-layer model)
   llamacpp  bench_llamacpp.py --new 64 --reps 1 --threads 1 --batches 1 --only
             'lmforge fp32,lmforge int8' (the lmforge rows and the transformers reference it always
@@ -98,9 +100,14 @@ def _pretrain(text: str) -> dict[str, float]:
 
 
 # name -> (arguments after `python`, given the run's scratch folder; parser of the output)
+GENERATE_ARGS = ["benchmarks/bench_generate.py", "--quick", "--repeats", "3", "--threads", "1"]
 BENCHES: dict[str, tuple[Callable[[Path], list[str]], Callable[[str], dict[str, float]]]] = {
     "generate": (
-        lambda _: ["benchmarks/bench_generate.py", "--quick", "--repeats", "3", "--threads", "1"],
+        lambda _: GENERATE_ARGS,
+        _generate,
+    ),
+    "generate-fp32": (
+        lambda _: [*GENERATE_ARGS, "--dtype", "float32", "--quantize", "none"],
         _generate,
     ),
     "dpo": (
