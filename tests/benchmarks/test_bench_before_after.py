@@ -19,6 +19,11 @@ OUTPUTS = {
         "step 0)\n",
         {"lmforge batch 1 tok/s": 251.8, "transformers batch 16 tok/s (control)": 212.1},
     ),
+    "generate-fp32": (  # today's lines, with the ratio in CPU time
+        "batch 16     B=16  prompt=64    new=256  transformers    273.5 tok/s | lmforge    637.2 "
+        "tok/s | ratio  2.33x (target >= 3.0x: MISSED) | in CPU time  2.27x | tokens identical\n",
+        {"lmforge batch 16 tok/s": 637.2, "lmforge / transformers, batch 16": 2.33},
+    ),
     "dpo": (
         "repeat 1: ours 3.10 steps/s\n\nmedian steps/s  lmforge 3.21  TRL 1.50  (lmforge with "
         "precompute_ref 4.00)\nspeed-up vs TRL (same per-step reference forward): 2.14x\n",
