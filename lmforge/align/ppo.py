@@ -22,10 +22,9 @@ one). `critic_warmup` steps train the critic alone before the policy moves.
 Scores can be normalised with running moments (`score_norm`: scale / whiten, TRL's score
 scaling): a Bradley–Terry head's scale is arbitrary and competes with β·KL in the shaped reward.
 
-Measured on task:add:2 (configs/align/ppo.yaml has the figures): against a reward model trained on
-the policy's own samples (reward.py `pairs_from: policy`), sampled reward rises ~+0.04 in 80
-steps on 2 seeds with KL(π‖π_ref) bounded below 1 nat per completion; greedy held-out answers do
-not improve yet. Against canned near-miss pairs' reward model the reward stays flat.
+Train the reward model on the policy's own samples (reward.py `pairs_from: policy`): a reward
+model trained on canned pairs barely separates the policy's right and wrong samples, so PPO has
+nothing to climb (configs/align/ppo.yaml records the runs).
 """
 
 from __future__ import annotations

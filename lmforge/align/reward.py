@@ -5,12 +5,11 @@ choice, it has read everything), `mean` (average over real tokens), `eos` (the l
 falling back to the last real token) or `match`: the mean over positions of h[t-1] * w[y[t]], the
 elementwise terms of the logit the backbone's own LM head gave each actual next token (w = its
 output row). `match` lets the head read how well a text agrees with the model's predictions; it
-matters where correctness is a token-level fact the backbone already predicts. Measured on
-`task:add:2` pairs whose wrong answers are near misses (off by 1, 2 or 10, swapped digits), from
-the configs/align SFT model: `last` stays at 60-80% held-out pair accuracy after 1500-3000 steps
-(a last-token head must grow a new circuit to compare each digit with the prediction made one
-position earlier), `match` reaches >= 95% in a few hundred. The attention mask drives positions as
-well as attention, so left- and right-padded batches give the same rewards.
+matters where correctness is a token-level fact the backbone already predicts: on near-miss
+pairs (off by 1, 2 or 10, swapped digits) a last-token head must grow a new circuit to compare
+each digit with the prediction made one position earlier, and learns far more slowly. The
+attention mask drives positions as well as attention, so left- and right-padded batches give
+the same rewards.
 
 Losses (Ouyang et al. 2022; TRL's RewardTrainer): Bradley–Terry -log σ(r⁺ - r⁻), hinge max(0, m -
 Δ), MSE to a target gap, and K-way listwise (softmax CE; with pairs, K = 2). `lm_weight` adds the
@@ -23,10 +22,10 @@ Pairs come from `pairs_from`: `data` (the preference file, or a task's canned ne
 of `data` the starting model (`init`, i.e. the policy PPO will start from) samples
 `pair_samples` completions; the verifier labels them and a correct one is paired with a wrong one.
 The reward model then learns to rank exactly the samples PPO will show it, token for token (the
-pairs keep the sampled ids, stop token included, so nothing is re-tokenised). Measured on
-task:add:2 (configs/align/reward_onpolicy.yaml): canned near-miss pairs give an RM whose score on
-the policy's own samples barely separates right from wrong within a prompt, and PPO cannot raise
-it; on-policy pairs fix that (figures in that config and benchmarks/rl_targets.py).
+pairs keep the sampled ids, stop token included, so nothing is re-tokenised). Canned pairs give
+an RM whose score on the policy's own samples barely separates right from wrong within a prompt,
+so PPO cannot raise it; on-policy pairs fix that (configs/align/reward_onpolicy.yaml,
+benchmarks/rl_targets.py).
 
 Saved as an HF-layout backbone (config.json, model.safetensors, tokenizer) plus
 `reward_head.safetensors` and `reward_config.json`.

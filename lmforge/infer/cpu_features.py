@@ -3,8 +3,8 @@ are chosen from (quantize.py).
 
 bf16 matmuls are fast only where the CPU multiplies bf16 itself (AMX tiles on Sapphire Rapids
 and later, AVX512-BF16 on Cooper Lake / Zen 4); elsewhere (AVX2-only CPUs such as Zen 2/3, and
-AVX-512 without BF16) torch converts to fp32 inside the kernel and a bf16 matmul measured about
-5x slower than fp32 (issue 19). The flags come from /proc/cpuinfo (Linux) and the vector width
+AVX-512 without BF16) torch converts to fp32 inside the kernel and a bf16 matmul runs several
+times slower than fp32. The flags come from /proc/cpuinfo (Linux) and the vector width
 torch's own kernels were dispatched to from `torch.backends.cpu.get_cpu_capability()` (which an
 `ATEN_CPU_CAPABILITY` override can lower); on other systems or architectures the flags are empty
 and nothing is claimed native, so the choice falls back to fp32.

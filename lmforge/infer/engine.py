@@ -335,7 +335,7 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Admit waiting requests, then advance every running sequence by one token (by one
         speculative round with a draft model)."""
-        if not torch.is_inference_mode_enabled():  # loops over steps enter it once (~20 us)
+        if not torch.is_inference_mode_enabled():  # loops over steps enter it once
             with torch.inference_mode():
                 return self.step()
         outputs = self._drop_aborted()

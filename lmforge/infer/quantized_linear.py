@@ -41,7 +41,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     """The activation dtype torch's CPU weight-only kernels are fed: bf16 unless the model runs
-    in fp16 (their fp32 variants measured ~10x slower; see the module docstring)."""
+    in fp16 (their fp32 variants are far slower; see the module docstring)."""
     return torch.float16 if dtype == torch.float16 else torch.bfloat16
 
 
@@ -50,17 +50,16 @@ class QuantizedLinear(nn.Module, abc.ABC):
     CPU kernel at every number of rows where it is built; otherwise torch's weight-only GEMV
     below `gemm_rows` and a GEMM with dequantised weights at or above."""
 
-    gemm_rows = 8  # measured crossover on a Sapphire Rapids core (int8 GEMV vs bf16 AMX GEMM)
+    gemm_rows = 8  # where torch's bf16 GEMM overtakes its int8 GEMV (docs/benchmarks.md)
     # cpu_kernels.NativeKernels where this layer runs lmforge's kernel. It multiplies a block of 16
-    # weight rows by up to 4 rows of x per pass, so it stays compute-efficient at any batch: on a
-    # Zen 4 core, SmolLM2's layers, int8 ran 1.6-2x the bf16 GEMM from 1 to 256 rows (138-154
-    # against 85-90 GMAC/s at 64-256 rows: vpdpbusd does 64 products, the bf16 dot 32)
+    # weight rows by up to 4 rows of x per pass, so it stays compute-efficient at any batch
+    # (vpdpbusd does 64 products per instruction, the bf16 dot 32).
     _native = None
     chunk_weights = 1 << 20  # weights dequantised at once by the fp32 GEMM path (4 MB)
     bits = 0
     # bf16 where `--dtype auto` chose fp32 activations on a CPU with bf16 units: the GEMM
-    # rounds its fp32 inputs to bf16 (the int8 values are exact in bf16) and runs 2x the fp32
-    # one on a Zen 4 core. None: the GEMM multiplies in the activations' dtype.
+    # rounds its fp32 inputs to bf16 (the int8 values are exact in bf16) and runs at about twice
+    # the fp32 one's rate. None: the GEMM multiplies in the activations' dtype.
     gemm_dtype: torch.dtype | None = None
 
     def __init__(self, in_features: int, out_features: int, bias, dtype: torch.dtype):

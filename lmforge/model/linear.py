@@ -1,10 +1,9 @@
 """`Linear`: nn.Linear whose fp32 products on a CPU run on oneDNN's GEMM instead of torch's BLAS.
 
 torch's CPU `F.linear` / `mm` in fp32 calls the BLAS it was built with (MKL on x86-64 wheels).
-On an AMD EPYC (Zen 5) core, oneDNN (the other CPU GEMM torch ships, the one its bf16 products
-already use) multiplied the same fp32 operands about 1.9x as fast for a training batch's
-thousands of rows (forward and both backward products) and for the LM head at a decode step's 8
-rows, 1.1-1.2x for the smaller layers at 8 rows (figures: docs/benchmarks.md, `linear_kernels`).
+oneDNN (the other CPU GEMM torch ships, the one its bf16 products already use) multiplies the
+same fp32 operands faster, for a training batch's thousands of rows (forward and both backward
+products) and for a decode step's few rows (figures: docs/benchmarks.md, `linear_kernels`).
 The arithmetic is the same IEEE fp32 multiply-add; only the order of the sums differs, as
 between any two BLAS builds.
 
@@ -119,7 +118,7 @@ class Linear(nn.Linear):
 
     # A product for few rows, kernel(x [M, K], weight [N, K]) -> [M, N], or None. Inference sets
     # it on its copy of the model (infer.quantize.inference_model), as it sets attention's
-    # decode_kernel; `gemv_rows` is the most rows it gets (above, oneDNN's GEMM measured faster).
+    # decode_kernel; `gemv_rows` is the most rows it gets (above, oneDNN's GEMM is faster).
     gemv = None
     gemv_rows = 16
 

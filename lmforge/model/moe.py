@@ -152,6 +152,6 @@ class MoE(nn.Module):
                 continue
             y = expert(flat[token]) * routing.gates[token, slot, None]
             # index_put_(accumulate) adds like index_add_ but skips its OpenMP region, which
-            # stalls for tens of ms per call on an oversubscribed CPU (measured: 85 ms vs 2 us).
+            # can stall for a long time on an oversubscribed CPU.
             out.index_put_((token,), y.to(out.dtype), accumulate=True)
         return out

@@ -1,9 +1,8 @@
 /* Decode attention on a CPU: one query per row and head over that row's KV cache.
  *
- * Why by hand: at batch 16 the decode step of SmolLM2 spent 15 of its 39 ms in attention
- * (issue 19), reading the fp16 cache at 6 GB/s. inductor's fused loop (model/attention.py)
- * and SDPA both take ~500 us a layer for 16 rows x 256 keys on a Zen 4 core, where the cache is
- * 3 MB and streams in ~120 us. Here each (row, KV head) runs once over its keys for all the
+ * Why by hand: at batch 16 attention was a large share of SmolLM2's decode step, reading the
+ * cache far below the memory bandwidth: inductor's fused loop (model/attention.py) and SDPA both
+ * take several times the time the cache needs to stream in. Here each (row, KV head) runs once over its keys for all the
  * query heads that share them (GQA: the cache is read once, not once per query head), converts
  * fp16 / bf16 keys to fp32 in registers, and takes exp with a polynomial on whole vectors.
  *
@@ -133,11 +132,10 @@ static void attend_scalar(const float* q, const char* k, const char* v, int64_t 
 
 /* Each (row, KV head) reads two short streams (keys, values: 18 KB each at 140 keys of 64
  * fp16), cold from DRAM in a decode step (the GEMVs between layers evict them): the hardware
- * prefetcher barely ramps up within one, and a step measured 6 GB/s. So pass 1 prefetches the
+ * prefetcher barely ramps up within one, and a step reads far below the bandwidth. So pass 1 prefetches the
  * keys AHEAD rows on into L1 and the values pass 3 will read into L2, and pass 3 the next pair's
- * keys into L2. Into L2, not L1, for the reads a pass does not consume itself: 0.71x the time
- * of a layer (16 rows x 140 keys, cold caches, Zen 4), where L1 prefetches of those filled the
- * L1's miss buffers and stalled the loads the products wait on. */
+ * keys into L2. Into L2, not L1, for the reads a pass does not consume itself: L1 prefetches of
+ * those fill the L1's miss buffers and stall the loads the products wait on. */
 #define AHEAD 8
 #if defined(__x86_64__) || defined(_M_X64)
 #define PREFETCH_LINES(p, bytes, hint) \

@@ -4,10 +4,9 @@
  * the blocked GEMM below).
  *
  * Why by hand: decoding reads every weight once a step, so a model decodes at the speed its
- * weights stream from memory. torch's bf16 matmul with one row of activations ran at a third of
- * the read bandwidth on a Zen 4 core (SmolLM2 bf16: 0.33-0.44x llama.cpp's F16 at batch 1,
- * issue 19), and oneDNN's fp32 GEMM (model/linear.py) at 8 rows well below it on a Zen 5 core
- * (figures: docs/benchmarks.md, `dense_matmul`). The ways here, all summing in fp32 like torch's
+ * weights stream from memory. torch's bf16 matmul with one row of activations and oneDNN's fp32
+ * GEMM (model/linear.py) at a few rows run well below the read bandwidth (figures:
+ * docs/benchmarks.md, `dense_matmul`). The ways here, all summing in fp32 like torch's
  * matmuls (in another order):
  * - bf16 weights and bf16 activations on a CPU with AVX512-BF16 (Zen 4, Cooper Lake, Sapphire
  *   Rapids): vdpbf16ps multiplies 32 pairs into 16 fp32 lanes, one instruction per 32 weights
@@ -25,8 +24,8 @@
  * up to TMAX rows of x share each weight vector loaded, and a row's sums come out of one
  * horizontal add. A row of x is summed in the same order whatever the other rows are, so a
  * sequence's outputs do not depend on the batch it decodes in. (Tiles of 4 weight rows side by
- * side, which would reuse each x vector 4 times, measured 0.7x the bandwidth at one row of x: 4
- * interleaved streams a row apart; x stays in L1 anyway.) OpenMP threads split the rows of
+ * side, which would reuse each x vector 4 times, were slower at one row of x: 4 interleaved
+ * streams a row apart; x stays in L1 anyway.) OpenMP threads split the rows of
  * weights. */
 #include <omp.h>
 #include <stdlib.h>
@@ -166,7 +165,7 @@ static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, 
 /* `len` columns of one row of fp32 weights against every row of x (row stride k): tiles of 8
  * rows (AVX-512), then 4, then 1, with 2 accumulators per row in each (the same U everywhere,
  * and blocks of columns set by k alone: a row's sum runs in one order in any batch); twice the
- * multiply-adds per weight vector loaded of 4 x 4, which at fp32's bytes per weight measured
+ * multiply-adds per weight vector loaded of 4 x 4, which at fp32's bytes per weight is
  * faster. */
 static void f32_weight_row(const float* x, const float* w, float* y, int64_t m, int64_t n,
                            int64_t len, int64_t k, int64_t pf, bool add) {

@@ -142,8 +142,8 @@ static float quantize_row(const float* x, int8_t* q, float* scale, float* xsum, 
 
 /* With more rows of x than one pass takes, a block of weights is read from DRAM by the first
  * pass and from L1 by the others, and the hardware prefetcher, which follows demand misses,
- * idles during those: the weight stream stalls at every block (measured: 16 rows took the time
- * of one row's DRAM reads plus the integer products, not the larger of the two). So each pass
+ * idles during those: the weight stream stalls at every block (16 rows take the time of one
+ * row's DRAM reads plus the integer products, not the larger of the two). So each pass
  * prefetches its share of the next block: in every group, `bytes` of that group's `stride`. */
 typedef struct {
   const uint8_t* next;
@@ -605,7 +605,7 @@ enum Kind { INT8 = 0, GROUP = 1, Q8 = 2, INT6 = 3 };
  * and fp16 scales d, w = (q - 8) d; FIVE: their 5-bit versions, w = q d + m, w = (q - 16) d) or
  * q8 (codes and an fp16 scale d per group, w = q d); k % 32 == 0. They differ only in the block
  * kernel and the store: a template, so each is compiled as its own loop (a version taking
- * lambdas ran 1.4x slower at one row: the kernels were no longer inlined in the OpenMP loop).
+ * lambdas ran slower at one row: the kernels were no longer inlined in the OpenMP loop).
  * Returns 0, or -1 when memory runs out (nothing written). */
 template <int KIND, bool SYM = false, bool FIVE = false>
 static int quantized_matmul(const float* x, const uint8_t* w, const float* w_scale, float* y, int64_t m,
