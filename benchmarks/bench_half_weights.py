@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_llama_bench import (  # noqa: E402 - after the path
     LMFORGE_SPEED,
+    SPEED_COLUMNS,
     child,
     parse_llama_bench,
     run_measured,
@@ -86,10 +87,7 @@ def main() -> None:
                          f"{tg[0] / tg[2]:.2f}x", *pp, f"{max(pp[:2]) / pp[2]:.2f}x"])  # fmt: skip
             print(rows[-1], flush=True)
     load_end = [round(x, 1) for x in os.getloadavg()]
-    columns = ["file", "lmforge variant", "llama.cpp build", "eager decode tok/s",
-               "compiled decode tok/s", "llama.cpp decode tok/s", "compiled / llama.cpp",
-               "eager / llama.cpp", "eager prefill tok/s", "compiled prefill tok/s",
-               "llama.cpp prefill tok/s", "best prefill / llama.cpp"]  # fmt: skip
+    columns = ["file", "lmforge variant", "llama.cpp build", *SPEED_COLUMNS]
     notes = (f"Batch 1, {t} thread(s): a {args.prompt}-token random prompt, then {args.gen} "
              "greedy tokens (llama-bench pp/tg). lmforge: LM.load's default (the file's 16-bit "
              "weights as stored), its native kernels forced to the variant named "

@@ -59,6 +59,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = (1, 8, 16)
+# a speed row's measurements (bench_half_weights.py's too)
+SPEED_COLUMNS = ["eager decode tok/s", "compiled decode tok/s", "llama.cpp decode tok/s",
+                 "compiled / llama.cpp", "eager / llama.cpp", "eager prefill tok/s",
+                 "compiled prefill tok/s", "llama.cpp prefill tok/s",
+                 "best prefill / llama.cpp"]  # fmt: skip
 
 LMFORGE_SPEED = r"""
 import json, os, sys, time, torch
@@ -316,10 +321,7 @@ def save(args, speed_rows: list, file_rows: list, llama_info: dict, load_start: 
               f"turn), each a fresh process. llama.cpp: {info}. Load average at start "
               f"{load_start}, at this table's last row {load_now} (2 cores shared with other "
               "jobs).")  # fmt: skip
-    speed_cols = ["file", "threads", "batch", "eager decode tok/s", "compiled decode tok/s",
-                  "llama.cpp decode tok/s", "compiled / llama.cpp", "eager / llama.cpp",
-                  "eager prefill tok/s", "compiled prefill tok/s", "llama.cpp prefill tok/s",
-                  "best prefill / llama.cpp", "rows compiled = eager"]  # fmt: skip
+    speed_cols = ["file", "threads", "batch", *SPEED_COLUMNS, "rows compiled = eager"]
     speed_notes = (f"{args.prompt}-token random prompts, then {args.gen} greedy tokens, EOS "
                    "off. Batch 1: llama-bench pp/tg; lmforge Engine (max_batch 1). Batch 8 / "
                    "16: llama-batched-bench (-npp/-ntg as above, -npl 1,8,16); lmforge Engine "
