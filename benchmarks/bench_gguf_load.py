@@ -73,17 +73,14 @@ def run_child(path: Path, dtype: str, prompt: int, new: int, threads: int) -> di
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.results import add_speed_args
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gguf", nargs="*", help="GGUF files (default: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--dtype", default="file", help="'file' (LM.load's default) or a dtype")
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--name", default="gguf_load", help="result name (benchmarks/results/)")
-    p.add_argument("--no-record", action="store_true")
+    add_speed_args(p, "gguf_load")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
     from lmforge.interop.gguf import smollm2_gguf
 
     paths = [Path(g) for g in args.gguf] if args.gguf else [smollm2_gguf()]

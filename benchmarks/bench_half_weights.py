@@ -40,6 +40,7 @@ from benchmarks.bench_llama_bench import (  # noqa: E402 - after the path
     parse_llama_bench,
     run_measured,
 )
+from benchmarks.results import add_speed_args  # noqa: E402
 
 # with the avx2 variant torch's own kernels (ATen, Inductor's generated code, oneDNN) are capped
 # at AVX2 too, by their environment variables: the whole process as an AVX2-only CPU runs it
@@ -51,13 +52,8 @@ def main() -> None:
     p.add_argument("--gguf", type=Path, nargs="+", required=True)
     p.add_argument("--pair", nargs="+", required=True, metavar="VARIANT=BIN",
                    help="a kernel variant and the llama.cpp bin folder to pair")  # fmt: skip
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--gen", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache", default="~/.cache/lmforge/compile", help="compile cache (as chat's)")
-    p.add_argument("--name", default="half_weights")
-    p.add_argument("--no-record", action="store_true")
+    add_speed_args(p, "half_weights", new=128)
     args = p.parse_args()
     pairs = [(v, Path(b)) for v, b in (pair.split("=", 1) for pair in args.pair)]
     cache, t = str(Path(args.cache).expanduser()), args.threads
@@ -75,9 +71,9 @@ def main() -> None:
             for _ in range(args.repeats):  # alternate: one run of each, then again
                 for mode in ("eager", "compiled"):
                     runs[mode].append(child(LMFORGE_SPEED, t, path, mode, t, args.prompt,
-                                            args.gen, "1", f"{cache}/{variant}"))  # fmt: skip
+                                            args.new, "1", f"{cache}/{variant}"))  # fmt: skip
                 cmd = [str(binary / "llama-bench"), "-m", str(path), "-p", str(args.prompt),
-                       "-n", str(args.gen), "-t", str(t), "-r", "1", "-o", "json"]  # fmt: skip
+                       "-n", str(args.new), "-t", str(t), "-r", "1", "-o", "json"]  # fmt: skip
                 pp, tg, system = parse_llama_bench(run_measured(cmd)[0])
                 runs["llama.cpp"].append({"pp1": pp, "tg1": tg})
                 builds[str(binary)] = system["build_commit"]
@@ -88,7 +84,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     load_end = [round(x, 1) for x in os.getloadavg()]
     columns = ["file", "lmforge variant", "llama.cpp build", *SPEED_COLUMNS]
-    notes = (f"Batch 1, {t} thread(s): a {args.prompt}-token random prompt, then {args.gen} "
+    notes = (f"Batch 1, {t} thread(s): a {args.prompt}-token random prompt, then {args.new} "
              "greedy tokens (llama-bench pp/tg). lmforge: LM.load's default (the file's 16-bit "
              "weights as stored), its native kernels forced to the variant named "
              "(LMFORGE_KERNEL_VARIANT; with avx2 torch's kernels capped at AVX2 too: "

@@ -29,16 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.results import add_speed_args
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gguf", type=Path, required=True, help="a GGUF whose int4 tensors are Q4_0")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--name", default="int4_layouts", help="result name (benchmarks/results/)")
-    p.add_argument("--no-record", action="store_true")
+    add_speed_args(p, "int4_layouts", repeats=5)
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
     from benchmarks.protocol import paired_bootstrap
     from lmforge.infer.cpu_kernels import native_kernels, pack_int4, unpack_int4
     from lmforge.infer.int4_linear import Int4Linear

@@ -95,6 +95,17 @@ def _commit() -> str:
         return "unknown"
 
 
+def add_speed_args(p, name: str, new: int = 64, repeats: int = 3) -> None:
+    """The options every speed benchmark shares: --threads, --prompt, --new (tokens generated),
+    --repeats, --name (the result's name under benchmarks/results/) and --no-record."""
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
+    p.add_argument("--new", type=int, default=new, help="greedy tokens generated")
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--name", default=name, help="result name (benchmarks/results/)")
+    p.add_argument("--no-record", action="store_true")
+
+
 def record(
     name: str,
     title: str,
