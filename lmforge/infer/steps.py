@@ -294,8 +294,18 @@ class ExportedStep:
             logits, tokens = self.step(ids, positions, key_mask, cache.k, cache.v)
         else:
             logits, tokens = run([ids, positions, key_mask, *cache.k, *cache.v])
+            if logits.shape[0] != n:  # an export that fixed its example's row count: wrong rows
+                self._distrust(n, logits.shape[0])  # re-run eagerly (same cache column)
+                logits, tokens = self.step(ids, positions, key_mask, cache.k, cache.v)
         cache.advance(1)
         return logits, tokens
+
+    def _distrust(self, n: int, got: int) -> None:
+        """Decode the compiled range holding n eagerly from now on, saying why once."""
+        warnings.warn(f"the compiled decode step returned {got} row(s) for {n}; decoding those "
+                      "batch sizes without it", stacklevel=3)  # fmt: skip
+        self.compiled = [(rows, range(0) if n in rows else widths, None if n in rows else run)
+                         for rows, widths, run in self.compiled]  # fmt: skip
 
     def _example(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Inputs shaped like a decode step's with n running rows (copies: nothing runs on

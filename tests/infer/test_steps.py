@@ -261,6 +261,29 @@ def test_engine_decodes_eagerly_when_the_step_cannot_be_compiled(monkeypatch):
     assert got == want
 
 
+def test_engine_distrusts_a_compiled_step_that_returns_the_wrong_rows(monkeypatch):
+    """A compiled step whose row count was fixed at export (once a real bug: a Q8_0 table
+    lookup) returns another batch's rows: one warning, then the same tokens eagerly."""
+
+    def compile_one_row(self, ids, positions, key_mask):
+        def run(inputs):
+            logits, tokens = self.step(*inputs[:3], self.cache.k, self.cache.v)
+            return logits[:1], None if tokens is None else tokens[:1]
+
+        return range(1, 5), range(1, 1000), run
+
+    monkeypatch.setattr(ExportedStep, "_compile", compile_one_row)
+    lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
+    params = GenerationParams(max_new_tokens=6, temperature=0.0, stop_token_ids=[])
+    prompts = [[1, 2, 3], [4, 5]]
+    want = [c.token_ids for c in Engine(lm.model, max_batch=2).generate(prompts, params)]
+    engine = Engine(lm.model, max_batch=2, compile=True)
+    with pytest.warns(UserWarning, match="returned 1 row"):
+        got = [c.token_ids for c in engine.generate(prompts, params)]
+    assert got == want
+    assert isinstance(engine.decode_step, ExportedStep)
+
+
 def test_static_decode_step_decodes_the_same_tokens():
     """The CUDA-graph step's static form (full-width masked attention, device-tensor column,
     padded buckets) run eagerly on CPU: same greedy tokens as the dynamic step, with rows of
