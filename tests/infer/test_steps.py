@@ -251,14 +251,21 @@ def test_engine_decodes_eagerly_when_the_step_cannot_be_compiled(monkeypatch):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(ExportedStep, "_compile", fail)
+    decodes_like_eager_after_warning("no compiler here")
+
+
+def decodes_like_eager_after_warning(warning: str) -> Engine:
+    """Two prompts through an eager engine and a compile=True one (whose ExportedStep the test
+    has patched): the compiled one warns `warning` and gives the same greedy tokens."""
     lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
     params = GenerationParams(max_new_tokens=6, temperature=0.0, stop_token_ids=[])
     prompts = [[1, 2, 3], [4, 5]]
     want = [c.token_ids for c in Engine(lm.model, max_batch=2).generate(prompts, params)]
     engine = Engine(lm.model, max_batch=2, compile=True)
-    with pytest.warns(UserWarning, match="no compiler here"):
+    with pytest.warns(UserWarning, match=warning):
         got = [c.token_ids for c in engine.generate(prompts, params)]
     assert got == want
+    return engine
 
 
 def test_engine_distrusts_a_compiled_step_that_returns_the_wrong_rows(monkeypatch):
@@ -273,14 +280,7 @@ def test_engine_distrusts_a_compiled_step_that_returns_the_wrong_rows(monkeypatc
         return range(1, 5), range(1, 1000), run
 
     monkeypatch.setattr(ExportedStep, "_compile", compile_one_row)
-    lm = LM.from_config(ModelConfig.from_preset("llama-micro", vocab_size=61, max_seq_len=48))
-    params = GenerationParams(max_new_tokens=6, temperature=0.0, stop_token_ids=[])
-    prompts = [[1, 2, 3], [4, 5]]
-    want = [c.token_ids for c in Engine(lm.model, max_batch=2).generate(prompts, params)]
-    engine = Engine(lm.model, max_batch=2, compile=True)
-    with pytest.warns(UserWarning, match="returned 1 row"):
-        got = [c.token_ids for c in engine.generate(prompts, params)]
-    assert got == want
+    engine = decodes_like_eager_after_warning("returned 1 row")
     assert isinstance(engine.decode_step, ExportedStep)
 
 
