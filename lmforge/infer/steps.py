@@ -45,6 +45,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -253,6 +254,8 @@ class ExportedStep:
         the library (no pickle). Never point it at a folder others can write to."""
         folder = Path(root).expanduser() / cache_key(self.step, self.cache)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.utime(folder)  # used now: the last folder pruning would take
+        prune_compile_cache(folder.parent, keep=folder)
         self.dir = folder
         return folder
 
@@ -406,6 +409,36 @@ def _add_to_index(folder: Path, entry: dict) -> None:
     partial = folder / f".{INDEX}.{os.getpid()}.partial"
     partial.write_text(json.dumps({"entries": entries}, indent=1))
     os.replace(partial, folder / INDEX)
+
+
+# The most the compile cache keeps. Every new model, dtype, cache shape, torch or lmforge source
+# makes a new key folder (a package holds its weights as constants), so without a bound the
+# folders of models and versions no longer run pile up.
+COMPILE_CACHE_BYTES = 4 << 30
+
+
+def prune_compile_cache(root: Path, keep: Path, limit: int = COMPILE_CACHE_BYTES) -> list[Path]:
+    """Delete root's least recently used key folders (never `keep`) until what is left fits in
+    `limit` bytes; returns the folders deleted. An engine that loaded a package keeps running
+    it: the library is mapped, and deleting its file does not unmap it."""
+
+    def size(folder: Path) -> int:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+    try:
+        folders = sorted((f for f in root.iterdir() if f.is_dir() and f != keep),
+                         key=lambda f: f.stat().st_mtime)  # fmt: skip
+        sizes = {f: size(f) for f in [*folders, keep]}
+    except OSError:  # unreadable or changing under us: keep everything
+        return []
+    total, deleted = sum(sizes.values()), []
+    for folder in folders:
+        if total <= limit:
+            break
+        shutil.rmtree(folder, ignore_errors=True)
+        total -= sizes[folder]
+        deleted.append(folder)
+    return deleted
 
 
 def cache_key(step: nn.Module, cache: SlotCache) -> str:

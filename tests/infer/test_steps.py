@@ -3,6 +3,8 @@ picks, decode attention, 16-bit GEMV) computes what the training model computes 
 without a cache, padding, last_only), on every wiring; the decode steps (eager, exported,
 compiled, static/CUDA-graph) decode the same tokens."""
 
+import os
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from lmforge.errors import ConfigError
 from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.infer.quantize import inference_model
-from lmforge.infer.steps import ExportedStep, GraphStep
+from lmforge.infer.steps import ExportedStep, GraphStep, prune_compile_cache
 from lmforge.lm import LM
 from lmforge.model.attention import decode_attention
 from lmforge.model.cache import new_cache
@@ -365,3 +367,21 @@ def test_compiled_int8_engine_with_every_slot_full():
     # at 8 rows; the native kernel takes every batch, so 2-8 share one range there
     full = (2, 9) if engine.model.lm_head._native is not None else (8, 9)
     assert [(r.start, r.stop) for r, _, _ in engine.decode_step.compiled][-1] == full
+
+
+def test_compile_cache_drops_the_least_recently_used_folders(tmp_path):
+    """Over the bound, the oldest key folders go first; the one in use stays even if alone it
+    is over the bound."""
+    folders = []
+    for i, mib in enumerate([3, 2, 2, 1]):  # oldest first
+        folder = tmp_path / f"key{i}"
+        folder.mkdir()
+        (folder / "decode.pt2").write_bytes(b"\0" * (mib << 20))
+        os.utime(folder, (1000 + i, 1000 + i))
+        folders.append(folder)
+    keep = folders[1]
+    deleted = prune_compile_cache(tmp_path, keep=keep, limit=4 << 20)
+    assert deleted == [folders[0], folders[2]]  # 8 MiB -> 5 -> 3: key0, then key2 (key1 kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key1", "key3"]
+    assert prune_compile_cache(tmp_path, keep=keep, limit=0) == [folders[3]]
+    assert keep.is_dir()
