@@ -49,20 +49,22 @@ from lmforge.infer.quantized_linear import (
     StackedLinear,
 )
 from lmforge.interop.families import Rule
-from lmforge.interop.gguf_header import ggml_types
-from lmforge.interop.gguf_read import (
+from lmforge.interop.gguf_blocks import (
     GROUP_TYPES,
     K_GROUP_TYPES,
-    PLAIN_TYPES,
     Q8_EXACT_TYPES,
-    GGUFFile,
-    check_tensors,
-    permute_named,
-    read_config,
     read_group_blocks,
     read_k_blocks,
     read_q6_k_blocks,
     read_q8_blocks,
+)
+from lmforge.interop.gguf_header import ggml_types
+from lmforge.interop.gguf_read import (
+    PLAIN_TYPES,
+    GGUFFile,
+    check_tensors,
+    permute_named,
+    read_config,
 )
 from lmforge.interop.hf import to_ours
 from lmforge.model.config import ModelConfig

@@ -149,7 +149,8 @@ def test_gguf_q4_q5_run_as_stored_on_every_variant(kernel, tmp_path, kind, bits)
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize, quantize
 
-    from lmforge.interop.gguf_read import GGUFFile, read_group_blocks
+    from lmforge.interop.gguf_blocks import read_group_blocks
+    from lmforge.interop.gguf_read import GGUFFile
 
     qtype = gguf.GGMLQuantizationType[kind]
     w = np.random.default_rng(1).standard_normal((40, 96)).astype(np.float32)
@@ -186,7 +187,8 @@ def test_gguf_q6_k_runs_as_stored_on_every_variant(kernel, tmp_path):
     from gguf.quants import dequantize
 
     from lmforge.infer.int4_linear import Int6Linear
-    from lmforge.interop.gguf_read import GGUFFile, read_q6_k_blocks
+    from lmforge.interop.gguf_blocks import read_q6_k_blocks
+    from lmforge.interop.gguf_read import GGUFFile
 
     q6_k = gguf.GGMLQuantizationType.Q6_K
     rng = np.random.default_rng(2)

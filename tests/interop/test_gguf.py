@@ -95,7 +95,8 @@ def test_k_quant_blocks_become_int4_groups_up_to_fp16_products(tmp_path, qtype):
     from gguf.quants import dequantize
 
     from lmforge.infer.int4_linear import Int4Linear
-    from lmforge.interop.gguf_read import GGUFFile, read_k_blocks
+    from lmforge.interop.gguf_blocks import read_k_blocks
+    from lmforge.interop.gguf_read import GGUFFile
 
     rng = np.random.default_rng(0)
     scales = {"exact": np.full((40, 2), 2.0**-12, dtype=np.float16),
