@@ -14,8 +14,7 @@ import importlib.util
 import subprocess
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ class RunContext:
     out: Path
     log: Any = print
     progress: bool = True
-    notes: list[str] = field(default_factory=list)
 
     def dir(self, stage: str) -> Path:
         return self.out / stage
@@ -114,33 +112,28 @@ TRAINERS = {
 }
 
 
-def _corpus(ctx: RunContext) -> dict[str, Any]:
-    """Config fields of pretraining: the corpus and the tokenizer stage's tokenizer."""
-    return {"data": ctx.plan["corpus"], "tokenizer": str(ctx.dir("tokenizer"))}
-
-
-def _task_from(stage: str, **extra: Any) -> Callable[[RunContext], dict[str, Any]]:
-    """Config fields of a post-training stage: start from `stage`'s model, train on the task."""
-    return lambda ctx: {"init": stage, "data": ctx.task_source(), **extra}
-
-
 class TrainerStage(Stage):
     """A trainer run whose config is the plan's section over the fields the pipeline fills in:
-    `fixed(ctx)` gives the data and the earlier stage to start from (an `init` naming a stage is
-    that stage's model), the section may set its own (a recipe's data, see presets._recipes)."""
+    pretraining reads the corpus with the tokenizer stage's tokenizer; a post-training stage
+    trains on the task from `start`'s model, with `fixed` fields of its own. An `init` or `reward`
+    naming a stage is that stage's model; the section may set its own (a recipe's data, see
+    presets._recipes)."""
 
-    def __init__(self, name: str, title: str, fixed: Callable[[RunContext], dict[str, Any]]):
-        self.name, self.title, self.fixed = name, title, fixed
+    def __init__(self, name: str, title: str, start: str | None = None, **fixed: Any):
+        self.name, self.title, self.start, self.fixed = name, title, start, fixed
 
     def config(self, ctx: RunContext) -> dict[str, Any]:
+        if self.start is None:
+            cfg = {"data": ctx.plan["corpus"], "tokenizer": str(ctx.dir("tokenizer"))}
+        else:
+            cfg = {"init": self.start, "data": ctx.task_source(), **self.fixed}
         section = ctx.plan[self.name]
-        replay = {}
+        cfg |= {**section, "out_dir": str(ctx.dir(self.name)), "device": ctx.plan["device"],
+                "progress": ctx.progress}  # fmt: skip
         if section.get("replay_coef") and not section.get("replay_data"):
             # replay the pretraining stage's own token shard (align/replay.py)
-            replay["replay_data"] = str(ctx.dir("pretrain") / "data" / "train.bin")
-        cfg = {**self.fixed(ctx), **section, **replay, "out_dir": str(ctx.dir(self.name)),
-               "device": ctx.plan["device"], "progress": ctx.progress}  # fmt: skip
-        return cfg | ({"init": ctx.model(cfg["init"])} if cfg.get("init") in TRAINERS else {})
+            cfg["replay_data"] = str(ctx.dir("pretrain") / "data" / "train.bin")
+        return cfg | {k: ctx.model(cfg[k]) for k in ("init", "reward") if cfg.get(k) in TRAINERS}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         command, config_class, trainer_class = TRAINERS[self.name]
@@ -294,29 +287,16 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         TokenizerStage(),
-        TrainerStage("pretrain", "Pretraining: next-token loss on the corpus", _corpus),
-        TrainerStage(
-            "sft", "SFT: response-only loss on the task, in chat form", _task_from("pretrain")
-        ),
-        TrainerStage(
-            "reward",
-            "Reward model: SFT backbone + scalar head, Bradley-Terry on pairs",
-            _task_from("sft"),
-        ),
-        TrainerStage(
-            "dpo", "DPO: pairs against a frozen copy of its starting model", _task_from("sft")
-        ),
-        TrainerStage(
-            "grpo",
-            "GRPO: group-sampled answers rewarded by the verifier",
-            _task_from("sft", reward="verifier"),
-        ),
-        TrainerStage(
-            "ppo",
-            "PPO: policy + value head against the trained reward model",
-            lambda ctx: {**_task_from("sft")(ctx), "reward": str(ctx.dir("reward"))},
-        ),
+        TrainerStage("pretrain", "Pretraining: next-token loss on the corpus"),
+        TrainerStage("sft", "SFT: response-only loss on the task, in chat form", "pretrain"),
+        TrainerStage("reward", "Reward model: SFT backbone + scalar head, Bradley-Terry on pairs",
+                     "sft"),
+        TrainerStage("dpo", "DPO: pairs against a frozen copy of its starting model", "sft"),
+        TrainerStage("grpo", "GRPO: group-sampled answers rewarded by the verifier", "sft",
+                     reward="verifier"),
+        TrainerStage("ppo", "PPO: policy + value head against the trained reward model", "sft",
+                     reward="reward"),
         EvalStage(),
         RAGStage(),
     )
-}
+}  # fmt: skip
