@@ -45,7 +45,7 @@ from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.engine import Engine, GenerationParams, StepOutput
 from lmforge.serve import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_READ_TIMEOUT
 from lmforge.serve.embeddings import HiddenStateEmbedder, SentenceEmbedder, embed
-from lmforge.serve.guards import Admission, APIError, RequestGuard, error_response
+from lmforge.serve.guards import Admission, APIError, RequestGuard
 from lmforge.serve.metrics import ServerMetrics
 from lmforge.serve.responses import ChatFormat, CompletionFormat, EngineFailure, collect, sse_stream
 from lmforge.serve.schemas import (
@@ -57,7 +57,7 @@ from lmforge.serve.schemas import (
 )
 from lmforge.serve.store import ConversationStore
 
-__all__ = ["APIError", "create_app", "error_response"]
+__all__ = ["APIError", "create_app"]
 
 STATIC = Path(__file__).parent / "static"
 WARMING_HEADERS = {"Retry-After": "10"}  # seconds: one compile of a range takes a minute or more
@@ -162,34 +162,28 @@ class AsyncEngine:
                 self._wake.set()
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(request, err: APIError):
-        return error_response(err.status, err.message, err.type, err.param, err.code, err.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request, err: RequestValidationError):
+def as_api_error(err: Exception) -> APIError:
+    """Any exception a route raised, as the OpenAI-style error the client gets."""
+    if isinstance(err, APIError):
+        return err
+    if isinstance(err, RequestValidationError):
         first = err.errors()[0] if err.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
-            return error_response(400, "malformed JSON body", "invalid_request_error")
+            return APIError(400, "malformed JSON body")
         msg = first.get("msg", "invalid request")
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or first.get("ctx", {}).get("param")
-        message = f"{param}: {msg}" if param else msg
-        return error_response(400, message, "invalid_request_error", param, first.get("type"))
-
-    @app.exception_handler(HTTPException)
-    async def _http(request, err: HTTPException):
+        return APIError(400, f"{param}: {msg}" if param else msg, param, first.get("type"))
+    if isinstance(err, HTTPException):
         kind = "invalid_request_error" if err.status_code < 500 else "server_error"
-        return error_response(err.status_code, str(err.detail), kind)
+        return APIError(err.status_code, str(err.detail), type=kind)
+    if isinstance(err, LMForgeError):
+        return APIError(400, str(err))
+    return APIError(500, f"internal error: {type(err).__name__}", type="server_error")
 
-    @app.exception_handler(LMForgeError)
-    async def _bad_input(request, err: LMForgeError):
-        return error_response(400, str(err), "invalid_request_error")
 
-    @app.exception_handler(Exception)
-    async def _crash(request, err: Exception):
-        return error_response(500, f"internal error: {type(err).__name__}", "server_error")
+async def _error_response(request: Request, err: Exception) -> Response:
+    return as_api_error(err).response()
 
 
 def max_token_chars(tokenizer) -> int:
@@ -313,7 +307,8 @@ def create_app(
         store.close()
 
     app = FastAPI(title="lmforge", version="1", lifespan=lifespan)
-    _install_error_handlers(app)
+    for kind in (APIError, RequestValidationError, HTTPException, LMForgeError, Exception):
+        app.add_exception_handler(kind, _error_response)
     app.state.engine, app.state.admission, app.state.warm = runner, admission, state
     if check_host is None:  # with a key, a rebinding page cannot call anything anyway
         check_host = api_key is None

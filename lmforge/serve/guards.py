@@ -26,7 +26,7 @@ import asyncio
 import hmac
 import json
 
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -37,7 +37,8 @@ OPEN_PATHS = ("/health",)  # besides the chat page: "/" and its /static files
 
 
 class APIError(Exception):
-    """An error the client caused (or should know about), rendered OpenAI-style."""
+    """An error the client caused (or should know about), rendered OpenAI-style (`response`).
+    Every refusal of the server, from the guards below to the routes, is one of these."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, type: str = "invalid_request_error",
@@ -48,19 +49,15 @@ class APIError(Exception):
         )  # fmt: skip
         self.headers = headers
 
+    def body(self) -> dict:
+        """The OpenAI error body {"error": {"message", "type", "param", "code"}}."""
+        fields = ("message", "type", "param", "code")
+        return {"error": {name: getattr(self, name) for name in fields}}
 
-class _ErrorJSON(JSONResponse):
-    # ASCII-escaped: an error may quote client text, which can hold lone surrogates that
-    # UTF-8 cannot encode (the default rendering would turn a 400 into a 500).
-    def render(self, content) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode()
-
-
-def error_response(status: int, message: str, type: str = "invalid_request_error", param=None,
-                   code=None, headers: dict[str, str] | None = None) -> JSONResponse:  # fmt: skip
-    """The OpenAI error body {"error": {"message", "type", "param", "code"}}."""
-    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-    return _ErrorJSON(body, status_code=status, headers=headers)
+    def response(self) -> Response:
+        # ASCII-escaped JSON: an error may quote client text, which can hold lone surrogates
+        # that UTF-8 cannot encode (JSONResponse's rendering would turn a 400 into a 500).
+        return Response(json.dumps(self.body()), self.status, self.headers, "application/json")
 
 
 class Admission:
@@ -105,10 +102,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class RequestGuard:
     """The ASGI middleware applying the checks in the module docstring, in that order."""
 
@@ -121,66 +114,61 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        refusal = self.refusal(scope)
-        if refusal is None:
-            try:
-                body = await self.read_body(scope, receive)
-            except _BodyTooLarge:
-                refusal = self.too_large()
-            except TimeoutError:
-                message = f"the request body did not arrive within {self.read_timeout:g} s"
-                refusal = error_response(408, message, code="request_timeout",
-                                         headers={"Connection": "close"})  # fmt: skip
-        if refusal is not None:
-            return await refusal(scope, receive, send)
+        try:
+            self.check_head(scope)
+            body = await self.read_body(receive)
+        except APIError as refusal:
+            return await refusal.response()(scope, receive, send)
         try:
             await self.app(scope, _replay(body, receive), send)
         finally:
             self.admission.release(scope)
 
-    def refusal(self, scope: Scope) -> JSONResponse | None:
-        """The answer to a request refused on its head alone (host, key, declared size)."""
+    def check_head(self, scope: Scope) -> None:
+        """Refuse a request on its head alone (host, key, declared size)."""
         host = _header(scope, b"host")
         if self.check_host and not host_allowed(host):
             message = (
                 f"Host {host!r} is not served: without an API key this server answers "
                 "only localhost, 127.0.0.1 and [::1] (DNS-rebinding protection)"
             )
-            return error_response(421, message, code="host_not_allowed")
+            raise APIError(421, message, code="host_not_allowed")
         path = scope["path"]
         open_path = path in OPEN_PATHS or path == "/" or path.startswith("/static/")
         if self.api_key is not None and not open_path:
             header = _header(scope, b"authorization") or ""
             given = header[7:] if header.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(given.encode(), self.api_key.encode()):
-                return error_response(401, "invalid or missing API key", code="invalid_api_key",
-                                      headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+                raise APIError(401, "invalid or missing API key", code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         length = _header(scope, b"content-length")
-        if length is not None:
-            if not length.strip().isdigit():
-                return error_response(400, f"invalid Content-Length {length!r}")
-            if int(length) > self.max_body_bytes:
-                return self.too_large()
-        return None
+        if length is not None and not length.strip().isdigit():
+            raise APIError(400, f"invalid Content-Length {length!r}")
+        if length is not None and int(length) > self.max_body_bytes:
+            raise self.too_large()
 
-    def too_large(self) -> JSONResponse:
+    def too_large(self) -> APIError:
         message = f"the request body is larger than {self.max_body_bytes} bytes"
-        return error_response(413, message, code="request_too_large",
-                              headers={"Connection": "close"})  # fmt: skip
+        return APIError(413, message, code="request_too_large", headers={"Connection": "close"})
 
-    async def read_body(self, scope: Scope, receive: Receive) -> bytes:
+    async def read_body(self, receive: Receive) -> bytes:
         """The whole body, within the size limit and the read deadline."""
         body = bytearray()
-        async with asyncio.timeout(self.read_timeout):
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":  # client gone: the route will see it
-                    return bytes(body)
-                body += message.get("body", b"")
-                if len(body) > self.max_body_bytes:
-                    raise _BodyTooLarge
-                if not message.get("more_body", False):
-                    return bytes(body)
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # client gone: the route will see it
+                        return bytes(body)
+                    body += message.get("body", b"")
+                    if len(body) > self.max_body_bytes:
+                        raise self.too_large()
+                    if not message.get("more_body", False):
+                        return bytes(body)
+        except TimeoutError:
+            message = f"the request body did not arrive within {self.read_timeout:g} s"
+            headers = {"Connection": "close"}
+            raise APIError(408, message, code="request_timeout", headers=headers) from None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from lmforge.chat_completion import ChatPlan, ToolCallStream, assistant_message
 from lmforge.infer.engine import StepOutput
+from lmforge.serve.guards import APIError
 
 
 class EngineFailure(RuntimeError):
@@ -184,6 +185,5 @@ async def sse_stream(
         if include_usage:
             yield sse({**fmt.head(fmt.chunk_object), "choices": [], "usage": fmt.usage(tokens)})
     except EngineFailure as err:
-        yield sse({"error": {"message": str(err), "type": "server_error", "param": None,
-                             "code": None}})  # fmt: skip
+        yield sse(APIError(500, str(err), type="server_error").body())
     yield "data: [DONE]\n\n"
