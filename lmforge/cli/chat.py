@@ -9,7 +9,6 @@ history, /exit (or Ctrl-D) quits.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
@@ -27,12 +26,11 @@ def register(sub) -> None:
 
 
 def run(args, stdin=None, stdout=None) -> int:
-    from lmforge.cli.generate import compile_cache_dir, compile_wanted, warm_up
+    from lmforge.cli.generate import compile_cache_dir, load_engine, warm_up
     from lmforge.cli.main import Terminated
     from lmforge.errors import ConfigError, require_text
-    from lmforge.infer.engine import Engine, GenerationParams
+    from lmforge.infer.engine import GenerationParams
     from lmforge.interop.chat_template import render_chat
-    from lmforge.lm import LM
 
     if stdin is None and hasattr(sys.stdin, "reconfigure"):
         # undecodable input becomes lone surrogates that require_text reports for that line,
@@ -41,17 +39,11 @@ def run(args, stdin=None, stdout=None) -> int:
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     if args.system is not None:
         require_text(args.system, "--system")
-    # a GGUF file is made at the asked precision as it loads (its own precision by default)
-    gguf = Path(args.checkpoint).is_file()
-    precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
-    lm = LM.load(args.checkpoint, device=args.device, **precision)
+    lm, engine, compiled = load_engine(args, max_batch=1)
     tok = lm.tokenizer
     if tok is None:
         raise ConfigError(f"{args.checkpoint}: chat needs a tokenizer (tokenizer.json)")
-    compile_ = compile_wanted(args, lm.model)
-    engine = Engine.from_lm(lm, max_batch=1, dtype=args.dtype, quantize=args.quantize,
-                            compile=compile_)  # fmt: skip
-    if compile_:
+    if compiled:
         warm_up(engine, compile_cache_dir(args))
     stop_ids = tok.chat_stop_ids(engine.eos_ids)
     start = [{"role": "system", "content": args.system}] if args.system else []

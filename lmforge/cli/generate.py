@@ -76,6 +76,22 @@ def compile_cache_dir(args) -> Path | None:
     return folder
 
 
+def load_engine(args, max_batch: int, **engine_args):
+    """(lm, engine, compiled) for the long-lived engines (chat, serve): the checkpoint on the
+    device (a GGUF file made at the asked precision as it loads, its own by default), on an
+    engine of --dtype/--quantize whose decode step is compiled where compile_wanted says."""
+    from lmforge.infer.engine import Engine
+    from lmforge.lm import LM
+
+    gguf = Path(args.checkpoint).is_file()
+    precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
+    lm = LM.load(args.checkpoint, device=args.device, **precision)
+    compiled = compile_wanted(args, lm.model)
+    engine = Engine.from_lm(lm, max_batch=max_batch, compile=compiled, dtype=args.dtype,
+                            quantize=args.quantize, **engine_args)  # fmt: skip
+    return lm, engine, compiled
+
+
 def warm_up(engine, cache_dir: Path | None, out=None) -> None:
     """Compile (or load) the engine's decode step now and say once how long it took."""
     lines: list[str] = []

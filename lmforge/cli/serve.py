@@ -140,25 +140,17 @@ def api_key(args) -> str | None:
 def run(args) -> int:
     import uvicorn
 
-    from lmforge.cli.generate import compile_cache_dir, compile_wanted, warm_up
-    from lmforge.infer.engine import Engine
-    from lmforge.lm import LM
+    from lmforge.cli.generate import compile_cache_dir, load_engine, warm_up
     from lmforge.serve.app import create_app
     from lmforge.serve.guards import uvicorn_config
 
     key = api_key(args)  # before loading: a bad key file fails at once
-    # a GGUF file is made at the asked precision as it loads (its own precision by default)
-    gguf = Path(args.checkpoint).is_file()
-    precision = dict(dtype=args.dtype, quantize=args.quantize) if gguf else {}
-    lm = LM.load(args.checkpoint, device=args.device, **precision)
-    compile_ = compile_wanted(args, lm.model)
-    engine = Engine.from_lm(lm, max_batch=args.max_batch, compile=compile_, dtype=args.dtype,
-                            quantize=args.quantize,
-                            prefix_cache_bytes=args.prefix_cache_mb * 2**20)  # fmt: skip
+    _, engine, compiled = load_engine(args, args.max_batch,
+                                      prefix_cache_bytes=args.prefix_cache_mb * 2**20)  # fmt: skip
     name = args.model_name or Path(args.checkpoint).resolve().name
     loopback = args.host in LOOPBACK
     warm_up_server = None
-    if compile_:
+    if compiled:
         cache_dir = compile_cache_dir(args)
 
         def warm_up_server() -> None:
@@ -174,7 +166,7 @@ def run(args) -> int:
     if not loopback and key is None:
         print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
     print(f"serving {name!r} on http://{args.host}:{args.port}/ (chat page at /)", flush=True)
-    if compile_:
+    if compiled:
         print("warming up: compiling the decode step; /health answers 503 until it is ready",
               flush=True)  # fmt: skip
     config = uvicorn_config(app, args.host, args.port, args.read_timeout, args.keep_alive_timeout)
