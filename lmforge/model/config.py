@@ -19,9 +19,10 @@ from lmforge.errors import ConfigError, require_choice, require_int, require_pos
 from lmforge.fileio import coerce_numbers
 from lmforge.model.attention import ATTENTION_KERNELS
 from lmforge.model.blocks import ATTENTION_CLASSES, BRANCH_SCALES, NORM_POSITIONS
-from lmforge.model.feedforward import MLP_KINDS, has_glu_units, is_dense_glu
+from lmforge.model.feedforward import MLP_KINDS, has_glu_units
 from lmforge.model.linear_attention import FEATURE_MAP_NAMES
 from lmforge.model.masks import build_pattern
+from lmforge.model.mlp import GatedMLP
 from lmforge.model.norms import NORM_CLASSES
 from lmforge.model.positions import POSITION_KINDS
 
@@ -110,16 +111,20 @@ class ModelConfig:
     @property
     def is_glu(self) -> bool:
         """A dense gated MLP (gate, up and down matrices)."""
-        return is_dense_glu(self.mlp)
+        return MLP_KINDS[self.mlp][0] is GatedMLP
 
     def validate(self) -> None:
         """Check every field and cross-field rule; raise ConfigError naming the fields."""
         require_positive_ints(
             self, "vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_seq_len"
         )
-        self._check_choices(
-            norm=NORM_CLASSES, pos=POSITION_KINDS, mlp=MLP_KINDS, attn_impl=ATTENTION_KERNELS
-        )
+        registries = dict(
+            norm=NORM_CLASSES, pos=POSITION_KINDS, mlp=MLP_KINDS, attn_impl=ATTENTION_KERNELS,
+            attention=ATTENTION_CLASSES, norm_position=NORM_POSITIONS,
+            parallel_scale=BRANCH_SCALES, linear_feature_map=FEATURE_MAP_NAMES,
+        )  # fmt: skip
+        for name, allowed in registries.items():
+            require_choice(name, getattr(self, name), allowed)
         if self.n_head % self.n_kv_head:
             raise ConfigError(
                 f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"
@@ -128,61 +133,37 @@ class ModelConfig:
             raise ConfigError(f"pos='rope' needs an even head_dim, got head_dim={self.head_dim}")
         if self.pos == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"pos='sinusoidal' needs an even d_model, got {self.d_model}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.norm_eps <= 0:
-            raise ConfigError(f"norm_eps must be positive, got {self.norm_eps}")
-        if self.rope_base <= 0:
-            raise ConfigError(f"rope_base must be positive, got {self.rope_base}")
-        if self.sliding_window is not None:
-            require_int("sliding_window", self.sliding_window)
-        for name in ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base"):
+        for name in ("dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("norm_eps", "rope_base"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        optional = ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base",
+                    "capacity_factor")  # fmt: skip
+        for name in optional:
             if (value := getattr(self, name)) is not None and not value > 0:
                 raise ConfigError(f"{name} must be None or > 0, got {value!r}")
-        if self.full_attention_layers is not None:
-            layers = self.full_attention_layers
-            if self.sliding_window is None:
-                raise ConfigError("full_attention_layers needs sliding_window (the others' window)")
-            if not all(isinstance(i, int) and 0 <= i < self.n_layer for i in layers):
-                raise ConfigError(
-                    f"full_attention_layers must be layer indices in [0, {self.n_layer}), "
-                    f"got {layers!r}"
-                )
-        if self.rope_local_base is not None and self.sliding_window is None:
-            raise ConfigError("rope_local_base needs sliding_window (the windowed layers' base)")
+        if self.aux_loss_weight < 0:
+            raise ConfigError(f"aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
+        require_int("n_shared_experts", self.n_shared_experts, 0)
         if self.mlp == "moe" and not 1 <= self.experts_top_k <= self.n_experts:
             raise ConfigError(
                 f"experts_top_k ({self.experts_top_k}) must be between 1 and "
                 f"n_experts ({self.n_experts})"
             )
-
-        self.validate_catalogue()
-
-    @property
-    def mixed_windows(self) -> bool:
-        """Some layers attend through sliding_window and others to every key (Gemma 2/3)."""
-        return self.sliding_window is not None and self.full_attention_layers is not None
-
-    def windowed(self, layer: int) -> bool:
-        """Whether layer `layer` sees only the sliding_window newest keys."""
-        return self.sliding_window is not None and layer not in (self.full_attention_layers or ())
-
-    @property
-    def rope_dim(self) -> int:
-        """Dimensions RoPE rotates per head: MLA rotates only its decoupled key/query part."""
-        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
-
-    def _check_choices(self, **registries) -> None:
-        """Each named field must be a key of its registry (or an item of its tuple)."""
-        for name, allowed in registries.items():
-            require_choice(name, getattr(self, name), allowed)
-
-    def validate_catalogue(self) -> None:
-        """Rules for the attention kinds, masks and block wirings."""
-        self._check_choices(
-            attention=ATTENTION_CLASSES, norm_position=NORM_POSITIONS,
-            parallel_scale=BRANCH_SCALES, linear_feature_map=FEATURE_MAP_NAMES,
-        )  # fmt: skip
+        if self.sliding_window is not None:
+            require_int("sliding_window", self.sliding_window)
+        else:
+            for name in ("full_attention_layers", "rope_local_base"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name} only applies with sliding_window")
+        layers = self.full_attention_layers or []
+        if not all(isinstance(i, int) and 0 <= i < self.n_layer for i in layers):
+            raise ConfigError(
+                f"full_attention_layers must be layer indices in [0, {self.n_layer}), "
+                f"got {layers!r}"
+            )
         build_pattern(self.attention_pattern)  # raises ConfigError naming the field
         if self.attention_pattern is not None and self.sliding_window is not None:
             raise ConfigError("give either attention_pattern or sliding_window, not both")
@@ -202,13 +183,20 @@ class ModelConfig:
                 )
         if self.parallel_block and self.norm_position != "pre":
             raise ConfigError("parallel_block=True needs norm_position='pre' (one shared pre-norm)")
-        if not 0.0 <= self.drop_path < 1.0:
-            raise ConfigError(f"drop_path must be in [0, 1), got {self.drop_path}")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ConfigError(f"capacity_factor must be > 0 or None, got {self.capacity_factor}")
-        if self.aux_loss_weight < 0:
-            raise ConfigError(f"aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
-        require_int("n_shared_experts", self.n_shared_experts, 0)
+
+    @property
+    def mixed_windows(self) -> bool:
+        """Some layers attend through sliding_window and others to every key (Gemma 2/3)."""
+        return self.sliding_window is not None and self.full_attention_layers is not None
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer `layer` sees only the sliding_window newest keys."""
+        return self.sliding_window is not None and layer not in (self.full_attention_layers or ())
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions RoPE rotates per head: MLA rotates only its decoupled key/query part."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
 
     # ---- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

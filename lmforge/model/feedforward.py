@@ -23,11 +23,6 @@ MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
 }
 
 
-def is_dense_glu(kind: str) -> bool:
-    """True for a dense gated MLP: three matrices (gate, up, down) instead of two."""
-    return kind in MLP_KINDS and MLP_KINDS[kind][0] is GatedMLP
-
-
 def has_glu_units(kind: str) -> bool:
     """True when the block is made of GLU units, dense or as experts: their hidden width
     follows Llama's 2/3 rule (config.default_d_ff)."""
