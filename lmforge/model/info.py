@@ -14,11 +14,8 @@ def kv_cache_elements(batch: int, n_kv_head: int, seq_len: int, head_dim: int) -
 
 def kv_cache_bytes_per_token(config: ModelConfig, bytes_per_element: int = 2) -> int:
     """Bytes of cache one more token costs across all layers (bf16 by default)."""
-    return (
-        config.n_layer
-        * kv_cache_elements(1, config.n_kv_head, 1, config.head_dim)
-        * (bytes_per_element)
-    )
+    per_layer = kv_cache_elements(1, config.n_kv_head, 1, config.head_dim)
+    return config.n_layer * per_layer * bytes_per_element
 
 
 def parameter_counts(config: ModelConfig) -> dict[str, int]:
@@ -94,15 +91,15 @@ def describe(config: ModelConfig) -> str:
     """A human-readable report for `lmforge model-info`."""
     counts = parameter_counts(config)
     flops = flops_per_token(config)
-    lines = [f"{'component':<12}{'parameters':>16}"]
-    lines += [f"{k:<12}{v:>16,}" for k, v in counts.items()]
-    lines.append("")
-    lines.append(f"FLOPs/token forward (ctx {flops['context']}): {flops['forward']:,}")
-    lines.append(f"FLOPs/token training: {flops['training']:,}")
     per_tok = kv_cache_bytes_per_token(config)
-    lines.append(f"KV cache bytes/token (bf16): {per_tok:,}")
-    lines.append(
+    lines = [
+        f"{'component':<12}{'parameters':>16}",
+        *(f"{k:<12}{v:>16,}" for k, v in counts.items()),
+        "",
+        f"FLOPs/token forward (ctx {flops['context']}): {flops['forward']:,}",
+        f"FLOPs/token training: {flops['training']:,}",
+        f"KV cache bytes/token (bf16): {per_tok:,}",
         f"KV cache at max_seq_len={config.max_seq_len}, batch 1: "
-        f"{per_tok * config.max_seq_len / 2**20:,.1f} MiB"
-    )
+        f"{per_tok * config.max_seq_len / 2**20:,.1f} MiB",
+    ]
     return "\n".join(lines)
