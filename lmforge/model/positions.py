@@ -8,7 +8,6 @@ left-padded rows start at different offsets), so cached decoding and padding nee
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -71,41 +70,12 @@ def _default_freq(head_dim: int, base: float) -> torch.Tensor:
     return (1.0 / (base**exponents)).double()
 
 
-def _rope_default(head_dim, base, scaling, seq_len):
-    return _default_freq(head_dim, base), 1.0
-
-
-def _rope_linear(head_dim, base, scaling, seq_len):
-    """Position interpolation: theta = (i/s) * alpha_k, i.e. every frequency divided by s."""
-    return _default_freq(head_dim, base) / scaling["factor"], 1.0
-
-
-def _rope_ntk(head_dim, base, scaling, seq_len):
-    """Static NTK-aware scaling: a larger base b' = b * s^(d/(d-2)) (bloc97 2023, "NTK-Aware
-    Scaled RoPE"; transformers' "dynamic" without the growth)."""
-    s = scaling["factor"]
-    return _default_freq(head_dim, base * s ** (head_dim / (head_dim - 2))), 1.0
-
-
-def _rope_dynamic(head_dim, base, scaling, seq_len):
-    """Dynamic NTK (HF "dynamic"): NTK base grown for the current length once it exceeds L.
-
-    b' = b * (s * T / L - (s - 1))^(d/(d-2)) with T = max(seq_len, L), so sequences within the
-    original context L use the unscaled frequencies.
-    """
-    s, original = scaling["factor"], scaling["original_max_position_embeddings"]
-    t = max(seq_len or original, original)
-    return _default_freq(
-        head_dim, base * (s * t / original - (s - 1)) ** (head_dim / (head_dim - 2))
-    ), 1.0
-
-
 def yarn_mscale(s: float, mscale: float = 1.0) -> float:
     """YaRN attention temperature 0.1 * mscale * ln(s) + 1 (1.0 for s <= 1), folded into cos/sin."""
     return 1.0 if s <= 1 else 0.1 * mscale * math.log(s) + 1.0
 
 
-def _rope_yarn(head_dim, base, scaling, seq_len):
+def _yarn(freq: torch.Tensor, head_dim: int, base: float, scaling: dict):
     """YaRN (Peng et al. 2023, arXiv:2309.00071): planes that turn more than beta_fast times over
     the original context L keep their frequency, planes turning fewer than beta_slow times are
     interpolated (divided by s), with a linear ramp in plane index between the two correction dims
@@ -132,35 +102,30 @@ def _rope_yarn(head_dim, base, scaling, seq_len):
         high += 0.001  # avoid dividing by zero in the ramp
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # 1: high-frequency plane kept as is; 0: interpolated
-    freq = _default_freq(head_dim, base)
     return freq / s * (1 - keep) + freq * keep, float(attention_factor)
 
 
-def _rope_llama3(head_dim, base, scaling, seq_len):
+def _llama3(freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama 3.1: wavelengths above L/low_freq_factor are divided by s, below L/high_freq_factor
     kept, and smoothly interpolated in between."""
     s, original = scaling["factor"], scaling["original_max_position_embeddings"]
     low_factor, high_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    freq = _default_freq(head_dim, base)
     wavelen = 2 * math.pi / freq
     scaled = torch.where(wavelen > original / low_factor, freq / s, freq)
     smooth = (original / wavelen - low_factor) / (high_factor - low_factor)
     smoothed = (1 - smooth) * scaled / s + smooth * scaled
     medium = (wavelen >= original / high_factor) & (wavelen <= original / low_factor)
-    return torch.where(medium, smoothed, scaled), 1.0
+    return torch.where(medium, smoothed, scaled)
 
 
-# rope_scaling["rope_type"] -> (function, keys it requires). Hugging Face names, plus "ntk".
-ROPE_SCALINGS: dict[str, tuple[Callable, tuple[str, ...]]] = {
-    "default": (_rope_default, ()),
-    "linear": (_rope_linear, ("factor",)),
-    "ntk": (_rope_ntk, ("factor",)),
-    "dynamic": (_rope_dynamic, ("factor", "original_max_position_embeddings")),
-    "yarn": (_rope_yarn, ("factor", "original_max_position_embeddings")),
-    "llama3": (
-        _rope_llama3,
-        ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
-    ),
+# rope_scaling["rope_type"] -> the keys it requires. Hugging Face names, plus "ntk".
+ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "ntk": ("factor",),
+    "dynamic": ("factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
 }
 
 
@@ -176,7 +141,7 @@ def check_rope_scaling(scaling: dict | None) -> None:
         raise ConfigError(
             f"unknown rope_scaling type {kind!r}; supported: {', '.join(ROPE_SCALINGS)}"
         )
-    if missing := [k for k in ROPE_SCALINGS[kind][1] if (scaling or {}).get(k) is None]:
+    if missing := [k for k in ROPE_SCALINGS[kind] if (scaling or {}).get(k) is None]:
         raise ConfigError(f"rope_scaling type {kind!r} needs {', '.join(missing)}")
 
 
@@ -190,9 +155,25 @@ def rope_inv_freq(
     only matters for "dynamic".
     """
     check_rope_scaling(scaling)
-    fn = ROPE_SCALINGS[rope_scaling_type(scaling)][0]
-    inv_freq, mscale = fn(head_dim, base, scaling or {}, seq_len)
-    return inv_freq.float(), mscale
+    kind, scaling = rope_scaling_type(scaling), scaling or {}
+    s, original = scaling.get("factor"), scaling.get("original_max_position_embeddings")
+    if kind == "ntk":
+        # static NTK-aware scaling: a larger base b' = b * s^(d/(d-2)) (bloc97 2023, "NTK-Aware
+        # Scaled RoPE"; transformers' "dynamic" without the growth)
+        base = base * s ** (head_dim / (head_dim - 2))
+    elif kind == "dynamic":
+        # dynamic NTK (HF "dynamic"): the NTK base grown for the current length T once it exceeds
+        # L, b' = b * (s * T / L - (s - 1))^(d/(d-2)), so sequences within L are unscaled
+        t = max(seq_len or original, original)
+        base = base * (s * t / original - (s - 1)) ** (head_dim / (head_dim - 2))
+    freq, mscale = _default_freq(head_dim, base), 1.0
+    if kind == "linear":  # position interpolation: every frequency divided by s
+        freq = freq / s
+    elif kind == "yarn":
+        freq, mscale = _yarn(freq, head_dim, base, scaling)
+    elif kind == "llama3":
+        freq = _llama3(freq, scaling)
+    return freq.float(), mscale
 
 
 class RotaryEmbedding(nn.Module):
