@@ -34,7 +34,9 @@ def _model_args(p, dtype: bool = False, **checkpoint) -> None:
 
 
 def _suite_args(p, name: str) -> None:
-    """What the benchmark suites (core, chat) share besides the checkpoint."""
+    """What the benchmark suites (core, chat) share: the checkpoint in --dtype, --max-per-task
+    and --json."""
+    _model_args(p, dtype=True)
     p.add_argument("--max-per-task", type=int, default=None, help="examples per task")
     p.add_argument("--json", default=None, help=f"write results, centered and {name} as JSON")
 
@@ -78,7 +80,6 @@ def register(sub) -> None:
     hal.set_defaults(func=run_hallucination)
 
     core = esub.add_parser("core", help="CORE metric (DCLM's 22 ICL tasks, nanochat's protocol)")
-    _model_args(core, dtype=True)
     _suite_args(core, "core")
     core.add_argument(
         "--data", default=None,
@@ -89,7 +90,6 @@ def register(sub) -> None:
     core.set_defaults(func=run_core)
 
     chat = esub.add_parser("chat", help="ChatCORE: ARC-Easy/Challenge letters, GSM8K pass@1")
-    _model_args(chat, dtype=True)
     _suite_args(chat, "chatcore")
     chat.add_argument("--tasks", default=None, help="ARC-Easy,ARC-Challenge,GSM8K (default all)")
     chat.add_argument("--data", default=str(shared_data_dir() / "core"), help="ARC files' folder")
@@ -108,13 +108,15 @@ def _load_lm(args, task: str = "evaluation"):
     return lm
 
 
-def _save_report(args, fill) -> None:
-    from lmforge.eval.report import Report
+def _save_report(args, task: str, rows: list[tuple[str, float, dict]]) -> None:
+    """With --out, write the report of `task`'s (metric, value, settings) rows there."""
+    from lmforge.eval.report import Report, ResultRow
 
-    report = Report(Path(args.checkpoint).name)
-    fill(report)
     if args.out:
-        report.save(args.out)
+        results = [
+            ResultRow(task, metric, float(value), settings) for metric, value, settings in rows
+        ]
+        Report(Path(args.checkpoint).name, results).save(args.out)
         print(f"report -> {args.out}/report.md, report.json, report.png")
 
 
@@ -147,7 +149,7 @@ def run_gsm8k(args) -> int:
         lm, rows, args.shots, args.cot, args.max_new_tokens, args.batch_size, progress=True
     )
     print(result)
-    _save_report(args, lambda r: r.add("gsm8k", "accuracy", result.accuracy, **result.settings))
+    _save_report(args, "gsm8k", [("accuracy", result.accuracy, result.settings)])
     return 0
 
 
@@ -158,12 +160,10 @@ def run_choice(args) -> int:
     acc, acc_norm = evaluate_choices(_load_lm(args), rows, progress=True)
     print(acc)
     print(acc_norm)
-
-    def fill(report):
-        report.add("choice", "acc", acc.accuracy, data=Path(args.data).name)
-        report.add("choice", "acc_norm", acc_norm.accuracy, data=Path(args.data).name)
-
-    _save_report(args, fill)
+    data = {"data": Path(args.data).name}
+    _save_report(
+        args, "choice", [("acc", acc.accuracy, data), ("acc_norm", acc_norm.accuracy, data)]
+    )
     return 0
 
 
@@ -173,9 +173,8 @@ def run_sycophancy(args) -> int:
     statements = FALSE_STATEMENTS[: args.limit] if args.limit else FALSE_STATEMENTS
     result = evaluate_sycophancy(_load_lm(args), statements, args.method)
     print(result)
-    _save_report(
-        args, lambda r: r.add("sycophancy", "agreement", result.agreement_rate, method=args.method)
-    )
+    method = {"method": args.method}
+    _save_report(args, "sycophancy", [("agreement", result.agreement_rate, method)])
     return 0
 
 
@@ -204,12 +203,8 @@ def run_hallucination(args) -> int:
         print(
             f"{row.setting:22} rag={str(row.rag):5} hallucination rate {row.rate:.4f} (n={row.n})"
         )
-
-    def fill(report):
-        for row in results:
-            report.add("hallucination", "rate", row.rate, setting=row.setting, rag=row.rag)
-
-    _save_report(args, fill)
+    rates = [("rate", row.rate, {"setting": row.setting, "rag": row.rag}) for row in results]
+    _save_report(args, "hallucination", rates)
     return 0
 
 
