@@ -36,10 +36,10 @@ CHUNK_ELEMENTS = 1 << 24
 # ----------------------------------------------------------------------------- log-probs, masks
 
 
-def _check_aligned(logits: Tensor, labels: Tensor) -> None:
-    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
-        shapes = f"{tuple(logits.shape)} and {tuple(labels.shape)}"
-        raise LMForgeError(f"logits must be [B, T, V] and labels [B, T]; got {shapes}")
+def _check_aligned(x: Tensor, labels: Tensor, what: str = "logits must be [B, T, V]") -> None:
+    if x.dim() != 3 or labels.shape != x.shape[:2]:
+        shapes = f"{tuple(x.shape)} and {tuple(labels.shape)}"
+        raise LMForgeError(f"{what} and labels [B, T]; got {shapes}")
 
 
 def token_logprobs(logits: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
@@ -72,11 +72,8 @@ def sequence_logprobs(
     log-prob of SimPO, ORPO and CPO's ipo).
     """
     lp = token_logprobs(logits, labels, ignore_index)
-    if mask is None:
-        mask = labels != ignore_index
-    mask = mask.to(lp.dtype)
-    total = (lp * mask).sum(-1)
-    return total / mask.sum(-1).clamp_min(1) if average else total
+    mask = labels != ignore_index if mask is None else mask
+    return masked_mean(lp, mask, -1) if average else (lp * mask).sum(-1)
 
 
 def last_index(mask: Tensor) -> Tensor:
@@ -88,27 +85,21 @@ def last_index(mask: Tensor) -> Tensor:
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over positions where ``mask`` is nonzero (weighted by mask); 0 if none are."""
     mask = mask.to(x.dtype)
-    num = (x * mask).sum() if dim is None else (x * mask).sum(dim)
-    den = mask.sum() if dim is None else mask.sum(dim)
+    num, den = (x * mask).sum(dim), mask.sum(dim)
     return torch.where(den > 0, num / den.clamp_min(torch.finfo(x.dtype).tiny), num * 0)
 
 
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of ``x`` over masked positions (Bessel-corrected like TRL when ``unbiased``)."""
-    var = masked_mean((x - masked_mean(x, mask)) ** 2, mask)
-    n = mask.to(x.dtype).sum()
-    if unbiased and n > 1:
-        var = var * n / (n - 1)
-    return var
-
-
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """(x - mean) / std with statistics from masked positions only (PPO advantage whitening).
+    """(x - mean) / std with statistics from masked positions only (PPO advantage whitening); the
+    variance is Bessel-corrected like TRL's.
 
     Unmasked positions are transformed too but do not influence the statistics. With
     ``shift_mean=False`` the mean is added back (TRL uses this for rewards).
     """
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    mean = masked_mean(x, mask)
+    var, n = masked_mean((x - mean) ** 2, mask), mask.to(x.dtype).sum()
+    if n > 1:
+        var = var * n / (n - 1)
     out = (x - mean) * torch.rsqrt(var + eps)
     return out if shift_mean else out + mean
 
@@ -139,10 +130,9 @@ def sft_loss(
 # ----------------------------------------------------------------------------- chunked LM head
 
 
-def chunk_tokens(vocab_size: int, elements: int | None = None) -> int:
-    """Tokens per chunk so that one chunk's logits hold about `elements` (default
-    `CHUNK_ELEMENTS`) numbers."""
-    return max(1, (elements or CHUNK_ELEMENTS) // max(1, vocab_size))
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk so that one chunk's logits hold about `CHUNK_ELEMENTS` numbers."""
+    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
 def map_token_chunks(
@@ -244,9 +234,7 @@ def head_token_stats(
     `hidden` [B, T, d] is whatever `head` takes (a final-normed hidden state for an LM head);
     the per-token values equal those of `token_logprobs` / `entropy_from_logits` on the full
     logits, and so do their gradients (tests/align/test_chunked_head.py)."""
-    if hidden.dim() != 3 or labels.shape != hidden.shape[:2]:
-        shapes = f"{tuple(hidden.shape)} and {tuple(labels.shape)}"
-        raise LMForgeError(f"hidden must be [B, T, d] and labels [B, T]; got {shapes}")
+    _check_aligned(hidden, labels, "hidden must be [B, T, d]")
     b, t, d = hidden.shape
     valid = labels != ignore_index
     safe = torch.where(valid, labels, torch.zeros_like(labels)).reshape(-1)
@@ -261,22 +249,17 @@ def head_token_stats(
             out.append(logits.mean(-1) - lse)
         return tuple(out)
 
+    flat = hidden.reshape(-1, d)
+    if chunk is None:  # the vocabulary size, from one row's logits
+        with torch.no_grad():
+            chunk = chunk_tokens(head(flat[:1]).shape[-1] if b * t else 1)
     fused = isinstance(head, LinearHead) and not (entropy or mean_logp) and head.fusable()
-    if chunk is None:
-        if fused:
-            vocab = head.linear.weight.shape[0]
-        else:
-            with torch.no_grad():
-                vocab = head(hidden.reshape(-1, d)[:1]).shape[-1] if b * t else 1
-        chunk = chunk_tokens(vocab)
     if fused and b * t:
-        flat = hidden.reshape(-1, d)
-        if head.scale != 1.0:
-            flat = flat * head.scale
         linear = head.linear
+        flat = flat * head.scale if head.scale != 1.0 else flat
         logp = HeadLogprobs.apply(flat, linear.weight, linear.bias, safe, head.temperature, chunk)
         return TokenStats(logp.view(b, t) * valid, None, None)
-    outs = list(map_token_chunks(stats, [hidden.reshape(-1, d), safe], chunk))
+    outs = list(map_token_chunks(stats, [flat, safe], chunk))
     logp = outs.pop(0).view(b, t) * valid
     ent = outs.pop(0).view(b, t) if entropy else None
     mean = outs.pop(0).view(b, t) if mean_logp else None
@@ -319,26 +302,22 @@ def lm_head_fn(model: nn.Module, temperature: float = 1.0) -> Callable[[Tensor],
 
 
 def lm_token_stats(model: nn.Module, input_ids: Tensor, labels: Tensor,
-                   attention_mask: Tensor | None = None, start: int = 1,
-                   temperature: float = 1.0, **stats) -> TokenStats:  # fmt: skip
-    """`TokenStats` [B, T - start] of the tokens ``labels[:, start:]`` (HF-style, unshifted:
+                   attention_mask: Tensor | None = None, **stats) -> TokenStats:  # fmt: skip
+    """`TokenStats` [B, T - 1] of the tokens ``labels[:, 1:]`` (HF-style, unshifted:
     ``labels[:, t]`` is predicted at position t-1; ``ignore_index`` marks tokens that do not
     count) under `model` (anything with `hidden_states`, `norm` and `lm_head`, as lmforge's
     Transformer), with the LM head applied a chunk of tokens at a time (`stats`:
     head_token_stats' ignore_index, entropy, mean_logp)."""
-    h = model.hidden_states(input_ids, attention_mask)[:, start - 1 : -1]
-    return final_head_stats(model, h, labels[:, start:], temperature, **stats)
+    h = model.hidden_states(input_ids, attention_mask)[:, :-1]
+    return final_head_stats(model, h, labels[:, 1:], **stats)
 
 
-def final_head_stats(model: nn.Module, hidden: Tensor, labels: Tensor, temperature: float = 1.0,
-                     **stats) -> TokenStats:  # fmt: skip
+def final_head_stats(model: nn.Module, hidden: Tensor, labels: Tensor, **stats) -> TokenStats:
     """`TokenStats` of `labels` [B, T] from `model`'s last hidden states [B, T, d] (before its
     final norm; position t predicts ``labels[:, t]``): the final norm and the LM head, a chunk of
     tokens at a time (`stats`: head_token_stats' ignore_index, entropy, mean_logp)."""
-    head = lm_head_fn(model, temperature)
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    chunk = chunk_tokens(vocab) if vocab else None
-    return head_token_stats(lambda x: head(model.norm(x)), hidden, labels, chunk=chunk, **stats)
+    head = lm_head_fn(model)
+    return head_token_stats(lambda x: head(model.norm(x)), hidden, labels, **stats)
 
 
 def lm_sequence_logprobs(
@@ -351,10 +330,8 @@ def lm_sequence_logprobs(
 ) -> Tensor:
     """`sequence_logprobs` of ``labels`` (HF-style, unshifted) under `model` -> [B], through the
     chunked LM head."""
-    stats = lm_token_stats(model, input_ids, labels, attention_mask, ignore_index=ignore_index)
-    mask = (labels[:, 1:] != ignore_index).to(stats.logp.dtype)
-    total = (stats.logp * mask).sum(-1)
-    return total / mask.sum(-1).clamp_min(1) if average else total
+    logp = lm_token_stats(model, input_ids, labels, attention_mask, ignore_index=ignore_index).logp
+    return masked_mean(logp, labels[:, 1:] != ignore_index, -1) if average else logp.sum(-1)
 
 
 def nll_from_stats(stats: TokenStats, mask: Tensor, label_smoothing: float = 0.0) -> Tensor:
