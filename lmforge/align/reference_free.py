@@ -15,11 +15,9 @@ metrics are `dpo.PreferenceTrainer`'s; the implicit reward is β·log-prob as TR
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from lmforge.align import data as D
 from lmforge.align.dpo import PreferenceConfig, PreferenceTrainer
-from lmforge.align.logprobs import TokenStats, lm_token_stats, nll_from_stats
+from lmforge.align.logprobs import TokenStats, lm_token_stats, masked_mean, nll_from_stats
 from lmforge.align.preference_losses import CPO_LOSS_TYPES, cpo_loss, orpo_loss
 from lmforge.errors import ConfigError, require_choice
 from lmforge.train.config import run_config
@@ -60,12 +58,6 @@ class SimPOConfig(PreferenceConfig):
                               f"{self.cpo_alpha}, {self.label_smoothing}")  # fmt: skip
 
 
-def completion_mean(logp: Tensor, labels: Tensor) -> Tensor:
-    """Mean per-token log-prob [B, T-1] over each row's completion tokens (HF-style labels)."""
-    mask = (labels[:, 1:] != D.IGNORE).to(logp.dtype)
-    return (logp * mask).sum(-1) / mask.sum(-1).clamp_min(1)
-
-
 class ORPOTrainer(PreferenceTrainer):
     """ORPO: SFT on the chosen responses plus an odds-ratio preference term, no reference."""
 
@@ -78,7 +70,7 @@ class ORPOTrainer(PreferenceTrainer):
         # rows' prompt too (attention mask), the odds ratio only completions (labels)
         real = ids.masked_fill(batch["attention_mask"] == 0, D.IGNORE)
         stats = lm_token_stats(self.lm.model, ids, real)
-        avg = completion_mean(stats.logp, batch["labels"])
+        avg = masked_mean(stats.logp, batch["labels"][:, 1:] != D.IGNORE, -1)  # completions
         nll = nll_from_stats(TokenStats(stats.logp[:n], None, None), real[:n, 1:] != D.IGNORE)
         loss, _ = orpo_loss(avg[:n], avg[n:], nll, self.cfg.beta)
         rewards = (self.cfg.beta * avg).detach()
@@ -97,7 +89,7 @@ class SimPOTrainer(PreferenceTrainer):
         stats = lm_token_stats(self.lm.model, batch["input_ids"], labels)
         # SimPO and IPO compare length-averaged log-probs, CPO and hinge summed ones (as TRL)
         if cfg.loss_type in ("simpo", "ipo"):
-            lp = completion_mean(stats.logp, labels)
+            lp = masked_mean(stats.logp, labels[:, 1:] != D.IGNORE, -1)
         else:
             lp = stats.logp.sum(-1)  # 0 on prompt and padding tokens
         loss = cpo_loss(lp[:n], lp[n:], cfg.beta, cfg.loss_type, cfg.label_smoothing,
