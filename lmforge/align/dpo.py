@@ -25,7 +25,7 @@ from lmforge.align import data as D
 from lmforge.align.logprobs import final_head_stats
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig
-from lmforge.align.reward import PAIR_SOURCES, PairSourceConfig, data_pairs
+from lmforge.align.reward import PairSourceConfig, pair_loader
 from lmforge.align.sft import GreedyEvalConfig, generation_records, greedy_accuracy
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, require_choice
@@ -96,24 +96,20 @@ class PreferenceTrainer(AlignTrainer, abc.ABC):
 
     curves = [("train", "loss"), ("eval", "loss"), ("train", "accuracy"), ("eval", "accuracy"),
               ("train", "margin"), ("eval", "margin")]  # fmt: skip
+    collate_rows = staticmethod(D.collate_preferences)  # chosen rows, then rejected: [2B, T]
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.load_examples(self.load_pairs)
+        self.load_examples(pair_loader(self))
         self.setup_reference()  # before PEFT wraps the policy: π_ref is the starting model
         apply_peft(self.lm.model, cfg.peft)
-
-    load_pairs = data_pairs  # `load_examples`' loader: the pairs as `source` writes them
 
     def setup_reference(self) -> None:
         """Build what scores the pairs under a reference model (none here)."""
 
-    def batch(self, indices: list[int]) -> dict[str, Tensor]:
-        return self.collate([self.train_examples[i] for i in indices], D.collate_preferences)
-
     def eval_batch(self, start: int, stop: int) -> dict[str, Tensor]:
         """The held-out pairs start..stop as one batch."""
-        return self.collate(self.eval_examples[start:stop], D.collate_preferences)
+        return self.collate(self.eval_examples[start:stop])
 
     @abc.abstractmethod
     def pair_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -145,9 +141,6 @@ class DPOTrainer(PreferenceTrainer):
     def setup(self) -> None:
         super().setup()
         self.eval_records = generation_records(self.cfg)
-
-    def load_pairs(self, source, **kw) -> D.Dataset:
-        return PAIR_SOURCES[self.cfg.pairs.pairs_from](self, source, **kw)
 
     def evaluate(self) -> dict[str, float]:
         result = super().evaluate()
@@ -188,8 +181,7 @@ class DPOTrainer(PreferenceTrainer):
 
     def _ref_logps(self, examples) -> Tensor:
         """[N, 2] reference log-probs (chosen, rejected) for every pair."""
-        batches = (self.collate(examples[i : i + 64], D.collate_preferences)
-                   for i in range(0, len(examples), 64))  # fmt: skip
+        batches = (self.collate(examples[i : i + 64]) for i in range(0, len(examples), 64))
         return torch.cat([self.reference_logprobs(b) for b in batches])
 
     def batch(self, indices):

@@ -86,8 +86,7 @@ class KTOTrainer(AlignTrainer):
 
     def setup(self) -> None:
         cfg: KTOConfig = self.cfg
-        self.load_examples(lambda src, **kw: D.load_unpaired(
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
+        self.load_examples(D.load_unpaired)
         n_good = sum(e.desirable for e in self.train_examples)
         n_bad = len(self.train_examples) - n_good
         if n_good == 0 or n_bad == 0:

@@ -81,15 +81,11 @@ class SFTTrainer(AlignTrainer):
             raise ConfigError(
                 f"max_len={cfg.max_len} exceeds max_seq_len={self.lm.config.max_seq_len}"
             )
-        self.load_examples(lambda src, **kw: D.load_sft(
-            src, self.tokenizer, cfg.max_len, add_bos=cfg.add_bos, **kw))  # fmt: skip
+        self.load_examples(D.load_sft)
         if cfg.packing:
             self.train_examples = D.pack_sft(self.train_examples, cfg.max_len)
         self.eval_records = generation_records(cfg)
         self.peft_names = apply_peft(self.lm.model, cfg.peft)
-
-    def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        return self.collate([self.train_examples[i] for i in indices])
 
     def loss(self, batch):
         # Right padding: causal attention never lets a real token see the padding after it,

@@ -205,25 +205,29 @@ class AlignTrainer(Trainer, ABC):
         return len(self.train_examples)
 
     def load_examples(self, loader: Callable[..., D.Dataset]) -> None:
-        """Set train_examples / eval_examples from `loader(source, skip_invalid=, n=, seed=[,
-        split=])` on cfg.data, held out as `split_dataset` says; skipped records are logged."""
+        """Set train_examples / eval_examples from `loader(source, tokenizer, max_len,
+        skip_invalid, add_bos, n=, seed=[, split=])` (as `data.load_sft`) on cfg.data, held out
+        as `split_dataset` says; skipped records are logged."""
         cfg = self.cfg
-        train = loader(cfg.data, skip_invalid=cfg.skip_invalid, n=cfg.n_train, seed=cfg.seed)
+        args = (self.tokenizer, cfg.max_len, cfg.skip_invalid, cfg.add_bos)
+        train = loader(cfg.data, *args, n=cfg.n_train, seed=cfg.seed)
         if train.skipped:
             self.log(f"skipped {train.skipped} invalid records (first: {train.reasons[0]})")
-        self.train_examples, self.eval_examples = split_dataset(
-            train.examples, cfg, lambda src, split: loader(
-                src, skip_invalid=cfg.skip_invalid, n=cfg.n_eval, seed=cfg.seed + 1, split=split
-            ).examples
-        )  # fmt: skip
 
-    def collate(self, rows: list, collate=D.collate_sft) -> dict[str, Tensor]:
-        """`collate(rows, pad_id)` (SFT rows by default) moved to the training device."""
-        return {k: v.to(self.device) for k, v in collate(rows, self.pad_id).items()}
+        def load_eval(source: str, split: str) -> list:
+            return loader(source, *args, n=cfg.n_eval, seed=cfg.seed + 1, split=split).examples
 
-    @abstractmethod
+        self.train_examples, self.eval_examples = split_dataset(train.examples, cfg, load_eval)
+
+    collate_rows = staticmethod(D.collate_sft)  # pairwise trainers: D.collate_preferences
+
+    def collate(self, rows: list) -> dict[str, Tensor]:
+        """`collate_rows(rows, pad_id)` moved to the training device."""
+        return {k: v.to(self.device) for k, v in self.collate_rows(rows, self.pad_id).items()}
+
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """The collated training batch for these example indices (on self.device)."""
+        return self.collate([self.train_examples[i] for i in indices])
 
     @abstractmethod
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
