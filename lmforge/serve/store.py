@@ -38,8 +38,8 @@ class ConversationStore:
     def __init__(self, path: str | Path = ":memory:"):
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             self.path = str(Path(self.path).expanduser())
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
             self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -49,6 +49,7 @@ class ConversationStore:
             raise ConfigError(
                 f"--history {self.path}: not a usable SQLite database ({err})"
             ) from None
+        self.db.row_factory = sqlite3.Row  # rows convert to {column: value} dicts
         self.lock = threading.Lock()
 
     def close(self) -> None:
@@ -58,21 +59,14 @@ class ConversationStore:
     def list(self) -> list[dict[str, Any]]:
         """Every conversation's id, title and times, most recently updated first."""
         with self.lock:
-            rows = self.db.execute(
-                "SELECT id, title, created, updated FROM conversations ORDER BY updated DESC"
-            ).fetchall()
-        return [{"id": i, "title": t, "created": c, "updated": u} for i, t, c, u in rows]
+            query = "SELECT id, title, created, updated FROM conversations ORDER BY updated DESC"
+            return [dict(row) for row in self.db.execute(query)]
 
     def get(self, conversation_id: str) -> dict[str, Any] | None:
         with self.lock:
-            row = self.db.execute(
-                "SELECT id, title, created, updated, data FROM conversations WHERE id = ?",
-                (conversation_id,),
-            ).fetchone()
-        if row is None:
-            return None
-        i, t, c, u, data = row
-        return {"id": i, "title": t, "created": c, "updated": u, "data": json.loads(data)}
+            query = "SELECT id, title, created, updated, data FROM conversations WHERE id = ?"
+            row = self.db.execute(query, (conversation_id,)).fetchone()
+        return None if row is None else {**dict(row), "data": json.loads(row["data"])}
 
     def save(
         self,
@@ -87,20 +81,14 @@ class ConversationStore:
         now = updated or time.time()
         cid = conversation_id or uuid.uuid4().hex
         text = json.dumps(data, ensure_ascii=False)
-        with self.lock:
+        with self.lock, self.db:  # the connection commits the transaction, or rolls it back
             self.db.execute("BEGIN IMMEDIATE")
-            try:
-                old = self.db.execute("SELECT created FROM conversations WHERE id = ?",
-                                      (cid,)).fetchone()  # fmt: skip
-                born = old[0] if old else (created or now)
-                self.db.execute(
-                    "INSERT OR REPLACE INTO conversations (id, title, created, updated, data) "
-                    "VALUES (?, ?, ?, ?, ?)", (cid, title, born, now, text),
-                )  # fmt: skip
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+            old = self.db.execute("SELECT created FROM conversations WHERE id = ?", (cid,))
+            born = next((row["created"] for row in old), created or now)
+            self.db.execute(
+                "INSERT OR REPLACE INTO conversations (id, title, created, updated, data) "
+                "VALUES (?, ?, ?, ?, ?)", (cid, title, born, now, text),
+            )  # fmt: skip
         return {"id": cid, "title": title, "created": born, "updated": now}
 
     def delete(self, conversation_id: str) -> bool:
