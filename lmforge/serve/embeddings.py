@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +26,20 @@ class HiddenStateEmbedder:
 
     def __init__(self, model, tokenizer, max_len: int):
         self.model, self.tokenizer, self.max_len = model, tokenizer, max_len
-        self.dim = model.config.d_model
         self._lock = threading.Lock()  # one forward at a time beside the engine's
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.tokenizer.encode(t) for t in texts]
-
-    def embed_ids(self, ids: list[list[int]]) -> torch.Tensor:
+    def embed(self, inputs: list[str] | list[list[int]]) -> tuple[torch.Tensor, int]:
+        """(vectors, tokens embedded) for texts or token-id lists."""
+        ids = [self.tokenizer.encode(x) if isinstance(x, str) else x for x in inputs]
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for row in ids for t in row):
+            raise ConfigError(f"input token ids must be in [0, {vocab})")
         for i, row in enumerate(ids):
             if not row:
                 raise ConfigError(f"input[{i}] is empty")
             if len(row) > self.max_len:
                 raise ConfigError(f"input[{i}] has {len(row)} tokens; the limit is {self.max_len}")
-        out = torch.empty(len(ids), self.dim)
+        out = torch.empty(len(ids), self.model.config.d_model)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         with self._lock, torch.inference_mode():
             for start in range(0, len(order), BATCH):
@@ -49,7 +49,7 @@ class HiddenStateEmbedder:
                 h = self.model.norm(self.model.hidden_states(batch.to(device))).float().cpu()
                 pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
                 out[rows] = F.normalize(pooled, dim=-1)
-        return out
+        return out, sum(map(len, ids))
 
 
 class SentenceEmbedder:
@@ -59,41 +59,23 @@ class SentenceEmbedder:
         from lmforge.retrieval.encoder import SentenceEncoder
 
         self.encoder = SentenceEncoder.load(name_or_path)
-        self.tokenizer, self.dim = self.encoder.tokenizer, self.encoder.dim
         self._lock = threading.Lock()
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
-
-    def embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
+    def embed(self, inputs: list[str] | list[list[int]]) -> tuple[torch.Tensor, int]:
+        """(vectors, tokens embedded) for texts."""
+        if not all(isinstance(x, str) for x in inputs):
+            raise ConfigError("input token ids need the served model: not with --embedding-model")
+        tokens = sum(len(e.ids) for e in self.encoder.tokenizer.encode_batch(inputs))
         with self._lock:
-            return self.encoder.encode(list(texts), batch_size=BATCH)
+            return self.encoder.encode(inputs, batch_size=BATCH), tokens
 
 
 def embed(embedder, inputs: str | list, encoding_format: str = "float"):
     """(the OpenAI `data` list, prompt token count) for a request's `input`: a text, a list of
     texts, or token ids (a list of ints, or a list of those: the served model only)."""
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if not inputs:
-        raise ConfigError("input is empty")
-    if all(isinstance(x, int) for x in inputs):
-        inputs = [inputs]
-    if all(isinstance(x, str) for x in inputs):
-        ids = embedder.tokenize(inputs)
-        if isinstance(embedder, SentenceEmbedder):
-            vectors = embedder.embed_texts(inputs)
-        else:
-            vectors = embedder.embed_ids(ids)
-    elif all(isinstance(x, list) for x in inputs) and isinstance(embedder, HiddenStateEmbedder):
-        ids = inputs
-        vocab = embedder.model.config.vocab_size
-        if any(not 0 <= t < vocab for row in ids for t in row):
-            raise ConfigError(f"input token ids must be in [0, {vocab})")
-        vectors = embedder.embed_ids(ids)
-    else:
-        raise ConfigError("input must be a text, a list of texts, or token ids (token ids only "
-                          "without --embedding-model)")  # fmt: skip
+    if isinstance(inputs, str) or all(isinstance(x, int) for x in inputs):
+        inputs = [inputs]  # one text, or one token-id list
+    vectors, tokens = embedder.embed(inputs)
     data = []
     for i, v in enumerate(vectors):
         if encoding_format == "base64":
@@ -101,4 +83,4 @@ def embed(embedder, inputs: str | list, encoding_format: str = "float"):
         else:
             value = v.tolist()
         data.append({"object": "embedding", "index": i, "embedding": value})
-    return data, sum(len(r) for r in ids)
+    return data, tokens
