@@ -69,11 +69,5 @@ def perplexity(
         pos = end
     tokens = len(ids) - 1
     n_bytes = int(target_bytes(data[1:], torch.as_tensor(token_bytes, dtype=torch.long)))
-    mean = total_nll / tokens
-    return PerplexityResult(
-        nll=mean,
-        perplexity=math.exp(min(mean, 700.0)),
-        bits_per_byte=bits_per_byte(total_nll, n_bytes),
-        tokens=tokens,
-        bytes=n_bytes,
-    )
+    mean, bpb = total_nll / tokens, bits_per_byte(total_nll, n_bytes)
+    return PerplexityResult(mean, math.exp(min(mean, 700.0)), bpb, tokens, n_bytes)
