@@ -23,10 +23,6 @@ class EngineFailure(RuntimeError):
     """A step raised; the requests that were running get this instead of more tokens."""
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
 def sse(data) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
@@ -37,7 +33,7 @@ class _Format:
     def __init__(self, tokenizer, model: str, prompt_tokens: int, top_logprobs: int | None):
         self.tok, self.model, self.prompt_tokens = tokenizer, model, prompt_tokens
         self.top = top_logprobs
-        self.id, self.created = new_id(self.prefix), int(time.time())
+        self.id, self.created = f"{self.prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
         self.offsets: dict[int, int] = {}  # text offset per choice (completions logprobs)
 
     def head(self, obj: str) -> dict:
