@@ -36,6 +36,9 @@ def _linear(m: dict, ours: str, hf: str, bias: bool, transform: str = "copy") ->
         m[f"{ours}.bias"] = Rule((f"{hf}.bias",))
 
 
+ANY = None  # in a family's `needs`: a field it writes whatever its value
+
+
 class Family:
     """Base class: subclasses set the names and override the parts that differ."""
 
@@ -45,6 +48,8 @@ class Family:
     # parts of our model that transformers does not hold as nn.Linear modules, so a LoRA on them
     # has no Hugging Face PEFT name (e.g. Mixtral's experts are fused 3-D parameters there)
     no_lora_modules: tuple[str, ...] = ()
+    # ModelConfig field -> the values this family can write (fields not listed: any value)
+    needs: dict[str, tuple | None] = {}
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{self.model_type}: no config mapping")  # every family overrides
@@ -57,7 +62,7 @@ class Family:
 
     def export_problems(self, config: ModelConfig) -> list[str]:
         """Why `config` cannot be written as this family (empty list: it can)."""
-        return []
+        return unmet_needs(self.needs, config)
 
     def normalize_keys(self, keys: list[str]) -> dict[str, str]:
         """Map the file's tensor names to canonical ones (identity unless a family has aliases)."""
@@ -82,6 +87,10 @@ class Llama(Family):
 
     model_type, architecture = "llama", "LlamaForCausalLM"
     default_theta = 10000.0
+    needs = {"pos": ("rope",), "norm": ("rmsnorm",), "bias": (False,),
+             "mlp": ("swiglu", "geglu", "geglu_tanh"), "qk_norm": (False,),
+             "sliding_window": (None,), "lm_head_bias": (False,)}  # fmt: skip
+    one_attention_bias = True  # config.json's attention_bias covers q/k/v and o_proj alike
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         n_head = hf["num_attention_heads"]
@@ -124,21 +133,9 @@ class Llama(Family):
         return {**hf, **rope_to_hf(config)}
 
     def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = []
-        if config.pos != "rope":
-            problems.append(f"pos={config.pos!r} (needs rope)")
-        if config.norm != "rmsnorm" or config.bias:
-            problems.append("needs RMSNorm without bias")
-        if config.mlp not in _GLU_ACTS_BACK or config.mlp == "moe":
-            problems.append(f"mlp={config.mlp!r} (needs swiglu, geglu or geglu_tanh)")
-        if config.qk_norm:
-            problems.append("qk_norm")
-        if config.attention_bias != config.attention_out_bias:
-            problems.append("q/k/v and o_proj biases differ (Llama has one attention_bias)")
-        if config.sliding_window is not None:
-            problems.append("sliding_window (Llama has none)")
-        if config.lm_head_bias:
-            problems.append("lm_head_bias")
+        problems = super().export_problems(config)
+        if self.one_attention_bias and config.attention_bias != config.attention_out_bias:
+            problems.append("q/k/v and o_proj biases differ (config.json has one attention_bias)")
         return problems
 
     def key_map(self, config: ModelConfig) -> dict[str, Rule]:
@@ -171,6 +168,7 @@ class Mistral(Llama):
     """Llama plus a sliding attention window; no biases."""
 
     model_type, architecture = "mistral", "MistralForCausalLM"
+    needs = {**Llama.needs, "sliding_window": ANY, "attention_bias": (False,), "mlp_bias": (False,)}
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         return {**super().config_from_hf(hf), "sliding_window": hf.get("sliding_window")}
@@ -180,17 +178,14 @@ class Mistral(Llama):
         del hf["attention_bias"], hf["mlp_bias"]
         return {**hf, "sliding_window": config.sliding_window}
 
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = [p for p in super().export_problems(config) if not p.startswith("sliding")]
-        if config.attention_bias or config.mlp_bias:
-            problems.append("attention/MLP biases (Mistral has none)")
-        return problems
-
 
 class Qwen2(Llama):
     """Llama with q/k/v biases (o_proj and MLP without); sliding window on all layers or none."""
 
     model_type, architecture = "qwen2", "Qwen2ForCausalLM"
+    needs = {**Llama.needs, "sliding_window": ANY, "attention_bias": (True,),
+             "attention_out_bias": (False,), "mlp_bias": (False,)}  # fmt: skip
+    one_attention_bias = False
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         data = super().config_from_hf(hf)
@@ -204,15 +199,6 @@ class Qwen2(Llama):
         hf.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
         kind = "sliding_attention" if window is not None else "full_attention"
         return {**hf, "layer_types": [kind] * config.n_layer}
-
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = [
-            p for p in super().export_problems(config)
-            if not p.startswith(("sliding", "q/k/v"))
-        ]  # fmt: skip
-        if not config.attention_bias or config.attention_out_bias or config.mlp_bias:
-            problems.append("needs q/k/v bias only (no o_proj/MLP bias)")
-        return problems
 
 
 def _uniform_window(hf: dict[str, Any]) -> int | None:
@@ -237,6 +223,7 @@ class Mixtral(Mistral):
 
     model_type, architecture = "mixtral", "MixtralForCausalLM"
     no_lora_modules = (".experts.", ".router")
+    needs = {**Mistral.needs, "mlp": ("moe",)}
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         data = super().config_from_hf(hf)
@@ -249,12 +236,6 @@ class Mixtral(Mistral):
         hf = super().config_to_hf(config)
         hf.update(num_local_experts=config.n_experts, num_experts_per_tok=config.experts_top_k)
         return hf
-
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = [p for p in super().export_problems(config) if not p.startswith("mlp=")]
-        if config.mlp != "moe":
-            problems.append(f"mlp={config.mlp!r} (needs moe)")
-        return problems
 
     def mlp_keys(self, m: dict, config: ModelConfig, ours: str, hf: str) -> None:
         hf = hf.replace(".mlp", ".block_sparse_moe")
@@ -275,6 +256,10 @@ class GPT2(Family):
 
     model_type, architecture = "gpt2", "GPT2LMHeadModel"
     ignored_suffixes = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old files
+    needs = {"pos": ("learned",), "norm": ("layernorm",), "mlp": tuple(_GPT2_ACTS_BACK),
+             "sliding_window": (None,), "lm_head_bias": (False,), "bias": (True,),
+             "attention_bias": (True,), "attention_out_bias": (True,),
+             "mlp_bias": (True,)}  # fmt: skip
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         act = hf.get("activation_function", "gelu_new")
@@ -301,19 +286,9 @@ class GPT2(Family):
         )  # fmt: skip
 
     def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = []
-        if config.pos != "learned":
-            problems.append(f"pos={config.pos!r} (needs learned)")
-        if config.norm != "layernorm" or not config.bias:
-            problems.append("needs LayerNorm with bias")
-        if config.mlp not in _GPT2_ACTS_BACK:
-            problems.append(f"mlp={config.mlp!r} (needs a non-gated MLP)")
-        if not (config.attention_bias and config.attention_out_bias and config.mlp_bias):
-            problems.append("needs every projection bias")
+        problems = super().export_problems(config)
         if config.n_kv_head != config.n_head or config.head_dim * config.n_head != config.d_model:
             problems.append("needs MHA with head_dim = d_model / n_head")
-        if config.sliding_window is not None or config.lm_head_bias:
-            problems.append("sliding_window / lm_head_bias")
         return problems
 
     def normalize_keys(self, keys: list[str]) -> dict[str, str]:
@@ -344,6 +319,8 @@ class Qwen3(Qwen2):
     """Qwen2 with a per-head RMSNorm on q and k, explicit head_dim and one attention_bias flag."""
 
     model_type, architecture = "qwen3", "Qwen3ForCausalLM"
+    needs = {**Llama.needs, "qk_norm": (True,), "sliding_window": ANY, "mlp_bias": (False,)}
+    one_attention_bias = True
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         data = Llama.config_from_hf(self, hf)
@@ -352,20 +329,12 @@ class Qwen3(Qwen2):
     def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
         return {**super().config_to_hf(config), "attention_bias": config.attention_bias}
 
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = [p for p in Llama.export_problems(self, config) if p not in ("qk_norm",)]
-        problems = [p for p in problems if not p.startswith("sliding")]
-        if not config.qk_norm:
-            problems.append("needs qk_norm")
-        if config.mlp_bias:
-            problems.append("mlp_bias")
-        return problems
-
 
 class Phi3(Mistral):
     """Llama with fused weights: qkv_proj (our layout already) and gate_up_proj (gate first)."""
 
     model_type, architecture = "phi3", "Phi3ForCausalLM"
+    needs = {**Mistral.needs, "rope_interleaved": (False,)}  # its fused qkv is copied as it is
 
     def key_map(self, config: ModelConfig) -> dict[str, Rule]:
         m = super().key_map(config)
@@ -380,9 +349,9 @@ class Phi3(Mistral):
         m[f"{ours}.up_proj.weight"] = Rule(fused, "slice", sizes, 1)
         m[f"{ours}.down_proj.weight"] = Rule((f"{hf}.down_proj.weight",))
 
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = super().export_problems(config)
-        return problems + (["interleaved RoPE"] if config.rope_interleaved else [])
+
+# what Gemma 2 / 3 add (soft caps, a query scale, a local RoPE base) and Gemma 1 lacks
+_LATER_GEMMA = ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base")
 
 
 class Gemma(Llama):
@@ -390,6 +359,8 @@ class Gemma(Llama):
     apart from d_model / n_head, and RMSNorms that scale by 1 + weight (stored as weight - 1)."""
 
     model_type, architecture = "gemma", "GemmaForCausalLM"
+    needs = {**Llama.needs, "mlp": ("geglu_tanh",), "embed_scale": (True,),
+             "norm_position": ("pre",), **dict.fromkeys(_LATER_GEMMA, (None,))}  # fmt: skip
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         act = hf.get("hidden_activation") or "gelu_pytorch_tanh"  # Gemma 1 files say "gelu"
@@ -401,23 +372,6 @@ class Gemma(Llama):
         hf = super().config_to_hf(config)
         hf["hidden_activation"] = hf.pop("hidden_act")
         return hf
-
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = super().export_problems(config)
-        if not config.embed_scale:
-            problems.append("needs embed_scale")
-        if config.mlp != "geglu_tanh":
-            problems.append(f"mlp={config.mlp!r} (needs geglu_tanh)")
-        if config.norm_position != self.norm_position:
-            problems.append(f"norm_position={config.norm_position!r} (needs {self.norm_position})")
-        return problems + self.extra_problems(config)
-
-    norm_position = "pre"
-
-    def extra_problems(self, config: ModelConfig) -> list[str]:
-        """What a later Gemma adds (softcaps, windows, a local RoPE) and Gemma 1 lacks."""
-        extras = ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base")
-        return [name for name in extras if getattr(config, name) is not None]
 
     def key_map(self, config: ModelConfig) -> dict[str, Rule]:
         m = super().key_map(config)
@@ -440,7 +394,8 @@ class Gemma2(Gemma):
     logits, query scale query_pre_attn_scalar^-1/2, and a sliding window on alternate layers."""
 
     model_type, architecture = "gemma2", "Gemma2ForCausalLM"
-    norm_position = "sandwich"
+    needs = {**Gemma.needs, "sliding_window": ANY, "norm_position": ("sandwich",),
+             "attn_logit_softcap": ANY, "final_logit_softcap": ANY, "attn_scale": ANY}  # fmt: skip
     window_every = 2  # without layer_types: every second layer sees every key
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
@@ -473,12 +428,6 @@ class Gemma2(Gemma):
         )  # fmt: skip
         return hf
 
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        return [p for p in super().export_problems(config) if not p.startswith("sliding")]
-
-    def extra_problems(self, config: ModelConfig) -> list[str]:
-        return ["rope_local_base"] if config.rope_local_base is not None else []
-
     def key_map(self, config: ModelConfig) -> dict[str, Rule]:
         m = super().key_map(config)
         for i in range(config.n_layer):
@@ -497,6 +446,7 @@ class Gemma3(Gemma2):
     layers of six, and its own RoPE base on the windowed layers (the full ones may be scaled)."""
 
     model_type, architecture = "gemma3_text", "Gemma3ForCausalLM"
+    needs = {**Gemma2.needs, "qk_norm": (True,), "rope_local_base": ANY}
     window_every = 6
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
@@ -513,12 +463,14 @@ class Gemma3(Gemma2):
         hf = super().config_to_hf(config)
         return {**hf, "rope_local_base_freq": config.rope_local_base or config.rope_base}
 
-    def export_problems(self, config: ModelConfig) -> list[str]:
-        problems = [p for p in super().export_problems(config) if p != "qk_norm"]
-        return problems + ([] if config.qk_norm else ["needs qk_norm"])
 
-    def extra_problems(self, config: ModelConfig) -> list[str]:
-        return []
+def unmet_needs(needs: dict[str, tuple | None], config: ModelConfig) -> list[str]:
+    """`config`'s fields whose value is not among those `needs` allows, each in words."""
+    return [
+        f"{field}={getattr(config, field)!r} (needs {' or '.join(map(repr, allowed))})"
+        for field, allowed in needs.items()
+        if allowed is not ANY and getattr(config, field) not in allowed
+    ]
 
 
 # in export preference order (hf.choose_family tries them in turn)

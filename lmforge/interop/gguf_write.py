@@ -17,7 +17,7 @@ import torch
 
 from lmforge.errors import ConfigError
 from lmforge.fileio import atomic_write
-from lmforge.interop.families import FAMILIES
+from lmforge.interop.families import FAMILIES, Llama
 from lmforge.interop.gguf_read import gguf_names, permute_named
 from lmforge.interop.gguf_tokenizer import tokenizer_to_gguf
 from lmforge.interop.hf import export_state, require_dense
@@ -28,22 +28,19 @@ from lmforge.model.positions import rope_inv_freq, rope_scaling_type
 EXPORT_DTYPES = ("f16", "bf16", "q8_0")
 
 
-def export_problems(config: ModelConfig) -> list[str]:
-    """Why `config` cannot run as llama.cpp's "llama" architecture (empty when it can)."""
-    problems = FAMILIES["llama"].export_problems(config)
-    if config.mlp != "swiglu" and not any(p.startswith("mlp=") for p in problems):
-        problems.append(f"mlp={config.mlp!r} (llama.cpp's llama needs swiglu)")
-    if config.mlp_bias:
-        problems.append("mlp_bias")
-    # catalogue features outside a plain pre-norm Llama block (llama.cpp would run them wrongly)
-    if config.attention != "softmax" or config.attention_pattern is not None:
-        problems.append(f"attention={config.attention!r} / attention_pattern (needs full softmax)")
-    if config.norm_position != "pre" or config.parallel_block or config.logit_scaling:
-        problems.append("needs pre-norm sequential blocks without logit_scaling")
-    kind = rope_scaling_type(config.rope_scaling)
-    if kind not in ("default", "linear", "yarn", "llama3", "ntk"):
-        problems.append(f"rope_scaling {kind!r} (llama.cpp has default, linear, yarn, llama3)")
-    return problems
+class LlamaCpp(Llama):
+    """What llama.cpp's "llama" architecture runs right: a plain pre-norm SwiGLU Llama block."""
+
+    needs = {**Llama.needs, "mlp": ("swiglu",), "mlp_bias": (False,), "attention": ("softmax",),
+             "attention_pattern": (None,), "norm_position": ("pre",), "parallel_block": (False,),
+             "logit_scaling": (False,)}  # fmt: skip
+
+    def export_problems(self, config: ModelConfig) -> list[str]:
+        problems = super().export_problems(config)
+        kind = rope_scaling_type(config.rope_scaling)
+        if kind not in ("default", "linear", "yarn", "llama3", "ntk"):
+            problems.append(f"rope_scaling {kind!r} (llama.cpp has default, linear, yarn, llama3)")
+        return problems
 
 
 def _rope_metadata(writer, config: ModelConfig) -> np.ndarray | None:
@@ -96,7 +93,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
     model, tok = lm.model, lm.tokenizer
     require_dense(model, "export")
     config = model.config
-    if problems := export_problems(config):
+    if problems := LlamaCpp().export_problems(config):
         raise ConfigError(
             f"this model cannot be written as a llama.cpp 'llama' GGUF: {'; '.join(problems)}"
         )
