@@ -40,6 +40,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from lmforge.speedrun import Speedrun, resolve_plan
+    from lmforge.speedrun.report import final_model
     from lmforge.train.config import parse_overrides
 
     overrides = parse_overrides(args.overrides)
@@ -51,11 +52,9 @@ def run(args) -> int:
         overrides["deterministic"] = True
     plan = resolve_plan(args.preset, args.config, overrides)
     out = args.out or f"out/speedrun-{args.preset}"
-    Speedrun(plan, out, progress=not args.no_progress).run(args.redo_from)
+    results = Speedrun(plan, out, progress=not args.no_progress).run(args.redo_from)
     print(f"\nreport: {out}/report.md  ({out}/report.html)")
-    results_model = next(
-        (s for s in ("ppo", "grpo", "dpo", "sft") if s in plan["stages"]), "pretrain"
-    )
-    print(f"chat:   lmforge chat --checkpoint {out}/{results_model}")
-    print(f"serve:  lmforge serve --checkpoint {out}/{results_model}")
+    if model := final_model(Path(out), results):
+        print(f"chat:   lmforge chat --checkpoint {model}")
+        print(f"serve:  lmforge serve --checkpoint {model}")
     return 0

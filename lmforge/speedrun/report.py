@@ -241,16 +241,14 @@ def write_report(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> Pa
     total = sum(float(d["seconds"]) for d in results.values())
     evals = eval_table(out)
     plots = write_plots(out, evals)
-    sections: list[tuple[str, Table | str]] = []
     intro = (f"Preset `{plan['preset']}`, corpus `{plan['corpus']}`, task `{plan['task']}`; "
              f"stages took {total / 60:.1f} min in all on {machine_line(plan)}.")  # fmt: skip
-    if evals is not None:
-        sections.append(("Every model on one yardstick", evals))
-    if (samples := samples_table(out)) is not None:
-        sections.append(("Chat samples: every model's greedy reply to the same prompts", samples))
-    sections += stage_tables(results)
-    if (rag := rag_table(out)) is not None:
-        sections.append(("RAG answers over the built-in docs", rag))
+    sections = [
+        ("Every model on one yardstick", evals),
+        ("Chat samples: every model's greedy reply to the same prompts", samples_table(out)),
+        *stage_tables(results),
+        ("RAG answers over the built-in docs", rag_table(out)),
+    ]
     model = final_model(out, results)
     usage = (
         f"lmforge chat --checkpoint {model}\nlmforge serve --checkpoint {model}" if model else ""
@@ -258,8 +256,9 @@ def write_report(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> Pa
     md = [f"# lmforge speedrun: {plan['preset']}", "", intro, ""]
     page = [f"<h1>lmforge speedrun: {html.escape(plan['preset'])}</h1><p>{html.escape(intro)}</p>"]
     for title, table in sections:
-        md += [f"## {title}", "", _md_table(table), ""]
-        page.append(f"<h2>{html.escape(title)}</h2>{_html_table(table)}")
+        if table is not None:
+            md += [f"## {title}", "", _md_table(table), ""]
+            page.append(f"<h2>{html.escape(title)}</h2>{_html_table(table)}")
     if plots:
         md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
         page.append("<h2>Plots</h2>" + "".join(
