@@ -10,7 +10,7 @@ compared as trimmed text without a trailing period (case matters).
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from lmforge.errors import DataError
@@ -30,10 +30,7 @@ def canonical_answer(text: str) -> str:
     plain = text.replace(",", "").replace("$", "").replace(" ", "").lstrip("+")
     if not _PLAIN_NUMBER.fullmatch(plain):
         return text
-    try:
-        value = Decimal(plain)
-    except InvalidOperation:
-        return text
+    value = Decimal(plain)  # a plain number always parses
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")
@@ -46,24 +43,26 @@ def exact_match(prediction: str | None, reference: str) -> bool:
     return canonical_answer(prediction) == canonical_answer(str(reference))
 
 
+def _last(pattern: re.Pattern, text: str) -> str | None:
+    """The number of the last match of `pattern` in the text, normalised."""
+    found = pattern.findall(text)
+    return canonical_answer(found[-1]) if found else None
+
+
 def extract_gsm8k(text: str) -> str | None:
     """The number after the last '####' (GSM8K's reference format), normalised."""
-    found = _GSM8K_RE.findall(text)
-    return canonical_answer(found[-1]) if found else None
+    return _last(_GSM8K_RE, text)
 
 
 def extract_last_number(text: str) -> str | None:
     """The last number in the text, normalised."""
-    found = _NUMBER_RE.findall(text)
-    return canonical_answer(found[-1]) if found else None
+    return _last(_NUMBER_RE, text)
 
 
 def extract_numeric_answer(text: str) -> str | None:
     """A model's numeric answer: '#### n', else 'the answer is n', else the last number."""
-    if (n := extract_gsm8k(text)) is not None:
-        return n
-    found = _ANSWER_IS_RE.findall(text)
-    return canonical_answer(found[-1]) if found else extract_last_number(text)
+    answers = (_last(pattern, text) for pattern in (_GSM8K_RE, _ANSWER_IS_RE, _NUMBER_RE))
+    return next((n for n in answers if n is not None), None)
 
 
 def extract_choice(text: str, n_choices: int = 4) -> str | None:

@@ -63,6 +63,9 @@ class Task(ABC):
         """A plausible wrong answer to `record` (never the right one)."""
 
 
+ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "arith": "+-*"}  # task name -> its operators
+
+
 class Arithmetic(Task):
     """`a<op>b=` with operands of 1..digits digits; subtraction never goes negative."""
 
@@ -72,7 +75,7 @@ class Arithmetic(Task):
         if digits < 1 or not ops or set(ops) - set(self.OPS):
             raise ConfigError(f"arithmetic needs digits >= 1 and ops from '+-*', got {ops!r}")
         self.ops, self.digits = ops, digits
-        self.name = {"+": "add", "-": "sub", "*": "mul"}.get(ops, "arith")
+        self.name = {o: name for name, o in ARITHMETIC.items()}.get(ops, "arith")
 
     def sample(self, rng: random.Random) -> tuple[str, str]:
         op = rng.choice(self.ops)
@@ -135,11 +138,11 @@ class StringTask(Task):
         return rng.choice(sorted(options))
 
 
-STRING_OPS: dict[str, Callable[[str], str]] = {
+STRING_OPS: dict[str, Callable[[str], str]] = {  # in the order the `strings` mixture draws
     "reverse": lambda w: w[::-1],
     "upper": str.upper,
-    "sort": lambda w: "".join(sorted(w)),
     "count": lambda w: w,  # handled in StringTask.sample (needs the letter too)
+    "sort": lambda w: "".join(sorted(w)),
 }
 
 
@@ -163,26 +166,18 @@ class Mixture(Task):
         return member.wrong(rng, record)
 
 
-TASKS: dict[str, Callable[..., Task]] = {
-    "add": lambda digits=2, **_: Arithmetic("+", digits),
-    "sub": lambda digits=2, **_: Arithmetic("-", digits),
-    "mul": lambda digits=2, **_: Arithmetic("*", digits),
-    "arith": lambda digits=2, **_: Arithmetic("+-*", digits),
-    "reverse": lambda length=6, **_: StringTask("reverse", length),
-    "upper": lambda length=6, **_: StringTask("upper", length),
-    "count": lambda length=6, **_: StringTask("count", length),
-    "sort": lambda length=6, **_: StringTask("sort", length),
-    "strings": lambda length=6, **_: Mixture(
-        [StringTask(op, length) for op in ("reverse", "upper", "count", "sort")], "strings"
-    ),
-}
+TASKS = (*ARITHMETIC, *STRING_OPS, "strings")  # "strings": a mixture of the string tasks
 
 
 def get_task(name: str, digits: int = 2, length: int = 6) -> Task:
     """A task by name (see TASKS); `digits` sets the arithmetic level, `length` the word size."""
-    if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
-    return TASKS[name](digits=digits, length=length)
+    if name in ARITHMETIC:
+        return Arithmetic(ARITHMETIC[name], digits)
+    if name in STRING_OPS:
+        return StringTask(name, length)
+    if name == "strings":
+        return Mixture([StringTask(op, length) for op in STRING_OPS], name)
+    raise ConfigError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
 
 
 def problems(
