@@ -11,35 +11,21 @@ from torch import Tensor
 
 from lmforge.errors import ConfigError, LMForgeError, require_choice
 
-
-def _reduce(losses: Tensor, reduction: str) -> Tensor:
-    require_choice("reduction", reduction, ("mean", "sum", "none"))
-    return losses if reduction == "none" else getattr(losses, reduction)()
-
-
 # ----------------------------------------------------------------------------- reward models
 
 
 def bradley_terry_loss(
-    r_chosen: Tensor,
-    r_rejected: Tensor,
-    margin: Tensor | float = 0.0,
-    reduction: str = "mean",
-    center_coef: float = 0.0,
+    r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | float = 0.0, center_coef: float = 0.0
 ) -> Tensor:
-    """-log σ(r⁺ - r⁻ - margin): the pairwise reward-model loss (margin as in Llama 2).
+    """Mean -log σ(r⁺ - r⁻ - margin): the pairwise reward-model loss (margin as in Llama 2).
 
     ``center_coef`` c adds c·mean((r⁺ + r⁻)²) (Eisenstein et al. 2023; TRL's
     ``center_rewards_coefficient``): BT only fixes reward differences, this keeps the scale
-    centred on 0. It needs a scalar, so it requires ``reduction="mean"``.
+    centred on 0.
     """
     rc, rr = r_chosen.float(), r_rejected.float()
-    loss = _reduce(-F.logsigmoid(rc - rr - margin), reduction)
-    if center_coef:
-        if reduction != "mean":
-            raise ConfigError("center_coef needs reduction='mean'")
-        loss = loss + center_coef * reward_centering(rc, rr)
-    return loss
+    loss = -F.logsigmoid(rc - rr - margin).mean()
+    return loss + center_coef * reward_centering(rc, rr) if center_coef else loss
 
 
 def reward_centering(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
@@ -48,29 +34,26 @@ def reward_centering(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
     return ((r_chosen.float() + r_rejected.float()) ** 2).mean()
 
 
-def hinge_loss(
-    r_chosen: Tensor, r_rejected: Tensor, margin: float = 1.0, reduction: str = "mean"
-) -> Tensor:
-    """max(0, m - (r⁺ - r⁻)): zero once the chosen reward leads by at least the margin."""
-    return _reduce(F.relu(margin - (r_chosen.float() - r_rejected.float())), reduction)
+def hinge_loss(r_chosen: Tensor, r_rejected: Tensor, margin: float = 1.0) -> Tensor:
+    """Mean max(0, m - (r⁺ - r⁻)): zero once the chosen reward leads by at least the margin."""
+    return F.relu(margin - (r_chosen.float() - r_rejected.float())).mean()
 
 
-def mse_gap_loss(
-    r_chosen: Tensor, r_rejected: Tensor, target_gap: Tensor | float, reduction: str = "mean"
-) -> Tensor:
-    """(r⁺ - r⁻ - target)²: regress the reward gap onto a rated preference strength."""
-    return _reduce((r_chosen.float() - r_rejected.float() - target_gap) ** 2, reduction)
+def mse_gap_loss(r_chosen: Tensor, r_rejected: Tensor, target_gap: Tensor | float) -> Tensor:
+    """Mean (r⁺ - r⁻ - target)²: regress the reward gap onto a rated preference strength."""
+    return ((r_chosen.float() - r_rejected.float() - target_gap) ** 2).mean()
 
 
-def listwise_loss(scores: Tensor, best: Tensor, reduction: str = "mean") -> Tensor:
+def listwise_loss(scores: Tensor, best: Tensor) -> Tensor:
     """K-way softmax cross-entropy over scores [N, K]; ``best`` [N] is the winner's index."""
     if scores.dim() != 2:
         raise LMForgeError(f"scores must be [N, K], got {tuple(scores.shape)}")
-    return F.cross_entropy(scores.float(), best.long(), reduction=reduction)
+    return F.cross_entropy(scores.float(), best.long())
 
 
-def plackett_luce_loss(scores: Tensor, ranking: Tensor, reduction: str = "mean") -> Tensor:
-    """-log P(ranking) under Plackett-Luce: ranking [N, K] lists candidate indices best first.
+def plackett_luce_loss(scores: Tensor, ranking: Tensor) -> Tensor:
+    """Mean -log P(ranking) under Plackett-Luce: ranking [N, K] lists candidate indices best
+    first.
 
     -Σ_k [s_{π_k} - log Σ_{j≥k} exp s_{π_j}]; with K=2 this is exactly the Bradley-Terry loss.
     """
@@ -78,7 +61,7 @@ def plackett_luce_loss(scores: Tensor, ranking: Tensor, reduction: str = "mean")
         raise LMForgeError(f"scores and ranking must both be [N, K], got {tuple(scores.shape)}")
     s = scores.float().gather(1, ranking.long())
     suffix_lse = torch.logcumsumexp(s.flip(-1), dim=-1).flip(-1)
-    return _reduce(-(s - suffix_lse).sum(-1), reduction)
+    return -(s - suffix_lse).sum(-1).mean()
 
 
 def preference_accuracy(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
