@@ -12,20 +12,18 @@ from lmforge.errors import ConfigError, LMForgeError, require_choice
 # ----------------------------------------------------------------------------- PPO / RLHF
 
 
-def kl_per_token(logp: Tensor, ref_logp: Tensor, estimator: str = "k1") -> Tensor:
-    """Per-token estimate of KL(π‖π_ref) from sampled-token log-probs (Schulman's k1/k2/k3).
+# Schulman's estimators of KL(π‖π_ref) per sampled token, from d = log π - log π_ref
+KL_ESTIMATORS = {
+    "k1": lambda d: d,  # unbiased, can be negative (the RLHF reward penalty)
+    "k2": lambda d: 0.5 * d**2,
+    "k3": lambda d: torch.expm1(-d) + d,  # exp(-d) - 1 + d: unbiased and ≥ 0 (GRPO)
+}
 
-    k1 = log π - log π_ref (unbiased, can be negative; the RLHF reward penalty);
-    k2 = ½(log π - log π_ref)²; k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, ≥ 0; GRPO).
-    """
-    d = logp.float() - ref_logp.float()
-    if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d**2
-    if estimator == "k3":
-        return torch.expm1(-d) + d
-    raise ConfigError(f"KL estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
+
+def kl_per_token(logp: Tensor, ref_logp: Tensor, estimator: str = "k1") -> Tensor:
+    """Per-token estimate of KL(π‖π_ref) from sampled-token log-probs (`KL_ESTIMATORS`)."""
+    require_choice("KL estimator", estimator, KL_ESTIMATORS)
+    return KL_ESTIMATORS[estimator](logp.float() - ref_logp.float())
 
 
 def last_token_index(mask: Tensor) -> Tensor:
@@ -240,17 +238,13 @@ def grpo_loss(
         raise ConfigError("loss_type dr_grpo needs max_completion_length")
     logp = logp.float()
     old = logp.detach() if old_logp is None else old_logp.float()
-    adv = advantages.float()
-    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    adv = advantages.float().view(len(logp), -1)  # [B] -> [B, 1]
     ratio = torch.exp(logp - old)
     surrogate = clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
-    per_token = -surrogate
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta != 0:
-        kl = kl_per_token(logp, ref_logp, "k3")
-        if kl_correction:
-            kl = kl * ratio
-        per_token = per_token + beta * kl
+        kl = kl_per_token(logp, ref_logp, "k3") * (ratio if kl_correction else 1)
+    per_token = beta * kl - surrogate
     m = mask.to(per_token.dtype)
     if loss_type == "grpo":
         loss = masked_mean(per_token, m, dim=-1).mean()
@@ -262,11 +256,8 @@ def grpo_loss(
         n = m.sum() if num_items is None else torch.as_tensor(num_items, dtype=m.dtype)
         loss = (per_token * m).sum() / n.clamp_min(1)
     with torch.no_grad():
-        stats = {
-            "kl": masked_mean(kl, m),
-            "clip_frac": masked_mean((surrogate < ratio * adv).float(), m),
-        }
-    return loss, stats
+        clip_frac = masked_mean((surrogate < ratio * adv).float(), m)
+    return loss, {"kl": masked_mean(kl.detach(), m), "clip_frac": clip_frac}
 
 
 def mask_truncated(completion_ids: Tensor, completion_mask: Tensor, stop_ids) -> Tensor:
