@@ -44,18 +44,11 @@ def _check_aligned(x: Tensor, labels: Tensor, what: str = "logits must be [B, T,
 
 def token_logprobs(logits: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
     """log p(label_t) for every position, [B, T] in fp32; 0 where the label is ``ignore_index``.
-
-    Uses logit[label] - logsumexp(logits), one row at a time, so the full [B, T, V] log-softmax is
-    never materialised and at most one row is up-cast to fp32 (this is what dominates memory).
-    """
+    (The trainers never build the logits: they go through `head_token_stats`.)"""
     _check_aligned(logits, labels)
     valid = labels != ignore_index
     safe = torch.where(valid, labels, torch.zeros_like(labels)).unsqueeze(-1)
-    rows = []
-    for row_logits, row_labels in zip(logits, safe):
-        row = row_logits.float()
-        rows.append(row.gather(-1, row_labels).squeeze(-1) - torch.logsumexp(row, dim=-1))
-    return torch.stack(rows) * valid
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, safe).squeeze(-1) * valid
 
 
 def sequence_logprobs(
