@@ -191,24 +191,18 @@ def policy_pairs(
     for start in range(0, len(records), batch_prompts):
         chunk = records[start : start + batch_prompts]
         prompts = [D.prompt_ids(r, tokenizer, add_bos) for r in chunk]
-        rollout = engine.sample(prompts, chunk, samples, seed + start, keep_logprobs=False)
-        comp, mask = rollout.completion_ids.tolist(), rollout.completion_mask.tolist()
-        greedy = None
+        sampled = engine.generate(prompts, samples, seed + start)
+        texts = tokenizer.decode_batch(sampled, skip_special_tokens=True)
         if rejected == "greedy":
-            g = engine.sample(prompts, chunk, 1, seed + start, keep_logprobs=False, greedy=True)
-            g_ids, g_mask = g.completion_ids.tolist(), g.completion_mask.tolist()
-            greedy = [(tuple(t for t, m in zip(ids, ms) if m), text)
-                      for ids, ms, text in zip(g_ids, g_mask, g.completions)]  # fmt: skip
+            greedy = engine.generate(prompts, 1, seed + start, greedy=True)
+            greedy_texts = tokenizer.decode_batch(greedy, skip_special_tokens=True)
         for i, (record, prompt) in enumerate(zip(chunk, prompts)):
             right: dict[tuple, None] = {}  # distinct completions, in sampling order
             wrong: dict[tuple, None] = {}
             for row in range(i * samples, (i + 1) * samples):
-                ids = tuple(t for t, m in zip(comp[row], mask[row]) if m)
-                good = judge(record, rollout.completions[row]) > 0.5
-                (right if good else wrong)[ids] = None
-            if greedy is not None:
-                greedy_ids, greedy_text = greedy[i]
-                wrong = {} if judge(record, greedy_text) > 0.5 else {greedy_ids: None}
+                (right if judge(record, texts[row]) > 0.5 else wrong)[tuple(sampled[row])] = None
+            if rejected == "greedy":
+                wrong = {} if judge(record, greedy_texts[i]) > 0.5 else {tuple(greedy[i]): None}
                 if wrong and not right and isinstance(record.get("answer"), str | int):
                     right[reference_reply(tokenizer, record["answer"])] = None
             if not right or not wrong:
