@@ -214,12 +214,21 @@ class RolloutEngine:
         """
         prompts = [[int(t) for t in p] for p in prompt_ids]
         new = self.generate(prompts, n, seed, greedy)
-        rollout = self._assemble([p for p in prompts for _ in range(n)], new)
+        ids, mask = pad_collate([p for p in prompts for _ in range(n)], self.pad_id, side="left")
+        comp, comp_mask = pad_collate(new, self.pad_id)
+        if comp.shape[1] == 0:  # every completion empty: keep one padding column
+            comp, comp_mask = F.pad(comp, (0, 1), value=self.pad_id), F.pad(comp_mask, (0, 1))
         if records is None:
             records = [{"prompt": self.tokenizer.decode(p)} for p in prompts]
-        rollout.records = [r for r in records for _ in range(n)]
-        rollout.completions = self.tokenizer.decode_batch(new, skip_special_tokens=True)
-        rollout.group = torch.arange(len(prompts)).repeat_interleave(n)
+        rollout = Rollout(
+            input_ids=torch.cat([ids, comp], 1).to(self.device),
+            attention_mask=torch.cat([mask, comp_mask], 1).to(self.device),
+            completion_mask=comp_mask.float().to(self.device),
+            prompt_width=ids.shape[1],
+            group=torch.arange(len(prompts)).repeat_interleave(n),
+            records=[r for r in records for _ in range(n)],
+            completions=self.tokenizer.decode_batch(new, skip_special_tokens=True),
+        )
         rollout = self.finish(rollout)
         if not greedy:
             self.annotate(rollout, keep_logprobs)
@@ -244,20 +253,6 @@ class RolloutEngine:
             engine = Engine(self.policy, max_batch=len(prompts) * n, max_len=max_len,
                             eos_ids=self.stop_ids)  # fmt: skip
             return [c.token_ids for c in engine.generate(prompts, params, n)]
-
-    def _assemble(self, prompt_rows: list[list[int]], new: list[list[int]]) -> Rollout:
-        ids, mask = pad_collate(prompt_rows, self.pad_id, side="left")
-        comp, comp_mask = pad_collate(new, self.pad_id)
-        if comp.shape[1] == 0:  # every completion empty: keep one padding column
-            comp, comp_mask = F.pad(comp, (0, 1), value=self.pad_id), F.pad(comp_mask, (0, 1))
-        device = self.device
-        return Rollout(
-            input_ids=torch.cat([ids, comp], 1).to(device),
-            attention_mask=torch.cat([mask, comp_mask], 1).to(device),
-            completion_mask=comp_mask.float().to(device),
-            prompt_width=ids.shape[1],
-            group=torch.zeros(len(new), dtype=torch.long),
-        )
 
     @torch.no_grad()
     def annotate(self, rollout: Rollout, keep_logprobs: bool = True) -> None:
