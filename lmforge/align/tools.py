@@ -24,6 +24,7 @@ error is recorded in `ToolRollout.tool_errors`; the run goes on.
 
 from __future__ import annotations
 
+import itertools
 import resource
 import subprocess
 import sys
@@ -34,7 +35,6 @@ import torch
 from torch import Tensor
 
 from lmforge.align.rollout import Rollout, RolloutEngine
-from lmforge.errors import ConfigError
 
 TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
@@ -160,8 +160,6 @@ class ToolRolloutEngine(RolloutEngine):
     def __init__(self, *args, max_tool_calls: int = 2, calculator: Calculator | None = None,
                  **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
-        if max_tool_calls < 0:
-            raise ConfigError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
         self.max_tool_calls = max_tool_calls
         self.calculator = calculator or Calculator()
 
@@ -186,8 +184,7 @@ class ToolRolloutEngine(RolloutEngine):
         state = [{"tokens": [], "mask": [], "calls": 0, "error": None, "final_start": 0,
                   "done": False} for _ in rows]  # fmt: skip
         limit = self.policy.config.max_seq_len
-        turn = 0
-        while True:
+        for turn in itertools.count():
             # what each unfinished row may still write: the model's token budget, or the room
             # left in the context window if that is less
             left = {i: min(self.max_new_tokens - sum(s["mask"]),
@@ -221,7 +218,6 @@ class ToolRolloutEngine(RolloutEngine):
                 if not result.ok:
                     s["error"] = f"tool call {s['calls']} <tool>{expr}</tool>: {result.text}"
                     s["done"] = True
-            turn += 1
         self._turns = [
             {"mask": s["mask"], "calls": s["calls"], "error": s["error"],
              "final": self.tokenizer.decode(s["tokens"][s["final_start"] :],
