@@ -137,13 +137,9 @@ class KTOTrainer(AlignTrainer):
 
     @staticmethod
     def _stats(rewards: Tensor, desirable: Tensor) -> dict[str, float]:
-        good, bad = rewards[desirable], rewards[~desirable]
-        stats = {}
-        if len(good):
-            stats["reward_desirable"] = good.mean().item()
-        if len(bad):
-            stats["reward_undesirable"] = bad.mean().item()
-        if len(good) and len(bad):
+        sides = {"reward_desirable": rewards[desirable], "reward_undesirable": rewards[~desirable]}
+        stats = {name: r.mean().item() for name, r in sides.items() if len(r)}
+        if len(stats) == 2:
             stats["margin"] = stats["reward_desirable"] - stats["reward_undesirable"]
         return stats
 
