@@ -26,7 +26,7 @@ from lmforge.align.logprobs import final_head_stats
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig
 from lmforge.align.reward import PairSourceConfig, pair_loader
-from lmforge.align.sft import GreedyEvalConfig, generation_records, greedy_accuracy
+from lmforge.align.sft import GreedyEvalConfig, generation_records, greedy_eval
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy
 from lmforge.errors import ConfigError, require_choice
 from lmforge.model.modes import eval_mode
@@ -143,12 +143,7 @@ class DPOTrainer(PreferenceTrainer):
         self.eval_records = generation_records(self.cfg)
 
     def evaluate(self) -> dict[str, float]:
-        result = super().evaluate()
-        if self.eval_records:
-            result["exact_match"] = greedy_accuracy(
-                self.lm, self.eval_records, self.cfg.greedy_eval.max_new_tokens, self.cfg.add_bos
-            )
-        return result
+        return {**super().evaluate(), **greedy_eval(self)}
 
     def setup_reference(self) -> None:
         """Runs before PEFT wraps the policy, which is then still π_ref: it scores the held-out

@@ -51,6 +51,17 @@ def generation_records(cfg) -> list[dict]:
     return []
 
 
+def greedy_eval(trainer: AlignTrainer) -> dict[str, float]:
+    """{"exact_match": `greedy_accuracy`} on the trainer's `eval_records`, {} without them."""
+    if not trainer.eval_records:
+        return {}
+    cfg = trainer.cfg
+    hits = greedy_accuracy(
+        trainer.lm, trainer.eval_records, cfg.greedy_eval.max_new_tokens, cfg.add_bos
+    )
+    return {"exact_match": hits}
+
+
 @torch.no_grad()
 def greedy_accuracy(
     lm: LM, records: list[dict], max_new_tokens: int = 16, add_bos: bool = False, batch: int = 128
@@ -109,9 +120,4 @@ class SFTTrainer(AlignTrainer):
         return total / max(1, count)
 
     def evaluate(self) -> dict[str, float]:
-        result = {"loss": self.eval_loss(self.eval_examples)}
-        if self.eval_records:
-            result["exact_match"] = greedy_accuracy(
-                self.lm, self.eval_records, self.cfg.greedy_eval.max_new_tokens, self.cfg.add_bos
-            )
-        return result
+        return {"loss": self.eval_loss(self.eval_examples), **greedy_eval(self)}
