@@ -31,7 +31,7 @@ import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
 from lmforge.interop.families import FAMILIES, Family
-from lmforge.interop.gguf_header import GGUFHeader, TensorInfo
+from lmforge.interop.gguf_header import GGUFHeader
 from lmforge.interop.hf import hf_config_to_ours, hf_shapes
 from lmforge.model.config import ModelConfig
 from lmforge.model.positions import rope_inv_freq
@@ -50,20 +50,18 @@ SUPPORTED_TYPES = (
 )  # fmt: skip
 
 
-class GGUFFile:
-    """A parsed GGUF: metadata as Python values and the tensor table (lmforge.interop.gguf_header,
-    every field checked before use), the tensors left in the file, read through a memory map."""
+class GGUFFile(GGUFHeader):
+    """A parsed GGUF: its checked header (metadata as Python values, the tensor table:
+    lmforge.interop.gguf_header) and the tensors left in the file, read through a memory map."""
 
     def __init__(self, path: str | Path):
-        self.header = GGUFHeader(path)
-        self.path, self.meta = self.header.path, self.header.meta
+        super().__init__(path)
         if int(self.meta.get("split.count", 1)) > 1:
-            self.header.close()
+            self.close()
             raise CheckpointError(
                 f"{self.path}: one shard of a {self.meta['split.count']}-file split GGUF; merge "
                 "the shards first (llama-gguf-split --merge)"
             )
-        self.tensors: dict[str, TensorInfo] = self.header.tensors
         self.architecture = self.meta.get("general.architecture")
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -76,32 +74,21 @@ class GGUFFile:
     def blocks(self, name: str) -> np.ndarray:
         """The stored bytes of a tensor as uint8 [rows, bytes per row]: a read-only view of the
         file's memory map (no copy), what gguf.quants.dequantize takes."""
-        shape = self.shape(name)
-        rows = math.prod(shape[:-1])
-        return self.header.raw(name).reshape(rows, -1)
+        return self.raw(name).reshape(math.prod(self.shape(name)[:-1]), -1)
 
     def read(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The tensor dequantised to `dtype` (via float32 for the block formats), torch order.
         F32/F16/BF16 tensors are converted straight from the file's bytes."""
         kind, shape = self.type_name(name), self.shape(name)
         if kind in PLAIN_TYPES:
-            raw = torch.from_numpy(self.header.raw(name).copy())  # one copy, writable
+            raw = torch.from_numpy(self.raw(name).copy())  # one copy, writable
             return raw.view(PLAIN_TYPES[kind]).view(shape).to(dtype)
+        import gguf
         from gguf.quants import dequantize
 
-        t = self.tensors[name]
-        values = dequantize(self.blocks(name), gguf_type(t.type_id))
-        values = np.ascontiguousarray(values, dtype=np.float32)
+        qtype = gguf.GGMLQuantizationType(self.tensors[name].type_id)
+        values = np.ascontiguousarray(dequantize(self.blocks(name), qtype), dtype=np.float32)
         return torch.from_numpy(values).view(shape).to(dtype)
-
-    def release(self, name: str) -> None:
-        """Drop a tensor's pages from this process's memory map once it has been converted (the
-        OS keeps them in its page cache): loading one tensor at a time then holds the converted
-        model plus one tensor, not the model plus the whole mapped file."""
-        self.header.release(name)
-
-    def close(self) -> None:
-        self.header.close()
 
     def key(self, name: str) -> Any:
         """The architecture-scoped metadata value `{arch}.{name}`; a clear error if absent."""
@@ -115,13 +102,6 @@ class GGUFFile:
 
 
 PLAIN_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-
-def gguf_type(type_id: int):
-    """gguf's GGMLQuantizationType for a type id."""
-    import gguf
-
-    return gguf.GGMLQuantizationType(type_id)
 
 
 # ---- metadata -> HF config ---------------------------------------------------------------------
