@@ -64,10 +64,8 @@ class ChatPlan:
 
 def text_of(content: Any) -> str:
     """A message's content as text: a string, None, or a list of {"type": "text"} parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    if content is None or isinstance(content, str):
+        return content or ""
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
@@ -98,17 +96,12 @@ def check_tool_messages(messages: Sequence[dict]) -> None:
                                        "earlier assistant tool call", f"messages.{i}")  # fmt: skip
 
 
-def template_renders_tools(tokenizer) -> bool:
-    template = getattr(tokenizer, "chat_template", None) or ""
-    return "tools" in template
-
-
 def _arguments_dict(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
         except json.JSONDecodeError:
-            return arguments
+            pass
     return arguments
 
 
@@ -121,7 +114,8 @@ def _call_block(call: dict) -> str:
 def render_prompt(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> str:
     """The prompt text of the conversation, tools included (the template's way, else the
     generic format of this module's docstring)."""
-    native = bool(tools) and template_renders_tools(tokenizer)
+    # a template that mentions `tools` renders them itself (as transformers passes them)
+    native = bool(tools) and "tools" in (getattr(tokenizer, "chat_template", None) or "")
     out = []
     for m in messages:
         m = {k: v for k, v in m.items() if v is not None}
@@ -263,9 +257,7 @@ def _parse_call(body: str, names: frozenset[str]) -> dict | None:
 
 def assistant_message(text: str, plan: ChatPlan) -> tuple[dict, bool]:
     """The reply as an OpenAI assistant message, and whether it holds tool calls."""
-    if not plan.parse_tools:
-        return {"role": "assistant", "content": text}, False
-    content, calls = parse_tool_calls(text, plan.tool_names)
+    content, calls = parse_tool_calls(text, plan.tool_names) if plan.parse_tools else (text, [])
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
@@ -278,7 +270,7 @@ class ToolCallStream:
     from a block's start on is kept for `finish`."""
 
     def __init__(self, plan: ChatPlan):
-        self.plan, self.sent, self.held = plan, "", ""
+        self.plan, self.held = plan, ""
         self.in_call = False
 
     def push(self, delta: str) -> str:
@@ -295,17 +287,10 @@ class ToolCallStream:
             keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self.held)), 0, -1)
                          if CALL_OPEN.startswith(self.held[-k:])), 0)  # fmt: skip
             out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
-        self.sent += out
         return out
 
     def finish(self) -> tuple[str, list[dict]]:
         """(content not sent yet, the calls) once the reply is complete."""
-        if not self.plan.parse_tools:
-            return "", []
-        held, self.held = self.held, ""
-        if not held:
-            return "", []
+        held, self.held = self.held, ""  # empty unless the plan parses tool calls
         content, calls = parse_tool_calls(held, self.plan.tool_names)
-        if not calls:
-            return held, []
         return content or "", calls
