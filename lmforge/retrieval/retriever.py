@@ -166,25 +166,15 @@ class Retriever:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         self.bm25.save(path / "bm25")
+        index = {"format": INDEX_FORMAT, "n_chunks": len(self.chunks), "encoder": None, "dim": None}
         if self.embeddings is not None:
-            meta = {"encoder": self.encoder_name or "", "dim": str(self.embeddings.shape[1])}
+            index.update(encoder=self.encoder_name, dim=int(self.embeddings.shape[1]))
+            meta = {"encoder": self.encoder_name or "", "dim": str(index["dim"])}
             save_tensors(path / "embeddings.safetensors", {"embeddings": self.embeddings}, meta)
         write_json(path / "chunks.json", [asdict(c) for c in self.chunks])
-        write_json(  # written last: a folder without it is not (yet) an index
-            path / "index.json",
-            {
-                "format": INDEX_FORMAT,
-                "n_chunks": len(self.chunks),
-                "encoder": self.encoder_name if self.embeddings is not None else None,
-                "dim": int(self.embeddings.shape[1]) if self.embeddings is not None else None,
-                "settings": self.settings,
-                "fusion": {
-                    "rrf_k": self.rrf_k,
-                    "depth": self.fusion_depth,
-                    "weights": list(self.fusion_weights),
-                },
-            },
-        )
+        fusion = {"rrf_k": self.rrf_k, "depth": self.fusion_depth, "weights": self.fusion_weights}
+        index |= {"settings": self.settings, "fusion": fusion}
+        write_json(path / "index.json", index)  # last: a folder without it is not (yet) an index
 
     @classmethod
     def load(
