@@ -23,6 +23,7 @@ compiler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -31,9 +32,10 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated, Any
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -173,7 +175,7 @@ def as_api_error(err: Exception) -> APIError:
         msg = first.get("msg", "invalid request")
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or first.get("ctx", {}).get("param")
-        return APIError(400, f"{param}: {msg}" if param else msg, param, first.get("type"))
+        return APIError(400, f"{param or 'the request body'}: {msg}", param, first.get("type"))
     if isinstance(err, HTTPException):
         kind = "invalid_request_error" if err.status_code < 500 else "server_error"
         return APIError(err.status_code, str(err.detail), type=kind)
@@ -271,27 +273,21 @@ def create_app(
         embedder = HiddenStateEmbedder(engine.model, tok, engine.max_len)
         embedding_name = model_name
 
-    def start_serving(error: BaseException | None) -> None:  # on the event loop
-        if state["stopping"]:
-            return
-        if error is not None:
-            print(f"warm-up failed ({type(error).__name__}: {error}); serving without it",
-                  file=sys.stderr)  # fmt: skip
-            engine.reset()  # a failed warm-up request may have left rows behind
-        runner.start()
-        state["ready"] = True
-        print("ready: warm-up finished", flush=True)
-
     def warm(loop: asyncio.AbstractEventLoop) -> None:  # in a daemon thread: exit never waits
-        error = None
         try:
             warm_up()
         except Exception as err:  # reported, then served without: the engine still works
-            error = err
-        try:
-            loop.call_soon_threadsafe(start_serving, error)
-        except RuntimeError:  # the server stopped (its loop closed) while this compiled
-            pass
+            print(f"warm-up failed ({type(err).__name__}: {err}); serving without it",
+                  file=sys.stderr)  # fmt: skip
+            engine.reset()  # a failed warm-up request may have left rows behind
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped meanwhile
+            loop.call_soon_threadsafe(start_serving)
+
+    def start_serving() -> None:  # on the event loop
+        if not state["stopping"]:
+            runner.start()
+            state["ready"] = True
+            print("ready: warm-up finished", flush=True)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -309,7 +305,7 @@ def create_app(
     app = FastAPI(title="lmforge", version="1", lifespan=lifespan)
     for kind in (APIError, RequestValidationError, HTTPException, LMForgeError, Exception):
         app.add_exception_handler(kind, _error_response)
-    app.state.engine, app.state.admission, app.state.warm = runner, admission, state
+    app.state.engine, app.state.admission = runner, admission
     if check_host is None:  # with a key, a rebinding page cannot call anything anyway
         check_host = api_key is None
     app.add_middleware(RequestGuard, api_key=api_key, check_host=check_host,
@@ -468,40 +464,38 @@ def create_app(
         data = await request.body()
         return {"text": await asyncio.to_thread(pdf_text, data)}
 
+    # The conversation routes are plain functions: FastAPI runs them in its thread pool, so a
+    # slow disk never holds up the event loop.
     @app.get("/api/conversations")
-    async def list_conversations():
-        return {"conversations": await asyncio.to_thread(store.list)}
+    def list_conversations():
+        return {"conversations": store.list()}
 
     @app.post("/api/conversations")
-    async def create_conversation(body: ConversationBody):
-        return await asyncio.to_thread(store.save, body.title, body.data)
+    def create_conversation(body: ConversationBody):
+        return store.save(body.title, body.data)
 
     @app.get("/api/conversations/export")
-    async def export_conversations():
-        return await asyncio.to_thread(store.export)
+    def export_conversations():
+        return store.export()
 
     @app.post("/api/conversations/import")
-    async def import_conversations(request: Request):
-        try:
-            document = await request.json()
-        except ValueError:
-            raise APIError(400, "malformed JSON body") from None
-        return {"imported": await asyncio.to_thread(store.import_, document)}
+    def import_conversations(document: Annotated[Any, Body()]):
+        return {"imported": store.import_(document)}
 
     @app.get("/api/conversations/{conversation_id}")
-    async def get_conversation(conversation_id: str):
-        found = await asyncio.to_thread(store.get, conversation_id)
+    def get_conversation(conversation_id: str):
+        found = store.get(conversation_id)
         if found is None:
             raise APIError(404, f"no conversation {conversation_id!r}", "conversation_id")
         return found
 
     @app.put("/api/conversations/{conversation_id}")
-    async def put_conversation(conversation_id: str, body: ConversationBody):
-        return await asyncio.to_thread(store.save, body.title, body.data, conversation_id)
+    def put_conversation(conversation_id: str, body: ConversationBody):
+        return store.save(body.title, body.data, conversation_id)
 
     @app.delete("/api/conversations/{conversation_id}")
-    async def delete_conversation(conversation_id: str):
-        if not await asyncio.to_thread(store.delete, conversation_id):
+    def delete_conversation(conversation_id: str):
+        if not store.delete(conversation_id):
             raise APIError(404, f"no conversation {conversation_id!r}", "conversation_id")
         return {"deleted": conversation_id}
 
