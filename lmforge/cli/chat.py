@@ -18,7 +18,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("chat", help="chat with a checkpoint in the terminal")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (with tokenizer)")
-    p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--system", help="system message")
     add_engine_args(p)
     add_compile_args(p, "One compile, a minute or more on a 2-core CPU, for the one running row.")
     add_sampling_args(p)

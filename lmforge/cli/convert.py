@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", metavar="SRC", help="--to-gguf: checkpoint LM.load reads")
     p.add_argument("--dtype", choices=("f16", "bf16", "q8_0"), default="f16",
                    help="--to-gguf: weight type (1-D tensors stay f32; default: f16)")  # fmt: skip
-    p.add_argument("--max-shard-mb", type=float, default=None, help="--to-hf: split weights into "
+    p.add_argument("--max-shard-mb", type=float, help="--to-hf: split weights into "
                    "shards of at most this many MiB (default: one file)")  # fmt: skip
     p.set_defaults(func=run)
 

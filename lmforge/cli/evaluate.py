@@ -22,23 +22,23 @@ def _common(p, data_required: bool = False, data_default: str | None = None) -> 
     _model_args(p, help="checkpoint folder (LM.save layout)")
     if data_required or data_default is not None:
         p.add_argument("--data", required=data_required, default=data_default)
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
-    p.add_argument("--out", default=None, help="folder for report.md / report.json / report.png")
+    p.add_argument("--limit", type=int, help="evaluate only the first N rows")
+    p.add_argument("--out", help="folder for report.md / report.json / report.png")
 
 
 def _model_args(p, dtype: bool = False, **checkpoint) -> None:
     p.add_argument("--checkpoint", required=True, **checkpoint)
     p.add_argument("--device", default="cpu")
     if dtype:
-        p.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
+        p.add_argument("--dtype", help="float32, bfloat16, float16")
 
 
 def _suite_args(p, name: str) -> None:
     """What the benchmark suites (core, chat) share: the checkpoint in --dtype, --max-per-task
     and --json."""
     _model_args(p, dtype=True)
-    p.add_argument("--max-per-task", type=int, default=None, help="examples per task")
-    p.add_argument("--json", default=None, help=f"write results, centered and {name} as JSON")
+    p.add_argument("--max-per-task", type=int, help="examples per task")
+    p.add_argument("--json", help=f"write results, centered and {name} as JSON")
 
 
 def register(sub) -> None:
@@ -47,8 +47,8 @@ def register(sub) -> None:
     ppl = esub.add_parser("perplexity", help="perplexity and bits-per-byte on a text corpus")
     _model_args(ppl)
     ppl.add_argument("--data", required=True, help="file, folder, .jsonl, builtin:NAME")
-    ppl.add_argument("--window", type=int, default=None, help="context tokens (max_seq_len)")
-    ppl.add_argument("--stride", type=int, default=None, help="window step (default: window)")
+    ppl.add_argument("--window", type=int, help="context tokens (max_seq_len)")
+    ppl.add_argument("--stride", type=int, help="window step (default: window)")
     ppl.set_defaults(func=run_perplexity)
 
     from lmforge.data.corpus import shared_data_dir
@@ -72,7 +72,7 @@ def register(sub) -> None:
 
     hal = esub.add_parser("hallucination", help="hallucination rate over a decoding grid")
     _common(hal, data_required=True)
-    hal.add_argument("--index", default=None, help="RAG index: also measure with retrieval")
+    hal.add_argument("--index", help="RAG index: also measure with retrieval")
     hal.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated")
     hal.add_argument("--top-ps", default="1.0,0.9", help="comma-separated")
     hal.add_argument("--samples", type=int, default=3, help="answers per question when sampling")
@@ -82,16 +82,15 @@ def register(sub) -> None:
     core = esub.add_parser("core", help="CORE metric (DCLM's 22 ICL tasks, nanochat's protocol)")
     _suite_args(core, "core")
     core.add_argument(
-        "--data", default=None,
-        help="folder of the task files (default: a cache folder, downloaded when missing)",
-    )  # fmt: skip
-    core.add_argument("--tasks", default=None, help="comma-separated task labels (default: all)")
+        "--data", help="folder of the task files (default: a cache folder, downloaded when missing)"
+    )
+    core.add_argument("--tasks", help="comma-separated task labels (default: all)")
     core.add_argument("--max-tokens", type=int, default=16384, help="tokens per scoring batch")
     core.set_defaults(func=run_core)
 
     chat = esub.add_parser("chat", help="ChatCORE: ARC-Easy/Challenge letters, GSM8K pass@1")
     _suite_args(chat, "chatcore")
-    chat.add_argument("--tasks", default=None, help="ARC-Easy,ARC-Challenge,GSM8K (default all)")
+    chat.add_argument("--tasks", help="ARC-Easy,ARC-Challenge,GSM8K (default all)")
     chat.add_argument("--data", default=str(shared_data_dir() / "core"), help="ARC files' folder")
     chat.add_argument("--gsm8k", default=str(shared_data_dir() / "gsm8k_test.jsonl"))
     chat.add_argument("--max-new-tokens", type=int, default=512)

@@ -15,9 +15,9 @@ COMPILE_CACHE = Path("~/.cache/lmforge/compile")
 def add_sampling_args(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
 
 
 def add_engine_args(p) -> None:
@@ -28,7 +28,7 @@ def add_engine_args(p) -> None:
 
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
-    p.add_argument("--quantize", default=None, choices=QUANTIZE_CHOICES, help=QUANTIZE_HELP)
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, help=QUANTIZE_HELP)
 
 
 def add_compile_args(p, ranges: str) -> None:
@@ -36,7 +36,7 @@ def add_compile_args(p, ranges: str) -> None:
     the long-lived engines (chat, serve) whose start-up can afford a compile that every later
     token repays."""
     p.add_argument(
-        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        "--compile", action=argparse.BooleanOptionalAction,
         help="compile the decode step at start-up (default: on where a compiler exists: a CUDA "
         f"GPU, or a C++ compiler for the CPU's AOTInductor). {ranges} The compiled steps are "
         "kept in --compile-cache, so a restart with the same weights loads them in seconds; "
@@ -109,13 +109,13 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     p.add_argument("--raw", action="store_true", help="continue the prompt text as it is; by "
                    "default a checkpoint with a chat template (an instruct model) gets each "
                    "prompt as a user message in that template")  # fmt: skip
     add_engine_args(p)
-    p.add_argument("--draft", default=None, metavar="CHECKPOINT_DIR", help="a smaller checkpoint "
+    p.add_argument("--draft", metavar="CHECKPOINT_DIR", help="a smaller checkpoint "
                    "with the same vocabulary: speculative decoding (same output distribution; "
                    "greedy output unchanged)")  # fmt: skip
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K",

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -178,10 +179,7 @@ def file_in_traceback(tb: TracebackType | None) -> str | None:
     """The name of the file an I/O error happened on, when the error itself does not carry it:
     the innermost frame of the traceback holding a file object with a path as its name (the
     file being decoded or written when read()/write() failed)."""
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
+    frames = [frame for frame, _ in traceback.walk_tb(tb)]
     for frame in reversed(frames):
         for value in frame.f_locals.values():
             if isinstance(value, io.IOBase):

@@ -46,11 +46,9 @@ def register(sub) -> None:
         "eval", help="score retrieval (recall@k, MRR) and answers (exact match, F1) on questions"
     )
     ev.add_argument("--index", required=True, help="folder written by `lmforge rag index`")
-    ev.add_argument(
-        "--questions", default=None, help="question set .jsonl (default: the shipped pydoc set)"
-    )
+    ev.add_argument("--questions", help="question set .jsonl (default: the shipped pydoc set)")
     ev.add_argument("--split", default="test", choices=["validation", "test", "all"])
-    ev.add_argument("--out", default=None, help="write per-question results to this .json file")
+    ev.add_argument("--out", help="write per-question results to this .json file")
     _add_answer_args(ev)
     ev.set_defaults(func=run_eval)
 
@@ -60,7 +58,6 @@ def _add_answer_args(p) -> None:
         "--model",
         "--checkpoint",
         dest="model",
-        default=None,
         help="chat model that writes the answer: an lmforge/HF folder or a .gguf file "
         "(default: none, extractive output)",
     )
@@ -79,12 +76,9 @@ def run_index(args) -> int:
     if corpus.skipped:
         print(f"warning: {corpus.skip_message()}", file=sys.stderr)
     encoder = None if args.encoder.lower() == "none" else args.encoder
-    settings = {
-        "corpus": str(args.corpus),
-        "chunk_size": args.chunk_size,
-        "overlap": args.overlap,
-        "unit": args.unit,
-    }
+    settings = dict(
+        corpus=str(args.corpus), chunk_size=args.chunk_size, overlap=args.overlap, unit=args.unit
+    )
     retriever = Retriever.build(chunks, encoder, None, args.batch_size, settings, progress=True)
     retriever.save(args.out)
     print(

