@@ -65,15 +65,13 @@ def run(args) -> int:
     # inference uses); HF and lmforge checkpoints were read in float32 already
     lm = LM.load(args.from_hf or args.to_hf or args.from_gguf, dtype="float32")
     steps.update()
-    if args.from_gguf:
-        lm.save(args.out, format="lmforge")  # LM.save alone would keep the HF family's layout
-        if lm.generation_config:
-            write_json(Path(args.out) / "generation_config.json", lm.generation_config)
-    elif args.from_hf:
-        lm.save(args.out, format="lmforge")
-    else:
+    if args.to_hf:
         shard = None if args.max_shard_mb is None else int(args.max_shard_mb * 2**20)
         lm.export_hf(args.out, max_shard_bytes=shard)
+    else:  # LM.save alone would keep the HF family's layout
+        lm.save(args.out, format="lmforge")
+        if args.from_gguf and lm.generation_config:
+            write_json(Path(args.out) / "generation_config.json", lm.generation_config)
     steps.update()
     steps.close()
     from lmforge.interop.hf import choose_family

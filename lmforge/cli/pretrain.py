@@ -11,22 +11,21 @@ def register(sub) -> None:
         help="pretrain a causal LM", example="--max_iters 500 --model.n_layer 6",
     )  # fmt: skip
     p.add_argument(
-        "--objective",
-        choices=("clm", "mlm", "mlm+nsp"),
-        default="clm",
+        "--objective", choices=("clm", "mlm", "mlm+nsp"), default="clm",
         help="clm: causal LM (default); mlm / mlm+nsp: a BERT encoder (masked LM, plus next-"
         "sentence prediction), fields of lmforge.train.encoder.EncoderTrainConfig",
-    )
+    )  # fmt: skip
 
 
 def run(args) -> int:
     if args.objective != "clm":
         return run_encoder(args)
+    from lmforge.model.config import ModelConfig
     from lmforge.train.config import TrainConfig
     from lmforge.train.pretrain import Pretrainer
 
     cfg = config_from_args(args, TrainConfig)
-    validate(cfg)
+    validate(cfg, ModelConfig, cfg.model_config)
     trainer = Pretrainer(cfg, resume=args.resume)
     result = trainer.run()
     parts = [
@@ -60,12 +59,13 @@ def run(args) -> int:
 
 
 def run_encoder(args) -> int:
+    from lmforge.model.bert import BertConfig
     from lmforge.train.config import parse_overrides
     from lmforge.train.encoder import EncoderPretrainer, EncoderTrainConfig
 
     overrides = parse_overrides(args.overrides) | {"objective": args.objective}
     cfg = config_from_args(args, EncoderTrainConfig, overrides)
-    validate(cfg)
+    validate(cfg, BertConfig, cfg.bert_config)
     result = EncoderPretrainer(cfg, resume=args.resume).run()
     parts = "  ".join(f"val {k} {v:.4f}" for k, v in result.items() if k[:3] in ("mlm", "nsp"))
     print(f"\nfinal: step {result['step']}  {parts}  {result['elapsed_s']:.1f} s training")
@@ -74,22 +74,13 @@ def run_encoder(args) -> int:
     return 0
 
 
-def validate(cfg) -> None:
+def validate(cfg, model_class: type, build_model_config) -> None:
     """Check what the trainer would otherwise find only after writing the tokenizer and token
-    shards into out_dir: the device, and the model config built from the run's settings (a
-    preset name, `model:` fields and their types). The vocabulary size is a stand-in here (the
-    tokenizer is not built yet); no model rule depends on its value."""
+    shards into out_dir: the device, and the `model_class` config `build_model_config` makes from
+    the run's settings (a preset name, `model:` fields and their types). The vocabulary size is
+    a stand-in here (the tokenizer is not built yet); no model rule depends on its value."""
     from lmforge.errors import check_field_types, require_device
-    from lmforge.train.config import TrainConfig
 
     require_device(cfg.device)
-    if isinstance(cfg, TrainConfig):
-        from lmforge.model.config import ModelConfig
-
-        check_field_types(ModelConfig, cfg.model, "model")
-        cfg.model_config(cfg.vocab_size)
-    else:
-        from lmforge.model.bert import BertConfig
-
-        check_field_types(BertConfig, cfg.model, "model")
-        cfg.bert_config(cfg.vocab_size)
+    check_field_types(model_class, cfg.model, "model")
+    build_model_config(cfg.vocab_size)
