@@ -149,26 +149,20 @@ def describe_kernels(dtype: torch.dtype, quantize: str | None, device="cpu") -> 
     if torch.device(device).type == "cuda":
         kernel = "_weight_int4pack_mm" if quantize == "int4" else "a GEMM on bf16-cast int8"
         return f"; {quantize}: {kernel} at every batch size"
-    kernel = "_weight_int4pack_mm_for_cpu" if quantize == "int4" else "_weight_int8pack_mm"
-    act = str(dtype).removeprefix("torch.")
-    kdtype = str(cpu_kernel_dtype(dtype)).removeprefix("torch.")
-    cast = "" if kdtype == act else f" on {kdtype}-rounded inputs"
     native = native_kernels()
     if native is not None:
         groups = " at group size 32, torch's kernels at others" if quantize == "int4" else ""
         return (f"; {quantize}: lmforge's {native.variant} {quantize} kernel (activations "
                 f"quantised to int8 per 32) at every batch size, decode and prefill"
                 f"{groups}")  # fmt: skip
-    gemm = dtype
-    if dtype == torch.float32 and cpu_features().native_bf16:  # gemm_dtype
-        gemm = torch.bfloat16
-    gname = str(gemm).removeprefix("torch.")
-    short = {"bfloat16": "bf16", "float16": "fp16"}.get(gname, gname)
-    big = (
-        f"{short} GEMM on a {short} copy of the int8 values"
-        if (quantize == "int8" and gemm != torch.float32)
-        else f"{gname} GEMM on dequantised weights"
-    )
+    kernel = "_weight_int4pack_mm_for_cpu" if quantize == "int4" else "_weight_int8pack_mm"
+    kdtype = cpu_kernel_dtype(dtype)
+    cast = "" if kdtype == dtype else f" on {str(kdtype).removeprefix('torch.')}-rounded inputs"
+    native_bf16 = dtype == torch.float32 and cpu_features().native_bf16
+    gemm = torch.bfloat16 if native_bf16 else dtype  # QuantizedLinear.gemm_dtype
+    big = f"{str(gemm).removeprefix('torch.')} GEMM on dequantised weights"
+    if quantize == "int8" and (short := {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(gemm)):
+        big = f"{short} GEMM on a {short} copy of the int8 values"
     if gemm != dtype:
         big += " (inputs rounded to it)"
     rows = QuantizedLinear.gemm_rows
@@ -223,11 +217,6 @@ def swap_linears(module: nn.Module, make) -> None:
         setattr(module.get_submodule(parent), attr, make(linear, name))
 
 
-def named_linears(module: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """(qualified name, layer) for every nn.Linear `swap_linears` would replace."""
-    return [(n, m) for n, m in module.named_modules() if plain_linear(m)]
-
-
 def to_inference_precision(
     model: nn.Module,
     dtype: torch.dtype | str | None = None,
@@ -259,18 +248,17 @@ def to_inference_precision(
         )
     if dtype in (None, "auto") and layers:  # quantised on load, or a GGUF file as stored
         return model
-    device = next(model.parameters()).device
+    first = next(model.parameters())
     announce = (quantize or "") if dtype == "auto" else None  # asked for: say what it chose
-    if dtype is None and quantize is not None:
-        dtype = "auto"
-    auto = dtype == "auto"
-    dtype = resolve_dtype(dtype, device, announce=announce, quantize=quantize)
-    if quantize is None and dtype in (None, next(model.parameters()).dtype):
+    auto = dtype == "auto" or (dtype is None and quantize is not None)
+    dtype = resolve_dtype("auto" if auto else dtype, first.device, announce=announce,
+                          quantize=quantize) or first.dtype  # fmt: skip
+    if quantize is None and dtype == first.dtype:
         return model
-    dtype = dtype or next(model.parameters()).dtype
+    device, codes = first.device, int4_codes or {}
     if quantize == "int4":
-        for name, linear in named_linears(model):
-            if not int4_codes or name not in int4_codes:
+        for name, linear in model.named_modules():
+            if plain_linear(linear) and name not in codes:
                 check_int4_shape(name, linear.in_features, group_size)
     if copy_model:
         model = copy.deepcopy(model)
@@ -278,7 +266,6 @@ def to_inference_precision(
     if quantize == "int8":
         swap_linears(model, lambda linear, name: Int8Linear(linear, dtype))
     elif quantize == "int4":
-        codes = int4_codes or {}
 
         def make(linear: nn.Linear, name: str) -> Int4Linear:
             if name in codes:
