@@ -241,20 +241,24 @@ def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> dict[s
         raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({err})") from err
 
 
-def check_state(path: str | Path, state: dict[str, torch.Tensor], expected: dict) -> None:
-    """CheckpointError unless the tensors read from the weights file `path` have exactly the
-    names and shapes of `expected` (the state of the model that config.json describes)."""
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
+def check_state(
+    path: str | Path, found: dict, expected: dict, source: str = "config.json", allowed=()
+) -> None:
+    """CheckpointError unless the weights file `path` holds (`found`) exactly the tensors
+    `expected` names, plus any of `allowed`, each with the shape `source` (config.json, the GGUF
+    metadata) implies. `found` and `expected` map names to tensors or to shapes."""
+    if missing := sorted(set(expected) - set(found)):
+        raise CheckpointError(f"{path}: missing tensor(s) {', '.join(missing[:5])}")
+    if unexpected := sorted(set(found) - set(expected) - set(allowed)):
         raise CheckpointError(
-            f"{path}: does not match config.json "
-            f"(missing: {missing[:5] or 'none'}, unexpected: {unexpected[:5] or 'none'})"
+            f"{path}: unexpected tensor(s) {', '.join(unexpected[:5])} ({source} has no place "
+            "for them)"
         )
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
+    for name, want in expected.items():
+        have, want = (tuple(getattr(x, "shape", x)) for x in (found[name], want))
+        if have != want:
             raise CheckpointError(
-                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, "
-                f"config.json implies {tuple(expected[name].shape)}"
+                f"{path}: tensor {name} has shape {have}, {source} implies {want}"
             )
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
+from lmforge.fileio import check_state
 from lmforge.interop.families import FAMILIES, Family
 from lmforge.interop.gguf_header import GGUFHeader
 from lmforge.interop.hf import hf_config_to_ours, hf_shapes
@@ -360,18 +361,8 @@ def check_tensors(
             f"{f.path}: tensor type(s) {', '.join(bad_types)} are not supported; supported: "
             f"{', '.join(SUPPORTED_TYPES)}"
         )
-    if missing := sorted(g for g in name_map if g not in f.tensors):
-        raise CheckpointError(f"{f.path}: missing tensor(s) {', '.join(missing[:5])}")
-    extra = {"rope_freqs.weight"} | ({"output.weight"} if config.tie_embeddings else set())
-    if unexpected := sorted(n for n in f.tensors if n not in name_map and n not in extra):
-        raise CheckpointError(
-            f"{f.path}: unexpected tensor(s) {', '.join(unexpected[:5])} for {f.architecture} "
-            "with this metadata"
-        )
-    for gguf_name, hf_name in name_map.items():
-        if f.shape(gguf_name) != expected[hf_name]:
-            raise CheckpointError(
-                f"{f.path}: tensor {gguf_name} has shape {f.shape(gguf_name)}, the GGUF metadata "
-                f"implies {expected[hf_name]}"
-            )
+    found = {name: t.shape for name, t in f.tensors.items()}
+    allowed = {"rope_freqs.weight"} | ({"output.weight"} if config.tie_embeddings else set())
+    wanted = {g: expected[hf_name] for g, hf_name in name_map.items()}
+    check_state(f.path, found, wanted, "the GGUF metadata", allowed)
     return name_map

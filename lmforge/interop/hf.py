@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError, require_choice
-from lmforge.fileio import read_json, save_tensors, write_json
+from lmforge.fileio import check_state, read_json, save_tensors, write_json
 from lmforge.interop.families import FAMILIES, Family, Rule
 from lmforge.model.config import ModelConfig
 from lmforge.model.io import INDEX_FILE, build_model, read_tensors, save_model, weight_files
@@ -100,25 +100,12 @@ def convert_state(family: Family, config: ModelConfig, files: dict[str, Path], w
         uncovered = sorted(set(expected) ^ set(key_map))[:5]
         raise LMForgeError(f"{family.model_type} converter does not cover {uncovered}")
     canonical = family.normalize_keys(list(files))
-    wanted = {hf for rule in key_map.values() for hf in rule.hf_keys}
-    if missing := sorted(wanted - set(canonical)):
-        raise CheckpointError(f"{where}: missing tensor(s) {', '.join(missing[:5])}")
-    unexpected = sorted(
-        k for k in set(canonical) - wanted
-        if not k.endswith(family.ignored_suffixes)
-        and not (k == "lm_head.weight" and config.tie_embeddings)
-    )  # fmt: skip
-    if unexpected:
-        raise CheckpointError(
-            f"{where}: unexpected tensor(s) {', '.join(unexpected[:5])} for "
-            f"{family.model_type} with this config.json"
-        )
-    raw = read_tensors(files, [canonical[k] for k in wanted])
-    for key, shape in hf_shapes(family, config, expected).items():
-        if (found := tuple(raw[canonical[key]].shape)) != shape:
-            raise CheckpointError(
-                f"{where}: tensor {key} has shape {found}, config.json implies {shape}"
-            )
+    shapes = hf_shapes(family, config, expected)
+    raw = read_tensors(files, [canonical[k] for k in shapes if k in canonical])
+    tied = {"lm_head.weight"} if config.tie_embeddings else set()
+    allowed = {k for k in canonical if k.endswith(family.ignored_suffixes)} | tied
+    found = {k: raw.get(canonical[k], ()) for k in canonical}  # () for a tensor not read
+    check_state(where, found, shapes, "config.json", allowed)
     return {
         ours: to_ours(rule, [raw[canonical[k]] for k in rule.hf_keys])
         for ours, rule in key_map.items()
