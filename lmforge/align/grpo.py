@@ -148,9 +148,8 @@ class GRPOTrainer(RLTrainer):
                 cfg.clip_eps_high,
             )  # fmt: skip
             return loss, {**stats, "kl": torch.zeros(())}
-        num_items = getattr(self, "_tokens_per_row", None)
         return grpo_loss(
             logp, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.completion_mask,
             cfg.clip_eps, cfg.beta, cfg.loss_type, cfg.clip_eps_high, cfg.max_new_tokens,
-            None if num_items is None else num_items * len(mb), cfg.kl_correction,
+            self._tokens_per_row * len(mb), cfg.kl_correction,
         )  # fmt: skip

@@ -260,10 +260,9 @@ class PPOTrainer(RLTrainer):
         scores = SCORE_NORMS[cfg.score_norm](rollout.rewards, self.moments)
         if cfg.score_clip is not None:
             scores = scores.clamp(-cfg.score_clip, cfg.score_clip)
-        adv, ret, kl = ppo_advantages(
+        rollout.advantages, rollout.returns, kl = ppo_advantages(
             rollout, beta, cfg.variant, cfg.gamma, cfg.lam, cfg.whiten_advantages, scores
         )
-        rollout.advantages, rollout.returns = adv, ret
         keys = ("loss", "policy_loss", "value_loss", "entropy", "clip_frac", "approx_kl")
         stats = self.minibatch_steps(rollout, cfg.ppo_epochs, cfg.minibatch_size,
                                      lambda mb: self._minibatch_loss(mb, beta), keys)  # fmt: skip
@@ -276,12 +275,10 @@ class PPOTrainer(RLTrainer):
         mask = mb.completion_mask
         rows = (mb.input_ids, mb.attention_mask, mb.prompt_width)
         stats, hidden = completion_stats(self.lm.model, *rows, cfg.temperature, entropy=True)
-        logp = stats.logp
-        values = self.critic(hidden, *rows)
-        pg, pstats = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mask, cfg.clip_eps)
-        vf = ppo_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
+        pg, pstats = ppo_policy_loss(stats.logp, mb.old_logprobs, mb.advantages, mask, cfg.clip_eps)
+        vf = ppo_value_loss(self.critic(hidden, *rows), mb.values, mb.returns, mask, cfg.value_clip)
         entropy = masked_mean(stats.entropy, mask)
-        penalty = kl_penalty(cfg.variant, logp, mb.ref_logprobs, mask, beta)
+        penalty = kl_penalty(cfg.variant, stats.logp, mb.ref_logprobs, mask, beta)
         loss = cfg.vf_coef * vf
         if self.step >= cfg.critic_warmup:  # during warm-up only the critic learns
             loss = loss + pg - cfg.ent_coef * entropy + penalty
