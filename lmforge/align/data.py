@@ -113,7 +113,7 @@ def message_segments(messages: list[dict], tokenizer) -> list[tuple[str, bool]]:
             raise DataError("chat template is not prefix-consistent; cannot mask prompts")
         segments += [(prefix[len(done) :], False), (full[len(prefix) :], True)]
         done = full
-    if not any(trainable for _, trainable in segments):
+    if not segments:
         raise DataError("conversation has no assistant message to train on")
     return segments
 
@@ -127,17 +127,14 @@ def _first(record: dict, keys: Sequence[str], what: str) -> Any:
 
 def sft_segments(record: dict, tokenizer) -> list[tuple[str, bool]]:
     """The (text, trainable) pieces of one SFT record, in any accepted form."""
-    if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__}")
     if "messages" in record:
         return message_segments(record["messages"], tokenizer)
     prompt = _first(record, PROMPT_KEYS, "the prompt")
     response = _first(record, RESPONSE_KEYS, "the response")
     if isinstance(prompt, list):  # conversational prompt + completion
-        reply = response if isinstance(response, list) else [
-            {"role": "assistant", "content": response}
-        ]  # fmt: skip
-        return message_segments(prompt + reply, tokenizer)
+        if not isinstance(response, list):
+            response = [{"role": "assistant", "content": response}]
+        return message_segments(prompt + response, tokenizer)
     if not isinstance(prompt, str) or not isinstance(response, str):
         raise DataError("prompt and response must be strings (or message lists)")
     if not response.strip():
@@ -186,8 +183,6 @@ def encode_sft(record: dict, tokenizer, max_len: int, add_bos: bool = False) -> 
 
 def preference_parts(record: dict) -> tuple[Any, Any, Any]:
     """(prompt, chosen, rejected) of a preference record, the HH form included."""
-    if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__}")
     for key in ("chosen", "rejected"):
         if key not in record:
             raise DataError(f"missing field '{key}'")
@@ -311,6 +306,8 @@ def _load_records(source, kind: str, encode, skip_invalid: bool, **task_kw) -> D
     out = Dataset([])
     for where, record in records_from(source, kind, **task_kw):
         try:
+            if not isinstance(record, dict):  # files are checked by read_jsonl, lists here
+                raise DataError(f"expected a JSON object, got {type(record).__name__}")
             out.examples += encode(record)
         except DataError as err:
             if not skip_invalid:
@@ -350,8 +347,6 @@ def unpaired_records(record: Any) -> list[tuple[dict, bool]]:
     {"messages", "label"} (the assistant turns are the completion), or a preference pair split in
     two (chosen desirable). A line with none of these, or a label that is not a boolean, raises
     DataError saying what is missing."""
-    if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__}")
     if "label" not in record:
         if "chosen" in record or "rejected" in record:
             prompt, chosen, rejected = preference_parts(record)
