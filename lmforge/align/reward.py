@@ -218,15 +218,18 @@ def policy_pairs(
                 ]
                 out.examples.append(D.PreferenceExample(*pair))
     if not out.examples:
-        why = f"had only right or only wrong samples out of {samples}"
-        if rejected == "greedy":
-            why = "had a right greedy answer, or no right sample and no reference answer"
-        raise DataError(f"no on-policy pairs: all {len(records)} prompts {why}; "
-                        "raise pair_samples or pair_temperature")  # fmt: skip
+        raise DataError(f"no on-policy pairs: all {len(records)} prompts had "
+                        f"{PAIR_REJECTED[rejected]} ({samples} samples each); raise pair_samples "
+                        "or pair_temperature")  # fmt: skip
     return out, unpaired
 
 
-PAIR_REJECTED = ("sample", "greedy")  # policy_pairs' rejected replies: a wrong sample | greedy
+# policy_pairs' rejected replies (a wrong sample | the greedy answer where it is wrong), each with
+# what a prompt that gives no pair had
+PAIR_REJECTED = {
+    "sample": "only right or only wrong samples",
+    "greedy": "a right greedy answer, or no right sample and no reference answer",
+}
 
 
 def reference_reply(tokenizer, answer: str | int) -> tuple[int, ...]:
@@ -323,9 +326,7 @@ def sampled_pairs(trainer: AlignTrainer, source, tokenizer, max_len: int, skip_i
         rejected=how.pairs_rejected,
     )  # fmt: skip
     trainer.log(f"{split}: {len(pairs)} on-policy pairs from {len(records)} prompts "
-                f"({unpaired} gave none: " + ("a right greedy answer, or only wrong samples "
-                "and no reference answer)" if how.pairs_rejected == "greedy"
-                else "only right or only wrong samples)"))  # fmt: skip
+                f"({unpaired} gave none: {PAIR_REJECTED[how.pairs_rejected]})")  # fmt: skip
     if trainer.dist.is_main:
         lines = [json.dumps(pair_text(p, tokenizer)) + "\n" for p in pairs.examples]
         role = "train" if split == "train" else "eval"
