@@ -413,19 +413,15 @@ def create_app(
 
     def plan_for(req: ChatCompletionRequest) -> ChatPlan:
         """The turn's prompt and grammar (in a worker thread: templates, grammar compiles)."""
+        body = req.model_dump(by_alias=True, exclude_none=True)
         try:
-            plan = plan_chat(
-                tok, grammars_for, [m.model_dump(exclude_none=True) for m in req.messages],
-                tools=[t.model_dump(exclude_none=True) for t in req.tools or []],
-                tool_choice=req.tool_choice if isinstance(req.tool_choice, str | None)
-                else req.tool_choice.model_dump(),
-                response_format=req.response_format.model_dump(by_alias=True, exclude_none=True)
-                if req.response_format else None,
+            return plan_chat(
+                tok, grammars_for, body["messages"], tools=body.get("tools", []),
+                tool_choice=body.get("tool_choice"), response_format=body.get("response_format"),
                 parallel_tool_calls=req.parallel_tool_calls,
             )  # fmt: skip
         except ChatRequestError as err:
             raise APIError(400, str(err), err.param) from None
-        return plan
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
