@@ -57,12 +57,7 @@ def qa_prompt(question: str) -> str:
 # learned the pattern should give.
 SQUARES = ([Example("2", "4"), Example("3", "9"), Example("5", "25")], "7", "49")
 ADDITION = ([Example("2+3", "5"), Example("10+4", "14"), Example("6+7", "13")], "17+25", "42")
-LINEAR = (
-    [Example("f(2)", "5"), Example("f(3)", "7"), Example("f(4)", "9")],
-    "f(10)",
-    "21",
-)
-FIXTURES = {"squares": SQUARES, "addition": ADDITION, "linear": LINEAR}
+LINEAR = ([Example("f(2)", "5"), Example("f(3)", "7"), Example("f(4)", "9")], "f(10)", "21")
 
 
 # style -> (shots, chain of thought); shots None = every example given
