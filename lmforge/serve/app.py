@@ -113,7 +113,7 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                outputs: list = engine.step()
+                outputs = [(out.request_id, out) for out in engine.step()]
             except Exception as err:  # keep serving: fail the running requests, start clean
                 log.exception("engine step failed")
                 failed = {s.request_id for s in [*engine.rows, *engine.waiting]}
@@ -122,12 +122,10 @@ class AsyncEngine:
             if outputs:
                 self._loop.call_soon_threadsafe(self._dispatch, outputs)
 
-    def _dispatch(self, outputs: list) -> None:
-        for out in outputs:
-            rid = out[0] if isinstance(out, tuple) else out.request_id
-            inbox = self._inboxes.get(rid)
-            if inbox is not None:
-                inbox.put_nowait(out[1] if isinstance(out, tuple) else out)
+    def _dispatch(self, outputs: list[tuple[str, StepOutput | EngineFailure]]) -> None:
+        for rid, out in outputs:
+            if (inbox := self._inboxes.get(rid)) is not None:
+                inbox.put_nowait(out)
 
     async def generate(
         self, prompt: str | Sequence[int], params: GenerationParams, n: int = 1

@@ -174,14 +174,10 @@ class RequestGuard:
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A receive that hands over the already-read body first, then waits on the client
     (disconnect) as the original does."""
-    sent = False
+    unsent = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay():
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        return unsent.pop() if unsent else await receive()
 
     return replay
 
