@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules.
 
-- AdamW with the usual decay/no-decay split (`build_adamw`).
+- AdamW with the usual decay/no-decay split (`build_optimizer`).
 - Muon (`Muon`, `build_optimizer(..., "muon")`): momentum SGD whose update for each hidden
   weight matrix is orthogonalised by a Newton-Schulz iteration, with AdamW for everything else
   (embeddings, the output head, norm gains, biases). K. Jordan et al., "Muon: An optimizer for
@@ -30,21 +30,6 @@ SCHEDULES = ("cosine", "wsd")
 # Newton-Schulz quintic coefficients (a, b, c) of X <- aX + b(XX^T)X + c(XX^T)^2 X, chosen to
 # push every singular value into ~[0.7, 1.2] in 5 steps (Jordan et al. 2024)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-
-
-def build_adamw(
-    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
-) -> torch.optim.AdamW:
-    """Decay matrices and embeddings; never biases or norm gains (nanoGPT/GPT-3 practice).
-
-    Uses the fused kernel (one call updates every parameter), available on CPU and GPU.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
 
 
 def wsd_lr(
@@ -141,17 +126,12 @@ class Muon(torch.optim.Optimizer):
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 bufs.append(self.state[p]["momentum_buffer"])
             torch._foreach_lerp_(bufs, grads, 1 - mu)
-            if group["nesterov"]:
-                updates = torch._foreach_lerp(grads, bufs, mu)
-            else:
-                updates = bufs
+            updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
             ortho = newton_schulz(torch.stack(updates), group["ns_steps"])
             if wd:
                 torch._foreach_mul_(same, 1 - lr * wd)
-            if group["lr_adjust"] == "original":
-                factor = max(1.0, m / n) ** 0.5
-            else:  # match_rms_adamw
-                factor = 0.2 * max(m, n) ** 0.5
+            original = group["lr_adjust"] == "original"  # else match_rms_adamw
+            factor = max(1.0, m / n) ** 0.5 if original else 0.2 * max(m, n) ** 0.5
             torch._foreach_add_(same, list(ortho.unbind(0)), alpha=-lr * factor)
 
     def _adamw(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
@@ -188,21 +168,23 @@ def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     AdamW at lr for the rest (weight_decay on embeddings and the head, none on gains, biases).
     """
     require_choice("optimizer", cfg.optimizer, OPTIMIZERS)
-    lr, muon_lr, betas = cfg.lr, cfg.muon_lr, (cfg.beta1, cfg.beta2)
-    if cfg.optimizer == "adamw":
-        optimizer = build_adamw(model, lr, cfg.weight_decay, betas)
-    else:  # muon
-        hidden = hidden_matrices(model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if id(p) in hidden], "muon": True, "lr": muon_lr,
-             "lr_scale": muon_lr / lr, "weight_decay": cfg.muon_weight_decay},
-            {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]  # fmt: skip
-        groups = [g for g in groups if g["params"]]
-        optimizer = Muon(groups, lr=lr, momentum=cfg.muon_momentum, ns_steps=cfg.ns_steps,
-                         betas=betas, weight_decay=cfg.weight_decay,
+    params = [p for p in model.parameters() if p.requires_grad]
+    hidden = hidden_matrices(model) if cfg.optimizer == "muon" else set()
+    # decay matrices and embeddings, never biases or norm gains (nanoGPT/GPT-3 practice)
+    groups = [
+        {"params": [p for p in params if id(p) not in hidden and p.dim() >= 2],
+         "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]  # fmt: skip
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":  # the fused kernel: one call updates every parameter
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, fused=True)
+    else:
+        muon = {"params": [p for p in params if id(p) in hidden], "muon": True,
+                "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
+                "weight_decay": cfg.muon_weight_decay}  # fmt: skip
+        optimizer = Muon([g for g in (muon, *groups) if g["params"]], lr=cfg.lr,
+                         momentum=cfg.muon_momentum, ns_steps=cfg.ns_steps, betas=betas,
                          lr_adjust=cfg.muon_lr_adjust)  # fmt: skip
     for group in optimizer.param_groups:
         group.setdefault("lr_scale", 1.0)
