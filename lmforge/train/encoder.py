@@ -78,7 +78,7 @@ class EncoderTrainConfig(SmallRunConfig):
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        require_choice("objective", self.objective, OBJECTIVES)
+        require_choice("objective", self.objective, CURVES)
         super().__post_init__()
         require_positive_ints(self, "eval_iters")
         require_fraction(self, "mask_prob")
@@ -182,52 +182,28 @@ def nsp_rows(texts: list[str], tok: Tokenizer, ids: dict[str, int], block_size: 
     return make_nsp_pairs(docs, ids["cls"], ids["sep"], ids["pad"], block_size, g)
 
 
-class MLMObjective:
-    """Masked-language modelling: loss on the selected positions only."""
-
-    model_cls: type[nn.Module] = BertForMaskedLM
-    use_pooler = False  # as HF's BertForMaskedLM; a classifier fine-tuned on it starts a new one
-    curves = ("mlm_loss", "mlm_acc")
-
-    def rows(self, texts: list[str], tok: Tokenizer, ids: dict, cfg: EncoderTrainConfig) -> dict:
-        return mlm_rows(tok.encode_batch(texts), ids, cfg.block_size)
-
-    def losses(
-        self, model: nn.Module, batch: dict, labels: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """{"loss": the total to minimise, and its parts / accuracies as tensors}."""
-        h, pooled = model.bert(batch["input_ids"], batch["attention_mask"],
-                               batch.get("token_type_ids"))  # fmt: skip
-        selected = labels != -100
-        logits = model.mlm(h[selected], model.bert.embeddings.word.weight)
-        target, n = labels[selected], max(1, int(selected.sum()))
-        loss = F.cross_entropy(logits.float(), target, reduction="sum") / n
-        out = {"loss": loss, "mlm_loss": loss, "mlm_acc": (logits.argmax(-1) == target).sum() / n}
-        return self.extra(model, pooled, batch, out)
-
-    def extra(self, model, pooled, batch, out):
-        return out
+# the metrics each objective plots (train and val)
+CURVES = {"mlm": ("mlm_loss", "mlm_acc"),
+          "mlm+nsp": ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")}  # fmt: skip
 
 
-class MLMNSPObjective(MLMObjective):
-    """BERT's original pretraining: MLM plus the binary is-next-sentence head on [CLS]."""
-
-    model_cls = BertForPreTraining
-    use_pooler = True  # the NSP head reads tanh(W h_[CLS] + b)
-    curves = ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")
-
-    def rows(self, texts, tok, ids, cfg):
-        return nsp_rows(texts, tok, ids, cfg.block_size, cfg.seed)
-
-    def extra(self, model, pooled, batch, out):
+def bert_losses(model: nn.Module, batch: dict, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{"loss": the total to minimise, and its parts / accuracies as tensors}: masked-language
+    modelling on the selected positions only, plus BERT's binary is-next-sentence loss on [CLS]
+    for a batch of NSP pairs (objective mlm+nsp, a BertForPreTraining)."""
+    h, pooled = model.bert(batch["input_ids"], batch["attention_mask"],
+                           batch.get("token_type_ids"))  # fmt: skip
+    selected = labels != -100
+    logits = model.mlm(h[selected], model.bert.embeddings.word.weight)
+    target, n = labels[selected], max(1, int(selected.sum()))
+    loss = F.cross_entropy(logits.float(), target, reduction="sum") / n
+    out = {"loss": loss, "mlm_loss": loss, "mlm_acc": (logits.argmax(-1) == target).sum() / n}
+    if "next_sentence_label" in batch:
         logits, labels = model.nsp(pooled).float(), batch["next_sentence_label"]
         out["nsp_loss"] = F.cross_entropy(logits, labels)
         out["nsp_acc"] = (logits.argmax(-1) == labels).float().mean()
-        out["loss"] = out["loss"] + out["nsp_loss"]
-        return out
-
-
-OBJECTIVES: dict[str, type[MLMObjective]] = {"mlm": MLMObjective, "mlm+nsp": MLMNSPObjective}
+        out["loss"] = loss + out["nsp_loss"]
+    return out
 
 
 def trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -249,15 +225,18 @@ class EncoderPretrainer(Trainer):
         self.name = cfg.objective
         self.open_run(cfg, Parallel(require_device(cfg.device)), resume, log)
         torch.manual_seed(cfg.seed)
-        self.objective = OBJECTIVES[cfg.objective]()
-        self.curves = [(split, m) for m in self.objective.curves for split in ("train", "val")]
+        nsp = cfg.objective == "mlm+nsp"
+        self.curves = [(split, m) for m in CURVES[cfg.objective] for split in ("train", "val")]
         texts = list(read_documents(cfg.data, text_field=cfg.text_field))
         train = lambda: train_bert_tokenizer(texts, cfg.tokenizer, cfg.vocab_size)  # noqa: E731
         self.tokenizer = build_tokenizer(cfg, self.out_dir, train)
         self.ids = bert_token_ids(self.tokenizer)
         self.special_ids = torch.tensor(sorted(set(self.ids.values())))
         try:
-            rows = self.objective.rows(texts, self.tokenizer, self.ids, cfg)
+            if nsp:
+                rows = nsp_rows(texts, self.tokenizer, self.ids, cfg.block_size, cfg.seed)
+            else:
+                rows = mlm_rows(self.tokenizer.encode_batch(texts), self.ids, cfg.block_size)
         except LMForgeError as err:
             raise DataError(f"{cfg.data}: {err}") from None
         n = len(rows["input_ids"])
@@ -266,8 +245,11 @@ class EncoderPretrainer(Trainer):
             raise DataError(f"{cfg.data}: only {n} row(s) of {cfg.block_size} tokens; need 2+")
         self.train_rows = {k: v[: n - n_val] for k, v in rows.items()}
         self.val_rows = {k: v[n - n_val :] for k, v in rows.items()}
-        self.model_config = cfg.bert_config(self.tokenizer.vocab_size, self.objective.use_pooler)
-        self.model = self.objective.model_cls(self.model_config).to(self.device)
+        # the NSP head reads tanh(W h_[CLS] + b); MLM alone has no pooler, as HF's
+        # BertForMaskedLM (a classifier fine-tuned on it starts a new one)
+        self.model_config = cfg.bert_config(self.tokenizer.vocab_size, use_pooler=nsp)
+        model_cls = BertForPreTraining if nsp else BertForMaskedLM
+        self.model = model_cls(self.model_config).to(self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)  # batches and masking
         self.start(self.model)
         params = sum(p.numel() for p in self.model.parameters())
@@ -291,7 +273,7 @@ class EncoderPretrainer(Trainer):
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        out = self.objective.losses(self.model, inputs, batch["labels"])
+        out = bert_losses(self.model, inputs, batch["labels"])
         return out["loss"], {k: v for k, v in out.items() if k != "loss"}
 
     @torch.no_grad()

@@ -22,7 +22,7 @@ from lmforge.train.encoder import (
     BERT_SPECIAL_TOKENS,
     EncoderPretrainer,
     EncoderTrainConfig,
-    MLMObjective,
+    bert_losses,
     bert_token_ids,
     nsp_sentences,
     train_bert_tokenizer,
@@ -66,7 +66,7 @@ def test_mlm_loss_is_computed_on_selected_positions_only():
     selected = labels != -100
     assert 0 < selected.sum() < ids.numel() // 2 and not (selected & special).any()
     batch = {"input_ids": inputs, "attention_mask": torch.ones_like(inputs)}
-    ours = MLMObjective().losses(model, batch, labels)
+    ours = bert_losses(model, batch, labels)
     logits = model(inputs)[0]
     reference = F.cross_entropy(logits[selected], ids[selected])
     torch.testing.assert_close(ours["mlm_loss"], reference)
