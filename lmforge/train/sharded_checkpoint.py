@@ -41,10 +41,9 @@ LATEST = "latest.json"
 FORMAT = "lmforge-sharded-safetensors/1"
 # The dtypes a checkpoint may name (a name outside this table is refused, never looked up), each
 # with safetensors' name for it (what a shard's header reports).
-ST_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-            torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}  # fmt: skip
-SAFETENSORS_DTYPES = {str(dt).removeprefix("torch."): dt for dt in ST_NAMES}
+ST_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+            "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+            "bool": "BOOL"}  # fmt: skip
 _OLD_FORMAT = (
     "was written by an older lmforge in torch.distributed.checkpoint format, whose .metadata is "
     "a pickle and cannot be read safely; start a new out_dir, or consolidate it with the lmforge "
@@ -116,14 +115,12 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
     tensors: dict[str, torch.Tensor] = {}
     skeleton = state_skeleton({"model": model_sd, "optimizer": optim_sd}, "", tensors, str(target))
     tied = _tied_names(model, set(tensors))
-    for name, tensor in tensors.items():  # a dtype the reader would refuse: fail now, not later
-        if str(tensor.dtype).removeprefix("torch.") not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{target}: {name} has dtype {tensor.dtype}, not storable")
-
     slices: dict[str, torch.Tensor] = {}
     offsets: dict[str, list[int]] = {}
     seen: dict[tuple, str] = {}
-    for name, tensor in tensors.items():
+    for name, tensor in tensors.items():  # nothing is written before every dtype is checked
+        if str(tensor.dtype).removeprefix("torch.") not in ST_NAMES:
+            raise CheckpointError(f"{target}: {name} has dtype {tensor.dtype}, not storable")
         if name in tied:
             continue
         local, offset, owner = _local_slice(tensor.detach(), rank)
@@ -203,7 +200,7 @@ def _check_meta(step_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{where}: world_size must be >= 1, got {meta['world_size']}")
     for name, info in meta["tensors"].items():
         if not (isinstance(info, dict) and _int_list(info.get("shape"))
-                and info.get("dtype") in SAFETENSORS_DTYPES):  # fmt: skip
+                and info.get("dtype") in ST_NAMES):  # fmt: skip
             raise CheckpointError(f"{where}: tensor {name!r} needs a shape and a known dtype")
     for alias, name in meta["tied"].items():
         if name not in meta["tensors"]:
@@ -260,7 +257,7 @@ class _Chunks:
             raise CheckpointError(f"{path}: tensor {name!r} has a bad offset {offset!r}")
         if any(o + s > f for o, s, f in zip(offset, shape, full)):
             raise CheckpointError(f"{path}: slice of {name!r} lies outside its shape {full}")
-        if ST_NAMES[SAFETENSORS_DTYPES[info["dtype"]]] != dtype:
+        if ST_NAMES[info["dtype"]] != dtype:
             raise CheckpointError(f"{path}: {name!r} is {dtype}, meta.json says {info['dtype']}")
         self.chunks.setdefault(name, []).append((index, offset, shape))
 
@@ -294,9 +291,6 @@ class _Chunks:
         if filled != out.numel():
             raise CheckpointError(f"{self.step_dir}: the shards do not cover all of {name!r}")
 
-    def open(self, stack: ExitStack) -> list:
-        return [stack.enter_context(safe_open(str(p), framework="pt")) for p in self.files]
-
 
 def check_checkpoint(step_dir: Path) -> dict[str, Any]:
     """meta.json of a complete checkpoint, after checking every shard's header (present, not
@@ -304,10 +298,7 @@ def check_checkpoint(step_dir: Path) -> dict[str, Any]:
     Reads JSON and safetensors headers only: a checkpoint in the old pickle format is refused."""
     meta = _check_meta(step_dir)
     _Chunks(step_dir, meta)
-    for rank in range(meta["world_size"]):
-        if not (step_dir / f"rank{rank}.json").is_file():
-            raise CheckpointError(f"missing per-rank state {step_dir / f'rank{rank}.json'}")
-    read_rank_states(step_dir, meta["world_size"])  # readable too: a complete checkpoint
+    read_rank_states(step_dir, meta["world_size"])  # present and readable: a complete checkpoint
     return meta
 
 
@@ -331,7 +322,7 @@ def _fill(step_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor]
     chunks = _Chunks(step_dir, meta)
     with ExitStack() as stack, torch.no_grad():
         try:
-            handles = chunks.open(stack)
+            handles = [stack.enter_context(safe_open(str(p), framework="pt")) for p in chunks.files]
         except (SafetensorError, OSError) as err:
             raise CheckpointError(f"{step_dir}: cannot open the shards ({err})") from err
         for name, tensor in tensors.items():
