@@ -10,16 +10,11 @@ from pathlib import Path
 
 def read_series(path: str | Path, split: str, metric: str) -> tuple[list[int], list[float]]:
     """(steps, values) of one curve in a metrics.csv; empty lists if the file is absent."""
-    steps: list[int] = []
-    values: list[float] = []
     if not Path(path).is_file():
-        return steps, values
+        return [], []
     with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            if row["split"] == split and row["metric"] == metric:
-                steps.append(int(row["step"]))
-                values.append(float(row["value"]))
-    return steps, values
+        rows = [r for r in csv.DictReader(fh) if r["split"] == split and r["metric"] == metric]
+    return [int(r["step"]) for r in rows], [float(r["value"]) for r in rows]
 
 
 class MetricsLog:
