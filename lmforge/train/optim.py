@@ -90,9 +90,7 @@ class Muon(torch.optim.Optimizer):
         nesterov: bool = True, ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.99),
         eps: float = 1e-8, weight_decay: float = 0.0, lr_adjust: str = "original",
     ):  # fmt: skip
-        if lr_adjust not in MUON_LR_ADJUST:
-            raise ConfigError(f"muon_lr_adjust must be one of {', '.join(MUON_LR_ADJUST)}; "
-                              f"got {lr_adjust!r}")  # fmt: skip
+        require_choice("muon_lr_adjust", lr_adjust, MUON_LR_ADJUST)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                         betas=betas, eps=eps, weight_decay=weight_decay, muon=False,
                         lr_adjust=lr_adjust)  # fmt: skip
