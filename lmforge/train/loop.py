@@ -215,7 +215,6 @@ class Trainer(ABC):
         # a bar on a terminal, a plain line every few seconds in a redirected log
         bar = progress_bar(total=cfg.max_iters, initial=self.step, desc=self.name, disable=not show)
         result: dict[str, Any] = {}
-        evaluated_any = False
         every = cfg.checkpoint_interval or cfg.eval_interval
         window_tokens, window_start = 0, time.perf_counter()
         # throughput after the warm-up: the steps after this process's first log_interval
@@ -255,7 +254,6 @@ class Trainer(ABC):
                     last = self.step >= cfg.max_iters or stop
                     if self.step % cfg.eval_interval == 0 or last:
                         evaluated = self._evaluate()
-                        evaluated_any = True
                         result.update(evaluated)
                         stop = self.dist.broadcast_flag(self.should_stop(evaluated)) or stop
                         if show and evaluated:
@@ -278,7 +276,7 @@ class Trainer(ABC):
         finally:
             bar.close()
             self.metrics.close()
-        if not evaluated_any:  # resumed at max_iters: nothing trained, still report
+        if self.step == first_step:  # resumed at max_iters: nothing trained, still report
             result.update(self._evaluate())
         result = self.finish(result)
         result.update(step=self.step, elapsed_s=self.elapsed)
@@ -286,8 +284,7 @@ class Trainer(ABC):
             result.update(self.throughput(self.tokens_seen / max(1e-9, self.elapsed)))
             if steady_steps:
                 rate = steady_steps * self.tokens_per_step / max(1e-9, steady_seconds)
-                after = self.throughput(rate)
-                result.update({f"{k}_after_warmup": v for k, v in after.items()})
+                result.update({f"{k}_after_warmup": v for k, v in self.throughput(rate).items()})
                 result["warmup_steps"] = warm_steps
         if self.dist.is_main:
             write_json(self.out_dir / "final_metrics.json", result)
