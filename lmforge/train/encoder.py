@@ -117,9 +117,10 @@ def train_bert_tokenizer(texts, kind: str = "bpe", vocab_size: int = 4096) -> To
 
 def bert_token_ids(tok: Tokenizer) -> dict[str, int]:
     """Ids of [PAD] [UNK] [CLS] [SEP] [MASK], by role or by BERT's spelling; missing -> error."""
-    ids = {}
-    for role, default in BERT_SPECIAL_TOKENS.items():
-        ids[role] = tok.token_to_id(tok.special_tokens.get(role, default))
+    ids = {
+        role: tok.token_to_id(tok.special_tokens.get(role, default))
+        for role, default in BERT_SPECIAL_TOKENS.items()
+    }
     if missing := [BERT_SPECIAL_TOKENS[r] for r, i in ids.items() if i is None]:
         raise ConfigError(f"tokenizer lacks BERT special token(s) {', '.join(missing)}")
     return ids
