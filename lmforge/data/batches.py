@@ -102,9 +102,7 @@ def iterate_eval_batches(
     _check_block(shard, batch_size, block_size)
     n_blocks = (len(shard) - 1) // block_size
     starts = np.arange(n_blocks, dtype=np.int64) * block_size
-    for i, lo in enumerate(range(0, n_blocks, batch_size)):
-        if max_batches is not None and i >= max_batches:
-            return
+    for lo in range(0, n_blocks, batch_size)[:max_batches]:  # [:None]: every batch
         yield _split_xy(_gather(shard, starts[lo : lo + batch_size], block_size + 1), device)
 
 
