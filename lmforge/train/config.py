@@ -257,14 +257,13 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
         else:
             data[key] = value
     where = flat_fields(cls)
-    valid = set(where)
-    unknown = sorted(set(data) - valid)
+    unknown = sorted(data.keys() - where.keys())
     for key in unknown:
-        if RENAMED.get(key) in valid:
+        if RENAMED.get(key) in where:
             raise ConfigError(f"{source}: {key} is now called {RENAMED[key]}")
     if unknown:
         raise ConfigError(
-            f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}"
+            f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(where))}"
         )
     if not isinstance(data.get("model", {}), dict):
         raise ConfigError(f"{source}: 'model' must be a mapping of ModelConfig fields")
