@@ -51,17 +51,6 @@ _OLD_FORMAT = (
 )
 
 
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 # ---- tensors and where they sit --------------------------------------------------------------
 def _tied_names(model: torch.nn.Module, names: set[str]) -> dict[str, str]:
     """{name: canonical name} for state-dict entries that are the same parameter or buffer object
@@ -103,12 +92,14 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
     """Collective (also works in one process without a process group): write
     step_<meta['step']> under root and point latest.json at it."""
     root = Path(root)
-    rank, world = _rank_world()
+    group = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if group else (0, 1)
     target = root / f"step_{meta['step']:08d}"
     remove_stale_temps(root)  # orphans of saves killed before the rename (every rank: its host)
     if rank == 0 and target.exists():  # a half-written save of this step from a killed run
         shutil.rmtree(target)
-    _barrier()
+    if group:
+        dist.barrier()
     from torch.distributed.checkpoint.state_dict import get_state_dict  # slow to import
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -143,7 +134,8 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
             **meta, "format": FORMAT, "world_size": world, "tensors": shapes, "tied": tied,
             "state": skeleton,
         })  # fmt: skip
-    _barrier()  # every shard is on disk
+    if group:
+        dist.barrier()  # every shard is on disk
     if rank == 0:
         write_json(root / LATEST, {"step": meta["step"], "dir": target.name})
         for old in root.glob("step_*"):
