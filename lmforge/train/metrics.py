@@ -44,8 +44,7 @@ class MetricsLog:
             writer = csv.writer(fh)
             if new_file:
                 writer.writerow(["step", "split", "metric", "value"])
-            for name, value in values.items():
-                writer.writerow([step, split, name, f"{value:.6g}"])
+            writer.writerows([step, split, name, f"{value:.6g}"] for name, value in values.items())
         if self.writer is not None:
             for name, value in values.items():
                 self.writer.add_scalar(f"{split}/{name}", value, step)
