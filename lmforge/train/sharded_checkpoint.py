@@ -270,13 +270,10 @@ class _Chunks:
         for index, c_off, c_shape in self.chunks.get(name, []):
             lo = [max(a, b) for a, b in zip(c_off, offset)]
             hi = [min(a + s, b + t) for a, s, b, t in zip(c_off, c_shape, offset, out.shape)]
-            if any(h <= lo_ for lo_, h in zip(lo, hi)) and out.dim():
+            if any(h <= lo_ for lo_, h in zip(lo, hi)):  # no overlap (a 0-dim one always has)
                 continue
-            if out.dim() == 0:
-                part = handles[index].get_tensor(name)
-            else:
-                src = tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_off))
-                part = handles[index].get_slice(name)[src]
+            src = tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_off))
+            part = handles[index].get_slice(name)[src]  # [()]: a 0-dim tensor whole
             dst = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, offset))
             out[dst].copy_(part)
             filled += part.numel()
