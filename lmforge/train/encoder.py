@@ -29,6 +29,7 @@ from lmforge.errors import (
     LMForgeError,
     require_choice,
     require_device,
+    require_int,
     require_positive_ints,
 )
 from lmforge.fileio import read_json, save_tensors, write_json
@@ -83,8 +84,7 @@ class EncoderTrainConfig(SmallRunConfig):
         require_positive_ints(self, "eval_iters")
         require_fraction(self, "mask_prob")
         require_fraction(self, "val_fraction")
-        if not isinstance(self.block_size, int) or self.block_size < 8:
-            raise ConfigError(f"block_size must be an integer >= 8, got {self.block_size!r}")
+        require_int("block_size", self.block_size, low=8)
 
     def bert_config(self, vocab_size: int, use_pooler: bool = True) -> BertConfig:
         """The model's BertConfig: `model:` fields plus vocabulary and positions from this run."""
