@@ -12,7 +12,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.data.shards import TokenShard
-from lmforge.errors import ConfigError, DataError, require_int
+from lmforge.errors import DataError, require_choice, require_int
 
 
 def _gather(shard: TokenShard, starts: np.ndarray, width: int) -> torch.Tensor:
@@ -114,8 +114,7 @@ def pad_collate(
     Left padding keeps every sequence's last token in the last column, which batched generation
     needs; right padding is the usual choice for training.
     """
-    if side not in ("left", "right"):
-        raise ConfigError(f"pad_collate side must be 'left' or 'right', got {side!r}")
+    require_choice("pad_collate side", side, ("left", "right"))
     if not sequences:
         raise DataError("pad_collate got no sequences")
     rows = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
