@@ -102,5 +102,4 @@ def load(checkpoint: str):
     meta.pop("model_type", None)
     model = Seq2Seq(Seq2SeqConfig(**meta))
     model.load_state_dict(load_tensors(Path(checkpoint) / "model.safetensors"))
-    task = NumberTask(reverse=task_meta["reverse"])
-    return model.eval(), task
+    return model.eval(), NumberTask(reverse=task_meta["reverse"])
