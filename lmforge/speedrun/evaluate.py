@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -108,24 +108,30 @@ def kl_to_reference(
 
 
 def evaluate_models(
-    models: dict[str, Path],
-    reference: Path | None,
-    reward_model: Path | None,
-    records: list[dict],
-    val_bin: Path | None,
-    settings: dict[str, Any],
-    device: torch.device,
-    log=print,
-    core_data: Path | None = None,
-    chat_data: dict[str, list[dict]] | None = None,
+    ctx, models: dict[str, Path]
 ) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, str]]]]:
-    """({stage: {perplexity, bpb, accuracy, reward, kl, core}}, {stage: greedy replies}) for each
-    checkpoint in `models` (core when `core_data` is a folder of CORE task files; replies to
-    settings["chat_prompts"])."""
+    """({stage: {perplexity, bpb, accuracy, reward, kl, core, ...}}, {stage: greedy replies}) for
+    each checkpoint in `models`, with the eval stage's RunContext `ctx` (stages.py; not imported:
+    stages imports this module): its plan's `eval` settings, perplexity where pretraining left a
+    validation shard, reward and KL where the reward and SFT stages ran, CORE where its task files
+    are (core_data), ChatCORE with `chat_tasks`, and replies to settings["chat_prompts"]."""
+    from lmforge.align.data import load_prompts
     from lmforge.align.reward import RewardModel
-    from lmforge.eval.chat_eval import evaluate_chat
+    from lmforge.eval.chat_eval import evaluate_chat, load_chat_data, select_chat_tasks
     from lmforge.eval.core import evaluate_core
 
+    settings, device, log = ctx.plan["eval"], ctx.device, ctx.log
+    records = load_prompts(ctx.task_source(), settings["n_problems"], seed=4242, split="test")
+    val_bin = ctx.dir("pretrain") / "data" / "val.bin"
+    core_data = find_core_data(settings.get("core_data", "auto"))
+    if core_data is None and settings.get("core_data", "auto") == "auto":
+        log("eval: no CORE task files (../shared/data/core or lmforge eval core's cache); "
+            "CORE skipped")  # fmt: skip
+    chat_data, per_task = None, settings.get("chat_per_task")
+    if tasks := settings.get("chat_tasks"):  # ChatCORE's (ARC reads CORE's files)
+        tasks = [t for t in select_chat_tasks(tasks) if core_data or t == "GSM8K"]
+        chat_data = load_chat_data(tasks, core_data, settings["gsm8k"], per_task)
+    reward_model, reference = ctx.done("reward"), ctx.done("sft")
     rm = RewardModel.load(reward_model, device=device)[0] if reward_model else None
     ref = LM.load(reference, device=device) if reference else None
     new_tokens = settings["max_new_tokens"]
@@ -136,7 +142,7 @@ def evaluate_models(
         lm = LM.load(path, device=device)
         lm.model.eval()
         row: dict[str, float] = {}
-        if val_bin is not None:
+        if val_bin.is_file():
             heldout = heldout_perplexity(lm, val_bin, settings["ppl_tokens"])
             row["perplexity"], row["bpb"] = heldout.perplexity, heldout.bits_per_byte
         row["accuracy"] = greedy_accuracy(lm, records, new_tokens)

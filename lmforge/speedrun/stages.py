@@ -170,39 +170,14 @@ class EvalStage(Stage):
     name, title = "eval", "Every model on one yardstick (held-out problems and text)"
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from lmforge.align.data import load_prompts
-        from lmforge.speedrun.evaluate import evaluate_models, find_core_data
+        from lmforge.speedrun.evaluate import evaluate_models
 
-        settings = ctx.plan["eval"]
         models = {s: ctx.dir(s) for s in POLICY_STAGES if ctx.done(s)}
         if ctx.plan.get("init"):  # the pretrained start, scored like the rest
             models = {"start": Path(ctx.plan["init"]), **models}
         if not models:
             raise LMForgeError("eval: no finished model stages to evaluate")
-        records = load_prompts(ctx.task_source(), settings["n_problems"], seed=4242, split="test")
-        val_bin = ctx.dir("pretrain") / "data" / "val.bin"
-        core_data = find_core_data(settings.get("core_data", "auto"))
-        if core_data is None and settings.get("core_data", "auto") == "auto":
-            ctx.log("eval: no CORE task files (../shared/data/core or lmforge eval core's cache); "
-                    "CORE skipped")  # fmt: skip
-        chat_data, per_task = None, settings.get("chat_per_task")
-        if tasks := settings.get("chat_tasks"):  # ChatCORE's (ARC reads CORE's files)
-            from lmforge.eval.chat_eval import load_chat_data, select_chat_tasks
-
-            tasks = [t for t in select_chat_tasks(tasks) if core_data or t == "GSM8K"]
-            chat_data = load_chat_data(tasks, core_data, settings["gsm8k"], per_task)
-        table, samples = evaluate_models(
-            models,
-            reference=ctx.done("sft"),
-            reward_model=ctx.done("reward"),
-            records=records,
-            val_bin=val_bin if val_bin.is_file() else None,
-            settings=settings,
-            device=ctx.device,
-            log=ctx.log,
-            core_data=core_data,
-            chat_data=chat_data,
-        )
+        table, samples = evaluate_models(ctx, models)
         write_json(ctx.dir(self.name) / "eval.json", table)
         write_json(ctx.dir(self.name) / "samples.json", samples)
         return {f"{stage}.{k}": v for stage, row in table.items() for k, v in row.items()}
