@@ -84,7 +84,6 @@ class Replay:
     def __init__(
         self,
         tokens: np.ndarray,
-        coef: float,
         batch_size: int,
         block_size: int,
         seed: int,
@@ -97,7 +96,7 @@ class Replay:
                 raise DataError(f"{where}: fewer than 2 tokens to replay")
             block_size = len(tokens) - 1
         self.tokens = torch.from_numpy(np.ascontiguousarray(tokens))
-        self.coef, self.batch_size, self.block_size = coef, batch_size, block_size
+        self.batch_size, self.block_size = batch_size, block_size
         self.seed, self.rank, self.device = seed, rank, torch.device(device)
         self._step, self._call = -1, 0
 
@@ -106,8 +105,7 @@ class Replay:
         """The trainer's replay of `cfg.replay_data` (`AlignTrainer.with_replay` builds it)."""
         tokens = load_replay_tokens(cfg.replay_data, trainer.tokenizer, cfg.replay_max_tokens)
         block = min(cfg.replay_block_size, trainer.lm.config.max_seq_len)
-        rank = getattr(getattr(trainer, "dist", None), "rank", 0)
-        return cls(tokens, cfg.replay_coef, cfg.replay_batch_size, block, trainer.cfg.seed, rank,
+        return cls(tokens, cfg.replay_batch_size, block, trainer.cfg.seed, trainer.dist.rank,
                    trainer.device, cfg.replay_data)  # fmt: skip
 
     def windows(self, step: int) -> Tensor:

@@ -36,8 +36,8 @@ def sft_cfg(out, **kw):
 
 def test_windows_depend_only_on_seed_rank_step_and_call():
     tokens = np.arange(1000, dtype=np.int64)
-    a = Replay(tokens, 1.0, batch_size=4, block_size=16, seed=3)
-    b = Replay(tokens, 1.0, batch_size=4, block_size=16, seed=3)
+    a = Replay(tokens, batch_size=4, block_size=16, seed=3)
+    b = Replay(tokens, batch_size=4, block_size=16, seed=3)
     first = a.windows(7)
     assert first.shape == (4, 16)
     # contiguous slices of the stream
@@ -45,7 +45,7 @@ def test_windows_depend_only_on_seed_rank_step_and_call():
     assert torch.equal(b.windows(7), first)  # a resumed run at step 7 draws the same windows
     assert not torch.equal(a.windows(7), first)  # a second call in one step draws new ones
     assert not torch.equal(a.windows(8), b.windows(9))
-    other_rank = Replay(tokens, 1.0, batch_size=4, block_size=16, seed=3, rank=1)
+    other_rank = Replay(tokens, batch_size=4, block_size=16, seed=3, rank=1)
     assert not torch.equal(other_rank.windows(7), first)
 
 
@@ -75,7 +75,7 @@ def test_replay_keeps_the_replayed_text_learnt(tmp_path, text_file):
                       max_iters=40)  # fmt: skip
         trainer = SFTTrainer(cfg, log=quiet)
         trainer.run()
-        probe = Replay(load_replay_tokens(str(text_file), trainer.tokenizer, 10_000), 1.0, 16,
+        probe = Replay(load_replay_tokens(str(text_file), trainer.tokenizer, 10_000), 16,
                        24, seed=99)  # fmt: skip
         with torch.no_grad():
             losses[coef] = probe.loss(trainer.lm.model.eval(), 0).item()
