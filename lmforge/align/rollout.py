@@ -149,14 +149,13 @@ class Rollout:
     def select(self, index: Tensor | Sequence[int]) -> Rollout:
         """The rows in ``index`` (a minibatch), tensors and lists alike."""
         index = torch.as_tensor(index, dtype=torch.long)
-        rows = index.tolist()
         changes: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
                 changes[f.name] = value[index.to(value.device)]
             elif isinstance(value, list) and value:
-                changes[f.name] = [value[i] for i in rows]
+                changes[f.name] = [value[i] for i in index.tolist()]
         return replace(self, **changes)
 
     def minibatches(self, size: int, generator: torch.Generator | None = None) -> Iterator[Rollout]:
@@ -291,13 +290,12 @@ class VerifierReward:
         scores = []
         for i, (record, completion) in enumerate(zip(rollout.records, rollout.completions)):
             try:
-                value = float(self.fn(record, completion))
+                scores.append(float(self.fn(record, completion)))
             except Exception as err:
                 raise RewardError(
                     f"{self.name} raised {type(err).__name__}: {err} on sample {i} "
                     f"(prompt {_clip(str(record.get('prompt')))}, completion {_clip(completion)})"
                 ) from err
-            scores.append(value)
         out = torch.tensor(scores, dtype=torch.float32)
         check_finite(out, rollout, self.name)
         return out.to(rollout.input_ids.device)
@@ -337,8 +335,7 @@ class ModelReward:
 
 def check_finite(scores: Tensor, rollout: Rollout, name: str) -> None:
     """Raise RewardError naming the first sample whose reward is NaN or infinite."""
-    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-    if bad:
+    if bad := (~torch.isfinite(scores)).nonzero().flatten().tolist():
         i = bad[0]
         prompt = rollout.prompts[i] if rollout.records else "?"
         completion = rollout.completions[i] if rollout.completions else "?"
