@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -113,12 +112,7 @@ class OldTaskReplay(Regularizer):
                                     t.cfg.replay_temperature, b["attention_mask"])  # fmt: skip
 
 
-REGULARIZERS: dict[str, Callable[[Any], Regularizer]] = {
-    "none": Regularizer,
-    "l2": L2,
-    "ewc": EWC,
-    "replay": OldTaskReplay,
-}
+REGULARIZERS = {"none": Regularizer, "l2": L2, "ewc": EWC, "replay": OldTaskReplay}
 
 
 class ContinualTrainer(SFTTrainer):

@@ -119,11 +119,7 @@ class RewardCritic(nn.Module):
         return rm.head(pooled[:, start - 1 : -1]).squeeze(-1).float()
 
 
-CRITICS: dict[str, type[nn.Module]] = {
-    "head": HeadCritic,
-    "separate": SeparateCritic,
-    "reward": RewardCritic,
-}
+CRITICS = {"head": HeadCritic, "separate": SeparateCritic, "reward": RewardCritic}
 
 # ----------------------------------------------------------------------------- KL placement
 

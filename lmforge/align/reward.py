@@ -93,12 +93,7 @@ def pool_match(h: Tensor, mask: Tensor, ids: Tensor, rm) -> Tensor:
     return (terms * m).sum(1) / m.sum(1).clamp(min=1)
 
 
-POOLING: dict[str, Callable[[Tensor, Tensor, Tensor, nn.Module], Tensor]] = {
-    "last": pool_last,
-    "mean": pool_mean,
-    "eos": pool_eos,
-    "match": pool_match,
-}
+POOLING = {"last": pool_last, "mean": pool_mean, "eos": pool_eos, "match": pool_match}
 
 
 class RewardModel(nn.Module):
