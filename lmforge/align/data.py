@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from lmforge.align.logprobs import IGNORE
 from lmforge.data.batches import pad_collate
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
@@ -44,7 +45,6 @@ from lmforge.interop.chat_template import render_chat
 from lmforge.tasks import hh, synthetic
 from lmforge.tasks.gsm8k import gsm8k_answer
 
-IGNORE = -100
 PROMPT_KEYS = ("prompt", "question", "instruction", "input")
 RESPONSE_KEYS = ("response", "completion", "answer", "output")
 

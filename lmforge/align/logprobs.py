@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.model.linear import linear, plain_linear
 
+IGNORE = -100  # the label of a position that is not scored (HF's and F.cross_entropy's default)
 # fp32 logits per chunk (2**24 = 64 MB): tokens per chunk = this // vocabulary size
 CHUNK_ELEMENTS = 1 << 24
 
@@ -42,30 +43,26 @@ def _check_aligned(x: Tensor, labels: Tensor, what: str = "logits must be [B, T,
         raise LMForgeError(f"{what} and labels [B, T]; got {shapes}")
 
 
-def token_logprobs(logits: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
-    """log p(label_t) for every position, [B, T] in fp32; 0 where the label is ``ignore_index``.
+def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
+    """log p(label_t) for every position, [B, T] in fp32; 0 where the label is IGNORE.
     (The trainers never build the logits: they go through `head_token_stats`.)"""
     _check_aligned(logits, labels)
-    valid = labels != ignore_index
+    valid = labels != IGNORE
     safe = torch.where(valid, labels, torch.zeros_like(labels)).unsqueeze(-1)
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, safe).squeeze(-1) * valid
 
 
 def sequence_logprobs(
-    logits: Tensor,
-    labels: Tensor,
-    mask: Tensor | None = None,
-    ignore_index: int = -100,
-    average: bool = False,
+    logits: Tensor, labels: Tensor, mask: Tensor | None = None, average: bool = False
 ) -> Tensor:
     """Sum of log p(label_t) over positions where ``mask`` is 1 → [B] (the DPO sequence log-prob).
 
-    ``mask`` defaults to ``labels != ignore_index``; pass the completion mask so prompt tokens
+    ``mask`` defaults to ``labels != IGNORE``; pass the completion mask so prompt tokens
     do not count. ``average=True`` divides by the number of counted tokens (the length-normalised
     log-prob of SimPO, ORPO and CPO's ipo).
     """
-    lp = token_logprobs(logits, labels, ignore_index)
-    mask = labels != ignore_index if mask is None else mask
+    lp = token_logprobs(logits, labels)
+    mask = labels != IGNORE if mask is None else mask
     return masked_mean(lp, mask, -1) if average else (lp * mask).sum(-1)
 
 
@@ -100,24 +97,17 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
 # ----------------------------------------------------------------------------- SFT
 
 
-def sft_loss(
-    logits: Tensor, labels: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0
-) -> Tensor:
+def sft_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> Tensor:
     """Next-token cross-entropy on response tokens, mean over the tokens that count.
 
     ``labels`` are HF-style and unshifted (a copy of input_ids with prompt and padding positions
-    set to ``ignore_index``); this function shifts: logits[:, t] predicts labels[:, t+1].
+    set to IGNORE); this function shifts: logits[:, t] predicts labels[:, t+1].
     """
     _check_aligned(logits, labels)
     logits, labels = logits[:, :-1].float(), labels[:, 1:]
-    if not (labels != ignore_index).any():
+    if not (labels != IGNORE).any():
         return logits.sum() * 0.0  # nothing to learn from, but keep the graph for backward()
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
-        labels.reshape(-1),
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-    )
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), label_smoothing=label_smoothing)
 
 
 # ----------------------------------------------------------------------------- chunked LM head
@@ -153,7 +143,7 @@ def map_token_chunks(
 class TokenStats(NamedTuple):
     """Per-token quantities of the next-token distribution, each [B, T] in fp32."""
 
-    logp: Tensor  # log p(label); 0 where the label is ignore_index
+    logp: Tensor  # log p(label); 0 where the label is IGNORE
     entropy: Tensor | None  # H(p) (PPO's entropy bonus); None unless asked for
     mean_logp: Tensor | None  # mean over the vocabulary of log p (label smoothing's term)
 
@@ -216,7 +206,6 @@ def head_token_stats(
     head: Callable[[Tensor], Tensor],
     hidden: Tensor,
     labels: Tensor,
-    ignore_index: int = -100,
     entropy: bool = False,
     mean_logp: bool = False,
     chunk: int | None = None,
@@ -229,7 +218,7 @@ def head_token_stats(
     logits, and so do their gradients (tests/align/test_chunked_head.py)."""
     _check_aligned(hidden, labels, "hidden must be [B, T, d]")
     b, t, d = hidden.shape
-    valid = labels != ignore_index
+    valid = labels != IGNORE
     safe = torch.where(valid, labels, torch.zeros_like(labels)).reshape(-1)
 
     def stats(h: Tensor, y: Tensor) -> tuple[Tensor, ...]:
@@ -297,10 +286,10 @@ def lm_head_fn(model: nn.Module, temperature: float = 1.0) -> Callable[[Tensor],
 def lm_token_stats(model: nn.Module, input_ids: Tensor, labels: Tensor,
                    attention_mask: Tensor | None = None, **stats) -> TokenStats:  # fmt: skip
     """`TokenStats` [B, T - 1] of the tokens ``labels[:, 1:]`` (HF-style, unshifted:
-    ``labels[:, t]`` is predicted at position t-1; ``ignore_index`` marks tokens that do not
-    count) under `model` (anything with `hidden_states`, `norm` and `lm_head`, as lmforge's
-    Transformer), with the LM head applied a chunk of tokens at a time (`stats`:
-    head_token_stats' ignore_index, entropy, mean_logp)."""
+    ``labels[:, t]`` is predicted at position t-1; IGNORE marks tokens that do not count)
+    under `model` (anything with `hidden_states`, `norm` and `lm_head`, as lmforge's Transformer),
+    with the LM head applied a chunk of tokens at a time (`stats`: head_token_stats' entropy,
+    mean_logp)."""
     h = model.hidden_states(input_ids, attention_mask)[:, :-1]
     return final_head_stats(model, h, labels[:, 1:], **stats)
 
@@ -308,7 +297,7 @@ def lm_token_stats(model: nn.Module, input_ids: Tensor, labels: Tensor,
 def final_head_stats(model: nn.Module, hidden: Tensor, labels: Tensor, **stats) -> TokenStats:
     """`TokenStats` of `labels` [B, T] from `model`'s last hidden states [B, T, d] (before its
     final norm; position t predicts ``labels[:, t]``): the final norm and the LM head, a chunk of
-    tokens at a time (`stats`: head_token_stats' ignore_index, entropy, mean_logp)."""
+    tokens at a time (`stats`: head_token_stats' entropy, mean_logp)."""
     head = lm_head_fn(model)
     return head_token_stats(lambda x: head(model.norm(x)), hidden, labels, **stats)
 
@@ -319,12 +308,11 @@ def lm_sequence_logprobs(
     labels: Tensor,
     attention_mask: Tensor | None = None,
     average: bool = False,
-    ignore_index: int = -100,
 ) -> Tensor:
     """`sequence_logprobs` of ``labels`` (HF-style, unshifted) under `model` -> [B], through the
     chunked LM head."""
-    logp = lm_token_stats(model, input_ids, labels, attention_mask, ignore_index=ignore_index).logp
-    return masked_mean(logp, labels[:, 1:] != ignore_index, -1) if average else logp.sum(-1)
+    logp = lm_token_stats(model, input_ids, labels, attention_mask).logp
+    return masked_mean(logp, labels[:, 1:] != IGNORE, -1) if average else logp.sum(-1)
 
 
 def nll_from_stats(stats: TokenStats, mask: Tensor, label_smoothing: float = 0.0) -> Tensor:
@@ -346,10 +334,8 @@ def lm_sft_loss(
     labels: Tensor,
     attention_mask: Tensor | None = None,
     label_smoothing: float = 0.0,
-    ignore_index: int = -100,
 ) -> Tensor:
     """`sft_loss(model(input_ids), labels)` through the chunked LM head (labels HF-style and
     unshifted)."""
-    stats = lm_token_stats(model, input_ids, labels, attention_mask, ignore_index=ignore_index,
-                           mean_logp=label_smoothing > 0)  # fmt: skip
-    return nll_from_stats(stats, labels[:, 1:] != ignore_index, label_smoothing)
+    stats = lm_token_stats(model, input_ids, labels, attention_mask, mean_logp=label_smoothing > 0)
+    return nll_from_stats(stats, labels[:, 1:] != IGNORE, label_smoothing)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lmforge.align.logprobs import TokenStats, head_token_stats, lm_head_fn
+from lmforge.align.logprobs import IGNORE, TokenStats, head_token_stats, lm_head_fn
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError, LMForgeError
 from lmforge.infer.engine import Engine
@@ -84,7 +84,7 @@ def completion_stats(
     completion tokens with padding ignored."""
     h = completion_hidden(model, input_ids, attention_mask, start)
     if labels is None:
-        labels = input_ids[:, start:].masked_fill(attention_mask[:, start:] == 0, -100)
+        labels = input_ids[:, start:].masked_fill(attention_mask[:, start:] == 0, IGNORE)
     stats = head_token_stats(lm_head_fn(model, temperature), h, labels, entropy=entropy)
     return stats, h
 
@@ -257,7 +257,7 @@ class RolloutEngine:
     def annotate(self, rollout: Rollout, keep_logprobs: bool = True) -> None:
         """Fill in π_old / π_ref log-probs and values (no gradients; models in eval mode)."""
         args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_width, self.temperature)
-        labels = rollout.completion_ids.masked_fill(rollout.completion_mask == 0, -100)
+        labels = rollout.completion_ids.masked_fill(rollout.completion_mask == 0, IGNORE)
         if keep_logprobs or self.value_fn is not None:
             with eval_mode(self.policy):
                 stats, hidden = completion_stats(self.policy, *args, labels=labels)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lmforge.align.logprobs import lm_sft_loss
+from lmforge.align.logprobs import IGNORE, lm_sft_loss
 from lmforge.align.rl import RLConfig, RLTrainer
 from lmforge.align.rollout import Rollout
 from lmforge.errors import ConfigError, require_choice, require_positive_ints
@@ -81,8 +81,8 @@ class RSFTTrainer(RLTrainer):
 
     def kept_loss(self, mb: Rollout) -> tuple[Tensor, dict[str, float]]:
         """The SFT loss of a minibatch of kept samples: on their completion tokens only."""
-        labels = mb.input_ids.masked_fill(mb.attention_mask == 0, -100)
-        labels[:, : mb.prompt_width] = -100
+        labels = mb.input_ids.masked_fill(mb.attention_mask == 0, IGNORE)
+        labels[:, : mb.prompt_width] = IGNORE
         return lm_sft_loss(self.lm.model, mb.input_ids, labels, mb.attention_mask), {}
 
     def update(self, rollout: Rollout) -> dict[str, float]:
