@@ -75,10 +75,10 @@ def _read_jsonl_texts(path: Path) -> Corpus:
     return Corpus(docs)
 
 
-def _read_files(paths: list[Path], root: Path) -> Corpus:
+def _read_folder(root: Path) -> Corpus:
     corpus = Corpus([])
-    for path in paths:
-        name = str(path.relative_to(root)) if path != root else path.name
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        name = str(path.relative_to(root))
         text, reason = read_text_file(path)
         if text is None:
             corpus.skipped.append(f"{name} ({reason})")
@@ -98,14 +98,13 @@ def read_corpus(source: str | Path) -> Corpus:
     if not path.exists():
         raise DataError(f"corpus not found: {path} (expected {SOURCES_HELP})")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        return _read_files(files, path)
+        return _read_folder(path)
     if path.name.endswith(".jsonl"):
         return _read_jsonl_texts(path)
-    corpus = _read_files([path], path)
-    if corpus.skipped:
-        raise DataError(f"{path}: cannot index a {corpus.skipped[0].split(' (', 1)[1][:-1]} file")
-    return corpus
+    text, reason = read_text_file(path)
+    if text is None:
+        raise DataError(f"{path}: cannot index a {reason} file")
+    return Corpus([Document(path.name, _first_line_title(text, path.name), text)])
 
 
 # ---- splitting -------------------------------------------------------------------------------
