@@ -173,35 +173,29 @@ def resolve_tasks(
 
 
 # ---- task rows ----------------------------------------------------------------------------------
-def _fail(where: str, what: str):
-    raise DataError(f"{where}: {what}")
+# kind -> (its text fields, its options field); every option field comes with a 'gold' index
+ROW_FIELDS = {
+    MC: (("query",), "choices"),
+    SCHEMA: (("continuation",), "context_options"),
+    LM: (("context", "continuation"), None),
+}
 
 
 def _check_row(row: dict, where: str, kind: str) -> dict:
     """Each kind's fields, with types, so that a bad row fails here and not mid-evaluation."""
-
-    def strings(key: str, nonempty: bool = False) -> None:
-        v = row.get(key)
-        if not isinstance(v, str) or (nonempty and not v.strip()):
-            _fail(where, f"{key!r} must be a {'non-empty ' if nonempty else ''}string")
-
-    def options(key: str) -> None:
-        v = row.get(key)
+    texts, options = ROW_FIELDS[kind]
+    if options is not None:
+        v = row.get(options)
         if not isinstance(v, list) or len(v) < 2 or not all(isinstance(c, str) for c in v):
-            _fail(where, f"{key!r} must be a list of at least 2 strings")
+            raise DataError(f"{where}: {options!r} must be a list of at least 2 strings")
         gold = row.get("gold")
         if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < len(v):
-            _fail(where, f"'gold' must be an index into {key!r} (0..{len(v) - 1}), got {gold!r}")
-
-    if kind == MC:
-        strings("query")
-        options("choices")
-    elif kind == SCHEMA:
-        options("context_options")
-        strings("continuation", nonempty=True)
-    else:
-        strings("context")
-        strings("continuation", nonempty=True)
+            index = f"an index into {options!r} (0..{len(v) - 1})"
+            raise DataError(f"{where}: 'gold' must be {index}, got {gold!r}")
+    for key in texts:  # a continuation must say something: it is what gets scored
+        nonempty = key == "continuation"
+        if not isinstance(row.get(key), str) or (nonempty and not row[key].strip()):
+            raise DataError(f"{where}: {key!r} must be a {'non-empty ' if nonempty else ''}string")
     return row
 
 
