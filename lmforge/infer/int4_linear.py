@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import ConfigError
@@ -52,18 +53,15 @@ def quantize_int4(
 def check_int4_shape(name: str, in_features: int, group_size: int) -> None:
     """ConfigError naming the layer (and a group size that would work) when `in_features` is not
     a multiple of the group size."""
-    if group_size not in INT4_GROUP_SIZES:
-        raise ConfigError(
-            f"int4 group size must be one of {list(INT4_GROUP_SIZES)}, got {group_size}"
-        )
+    sizes = INT4_GROUP_SIZES
+    if group_size not in sizes:
+        raise ConfigError(f"int4 group size must be one of {list(sizes)}, got {group_size}")
     if in_features % group_size == 0:
         return
-    fits = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
-    hint = (
-        f"use group size {fits[-1] if group_size > fits[-1] else fits[0]}"
-        if fits
-        else "no int4 group size divides it (use --quantize int8)"
-    )
+    fits = [g for g in sizes if in_features % g == 0]
+    hint = "no int4 group size divides it (use --quantize int8)"
+    if fits:
+        hint = f"use group size {fits[-1] if group_size > fits[-1] else fits[0]}"
     raise ConfigError(
         f"int4: layer {name or '?'} has in_features={in_features}, not a multiple of the group "
         f"size {group_size}; {hint}"
@@ -178,12 +176,9 @@ class Int4Linear(QuantizedLinear):
             if bool(torch.isfinite(d).all() and torch.isfinite(m).all()):  # fp16 holds them
                 return self._keep_native(native, pack_int4(q, d, m))
         self.register_buffer("native_packed", None)
-        self.padded = -(-n // 32) * 32
-        if self.padded != n:  # zero rows: code 8, scale 1, zero 0 -> weight 0
-            pad = self.padded - n
-            q = torch.cat([q, torch.full((pad, k), 8, dtype=q.dtype, device=q.device)])
-            scale = torch.cat([scale, scale.new_ones(pad, scale.shape[1])])
-            zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
+        rows = (0, 0, 0, -n % 32)  # padded with zero rows: code 8, scale 1, zero 0 -> weight 0
+        q, scale, zero = F.pad(q, rows, value=8), F.pad(scale, rows, value=1), F.pad(zero, rows)
+        self.padded = q.shape[0]
         sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
         self.register_buffer("scale_zeros", sz.to(self.dtype))
         cuda = q.device.type == "cuda"
@@ -222,7 +217,7 @@ class Int4Linear(QuantizedLinear):
         """The codes (uint8 0..15) of output rows start:stop (start a multiple of 32)."""
         stop = self.padded if stop is None else stop
         if self._native is not None:
-            return self._native_rows(start, stop)[0]
+            return unpack_int4(self.packed_blocks(start, stop), stop - start)[0]
         plain = self._buffers["codes"]
         if plain is not None:
             rows = plain[start:stop]
@@ -258,27 +253,18 @@ class Int4Linear(QuantizedLinear):
             return ((q - self.centre) * d.float()[..., None]).to(dtype)
         return (q * d.float()[..., None] + m.float()[..., None]).to(dtype)
 
-    def _native_rows(self, start: int, stop: int):
-        """(codes, scale d, offset m) of output rows start:stop (start a multiple of 16) from the
-        native kernel's layout (m None for the symmetric one)."""
-        blocks = self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
-        return unpack_int4(blocks, stop - start)
-
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
-        stop = self.out_features if stop is None else stop
-        dtype = dtype or self.dtype
-        buffers = self._buffers
+        stop, dtype = self.out_features if stop is None else stop, dtype or self.dtype
         if self._native is not None:  # w = q * d + m from the kernel's own fp16 scales
-            packed = buffers["native_packed"]
-            if packed.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
-                codes, d, m = self._native_rows(start, stop)
+            blocks = self.packed_blocks(start, stop)
+            if blocks.device.type != "cpu":  # the same formula in torch ops (the kernel is CPU's)
+                codes, d, m = unpack_int4(blocks, stop - start)
                 w = self._weights(codes.view(stop - start, -1, BLOCK), d, m, dtype)
                 return w.view(stop - start, self.in_features)
             made = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
-            blocks = packed[start // LANES : -(-stop // LANES)]
             return self._native.dequantize_int4(blocks, stop - start, made).to(dtype)
         q = self.unpacked_codes(start, stop).to(self.dtype)
-        sz = buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
+        sz = self._buffers["scale_zeros"][:, start:stop]  # [K/g, rows, 2]
         g = self.group_size
         scale, zero = sz[..., 0].t()[:, :, None], sz[..., 1].t()[:, :, None]
         w = (q.view(stop - start, -1, g) - 8) * scale + zero
@@ -314,7 +300,7 @@ class Int6Linear(QuantizedLinear):
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         stop = self.out_features if stop is None else stop
         first = start // LANES * LANES
-        blocks = self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
+        blocks = self.packed_blocks(start, stop)
         codes, d, sc = (t[start - first :] for t in unpack_int6(blocks, stop - first))
         scale = d.float().repeat_interleave(2, dim=1) * sc.float()  # d sc, then q: as gguf-py
         w = scale.repeat_interleave(16, dim=1) * (codes.float() - 32)

@@ -127,6 +127,10 @@ class QuantizedLinear(nn.Module, abc.ABC):
             return self.gemm_dtype
         return x.dtype
 
+    def packed_blocks(self, start: int, stop: int) -> torch.Tensor:
+        """The blocks of the native kernel's layout that hold output rows start:stop."""
+        return self._buffers["native_packed"][start // LANES : -(-stop // LANES)]
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int{self.bits}"
 
@@ -146,15 +150,13 @@ class Int8Linear(QuantizedLinear):
         # lmforge's own CPU kernel (native/quantized_matmul.cpp) where it builds and the rows
         # fit its blocks: the weights are kept in its layout only (`int8_rows` unpacks them for
         # the GEMM)
-        native = native_kernels() if q.device.type == "cpu" and q.shape[1] % BLOCK == 0 else None
-        self._native = native
-        if native is not None:
+        fits = q.device.type == "cpu" and q.shape[1] % BLOCK == 0
+        self._native = native_kernels() if fits else None
+        packed = padded = None
+        if self._native is not None:
             packed = pack_int8(q)
-            padded = torch.zeros(packed.shape[0] * LANES)
-            padded[: q.shape[0]] = scale.float()
+            padded = F.pad(scale.float(), (0, packed.shape[0] * LANES - len(scale)))
             q = None
-        else:
-            packed = padded = None
         self.register_buffer("weight_int8", q)
         self.register_buffer("native_packed", packed)
         self.register_buffer("native_scale", padded, persistent=False)
@@ -191,10 +193,9 @@ class Int8Linear(QuantizedLinear):
     def int8_rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The int8 weights of output rows start:stop (start a multiple of 16)."""
         stop = self.out_features if stop is None else stop
-        packed = self._buffers["native_packed"]
-        if packed is None:
+        if self._buffers["native_packed"] is None:
             return self._buffers["weight_int8"][start:stop]
-        return unpack_int8(packed[start // LANES : -(-stop // LANES)], stop - start)
+        return unpack_int8(self.packed_blocks(start, stop), stop - start)
 
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         q, scale = self.int8_rows(start, stop), self._buffers["scale"][start:stop]
@@ -245,15 +246,10 @@ class BlockInt8Linear(QuantizedLinear):
     def _pack(self, q: torch.Tensor, d: torch.Tensor, bias, dtype: torch.dtype) -> None:
         n, k = q.shape
         QuantizedLinear.__init__(self, k, n, bias, dtype)
-        self._native = native_kernels() if q.device.type == "cpu" else None
-        if self._native is not None:
-            self.register_buffer("native_packed", pack_q8(q, d))
-            self.register_buffer("codes", None)
-            self.register_buffer("block_scale", None)
-        else:
-            self.register_buffer("native_packed", None)
-            self.register_buffer("codes", q.to(torch.int8).contiguous())
-            self.register_buffer("block_scale", d.half().contiguous())
+        self._native = native = native_kernels() if q.device.type == "cpu" else None
+        self.register_buffer("native_packed", None if native is None else pack_q8(q, d))
+        self.register_buffer("codes", q.to(torch.int8).contiguous() if native is None else None)
+        self.register_buffer("block_scale", d.half().contiguous() if native is None else None)
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         if self._native is None or x.device.type != "cpu":
@@ -265,10 +261,9 @@ class BlockInt8Linear(QuantizedLinear):
     def blocks(self, start: int = 0, stop: int | None = None):
         """(codes int8, scales fp16) of output rows start:stop (start a multiple of 16)."""
         stop = self.out_features if stop is None else stop
-        packed = self._buffers["native_packed"]
-        if packed is None:
+        if self._buffers["native_packed"] is None:
             return self._buffers["codes"][start:stop], self._buffers["block_scale"][start:stop]
-        return unpack_q8(packed[start // LANES : -(-stop // LANES)], stop - start)
+        return unpack_q8(self.packed_blocks(start, stop), stop - start)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         packed = self._buffers["native_packed"]
@@ -281,15 +276,16 @@ class BlockInt8Linear(QuantizedLinear):
             q = (pieces.reshape(t, groups, BLOCK).to(torch.int16) - 128).to(torch.int8)
             scales = blocks[..., LANES * BLOCK :].contiguous().view(torch.half)
             d = scales[every, :, lane]
-        t = ids.shape[0]  # not len(ids): an int, which torch.export would fix to the example's
-        w = q.float().view(t, -1, BLOCK) * d.float()[..., None]
-        return w.view(t, self.in_features).to(self.dtype)
+        return self._weights(q, d, self.dtype)
 
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
-        stop = self.out_features if stop is None else stop
-        q, d = self.blocks(start, stop)
-        w = q.float().view(stop - start, -1, BLOCK) * d.float()[..., None]
-        return w.view(stop - start, self.in_features).to(dtype or self.dtype)
+        return self._weights(*self.blocks(start, stop), dtype or self.dtype)
+
+    def _weights(self, q: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """w = q d in `dtype` from codes [rows, K] and their fp16 scales [rows, K / 32]."""
+        t = q.shape[0]  # not len(q): an int, which torch.export would fix to the example's
+        w = q.float().view(t, -1, BLOCK) * d.float()[..., None]
+        return w.view(t, self.in_features).to(dtype)
 
 
 class HalfLinear(QuantizedLinear):
@@ -346,12 +342,10 @@ class StackedLinear(QuantizedLinear):
         self.parts = nn.ModuleList(parts)
         self.bits = max(p.bits for p in parts)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.cat([part.matmul(x) for part in self.parts], dim=-1)
-        bias = self._buffers["bias"]
-        return y if bias is None else y + bias
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part.matmul(x) for part in self.parts], dim=-1)
 
-    gemv = gemm = matmul
+    gemm = gemv
 
     def dequantize(self, start=0, stop=None, dtype=None) -> torch.Tensor:
         stop, pieces, first = self.out_features if stop is None else stop, [], 0
