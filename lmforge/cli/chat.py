@@ -50,8 +50,7 @@ def run(args, stdin=None, stdout=None) -> int:
     history = list(start)
     print(HELP, file=stdout)
     while True:
-        stdout.write("> ")
-        stdout.flush()
+        print("> ", end="", file=stdout, flush=True)
         line = stdin.readline()
         if not line or line.strip() == "/exit":
             return 0
@@ -80,8 +79,7 @@ def run(args, stdin=None, stdout=None) -> int:
             reply = []
             for out in engine.stream(ids, params):
                 reply.append(out.text)
-                stdout.write(out.text)
-                stdout.flush()
+                print(out.text, end="", file=stdout, flush=True)
         except Terminated:  # SIGTERM ends the session (main maps it to KeyboardInterrupt)
             raise
         except KeyboardInterrupt:  # Ctrl-C stops this reply, not the session

@@ -158,8 +158,7 @@ def run(args) -> int:
         for prompt, shown in zip(prompts, echo):
             sys.stdout.write(shown)
             for piece in lm.stream(prompt, **kwargs):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+                print(piece, end="", flush=True)
             sys.stdout.write("\n")
         return 0
     outputs = lm.complete(prompts, n=args.n, **kwargs)

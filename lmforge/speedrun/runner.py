@@ -144,8 +144,7 @@ class Speedrun:
             if done is not None and upstream_changed:
                 self.log(f"== {stage}: an earlier stage ran again; redoing it")
                 shutil.rmtree(self.out / stage, ignore_errors=True)
-                done = None
-            if done is not None:
+            elif done is not None:
                 self.log(f"== {stage}: finished earlier ({done['seconds']:.0f} s), skipped")
                 results[stage] = done
                 continue
