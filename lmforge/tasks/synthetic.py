@@ -15,6 +15,7 @@ one or ten, two letters swapped), and the verifier checks both labels.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import random
 import string
@@ -100,9 +101,7 @@ def _word(rng: random.Random, length: int) -> str:
 
 def _swap_two(rng: random.Random, text: str) -> str:
     """`text` with two different characters swapped (a near miss); unchanged if impossible."""
-    pairs = [
-        (i, j) for i in range(len(text)) for j in range(i + 1, len(text)) if text[i] != text[j]
-    ]
+    pairs = [(i, j) for i, j in itertools.combinations(range(len(text)), 2) if text[i] != text[j]]
     if not pairs:
         return text
     i, j = rng.choice(pairs)
