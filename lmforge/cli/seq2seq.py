@@ -46,8 +46,7 @@ def run_translate(args) -> int:
     model, task = load(args.checkpoint)
     for text in args.text:
         tokens = text.split() if not task.reverse else list(text.strip())
-        unknown = [t for t in tokens if t not in task.index]
-        if unknown:
+        if unknown := [t for t in tokens if t not in task.index]:
             raise ConfigError(f"unknown token(s) {unknown} in {text!r}")
         src = torch.tensor([[task.index[t] for t in tokens]])
         out = model.beam_search(src, args.beam) if args.beam > 1 else model.greedy(src)

@@ -92,14 +92,12 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def check_plan(plan: dict[str, Any], where: str) -> None:
     """Reject unknown keys and stage names with one message naming them."""
     globals_ = {"corpus", "task", "nproc", "threads", "deterministic", "device", "init", "stages"}
-    unknown = sorted(set(plan) - globals_ - set(STAGE_ORDER))
-    if unknown:
+    if unknown := sorted(set(plan) - globals_ - set(STAGE_ORDER)):
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(unknown)}; valid: "
             f"{', '.join(sorted(globals_) + list(STAGE_ORDER))}"
         )
-    bad = [s for s in plan["stages"] if s not in STAGE_ORDER]
-    if bad:
+    if bad := [s for s in plan["stages"] if s not in STAGE_ORDER]:
         raise ConfigError(f"{where}: unknown stage(s) {bad}; stages: {', '.join(STAGE_ORDER)}")
     if not isinstance(plan["nproc"], int) or plan["nproc"] < 1:
         raise ConfigError(f"{where}: nproc must be a positive integer, got {plan['nproc']!r}")

@@ -113,8 +113,7 @@ class Speedrun:
             done = self.finished(stage)
             if done is None:
                 continue
-            diff = _differences(done["settings"], _stage_settings(self.plan, stage))
-            if diff:
+            if diff := _differences(done["settings"], _stage_settings(self.plan, stage)):
                 raise ConfigError(
                     f"{self.out}/{stage} finished with other settings ({'; '.join(diff[:3])}): "
                     f"use --from {stage} to redo it and what follows, or another --out"

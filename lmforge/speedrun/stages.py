@@ -94,9 +94,8 @@ class TokenizerStage(Stage):
         tok = Tokenizer.train_bpe(docs, **settings)
         tok.save(ctx.dir(self.name))
         sample = "".join(docs)[:200_000]
-        n_tokens = len(tok.encode(sample))
         return {"vocab_size": tok.vocab_size, "documents": len(docs),
-                "chars_per_token": len(sample) / max(1, n_tokens)}  # fmt: skip
+                "chars_per_token": len(sample) / max(1, len(tok.encode(sample)))}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- trainers
