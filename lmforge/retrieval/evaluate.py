@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
+from lmforge.nlp.metrics import precision_recall_f1
 from lmforge.retrieval.rag import RAG, strip_citations
 from lmforge.retrieval.retriever import Retriever
 
@@ -120,10 +121,7 @@ def f1_score(prediction: str, gold: str) -> float:
     """SQuAD token F1 between the normalised prediction and gold answer."""
     pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
     same = sum((Counter(pred) & Counter(ref)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(ref)
-    return 2 * precision * recall / (precision + recall)
+    return precision_recall_f1(same, len(pred) - same, len(ref) - same)[2]
 
 
 # ---- evaluation ------------------------------------------------------------------------------
