@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_choice
 
 COT_TRIGGER = "Let's think step by step."
 
@@ -80,8 +80,7 @@ def build_prompt(
     """The prompt for `query` in one of PROMPT_STYLES: the instruction (if any), the first
     `shots` examples, then the query. Chain of thought shows each example's rationale after the
     trigger and ends the query with the trigger; its default template is Q:/A:."""
-    if style not in PROMPT_STYLES:
-        raise ConfigError(f"prompt style {style!r}: expected one of {sorted(PROMPT_STYLES)}")
+    require_choice("prompt style", style, PROMPT_STYLES)
     shots, cot = PROMPT_STYLES[style]
     template = template or (QA if cot else Template())
     shots = len(examples) if shots is None else shots

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.errors import ConfigError, DataError
+from lmforge.errors import ConfigError, DataError, require_choice
 from lmforge.fileio import read_jsonl, read_text_file
 
 SOURCES_HELP = "builtin:pydoc, a text file, a folder of text files, or a .jsonl file ('text')"
@@ -118,8 +118,7 @@ SPLITTERS = {
 
 def windows(text: str, size: int, overlap: int, unit: str = "word") -> list[tuple[int, str]]:
     """(start unit, text) of each window of `size` units stepping by size - overlap."""
-    if unit not in SPLITTERS:
-        raise ConfigError(f"chunk unit {unit!r}: expected one of {sorted(SPLITTERS)}")
+    require_choice("chunk unit", unit, SPLITTERS)
     if size < 1 or not 0 <= overlap < size:
         raise ConfigError(f"need size >= 1 and 0 <= overlap < size, got {size=} {overlap=}")
     spans = SPLITTERS[unit](text)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from lmforge.data.batches import pad_collate
-from lmforge.errors import LMForgeError, require_int
+from lmforge.errors import LMForgeError, require_choice, require_int
 from lmforge.fileio import read_json
 from lmforge.model.bert import BertModel, load_bert
 
@@ -86,8 +86,7 @@ class SentenceEncoder:
         lowercase: bool = False,
         device: str | torch.device = "cpu",
     ):
-        if pooling not in POOLING_MODES:
-            raise LMForgeError(f"pooling={pooling!r}: expected one of {POOLING_MODES}")
+        require_choice("pooling", pooling, POOLING_MODES)
         self.model, self.pooling = model.eval().to(device), pooling
         self.max_seq_length = min(max_seq_length, model.config.max_position)
         self.lowercase, self.device = lowercase, torch.device(device)

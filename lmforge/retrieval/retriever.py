@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from lmforge.errors import CheckpointError, ConfigError, require_int
+from lmforge.errors import CheckpointError, ConfigError, require_choice, require_int
 from lmforge.fileio import load_tensors, read_json, save_tensors, write_json
 from lmforge.nlp.bm25 import BM25Index
 from lmforge.nlp.fusion import reciprocal_rank_fusion
@@ -152,8 +152,7 @@ class Retriever:
 
     def search(self, query: str, k: int = 5, mode: str = "hybrid") -> list[Hit]:
         """The k best chunks for `query`, best first."""
-        if mode not in SEARCH_MODES:
-            raise ConfigError(f"search mode {mode!r}: expected one of {sorted(SEARCH_MODES)}")
+        require_choice("search mode", mode, SEARCH_MODES)
         require_int("k", k)
         if not query.strip():
             raise ConfigError("empty query")
