@@ -89,13 +89,11 @@ def run_index(args) -> int:
 
 
 def _rag(args, retriever):
+    """The RAG of `rag ask` / `rag eval`: over `retriever`, answers written by --model if given."""
+    from lmforge.lm import LM
     from lmforge.retrieval import RAG
 
-    lm = None
-    if args.model:
-        from lmforge.lm import LM
-
-        lm = LM.load(args.model, device=args.device)
+    lm = LM.load(args.model, device=args.device) if args.model else None
     return RAG(retriever, lm, k=args.k, mode=args.mode, max_new_tokens=args.max_new_tokens,
                temperature=args.temperature)  # fmt: skip
 
