@@ -100,7 +100,8 @@ class LMAnswerer:
         return render_chat(self.lm.tokenizer, [{"role": "user", "content": content}], True)
 
     def build_prompt(self, question: str, hits: list[Hit]) -> tuple[str, list[Hit], list[str]]:
-        """(prompt, hits placed in it, notes) with prompt tokens + max_new_tokens <= window."""
+        """(prompt, hits placed in it, notes) with prompt tokens + max_new_tokens <= window: the
+        best hits first, the last one that fits cut to the room left, the rest dropped."""
         tok = self.lm.tokenizer
         window = self.lm.config.max_seq_len
         budget = window - self.max_new_tokens
@@ -110,34 +111,30 @@ class LMAnswerer:
                 f"the question takes {fixed} tokens but only {budget} fit in the model's "
                 f"{window}-token window with max_new_tokens={self.max_new_tokens}"
             )
-        room, blocks, placed, notes = budget - fixed, [], [], []
-        for hit in hits:
-            block = _context_block(len(placed) + 1, hit, hit.chunk.text)
-            cost = len(tok.encode(block))
-            if cost <= room:
-                blocks.append(block)
-                room -= cost
-                placed.append(hit)
-                continue
-            header = len(tok.encode(_context_block(len(placed) + 1, hit, "")))
-            keep = room - header - 1  # one token of slack: re-encoding a cut text can merge
-            if keep >= MIN_CHUNK_TOKENS:
-                text = tok.decode(tok.encode(hit.chunk.text)[:keep])
-                blocks.append(_context_block(len(placed) + 1, hit, text))
-                placed.append(hit)
-                notes.append(f"chunk [{len(placed)}] truncated to {keep} tokens to fit")
-            break
-        prompt = self.render(question, "".join(blocks))
-        # Token counts of the pieces need not add up exactly (merges across a boundary): trim
-        # the last passage until the rendered prompt really fits.
-        while blocks and (over := len(tok.encode(prompt)) - budget) > 0:
-            hit = placed[-1]
-            ids = tok.encode(blocks[-1].split("\n", 1)[1])[: -(over + 1)]
+
+        def prompt_for(texts: list[str]) -> str:
+            blocks = (
+                _context_block(n, hit, text) for n, (hit, text) in enumerate(zip(hits, texts), 1)
+            )
+            return self.render(question, "".join(blocks))
+
+        # Cut the last passage until the rendered prompt fits (counting tokens of the whole
+        # prompt, since pieces tokenized alone need not add up); one too short to say anything
+        # is dropped, and the cut moves on to the one before it.
+        texts = [hit.chunk.text for hit in hits]
+        prompt = prompt_for(texts)
+        while (over := len(tok.encode(prompt)) - budget) > 0:
+            ids = tok.encode(texts[-1])[: -(over + 1)]  # one token of slack: a cut can merge
             if len(ids) < MIN_CHUNK_TOKENS:
-                blocks.pop(), placed.pop()
+                texts.pop()
             else:
-                blocks[-1] = _context_block(len(placed), hit, tok.decode(ids))
-            prompt = self.render(question, "".join(blocks))
+                texts[-1] = tok.decode(ids)
+            prompt = prompt_for(texts)
+        placed, notes = hits[: len(texts)], []
+        if texts and texts[-1] != placed[-1].chunk.text:
+            notes.append(
+                f"chunk [{len(texts)}] truncated to {len(tok.encode(texts[-1]))} tokens to fit"
+            )
         if len(placed) < len(hits):
             notes.append(
                 f"context window of {window} tokens: kept {len(placed)} of {len(hits)} chunks"
