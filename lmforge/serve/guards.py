@@ -215,17 +215,13 @@ class _H11HeadTimeout(H11Protocol):
     def _arm(self) -> None:
         self._disarm()
         self._head_cycle = self.cycle
-        self._head_timer = self.loop.call_later(self.head_timeout, self._expire)
+        # (closing a transport that is already closing does nothing)
+        self._head_timer = self.loop.call_later(self.head_timeout, self.transport.close)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-
-    def _expire(self) -> None:
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
 
 
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 8000,

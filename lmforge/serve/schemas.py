@@ -34,8 +34,7 @@ def _surrogate_at(value: Any, path: str = "") -> str | None:
     for key, item in value.items() if isinstance(value, dict) else enumerate(value):
         if isinstance(key, str) and _SURROGATE.search(key):
             return path or "body"
-        found = _surrogate_at(item, f"{path}.{key}" if path else str(key))
-        if found:
+        if found := _surrogate_at(item, f"{path}.{key}" if path else str(key)):
             return found
     return None
 
