@@ -188,14 +188,11 @@ def _floats(text: str, name: str) -> list[float]:
 
 def run_hallucination(args) -> int:
     from lmforge.eval.hallucination import decoding_grid, load_qa, sweep
+    from lmforge.retrieval import RAG, Retriever
 
     rows = load_qa(args.data, args.limit)
     lm = _load_lm(args)
-    rag = None
-    if args.index:
-        from lmforge.retrieval import RAG, Retriever
-
-        rag = RAG(Retriever.load(args.index), lm, k=args.k)
+    rag = RAG(Retriever.load(args.index), lm, k=args.k) if args.index else None
     grid = decoding_grid(_floats(args.temperatures, "temperatures"), _floats(args.top_ps, "top-ps"))
     results = sweep(lm, rows, settings=grid, rag=rag, samples=args.samples, progress=True)
     for row in results:
