@@ -69,6 +69,9 @@ from lmforge.infer.steps import (
 )
 from lmforge.model.cache import SlotCache, full_attention, new_cache
 
+# prompt tokens per thread one prefill forward takes at most on a CPU (Engine._prefill_groups)
+PREFILL_TOKENS_PER_THREAD = 256
+
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "StepOutput", "Completion"]
 
 
@@ -433,9 +436,13 @@ class Engine:
             cache = self.cache
             cache.room_for(width)
             pad_mask = None if bool(pad.all()) else pad.to(self.device)
-            view = cache.prefill_view(lo, lo + len(prompts), width, pad_mask)
-            with self._prompt_embeds(embeds, width):
-                logits = self.model(ids, cache=view, last_only=True)[:, -1]
+            parts = []
+            for a, b in self._prefill_groups(len(prompts), width):
+                mask = None if pad_mask is None else pad_mask[a:b]
+                view = cache.prefill_view(lo + a, lo + b, width, mask)
+                with self._prompt_embeds(embeds[a:b], width):
+                    parts.append(self.model(ids[a:b], cache=view, last_only=True)[:, -1])
+            logits = torch.cat(parts)
             lengths = [len(s.prompt) for s in ordered]
             cache.start_rows(lo, lengths, lengths)
             if len(ordered) > len(prompts):  # the samples that share a prefilled prompt
@@ -461,6 +468,18 @@ class Engine:
             for row in range(lo, lo + len(prompts)):
                 self.prefix_cache.store(self.cache, row, self.rows[row].prompt)
         return self._emit(logits[torch.as_tensor(source, device=self.device)], lo=lo)
+
+    def _prefill_groups(self, n: int, width: int) -> list[tuple[int, int]]:
+        """The prompts one prefill forward takes ([a, b) of n prompts `width` wide): on a CPU
+        at most PREFILL_TOKENS_PER_THREAD tokens per thread (at least one prompt), elsewhere all.
+        Past that a layer's activations ([tokens, d_ff] fp32) no longer fit the cores' L2
+        caches and each of the many elementwise passes between the matmuls streams them from
+        memory, and 16 prompts prefilled together ran well below one prompt's tokens/s (the
+        batch-8 / 16 prefill of docs/benchmarks.md's matched table)."""
+        per = n
+        if self.device.type == "cpu":
+            per = max(1, PREFILL_TOKENS_PER_THREAD * torch.get_num_threads() // width)
+        return [(a, min(a + per, n)) for a in range(0, n, per)]
 
     @contextmanager
     def _prompt_embeds(self, embeds: list[torch.Tensor | None], width: int):

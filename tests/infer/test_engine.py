@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError
+from lmforge.infer import engine as engine_module
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
@@ -39,7 +40,16 @@ def run_all(engine, requests, join_at=()):
     return [out[rids[i]] for i in range(len(requests))]
 
 
-def test_mixed_length_batch_matches_the_reference(lm, reference_generate):
+# a CPU prefill takes the prompts in groups of at most PREFILL_TOKENS_PER_THREAD tokens per thread:
+# all of them in one forward, or (1 token) one forward per prompt
+GROUPS = pytest.mark.parametrize("group_tokens", [256, 1], ids=["one_forward", "per_prompt"])
+
+
+@GROUPS
+def test_mixed_length_batch_matches_the_reference(
+    lm, reference_generate, monkeypatch, group_tokens
+):
+    monkeypatch.setattr(engine_module, "PREFILL_TOKENS_PER_THREAD", group_tokens)
     ref = reference_generate.generate(lm.model, PROMPTS, greedy(12))
     engine = Engine(lm.model, max_batch=4, eos_ids=[])
     assert [c.token_ids for c in engine.generate(PROMPTS, greedy(12))] == ref
@@ -109,9 +119,13 @@ def test_prefix_reuse_equals_separate_prefills(lm):
     assert twice[:3] == reused and twice[3:] != reused
 
 
-def test_prompt_embeddings_replace_the_token_embeddings(lm, reference_generate):
+@GROUPS
+def test_prompt_embeddings_replace_the_token_embeddings(
+    lm, reference_generate, monkeypatch, group_tokens
+):
     """A request's prompt_embeds act exactly like the model seeing those input embeddings:
     compared with the reference loop whose embedding table returns them at prefill."""
+    monkeypatch.setattr(engine_module, "PREFILL_TOKENS_PER_THREAD", group_tokens)
     prompt = PROMPTS[2]
     embeds = torch.randn(len(prompt), lm.config.d_model)
 
