@@ -39,11 +39,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lmforge.data import TokenShard
 from lmforge.errors import ConfigError, require_choice
 from lmforge.train import sharded_checkpoint as dcp_ckpt
 from lmforge.train.checkpoint import STATE_FILE, check_signature, rng_state, set_rng_state
-from lmforge.train.samplers import LaneSampler, check_world_size
+from lmforge.train.samplers import check_world_size
 from lmforge.train.stop import agree_stop, stop_pending
 
 
@@ -122,14 +121,6 @@ class Parallel:
         """Rank 0 runs the body (train the tokenizer, build shards), then the others, which
         then find its output on the shared file system and reuse it."""
         yield
-
-    def sampler(self, shard: TokenShard, batch_size: int, block_size: int, grad_accum: int,
-                seed: int) -> LaneSampler:  # fmt: skip
-        """This rank's data lanes [rank*k, (rank+1)*k), k = grad_accum / world_size: all
-        grad_accum of them on a single process, so every launch draws the same global batch."""
-        k = grad_accum // self.world_size  # micro-batches this rank runs per step
-        lanes = range(self.rank * k, (self.rank + 1) * k)
-        return LaneSampler(shard, batch_size, block_size, seed, lanes, self.device)
 
     def full_model(self, model: nn.Module) -> nn.Module | None:
         """The unsharded model on rank 0 (to save in HF layout or sample from); None elsewhere.

@@ -28,7 +28,7 @@ from lmforge.tokenizer.byte_counts import bits_per_byte, target_bytes, token_byt
 from lmforge.train.config import TrainConfig
 from lmforge.train.loop import Trainer, training_dtype
 from lmforge.train.parallel import setup_parallel
-from lmforge.train.samplers import micro_batch_seed
+from lmforge.train.samplers import LaneSampler, micro_batch_seed
 from lmforge.train.whole_copy import TrainerWrapsModel
 
 TOKENIZER_KINDS = ("bpe", "char", "word")
@@ -151,8 +151,12 @@ class Pretrainer(Trainer):
         torch.manual_seed(cfg.seed)
         self.model = Transformer(self.model_config).to(self.device)
         self.wrapped = self.dist.wrap(self.model)  # DDP / FSDP2 (sharded in place) / itself
-        self.sampler = self.dist.sampler(
-            self.train_shard, cfg.batch_size, cfg.block_size, cfg.optim.grad_accum, cfg.seed
+        # this rank's data lanes [rank*k, (rank+1)*k): all of them on a single process, so every
+        # launch draws the same global batch (lmforge/train/parallel.py)
+        k = cfg.optim.grad_accum // self.dist.world_size
+        lanes = range(self.dist.rank * k, (self.dist.rank + 1) * k)
+        self.sampler = LaneSampler(
+            self.train_shard, cfg.batch_size, cfg.block_size, cfg.seed, lanes, self.device
         )
         self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.optim.grad_accum
         flops = flops_per_token(self.model_config, cfg.block_size)["training"]
