@@ -131,8 +131,7 @@ def accuracy(model, x, mask, labels, batch_size: int = 256) -> float:
 def _splits(cfg: ClassifyTrainConfig):
     """(train, val, label names): the demo task, or the data file(s) with labels indexed."""
     if cfg.data is None:
-        train, val = demo_dataset(seed=cfg.seed)
-        return train, val, DEMO_LABELS
+        return *demo_dataset(seed=cfg.seed), DEMO_LABELS
     train = read_labelled(cfg.data, cfg.text_field, cfg.label_field)
     if cfg.val_data:
         val = read_labelled(cfg.val_data, cfg.text_field, cfg.label_field)
