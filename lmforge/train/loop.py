@@ -163,8 +163,9 @@ class Trainer(ABC):
         self.log = log if dist.is_main else lambda *args, **kwargs: None
         self.device = dist.device
         self.out_dir = Path(cfg.out_dir)
-        sharded = self.wrapping.sharded_state and dist.sharded  # a DCP directory, not one file
-        self.state_path = self.out_dir / (dist.state_file if sharded else STATE_FILE)
+        # every rank writes its part of a sharded checkpoint directory, or rank 0 one file
+        self.sharded_state = self.wrapping.sharded_state and dist.sharded
+        self.state_path = self.out_dir / (dist.state_file if self.sharded_state else STATE_FILE)
         if resume and not self.state_path.is_file():
             raise CheckpointError(f"--resume: no training state at {self.state_path}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +405,7 @@ class Trainer(ABC):
             "tokens_seen": self.tokens_seen, "model_config": self.signature(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
         }  # fmt: skip
-        if self.wrapping.sharded_state and self.dist.sharded:
+        if self.sharded_state:
             self.export(self.out_dir)  # collective: gathers the shards
             self.dist.save_state(self.out_dir, self.module, self.optimizer, self.sampler, progress)
             return
@@ -426,7 +427,7 @@ class Trainer(ABC):
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore a state written by save_checkpoint, after checking it fits this run."""
-        if self.wrapping.sharded_state and self.dist.sharded:
+        if self.sharded_state:
             state = self.dist.load_state(
                 path, self.module, self.optimizer, self.sampler, self.signature()
             )
