@@ -89,14 +89,14 @@ def _read_folder(folder: Path) -> Iterator[str]:
         warnings.warn(f"{folder}: skipped {skipped} undecodable or binary file(s)", stacklevel=2)
 
 
-def _read_hf(spec: str, text_field: str, split: str) -> Iterator[str]:
+def _read_hf(spec: str, text_field: str) -> Iterator[str]:
     name, _, config = spec.partition(":")
     try:
         import datasets
 
-        ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
+        ds = datasets.load_dataset(name, config or None, split="train", streaming=True)
     except Exception as e:
-        raise DataError(f"hf:{spec}: could not load dataset split {split!r} ({e})") from e
+        raise DataError(f"hf:{spec}: could not load the train split ({e})") from e
     for i, row in enumerate(ds):
         if text_field not in row:
             raise DataError(f"hf:{spec} row {i}: missing field {text_field!r}")
@@ -104,7 +104,7 @@ def _read_hf(spec: str, text_field: str, split: str) -> Iterator[str]:
             yield row[text_field]
 
 
-def _documents(source: str | Path, text_field: str, split: str) -> Iterator[str]:
+def _documents(source: str | Path, text_field: str) -> Iterator[str]:
     """Dispatch on the source form; raises DataError for unknown or missing sources (eagerly)."""
     text = str(source)
     if text.startswith("builtin:"):
@@ -112,7 +112,7 @@ def _documents(source: str | Path, text_field: str, split: str) -> Iterator[str]
     if text.startswith("hf:"):
         if not text.removeprefix("hf:").strip(":"):
             raise DataError(f"{text!r}: expected hf:NAME[:CONFIG]")
-        return _read_hf(text.removeprefix("hf:"), text_field, split)
+        return _read_hf(text.removeprefix("hf:"), text_field)
     path = Path(source)
     if not path.exists():
         raise DataError(f"data source not found: {path}")
@@ -130,15 +130,14 @@ def _documents(source: str | Path, text_field: str, split: str) -> Iterator[str]
     raise DataError(f"{path}: unsupported data source; expected {SOURCE_FORMS}")
 
 
-def read_documents(
-    source: str | Path, text_field: str = "text", split: str = "train"
-) -> Iterator[str]:
-    """Yield the non-empty documents of `source` (see SOURCE_FORMS), lazily.
+def read_documents(source: str | Path, text_field: str = "text") -> Iterator[str]:
+    """Yield the non-empty documents of `source` (see SOURCE_FORMS; a Hugging Face dataset's
+    train split), lazily.
 
     A missing or unsupported source raises DataError at once; a source that turns out to hold no
     non-empty document raises DataError when the iterator is exhausted.
     """
-    docs = _documents(source, text_field, split)
+    docs = _documents(source, text_field)
 
     def generate() -> Iterator[str]:
         count = 0
