@@ -249,8 +249,7 @@ class ToolReward:
 
     def __call__(self, rollout: Rollout) -> Tensor:
         rewards = self.inner(rollout)
-        errors = getattr(rollout, "tool_errors", None) or []
-        failed = torch.tensor([e is not None for e in errors], dtype=torch.bool)
-        if failed.any():
-            rewards = rewards.masked_fill(failed.to(rewards.device), 0.0)
+        failed = [e is not None for e in getattr(rollout, "tool_errors", [])]
+        if any(failed):
+            rewards = rewards.masked_fill(torch.tensor(failed, device=rewards.device), 0.0)
         return rewards
