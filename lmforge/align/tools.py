@@ -124,11 +124,9 @@ class Calculator:
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return ToolResult(False, f"wall time limit ({self.wall_seconds:g} s) exceeded")
-        out = proc.stdout
-        if out.startswith("ok "):
-            return ToolResult(True, out[3:])
-        if out.startswith("error "):
-            return ToolResult(False, out[6:])
+        status, _, text = proc.stdout.partition(" ")
+        if status in ("ok", "error"):
+            return ToolResult(status == "ok", text)
         if proc.returncode in (-9, -24):  # SIGKILL / SIGXCPU from RLIMIT_CPU
             return ToolResult(False, f"CPU time limit ({self.cpu_seconds} s) exceeded")
         if "MemoryError" in proc.stderr:
