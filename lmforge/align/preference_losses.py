@@ -206,18 +206,16 @@ def kto_loss(
     undesirable ones λ_U·(1 - σ(β(z₀ - r))); the loss is the mean over all rows. z₀ estimates
     KL(π‖π_ref) from mismatched (prompt, other completion) pairs: max(0, mean(kl_logps -
     ref_kl_logps)), detached (TRL's estimate; None or missing KL rows give z₀ = 0).
-    ``apo_zero_unpaired`` (APO, D'Oosterlinck et al. 2024): 1 - σ(βr) and σ(βr), no z₀.
+    ``apo_zero_unpaired`` (APO, D'Oosterlinck et al. 2024): 1 - σ(βr) and σ(βr), which is
+    the KTO loss with z₀ = 0.
     """
     require_choice("KTO loss_type", loss_type, KTO_LOSS_TYPES)
     r = policy_logps.float() - ref_logps.float()
     good = desirable.bool()
     z0 = torch.zeros((), device=r.device)
-    if kl_logps is not None and ref_kl_logps is not None:
+    if loss_type == "kto" and kl_logps is not None and ref_kl_logps is not None:
         z0 = (kl_logps.float() - ref_kl_logps.float()).mean().detach().clamp(min=0)
-    if loss_type == "kto":
-        chosen = 1 - torch.sigmoid(beta * (r[good] - z0))
-        rejected = 1 - torch.sigmoid(beta * (z0 - r[~good]))
-    else:
-        chosen, rejected = 1 - torch.sigmoid(beta * r[good]), torch.sigmoid(beta * r[~good])
+    chosen = 1 - torch.sigmoid(beta * (r[good] - z0))
+    rejected = 1 - torch.sigmoid(beta * (z0 - r[~good]))
     losses = torch.cat([desirable_weight * chosen, undesirable_weight * rejected])
     return losses.mean(), z0
