@@ -79,7 +79,7 @@ def load_gguf(
                 f"{config.vocab_size} embedding rows"
             )
         generation = generation_config(f.meta)
-        model, _config = load_gguf_weights(f, device, dtype, quantize)
+        model = load_gguf_weights(f, device, dtype, quantize)
     finally:
         f.close()
     del f  # the metadata (the vocabulary as Python strings) goes too

@@ -67,11 +67,9 @@ from lmforge.interop.gguf_read import (
     read_config,
 )
 from lmforge.interop.hf import to_ours
-from lmforge.model.config import ModelConfig
 from lmforge.model.linear import Linear, plain_linear
 from lmforge.model.transformer import Transformer
 
-LOAD_POLICIES = ("as_stored", "dense", "quantized")
 CONVERT_TO_INT4_BITS = 5.0  # at most Q4_1's bits per weight: int4 loses nothing it had
 
 
@@ -212,12 +210,9 @@ class _Loader:
 
     def linear(self, module: nn.Linear, rule, bias_rule, name: str) -> nn.Module:
         bias = None if bias_rule is None else self.dense(bias_rule, self.dtype)
-        if self.policy == "as_stored":
-            layer = self.stored_layer(rule, bias, name)
-        elif self.policy == "quantized":
-            layer = self.quantized_layer(rule, bias, name)
-        else:
-            layer = None
+        if self.policy == "quantized":
+            return self.quantized_layer(rule, bias, name)
+        layer = self.stored_layer(rule, bias, name) if self.policy == "as_stored" else None
         if layer is not None:
             return layer
         _assign(module, "weight", self.dense(rule, self.dtype))
@@ -259,8 +254,8 @@ class _Loader:
         for name, buf in list(model.named_buffers()):
             if buf.is_meta:  # tables the model computes (RoPE): refilled below
                 module_name, _, attr = name.rpartition(".")
-                module = model.get_submodule(module_name)
-                module._buffers[attr] = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)
+                empty = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)
+                _assign(model.get_submodule(module_name), attr, empty)
         model.reset_buffers()
         if left := [n for n, p in model.named_parameters() if p.is_meta]:
             raise CheckpointError(f"{self.f.path}: no tensor for {', '.join(left[:5])}")
@@ -313,7 +308,7 @@ def load_gguf_weights(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
-) -> tuple[Transformer, ModelConfig]:
+) -> Transformer:
     """The Transformer of an opened GGUF file, built one tensor at a time (module docstring).
     dtype None and no quantize: the file's own precision on a CPU (float32 activations), every
     tensor dequantised to float32 elsewhere; a dtype alone: every tensor dequantised to it;
@@ -325,9 +320,4 @@ def load_gguf_weights(
         policy = "as_stored"
     else:
         policy = "dense"
-    loader = _Loader(f, policy, dtype or torch.float32, quantize, device)
-    try:
-        model = loader.build()
-    finally:
-        f.close()
-    return model, loader.config
+    return _Loader(f, policy, dtype or torch.float32, quantize, device).build()
