@@ -36,13 +36,10 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 2  # arrays of arrays are legal; deeper nesting is not used by any writer
 MAX_KEY_BYTES = 65535
 
-# GGUF metadata value types -> (struct format, byte size); 8 = string, 9 = array
-_SCALARS = {
-    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
-}  # fmt: skip
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
-          10: "<u8", 11: "<i8", 12: "<f8"}  # fmt: skip
+# GGUF metadata value types -> little-endian format, for struct and numpy alike (uint8 ... bool,
+# uint64, int64, float64); 8 = string, 9 = array
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}  # fmt: skip
 STRING, ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 
@@ -80,17 +77,18 @@ class _Cursor:
         if n < 0 or self.pos + n > self.size:
             raise self.fail(f"{what} needs {n} bytes at byte {self.pos}, the file has {self.size}")
 
-    def scalar(self, fmt: str, size: int, what: str):
+    def scalar(self, fmt: str, what: str):
+        size = struct.calcsize(fmt)
         self.need(size, what)
         value = struct.unpack_from(fmt, self.buf, self.pos)[0]
         self.pos += size
         return value
 
     def u32(self, what: str) -> int:
-        return self.scalar("<I", 4, what)
+        return self.scalar("<I", what)
 
     def u64(self, what: str) -> int:
-        return self.scalar("<Q", 8, what)
+        return self.scalar("<Q", what)
 
     def string(self, what: str, limit: int | None = None) -> str:
         n = self.u64(f"{what} length")
@@ -106,7 +104,7 @@ class _Cursor:
 
     def value(self, kind: int, what: str, depth: int = 0) -> Any:
         if kind in _SCALARS:
-            return self.scalar(*_SCALARS[kind], what)
+            return self.scalar(_SCALARS[kind], what)
         if kind == STRING:
             return self.string(what)
         if kind != ARRAY:
@@ -115,16 +113,17 @@ class _Cursor:
             raise self.fail(f"{what} nests arrays deeper than {MAX_ARRAY_DEPTH}")
         inner = self.u32(f"{what} element type")
         count = self.u64(f"{what} element count")
-        least = _SCALARS[inner][1] if inner in _SCALARS else 8 if inner == STRING else 12
+        # an element's least bytes: a number's, a string's length, an array's type and count
+        least = struct.calcsize(_SCALARS.get(inner, "<Q" if inner == STRING else "<IQ"))
         if inner not in _SCALARS and inner not in (STRING, ARRAY):
             raise self.fail(f"{what} has unknown element type {inner}")
         if count * least > self.size - self.pos:  # before any allocation of `count` things
             raise self.fail(f"{what} claims {count} elements, more than the file's "
                             f"{self.size - self.pos} remaining bytes hold")  # fmt: skip
-        if inner in _NUMPY:  # numbers: one read, Python values
-            values = np.frombuffer(self.buf, _NUMPY[inner], count, self.pos)
+        if inner in _SCALARS:  # numbers: one read, Python values
+            values = np.frombuffer(self.buf, _SCALARS[inner], count, self.pos)
             self.pos += count * least
-            return values.astype(bool).tolist() if inner == 7 else values.tolist()
+            return values.tolist()
         if inner == STRING:  # vocabularies: 100k+ strings, read in one tight loop
             return self.strings(count, what)
         return [self.value(inner, f"{what}[{i}]", depth + 1) for i in range(count)]
