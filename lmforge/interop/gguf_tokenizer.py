@@ -249,25 +249,17 @@ def tokenizer_to_gguf(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
     pre = gguf_pre_name(tok.backend)
     if tok.vocab_size > n_vocab:
         raise ConfigError(f"the tokenizer has {tok.vocab_size} tokens, the model {n_vocab} rows")
-    added = {a["id"]: a for a in data.get("added_tokens", [])}
-    tokens, types = [], []
-    for i in range(n_vocab):
-        token = tok.backend.id_to_token(i)
-        tokens.append(f"[PAD{i}]" if token is None else token)
-        if token is None:
-            types.append(UNUSED)
-        elif i in added:
-            types.append(CONTROL if added[i].get("special") else USER_DEFINED)
-        else:
-            types.append(NORMAL)
+    added = {a["id"]: CONTROL if a.get("special") else USER_DEFINED
+             for a in data.get("added_tokens", [])}  # fmt: skip
+    tokens = [tok.backend.id_to_token(i) for i in range(n_vocab)]
+    types = [UNUSED if t is None else added.get(i, NORMAL) for i, t in enumerate(tokens)]
+    tokens = [f"[PAD{i}]" if t is None else t for i, t in enumerate(tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     meta: dict[str, Any] = {
         "model": "gpt2", "pre": pre, "tokens": tokens, "token_type": types, "merges": merges,
     }  # fmt: skip
-    for role in ("bos", "eos", "unk", "pad"):
-        token_id = getattr(tok, f"{role}_id")
-        if token_id is not None:
-            meta[f"{role}_id"] = token_id
+    ids = {f"{role}_id": getattr(tok, f"{role}_id") for role in ("bos", "eos", "unk", "pad")}
+    meta.update({key: token_id for key, token_id in ids.items() if token_id is not None})
     if tok.chat_template:
         meta["chat_template"] = tok.chat_template
     return meta
