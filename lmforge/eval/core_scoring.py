@@ -135,11 +135,8 @@ def _score_batch(model, sets: list[OptionSet], use_cache: bool) -> list[list[tup
     cache = _prefill(model, sets, prefixes, width, device) if width > 0 else None
     # Phase 2: one row per option with the tokens after its example's prefix, right-padded
     # (padding comes after every real token, so causal attention never lets a real token see it).
-    row_of, tails = [], []
-    for i, (s, p) in enumerate(zip(sets, prefixes)):
-        for seq, end in zip(s.seqs, s.ends):
-            row_of.append(i)
-            tails.append(seq[p:end])
+    row_of = [i for i, s in enumerate(sets) for _ in s.seqs]
+    tails = [seq[p:end] for s, p in zip(sets, prefixes) for seq, end in zip(s.seqs, s.ends)]
     ids, _ = pad_collate(tails, 0)
     if cache is not None:
         cache.reorder(torch.as_tensor(row_of, device=device))  # copy each prefix per option
@@ -178,14 +175,10 @@ def _prefill(model, sets, prefixes, width, device) -> KVCache:
         dtype = torch.float32
     cache = KVCache(config.n_layer, len(sets), config.n_kv_head, width + rest, config.head_dim,
                     dtype, device)  # fmt: skip
-    ids = torch.zeros(len(sets), width, dtype=torch.long)
-    real = torch.zeros(len(sets), width, dtype=torch.bool)
-    for i, (s, p) in enumerate(zip(sets, prefixes)):
-        ids[i, :p] = torch.as_tensor(s.seqs[0][:p], dtype=torch.long)
-        real[i, :p] = True
+    ids, real = pad_collate([s.seqs[0][:p] for s, p in zip(sets, prefixes)], 0)
     model.hidden_states(ids.to(device), cache=cache)
     if not bool(real.all()):  # equal prefixes keep the unmasked fast path in phase 2 as well
-        cache.set_padding(real.to(device))
+        cache.set_padding(real.bool().to(device))
     return cache
 
 
