@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import time
 import uuid
@@ -55,15 +56,12 @@ class CompletionFormat(_Format):
     def logprobs(self, index: int, lps) -> dict | None:
         if self.top is None or not lps:
             return None
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for lp in lps:
-            piece = self.piece(lp.token)
-            out["tokens"].append(piece)
-            out["token_logprobs"].append(lp.logprob)
-            out["top_logprobs"].append({self.piece(t): v for t, v in lp.top})
-            out["text_offset"].append(self.offsets.get(index, 0))
-            self.offsets[index] = self.offsets.get(index, 0) + len(piece)
-        return out
+        pieces = [self.piece(lp.token) for lp in lps]
+        offsets = list(itertools.accumulate(map(len, pieces), initial=self.offsets.get(index, 0)))
+        self.offsets[index] = offsets.pop()  # where the choice's next chunk starts
+        top = [{self.piece(t): v for t, v in lp.top} for lp in lps]
+        logprobs = [lp.logprob for lp in lps]
+        return dict(tokens=pieces, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets)
 
     def chunk(self, out, first: bool) -> dict:
         return {**self.head(self.chunk_object), "choices": [self.choice(out)]}
