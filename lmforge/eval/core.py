@@ -301,13 +301,9 @@ def build_option_sets(
     for i, item in enumerate(rows):
         shots = [rows[j] for j in fewshot_indices(i, len(rows), task.shots)]
         prompts.append(render(item, task.delimiter, shots))
-    flat = tokenizer.encode_batch([p for group in prompts for p in group])
-    sets, k = [], 0
-    for group in prompts:
-        tokens = [[bos] + ids for ids in flat[k : k + len(group)]]
-        k += len(group)
-        sets.append(OptionSet(*crop(*spans(task.kind, tokens), max_len)))
-    return sets
+    flat = iter(tokenizer.encode_batch([p for group in prompts for p in group]))
+    tokens = [[[bos] + next(flat) for _ in group] for group in prompts]
+    return [OptionSet(*crop(*spans(task.kind, t), max_len)) for t in tokens]
 
 
 def bos_id(tokenizer) -> int:
