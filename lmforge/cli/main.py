@@ -83,15 +83,13 @@ def add_run_parser(
     return p
 
 
-def config_from_args(args: argparse.Namespace, cls: type, overrides: dict | None = None):
-    """The run config of a trainer verb: `cls` from --config's YAML and `overrides` (default:
-    the command line's `--key value` pairs). Its out_dir is recorded on args: the folder to
-    name if a write there fails without a file name."""
+def config_from_args(args: argparse.Namespace, cls: type, flags: dict | None = None):
+    """The run config of a trainer verb: `cls` from --config's YAML, then the fields the verb's
+    own `flags` stand for, then the command line's `--key value` pairs. Its out_dir is recorded
+    on args: the folder to name if a write there fails without a file name."""
     from lmforge.train.config import build_config, parse_overrides
 
-    if overrides is None:
-        overrides = parse_overrides(args.overrides)
-    cfg = build_config(cls, args.config, overrides)
+    cfg = build_config(cls, args.config, (flags or {}) | parse_overrides(args.overrides))
     args.out_dir = cfg.out_dir
     return cfg
 

@@ -104,13 +104,9 @@ def lora_overrides(args) -> dict:
 
 
 def run(args) -> int:
-    from lmforge.train.config import parse_overrides
-
     method = METHODS[args.method]
-    overrides = parse_overrides(args.overrides)
-    if args.method == "lora":
-        overrides = {**lora_overrides(args), **overrides}
-    cfg = config_from_args(args, method.config, overrides)
+    flags = lora_overrides(args) if args.method == "lora" else {}
+    cfg = config_from_args(args, method.config, flags)
     result = method.trainer(cfg, resume=args.resume).run()
     shown = {k: v for k, v in result.items() if isinstance(v, float)}
     print("\nfinal: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()))

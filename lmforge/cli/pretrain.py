@@ -60,11 +60,9 @@ def run(args) -> int:
 
 def run_encoder(args) -> int:
     from lmforge.model.bert import BertConfig
-    from lmforge.train.config import parse_overrides
     from lmforge.train.encoder import EncoderPretrainer, EncoderTrainConfig
 
-    overrides = parse_overrides(args.overrides) | {"objective": args.objective}
-    cfg = config_from_args(args, EncoderTrainConfig, overrides)
+    cfg = config_from_args(args, EncoderTrainConfig, {"objective": args.objective})
     validate(cfg, BertConfig, cfg.bert_config)
     result = EncoderPretrainer(cfg, resume=args.resume).run()
     parts = "  ".join(f"val {k} {v:.4f}" for k, v in result.items() if k[:3] in ("mlm", "nsp"))
