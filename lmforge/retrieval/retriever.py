@@ -104,14 +104,14 @@ class Retriever:
         """
         if not chunks:
             raise ConfigError("Retriever.build: no chunks to index")
-        bm25 = BM25Index().index([c.text for c in chunks])
+        texts = [c.text for c in chunks]
+        bm25 = BM25Index().index(texts)
         if encoder is None:
             return cls(chunks, bm25, settings=settings)
         if isinstance(encoder, str | Path):
             from lmforge.retrieval.encoder import SentenceEncoder
 
             encoder_name, encoder = str(encoder), SentenceEncoder.load(str(encoder))
-        texts = [c.text for c in chunks]
         parts = []
         with warnings.catch_warnings(record=True) as caught:  # one summary instead of a warning
             warnings.simplefilter("always")  # per batch that speaks of "queries"
