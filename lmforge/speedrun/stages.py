@@ -9,7 +9,6 @@ asks for several processes, as `torchrun --nproc_per_node N -m lmforge CMD --con
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import subprocess
 import sys

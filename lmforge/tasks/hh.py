@@ -11,7 +11,7 @@ from lmforge.errors import DataError
 from lmforge.fileio import read_jsonl
 from lmforge.tasks.synthetic import Record
 
-HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
+ASSISTANT = "\n\nAssistant:"  # where the prompt of an HH pair ends
 
 
 def parse_hh(chosen: str, rejected: str) -> Record:
