@@ -131,16 +131,14 @@ def read_generation_config(directory: str | Path) -> dict[str, Any] | None:
 
 # ---- exporting ---------------------------------------------------------------------------------
 def choose_family(config: ModelConfig) -> Family:
-    """The family a config exports as: the one it came from, else the first that fits."""
-    origin = config.extra.get("hf_model_type")
-    order = [origin] if origin in FAMILIES else []
-    order += [t for t in FAMILIES if t not in order]  # FAMILIES lists the preferred first
-    reasons = {}
-    for model_type in order:
-        if not (problems := FAMILIES[model_type].export_problems(config)):
-            return FAMILIES[model_type]
-        reasons[model_type] = "; ".join(problems)
-    detail = " | ".join(f"{t}: {r}" for t, r in reasons.items())
+    """The family a config exports as: the one it came from, else the first that fits (FAMILIES
+    lists the preferred first)."""
+    if (family := origin_family(config)) is not None:
+        return family
+    problems = {model_type: f.export_problems(config) for model_type, f in FAMILIES.items()}
+    if fits := [model_type for model_type, p in problems.items() if not p]:
+        return FAMILIES[fits[0]]
+    detail = " | ".join(f"{t}: {'; '.join(p)}" for t, p in problems.items())
     raise ConfigError(f"this model cannot be written as a Hugging Face checkpoint ({detail})")
 
 
@@ -201,7 +199,6 @@ def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> 
     config = model.config
     family = choose_family(config)
     state = export_state(family, model)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     preserved = dict(config.extra.get("hf_config") or {})
     if preserved.get("model_type") != family.model_type:
         preserved = {}
@@ -209,10 +206,9 @@ def export_hf(lm, directory: str | Path, max_shard_bytes: int | None = None) -> 
     hf.pop("rope_parameters", None)  # written in the legacy form by config_to_hf
     ids = {f"{r}_token_id": getattr(tok, f"{r}_id", None) for r in ("bos", "eos", "pad")}
     special = {k: v for k, v in ids.items() if v is not None}
-    hf.update(special)
-    hf.update(model_type=family.model_type, architectures=[family.architecture], torch_dtype=dtype)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_weights(directory, state, max_shard_bytes)
+    hf.update(special, model_type=family.model_type, architectures=[family.architecture])
+    hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    write_weights(directory, state, max_shard_bytes)  # atomic writes make the folder
     write_json(directory / "config.json", hf)
     generation = {**(getattr(lm, "generation_config", None) or {}), **special}
     write_json(directory / "generation_config.json", generation)
@@ -258,8 +254,7 @@ def save_lm(lm, directory: str | Path, format: str = "auto") -> Path:
     if format == "hf" or (format == "auto" and origin_family(lm.model.config) is not None):
         return export_hf(lm, directory)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_model(lm.model, directory)
+    save_model(lm.model, directory)  # atomic writes make the folder
     (directory / INDEX_FILE).unlink(missing_ok=True)  # a stale HF shard index would win on load
     if lm.tokenizer is not None:
         lm.tokenizer.save(directory)
