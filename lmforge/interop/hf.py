@@ -17,6 +17,7 @@ exports it when its config maps onto a family).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -271,17 +272,28 @@ def _lora_family(config: ModelConfig) -> Family | None:
     return None if config.rope_interleaved else origin_family(config)
 
 
-def _lora_parts(family: Family, config: ModelConfig, module: str):
-    """(rule, HF module names) for one of our Linear modules, or None when HF PEFT has no
-    nn.Linear to put a LoRA on (a slice of a fused HF tensor, Mixtral's fused experts)."""
-    if any(part in module for part in family.no_lora_modules):
-        return None
-    rule = family.key_map(config).get(f"{module}.weight")
-    if rule is None:  # a tied lm_head is stored once as the embedding, but HF still has the module
-        return (Rule(("lm_head.weight",)), ["lm_head"]) if module == "lm_head" else None
-    if rule.transform == "slice":
-        return None
-    return rule, [key.removesuffix(".weight") for key in rule.hf_keys]
+def _hf_lora_modules(family: Family, config: ModelConfig) -> dict[str, tuple[str, slice, int]]:
+    """HF module name -> (our Linear module, the rows of it that the HF module holds, its row
+    count) for every Linear HF PEFT can put a LoRA on: not a slice of a fused HF tensor (Phi-3's
+    gate_up_proj) nor a module HF does not hold as nn.Linear (Mixtral's fused experts)."""
+    key_map = family.key_map(config)
+    with torch.device("meta"):
+        model = Transformer(config)
+    found = {}
+    for module, layer in model.named_modules():
+        if not isinstance(layer, torch.nn.Linear) or any(
+            part in module for part in family.no_lora_modules
+        ):
+            continue
+        rule = key_map.get(f"{module}.weight")
+        if module == "lm_head":  # a tied lm_head is stored once as the embedding, HF keeps it
+            rule = Rule(("lm_head.weight",))
+        if rule is None or rule.transform == "slice":
+            continue
+        sizes = rule.sizes if rule.transform == "cat" else (layer.out_features,)
+        for key, start, size in zip(rule.hf_keys, itertools.accumulate(sizes, initial=0), sizes):
+            found[key.removesuffix(".weight")] = (module, slice(start, start + size), sum(sizes))
+    return found
 
 
 def lora_to_hf(
@@ -295,40 +307,22 @@ def lora_to_hf(
     the update the fused layer applied to its rows."""
     if (family := _lora_family(config)) is None:
         return None
-    modules = sorted({k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)})
+    adapted = {k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)}
+    every = _hf_lora_modules(family, config)
+    names = {name: (ours, rows) for name, (ours, rows, _) in every.items() if ours in adapted}
+    if {ours for ours, _ in names.values()} != adapted:  # a module HF has no nn.Linear for
+        return None
     out: dict[str, torch.Tensor] = {}
-    hf_modules: list[str] = []
-    for module in modules:
-        parts = _lora_parts(family, config, module)
-        if parts is None:
-            return None
-        rule, names = parts
-        a, b = tensors[module + LORA_A], tensors[module + LORA_B]
-        pieces = list(b.split(list(rule.sizes), dim=0)) if rule.transform == "cat" else [b]
-        for name, piece in zip(names, pieces):
-            out[name + LORA_A] = a.clone()
-            out[name + LORA_B] = piece.contiguous()
-            hf_modules.append(name)
-    every = _hf_linear_modules(family, config)
+    for name, (ours, rows) in names.items():
+        out[name + LORA_A] = tensors[ours + LORA_A].clone()
+        out[name + LORA_B] = tensors[ours + LORA_B][rows].contiguous()
     targets = set()
-    for name in hf_modules:  # a short name when every layer's module of that name is adapted
+    for name in names:  # a short name when every layer's module of that name is adapted
         short = name.rsplit(".", 1)[-1]
         same = {m for m in every if m.rsplit(".", 1)[-1] == short}
-        targets.add(short if same <= set(hf_modules) else name)
+        targets.add(short if same <= set(names) else name)
     extra = {"fan_in_fan_out": family.model_type == "gpt2"}  # GPT-2's Conv1D stores [in, out]
     return out, sorted(targets), extra
-
-
-def _hf_linear_modules(family: Family, config: ModelConfig) -> dict[str, tuple[str, int]]:
-    """HF module name -> (our module, its row piece) for every Linear a LoRA can sit on."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    found = {}
-    for module, layer in model.named_modules():
-        parts = _lora_parts(family, config, module) if isinstance(layer, torch.nn.Linear) else None
-        for index, name in enumerate(parts[1] if parts else ()):
-            found[name] = (module, index)
-    return found
 
 
 def lora_from_hf(
@@ -341,36 +335,28 @@ def lora_from_hf(
     if (family := _lora_family(config)) is None:
         return None
     modules = {k.removesuffix(LORA_A) for k in tensors if k.endswith(LORA_A)}
-    known = _hf_linear_modules(family, config)
+    known = _hf_lora_modules(family, config)
     if not modules or not modules <= set(known):
         return None
-    grouped: dict[str, dict[int, str]] = {}
+    grouped: dict[str, list[str]] = {}
     for name in sorted(modules):
-        ours, index = known[name]
-        grouped.setdefault(ours, {})[index] = name
+        grouped.setdefault(known[name][0], []).append(name)
     out = {}
-    for ours, by_index in grouped.items():
-        rule, names = _lora_parts(family, config, ours)
-        first = by_index[min(by_index)]
-        a = tensors[first + LORA_A]
-        for name in by_index.values():
+    for ours, names in grouped.items():
+        a = tensors[names[0] + LORA_A]
+        b = a.new_zeros(known[names[0]][2], a.shape[0])  # rows of a projection left out: zero
+        for name in names:
             if not torch.equal(tensors[name + LORA_A], a):
                 raise CheckpointError(
-                    f"{where}: {first} and {name} have different LoRA A matrices; lmforge's "
+                    f"{where}: {names[0]} and {name} have different LoRA A matrices; lmforge's "
                     f"fused {ours} shares one A (merge the adapter into the model instead)"
                 )
-        if rule.transform != "cat":
-            out[ours + LORA_A], out[ours + LORA_B] = a, tensors[first + LORA_B]
-            continue
-        pieces = []
-        for index, size in enumerate(rule.sizes):
-            missing = a.new_zeros(size, a.shape[0])  # a projection the adapter left out
-            piece = tensors[by_index[index] + LORA_B] if index in by_index else missing
-            if piece.shape != (size, a.shape[0]):
+            piece, rows = tensors[name + LORA_B], known[name][1]
+            if piece.shape != (want := (rows.stop - rows.start, a.shape[0])):
                 raise CheckpointError(
-                    f"{where}: {names[index]}{LORA_B} has shape {tuple(piece.shape)}, the model "
-                    f"implies {(size, a.shape[0])}"
+                    f"{where}: {name}{LORA_B} has shape {tuple(piece.shape)}, the model implies "
+                    f"{want}"
                 )
-            pieces.append(piece)
-        out[ours + LORA_A], out[ours + LORA_B] = a, torch.cat(pieces)
+            b[rows] = piece
+        out[ours + LORA_A], out[ours + LORA_B] = a, b
     return out
