@@ -151,10 +151,9 @@ class DPOTrainer(PreferenceTrainer):
         frozen copy, or for LoRA the policy with its adapters switched off (no second copy of
         the weights, as TRL with a PEFT model; not under FSDP, whose shards the reference
         forward outside the loss would not see whole)."""
-        cfg, dist = self.cfg, self.dist
-        self.ref = None
-        if not (cfg.precompute_ref or cfg.peft.method == "lora" and not dist.shards_parameters):
-            self.ref = frozen_copy(self.lm.model)
+        cfg = self.cfg
+        lora_off = cfg.peft.method == "lora" and not self.dist.shards_parameters
+        self.ref = None if cfg.precompute_ref or lora_off else frozen_copy(self.lm.model)
         self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
 
@@ -181,10 +180,7 @@ class DPOTrainer(PreferenceTrainer):
 
     def batch(self, indices):
         b = super().batch(indices)
-        if self.ref_train is not None:
-            b["ref"] = self.ref_train[indices]
-        else:
-            b["ref"] = self.reference_logprobs(b)
+        b["ref"] = self.reference_logprobs(b) if self.ref_train is None else self.ref_train[indices]
         return b
 
     def eval_batch(self, start, stop):
@@ -192,13 +188,12 @@ class DPOTrainer(PreferenceTrainer):
 
     def pair_loss(self, b):
         chosen, rejected = completion_logprob_sums(self.lm.model, b).chunk(2)
-        ref = b["ref"]
         # completion tokens per row (IPO divides each log-ratio by its completion's length)
         lengths = (b["labels"][:, 1:] != D.IGNORE).sum(-1)
-        loss, rc, rr = dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], self.cfg.beta,
+        loss, rc, rr = dpo_loss(chosen, rejected, *b["ref"].T, self.cfg.beta,
                                 self.cfg.label_smoothing, self.cfg.loss_type,
                                 *lengths.chunk(2))  # fmt: skip
-        if self.cfg.rpo_alpha > 0:
-            n_chosen = (b["labels"][: len(chosen), 1:] != D.IGNORE).sum().clamp(min=1)
+        if self.cfg.rpo_alpha > 0:  # + α · mean NLL per chosen completion token
+            n_chosen = lengths[: len(chosen)].sum().clamp(min=1)
             loss = loss - self.cfg.rpo_alpha * chosen.sum() / n_chosen
         return loss, rc, rr
