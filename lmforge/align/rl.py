@@ -143,9 +143,6 @@ class RLTrainer(AlignTrainer):
     def num_examples(self) -> int:
         return len(self.records)
 
-    def batch(self, indices: list[int]) -> dict[str, Any]:
-        return {"indices": indices}
-
     def loss(self, batch):
         raise ConfigError(f"{self.name} trains from rollouts; its update() names its losses")
 
