@@ -243,8 +243,9 @@ class PPOTrainer(RLTrainer):
             self.kl_ctl = AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
         self.moments = RunningMoments()
 
-    def value_fn(self):
-        return lambda hidden, r: self.critic(hidden, r.input_ids, r.attention_mask, r.prompt_width)
+    def value_fn(self, hidden: Tensor, r: Rollout) -> Tensor:
+        """The critic's values of a rollout's completion tokens (the engine's value_fn)."""
+        return self.critic(hidden, r.input_ids, r.attention_mask, r.prompt_width)
 
     def trainable_module(self) -> nn.Module:
         return nn.ModuleDict({"policy": self.lm.model, "critic": self.critic})

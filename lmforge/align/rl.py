@@ -88,6 +88,7 @@ class RLTrainer(AlignTrainer):
     curves = [("train", "reward"), ("eval", "reward"), ("eval", "exact_match")]
     needs_reference = True  # subclasses without a KL term skip the frozen copy
     keep_logprobs = True  # π_old log-probs at rollout time (off when updates are on-policy)
+    value_fn = None  # the rollout engine's critic, value_fn(hidden, rollout) -> [B, C] (PPO's)
 
     def __init__(self, cfg: RLConfig, resume: bool = False, log=print, reward: Any = None):
         self._reward_override = reward  # a Python reward (function or model) instead of cfg
@@ -120,7 +121,7 @@ class RLTrainer(AlignTrainer):
             cfg.max_new_tokens,
             cfg.temperature,
             reference=self.reference,
-            value_fn=self.value_fn(),
+            value_fn=self.value_fn,
         )
 
     def _encode(self, record: dict, i: int) -> list[int]:
@@ -135,10 +136,6 @@ class RLTrainer(AlignTrainer):
 
     def setup_rl(self) -> None:
         """Build trainer-specific parts (value head, KL controller) before the engine."""
-
-    def value_fn(self):
-        """A critic for the rollout engine, or None."""
-        return None
 
     def num_examples(self) -> int:
         return len(self.records)
