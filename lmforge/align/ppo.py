@@ -233,7 +233,8 @@ class PPOTrainer(RLTrainer):
     curves = [("train", "reward"), ("eval", "reward"), ("train", "kl"), ("train", "entropy"),
               ("train", "clip_frac"), ("train", "value_loss")]  # fmt: skip
 
-    def setup_rl(self) -> None:
+    def setup(self) -> None:
+        super().setup()  # the engine calls value_fn, hence the critic, only when it samples
         cfg: PPOConfig = self.cfg
         critic = CRITICS[cfg.critic](self.lm.model, self.reward, cfg.value_detach)
         self.critic = critic.to(self.device)

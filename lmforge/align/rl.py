@@ -114,7 +114,6 @@ class RLTrainer(AlignTrainer):
         )  # fmt: skip
         self.reference = frozen_copy(self.lm.model) if self.needs_reference else None
         self.peft_names = apply_peft(self.lm.model, cfg.peft)
-        self.setup_rl()
         self.engine = RolloutEngine(
             self.lm.model,
             self.tokenizer,
@@ -133,9 +132,6 @@ class RLTrainer(AlignTrainer):
                 f"{limit} to leave room for a completion (max_seq_len={limit + 1})"
             )
         return ids
-
-    def setup_rl(self) -> None:
-        """Build trainer-specific parts (value head, KL controller) before the engine."""
 
     def num_examples(self) -> int:
         return len(self.records)
