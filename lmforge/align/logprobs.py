@@ -159,10 +159,8 @@ class HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, bias, labels, temperature, chunk):
-        n = h.shape[0]
-        logp = h.new_empty(n, dtype=torch.float32)
-        lse = h.new_empty(n, dtype=torch.float32)
-        for i in range(0, n, chunk):
+        logp, lse = h.new_empty(2, h.shape[0], dtype=torch.float32)
+        for i in range(0, h.shape[0], chunk):
             logits = HeadLogprobs._logits(h[i : i + chunk], weight, bias, temperature)
             lse[i : i + chunk] = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(-1, labels[i : i + chunk, None])[:, 0]
