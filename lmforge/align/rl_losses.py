@@ -270,10 +270,7 @@ def mask_truncated(completion_ids: Tensor, completion_mask: Tensor, stop_ids) ->
     """
     last = last_index(completion_mask)
     last_tok = completion_ids.gather(1, last.clamp_min(0).unsqueeze(1)).squeeze(1)
-    stops = torch.as_tensor(
-        list(stop_ids), dtype=completion_ids.dtype, device=completion_ids.device
-    )
-    finished = torch.isin(last_tok, stops) | (last < 0)
+    finished = torch.isin(last_tok, completion_ids.new_tensor(list(stop_ids))) | (last < 0)
     return completion_mask * finished.unsqueeze(1).to(completion_mask.dtype)
 
 
