@@ -54,11 +54,8 @@ class BatchSampler:
         device: str | torch.device = "cpu",
     ):
         _check_block(shard, batch_size, block_size)
-        self.shard = shard
-        self.batch_size = batch_size
-        self.block_size = block_size
-        self.seed = seed
-        self.device = device
+        self.shard, self.batch_size, self.block_size = shard, batch_size, block_size
+        self.seed, self.device = seed, device
         self.generator = torch.Generator().manual_seed(seed)
         self.batches_drawn = 0
 

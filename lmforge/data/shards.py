@@ -196,9 +196,7 @@ class TokenShard:
     """A flat array of token ids, normally a read-only memory map of a train.bin/val.bin file."""
 
     def __init__(self, tokens: np.ndarray, path: Path | None = None, meta: dict | None = None):
-        self.tokens = tokens
-        self.path = path
-        self.meta = meta or {}
+        self.tokens, self.path, self.meta = tokens, path, meta or {}
 
     @classmethod
     def open(cls, path: str | Path, dtype: str | None = None) -> TokenShard:

@@ -197,8 +197,7 @@ class LossScaler:
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_interval: int = 2000):
-        self.scale = init_scale
-        self.growth_interval = growth_interval
+        self.scale, self.growth_interval = init_scale, growth_interval
         self._clean_steps = 0
 
     def unscale_and_check(self, params) -> bool:

@@ -78,8 +78,7 @@ class Parallel:
     state_file = STATE_FILE  # what --resume looks for in out_dir
 
     def __init__(self, device: torch.device, activation_checkpointing: bool = False):
-        self.device = device
-        self.activation_checkpointing = activation_checkpointing
+        self.device, self.activation_checkpointing = device, activation_checkpointing
         self.rank, self.world_size = 0, 1
         self.module: nn.Module | None = None
 
