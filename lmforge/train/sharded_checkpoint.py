@@ -108,7 +108,7 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
     tied = _tied_names(model, set(tensors))
     slices: dict[str, torch.Tensor] = {}
     offsets: dict[str, list[int]] = {}
-    seen: dict[tuple, str] = {}
+    seen: set[tuple] = set()
     for name, tensor in tensors.items():  # nothing is written before every dtype is checked
         if str(tensor.dtype).removeprefix("torch.") not in ST_NAMES:
             raise CheckpointError(f"{target}: {name} has dtype {tensor.dtype}, not storable")
@@ -120,9 +120,9 @@ def save_sharded(root: str | Path, model, optimizer, meta: dict[str, Any],
         data = local.cpu().contiguous()
         # safetensors refuses two names on one storage; an untied alias is copied
         ident = (data.data_ptr(), data.dtype, tuple(data.shape))
-        if data.numel() and ident in seen:
+        if ident in seen:
             data = data.clone()
-        seen[ident] = name
+        seen.add(ident)
         slices[name], offsets[name] = data, offset
     save_tensors(target / f"rank{rank}.safetensors", slices,
                  metadata={"format": FORMAT, "offsets": json.dumps(offsets)})  # fmt: skip
