@@ -59,7 +59,7 @@ class MetricsLog:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        metrics = sorted({m for _, m in curves}, key=[m for _, m in curves].index)
+        metrics = list(dict.fromkeys(m for _, m in curves))  # in order of first mention
         fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), squeeze=False)
         for ax, metric in zip(axes[0], metrics):
             for split in [s for s, m in curves if m == metric]:
