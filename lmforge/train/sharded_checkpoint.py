@@ -371,8 +371,8 @@ def consolidate(path: str | Path, out_dir: str | Path | None = None) -> Path:
     meta = check_checkpoint(step_dir)
     run_dir = step_dir.parent.parent
     model = Transformer(ModelConfig.from_dict(meta["model_config"], source=str(step_dir)))
-    state = model.state_dict()  # shares storage with the parameters: filled in place
-    _fill(step_dir, meta, {f"model.{k}": v for k, v in state.items()})
+    # the state dict shares storage with the parameters: they are filled in place
+    _fill(step_dir, meta, {f"model.{k}": v for k, v in model.state_dict().items()})
     tokenizer = Tokenizer.load(run_dir) if (run_dir / "tokenizer.json").is_file() else None
     out = Path(out_dir) if out_dir is not None else run_dir
     LM(model, tokenizer).save(out)
