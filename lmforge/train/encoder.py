@@ -273,8 +273,7 @@ class EncoderPretrainer(Trainer):
         return self._mask({k: v[idx] for k, v in self.train_rows.items()}, self.generator)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        out = bert_losses(self.model, inputs, batch["labels"])
+        out = bert_losses(self.model, batch, batch["labels"])  # the model reads its inputs only
         return out["loss"], {k: v for k, v in out.items() if k != "loss"}
 
     @torch.no_grad()
