@@ -50,7 +50,6 @@ from lmforge.errors import (
     LMForgeError,
     NonFiniteLoss,
     Terminated,
-    require_choice,
 )
 from lmforge.fileio import remove_stale_temps, write_json
 from lmforge.model.info import model_flops_utilisation
@@ -76,12 +75,11 @@ AUTOCAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float1
 
 
 def training_dtype(name: str, device: torch.device) -> str:
-    """The autocast dtype name of a training run's `dtype` setting. `auto` picks the fastest safe
-    one: bf16 where the hardware does bf16 matmuls natively (CUDA with bf16, CPUs with AMX), fp16
-    on older GPUs, fp32 otherwise. Any other name must be one of AUTOCAST_DTYPES (else
-    ConfigError)."""
+    """The autocast dtype name of a training run's `dtype` setting (one of AUTOCAST_DTYPES or
+    `auto`, as TrainConfig checks). `auto` picks the fastest safe one: bf16 where the hardware
+    does bf16 matmuls natively (CUDA with bf16, CPUs with AMX), fp16 on older GPUs, fp32
+    otherwise."""
     if name != "auto":
-        require_choice("dtype", name, AUTOCAST_DTYPES)
         return name
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
