@@ -221,9 +221,7 @@ class _AllBut(Sequence):
     def __len__(self) -> int:
         return self.n - 1
 
-    def __getitem__(self, j):
-        if isinstance(j, slice):
-            return [self[k] for k in range(*j.indices(len(self)))]
+    def __getitem__(self, j: int) -> int:  # random.sample indexes one item at a time
         if not -len(self) <= j < len(self):
             raise IndexError(j)
         j %= len(self)
