@@ -136,13 +136,10 @@ class AsyncEngine:
         Raises ConfigError (bad prompt/params) before anything is queued.
         """
         rid = f"req-{next(self._ids)}"
-        inbox: asyncio.Queue = asyncio.Queue()
-        self._inboxes[rid] = inbox
-        try:
-            self.engine.add_request(prompt, params, n, request_id=rid)
-        except BaseException:
-            del self._inboxes[rid]
-            raise
+        self.engine.add_request(prompt, params, n, request_id=rid)
+        # Outputs reach inboxes through callbacks on this event loop, which cannot run before
+        # the next await: the inbox made now misses none of them.
+        inbox = self._inboxes[rid] = asyncio.Queue()
         self._wake.set()
         remaining = n
         try:
