@@ -86,7 +86,6 @@ class Llama(Family):
     """Llama and its close relatives: RMSNorm, RoPE (rotate-half), SwiGLU, optional biases."""
 
     model_type, architecture = "llama", "LlamaForCausalLM"
-    default_theta = 10000.0
     needs = {"pos": ("rope",), "norm": ("rmsnorm",), "bias": (False,),
              "mlp": ("swiglu", "geglu", "geglu_tanh"), "qk_norm": (False,),
              "sliding_window": (None,), "lm_head_bias": (False,)}  # fmt: skip
@@ -99,7 +98,7 @@ class Llama(Family):
             raise ConfigError(
                 f"hidden_act {act!r} is not supported (supported: {', '.join(_GLU_ACTS)})"
             )
-        rope_base, rope_scaling, max_len = rope_from_hf(hf, self.default_theta)
+        rope_base, rope_scaling, max_len = rope_from_hf(hf)
         attention_bias = bool(hf.get("attention_bias", False))
         return dict(
             {ours: hf[key] for ours, key in _LLAMA_SHAPE.items()},

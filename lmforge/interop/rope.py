@@ -17,10 +17,11 @@ from lmforge.model.positions import check_rope_scaling, rope_scaling_type
 _NEEDS_ORIGINAL = ("yarn", "llama3", "dynamic")
 
 
-def rope_from_hf(hf: dict[str, Any], default_theta: float) -> tuple[float, dict | None, int]:
+def rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict | None, int]:
     """(rope_base, rope_scaling, max_seq_len) for an HF config dict."""
     scaling = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
-    theta = scaling.pop("rope_theta", None) or hf.get("rope_theta") or default_theta
+    # 10000: transformers' default rope_theta
+    theta = scaling.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0
     kind = scaling.pop("type", None)
     kind = scaling.get("rope_type") or kind or "default"
     partial = scaling.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or 1.0
