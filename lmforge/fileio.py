@@ -208,13 +208,11 @@ def check_safetensors_header(path: str | Path) -> dict[str, Any]:
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype not in SAFETENSORS_DTYPE_BYTES:
             raise bad(f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
+        # type(x) is int, not isinstance: JSON true / false are not sizes
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise bad(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1] <= data):  # fmt: skip
+        pair = isinstance(offsets, list) and [type(o) for o in offsets] == [int, int]
+        if not (pair and 0 <= offsets[0] <= offsets[1] <= data):
             raise bad(f"tensor {name!r}: data_offsets {offsets!r} outside the {data} data bytes")
         count = 1
         for d in shape:  # bounded at every step: huge claimed shapes stop here
