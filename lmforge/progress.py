@@ -93,8 +93,7 @@ class PlainProgress:
     def line(self, now: float) -> str:
         """The progress line as of `now` (a `clock` reading)."""
         elapsed = max(now - self._start, 1e-9)
-        done = self.n - self._start_n
-        rate = done / elapsed
+        rate = (self.n - self._start_n) / elapsed
         parts = [f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}"]
         parts.append(f"{rate:.3g} {self.unit}/s")
         if self.total and rate > 0 and self.n < self.total:
@@ -116,8 +115,7 @@ def progress_bar(iterable: Iterable | None = None, *, file: TextIO | None = None
     line every `interval` seconds. Use it wherever lmforge shows progress; `kwargs` are
     `PlainProgress`'s (total, desc, unit, initial, disable, interval)."""
     file = file if file is not None else sys.stderr
-    isatty = getattr(file, "isatty", None)
-    if isatty is not None and isatty():
+    if hasattr(file, "isatty") and file.isatty():
         from tqdm import tqdm
 
         kwargs.pop("interval", None)
