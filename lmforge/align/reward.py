@@ -365,9 +365,8 @@ class RewardTrainer(AlignTrainer):
             loss = loss + self.cfg.center_rewards * reward_centering(rc, rr)
         stats = {"accuracy": preference_accuracy(rc, rr).item(), "margin": (rc - rr).mean().item()}
         if self.cfg.lm_weight > 0:  # next-token loss on the chosen responses, chunked head
-            labels = batch["labels"][: rc.shape[0], 1:]
-            head = lm_head_fn(self.rm.backbone)
-            chosen = head_token_stats(head, hidden[: rc.shape[0], :-1], labels)
+            labels = batch["labels"][: len(rc), 1:]
+            chosen = head_token_stats(lm_head_fn(self.rm.backbone), hidden[: len(rc), :-1], labels)
             lm_loss = nll_from_stats(chosen, labels != D.IGNORE)
             loss = loss + self.cfg.lm_weight * lm_loss
             stats["lm_loss"] = lm_loss.item()
