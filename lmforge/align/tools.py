@@ -29,7 +29,7 @@ import resource
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -164,20 +164,21 @@ class ToolRolloutEngine(RolloutEngine):
     def finish(self, base: Rollout) -> ToolRollout:
         """The tool turns `generate` recorded: completion_mask is 0 on tool-result tokens and
         `completions` holds the final answer turn (what the verifier scores)."""
-        rollout = ToolRollout(**{f.name: getattr(base, f.name) for f in fields(base)})
+        rollout = ToolRollout(**vars(base))
         model_mask = torch.zeros_like(rollout.completion_mask)
         for row, t in enumerate(self._turns):
             model_mask[row, : len(t["mask"])] = torch.tensor(t["mask"], dtype=model_mask.dtype)
         rollout.completion_mask = rollout.completion_mask * model_mask
         rollout.transcripts = rollout.completions
-        rollout.completions = [t["final"] for t in self._turns]
+        finals = [t["tokens"][t["final_start"] :] for t in self._turns]
+        rollout.completions = self.tokenizer.decode_batch(finals, skip_special_tokens=True)
         rollout.tool_calls = [t["calls"] for t in self._turns]
         rollout.tool_errors = [t["error"] for t in self._turns]
         return rollout
 
     def generate(self, prompts, n, seed, greedy=False):
-        """Completion tokens (model turns and tool turns) of n samples per prompt; the per-row
-        model-token mask, final answer, calls and error go to `self._turns`."""
+        """Completion tokens (model turns and tool turns) of n samples per prompt; each row's
+        model-token mask, calls, error and where its final answer starts go to `self._turns`."""
         rows = [p for p in prompts for _ in range(n)]
         state = [{"tokens": [], "mask": [], "calls": 0, "error": None, "final_start": 0,
                   "done": False} for _ in rows]  # fmt: skip
@@ -216,12 +217,7 @@ class ToolRolloutEngine(RolloutEngine):
                 if not result.ok:
                     s["error"] = f"tool call {s['calls']} <tool>{expr}</tool>: {result.text}"
                     s["done"] = True
-        self._turns = [
-            {"mask": s["mask"], "calls": s["calls"], "error": s["error"],
-             "final": self.tokenizer.decode(s["tokens"][s["final_start"] :],
-                                            skip_special_tokens=True)}
-            for s in state
-        ]  # fmt: skip
+        self._turns = state
         return [s["tokens"] for s in state]
 
     def _generate_turn(self, contexts, budgets, may_call, seed, greedy) -> list[list[int]]:
