@@ -174,14 +174,10 @@ class RLTrainer(AlignTrainer):
         default seeded with the step), one `optimizer_step(loss_fn)` each; the mean of each of
         the losses' stats in `keys` and of the gradient norm before clipping."""
         gen = gen or torch.Generator().manual_seed(self.cfg.seed + self.step)
-        totals, n = dict.fromkeys((*keys, "grad_norm"), 0.0), 0
+        steps = []
         for _ in range(epochs):
-            for mb in rollout.minibatches(size, gen):
-                stats = self.optimizer_step([mb], loss_fn)
-                for k in totals:
-                    totals[k] += stats[k]
-                n += 1
-        return {k: v / n for k, v in totals.items()}
+            steps += [self.optimizer_step([mb], loss_fn) for mb in rollout.minibatches(size, gen)]
+        return {k: sum(s[k] for s in steps) / len(steps) for k in (*keys, "grad_norm")}
 
     def next_batch(self) -> Rollout:
         """The rollout phase: this rank's prompts of the step, sampled and scored."""
