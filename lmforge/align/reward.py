@@ -164,7 +164,6 @@ def policy_pairs(
     seed: int = 0,
     add_bos: bool = False,
     judge: Callable[[dict, str], float] | None = None,
-    batch_prompts: int = 64,
     rejected: str = "sample",
 ) -> tuple[D.Dataset, int]:
     """(on-policy preference pairs, prompts that gave none): `samples` completions per prompt
@@ -183,8 +182,8 @@ def policy_pairs(
     judge = judge or verify
     engine = RolloutEngine(model, tokenizer, max_new_tokens, temperature)
     out, unpaired = D.Dataset([]), 0
-    for start in range(0, len(records), batch_prompts):
-        chunk = records[start : start + batch_prompts]
+    for start in range(0, len(records), 64):  # 64 prompts per generation batch
+        chunk = records[start : start + 64]
         prompts = [D.prompt_ids(r, tokenizer, add_bos) for r in chunk]
         sampled = engine.generate(prompts, samples, seed + start)
         texts = tokenizer.decode_batch(sampled, skip_special_tokens=True)
