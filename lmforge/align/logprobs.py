@@ -269,13 +269,10 @@ def lm_head_fn(model: nn.Module, temperature: float = 1.0) -> Callable[[Tensor],
     """Final-normed hidden states -> logits, as the model's forward computes them (with its
     logit scaling, `output_scale`), divided by a sampling temperature: a `LinearHead` where the
     head is one plain linear layer (what `head_token_stats` fuses)."""
-    config = getattr(model, "config", None)
-    plain = plain_linear(getattr(model, "lm_head", None))
-    if plain and config is not None and getattr(config, "final_logit_softcap", None) is None:
+    config = getattr(model, "config", None)  # an HF-style model has none, and no output_logits
+    if config is not None and config.final_logit_softcap is None and plain_linear(model.lm_head):
         return LinearHead(model, temperature)
-    if (head := getattr(model, "output_logits", None)) is None:
-        scale = getattr(model, "output_scale", 1.0)
-        head = lambda h: model.lm_head(h * scale)  # noqa: E731
+    head = getattr(model, "output_logits", model.lm_head)
     if temperature in (0, 1):
         return head
     return lambda h: head(h) / temperature
