@@ -85,12 +85,11 @@ class EWC(L2):
 
     def __init__(self, trainer: ContinualTrainer):
         super().__init__(trainer)
-        model, old = trainer.lm.model, trainer.old_train
-        bs = trainer.cfg.batch_size
+        old, bs = trainer.old_train, trainer.cfg.batch_size
         n = min(len(old), bs * trainer.cfg.fisher_batches)
-        batches = [old[i : i + bs] for i in range(0, n, bs)]
-        loss_fn = lambda m, rows: trainer.sft_batch_loss(rows)  # noqa: E731
-        self.fisher = diagonal_fisher(model, batches, loss_fn)
+        batches = [trainer.collate(old[i : i + bs]) for i in range(0, n, bs)]
+        loss_fn = lambda model, b: lm_sft_loss(model, b["input_ids"], b["labels"])
+        self.fisher = diagonal_fisher(trainer.lm.model, batches, loss_fn)
 
     def penalty(self) -> Tensor:
         return 0.5 * ewc_penalty(self.trainer.trainable_params(), self.ref, self.fisher)
@@ -146,10 +145,6 @@ class ContinualTrainer(SFTTrainer):
 
     def trainable_params(self) -> dict[str, Tensor]:
         return {n: p for n, p in self.lm.model.named_parameters() if p.requires_grad}
-
-    def sft_batch_loss(self, rows: list[D.SFTExample]) -> Tensor:
-        b = self.collate(rows)
-        return lm_sft_loss(self.lm.model, b["input_ids"], b["labels"])
 
     def loss(self, batch):
         new, _ = super().loss(batch)
