@@ -29,18 +29,14 @@ FLAVOURS = {
 HF_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-def _flavour_of(model_type: str, source: Path) -> str:
-    for name in FLAVOURS:  # clip_vision_model, clip, siglip_vision_model, siglip
-        if model_type.startswith(name):
-            return name
-    raise CheckpointError(f"{source}: model_type {model_type!r} is not a CLIP or SigLIP model")
-
-
 def hf_vision_config(path: str | Path) -> tuple[VisionConfig, str]:
     """VisionConfig and flavour ("clip" | "siglip") for the vision tower in an HF directory."""
     source = Path(path) / "config.json"
     meta = read_json(source, "HF config")
-    flavour = _flavour_of(str(meta.get("model_type", "")), source)
+    model_type = str(meta.get("model_type", ""))  # clip, clip_vision_model, siglip, ...
+    flavour = next((name for name in FLAVOURS if model_type.startswith(name)), None)
+    if flavour is None:
+        raise CheckpointError(f"{source}: model_type {model_type!r} is not a CLIP or SigLIP model")
     vision = meta.get("vision_config", meta)
     spec = FLAVOURS[flavour]
     act = vision.get("hidden_act", "quick_gelu" if flavour == "clip" else "gelu_pytorch_tanh")

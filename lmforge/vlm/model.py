@@ -259,21 +259,14 @@ class VisionLanguageModel(nn.Module):
         """Input embeddings [len(prompt), d_model] of each prompt that holds image
         placeholders (None for text-only ones): its token embeddings with the placeholders
         replaced by `features` [n_images, N, d_model], consumed in order, row by row."""
-        flat = features.flatten(0, 1)
-        counts = [sum(t == self.image_id for t in p) for p in prompts]
-        check_placeholders(sum(counts), features)
-        out: list[torch.Tensor | None] = []
-        offset, device = 0, self.language_model.embed.weight.device
-        for prompt, count in zip(prompts, counts):
-            if not count:
-                out.append(None)
-                continue
-            ids = torch.as_tensor(prompt, device=device)
-            text = self.language_model.embed(ids)
-            is_image = (ids == self.image_id)[:, None]
-            out.append(text.masked_scatter(is_image, flat[offset : offset + count].to(text.dtype)))
-            offset += count
-        return out
+        device = self.language_model.embed.weight.device
+        ids = torch.as_tensor([t for p in prompts for t in p], device=device)
+        is_image = ids == self.image_id
+        check_placeholders(int(is_image.sum()), features)
+        text = self.language_model.embed(ids)
+        embeds = text.masked_scatter(is_image[:, None], features.to(text.dtype))
+        rows = embeds.split([len(p) for p in prompts])
+        return [row if self.image_id in p else None for row, p in zip(rows, prompts)]
 
     def caption(
         self, pixels: torch.Tensor, prompt: str = "", max_new_tokens: int = 32, **sampling

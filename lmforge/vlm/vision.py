@@ -123,14 +123,12 @@ class PatchEmbedding(nn.Module):
 
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.image_size, self.channels = config.image_size, config.channels
         p = config.patch_size
         self.proj = nn.Conv2d(
             config.channels, config.d_model, kernel_size=p, stride=p, bias=config.patch_bias
         )
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        check_pixels(pixels, self.image_size, self.channels)
         return self.proj(pixels).flatten(2).transpose(1, 2)  # row-major patch order
 
 
@@ -146,7 +144,6 @@ class ConvPatchEmbedding(nn.Module):
 
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.image_size, self.channels = config.image_size, config.channels
         stages = config.patch_size.bit_length() - 1  # patch_size = 2**stages (checked)
         widths = [config.channels] + [
             max(config.d_model >> (stages - 1 - i), 8) for i in range(stages)
@@ -158,7 +155,6 @@ class ConvPatchEmbedding(nn.Module):
         self.proj = nn.Conv2d(widths[-1], config.d_model, 1, bias=config.patch_bias)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        check_pixels(pixels, self.image_size, self.channels)
         return self.proj(self.stem(pixels)).flatten(2).transpose(1, 2)  # row-major patches
 
 
@@ -183,8 +179,7 @@ class FactorisedPatchEmbedding(nn.Module):
 
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.image_size, self.p = config.image_size, config.patch_size
-        self.channels = config.channels
+        self.p = config.patch_size
         self.shape = nn.Linear(self.p * self.p, config.d_model)
         self.colour = nn.Linear(2 * config.channels, config.d_model, bias=False)
 
@@ -194,7 +189,6 @@ class FactorisedPatchEmbedding(nn.Module):
 
     def codes(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_s outline + b, W_c colour), each [B, L, d]."""
-        check_pixels(pixels, self.image_size, self.channels)
         b, c = pixels.shape[:2]
         patches = F.unfold(pixels, self.p, stride=self.p).view(b, c, self.p * self.p, -1)
         patches = patches.permute(0, 3, 1, 2)  # [B, L, C, P*P], row-major patch order
@@ -254,6 +248,7 @@ class VisionEncoder(nn.Module):
         self.frozen = False
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        check_pixels(pixels, self.config.image_size, self.config.channels)
         late = None
         if getattr(self.patch_embed, "late_colour", False):  # added after the blocks
             x, late = self.patch_embed.codes(pixels)
