@@ -1,7 +1,6 @@
 """A BERT-family encoder written by hand: bidirectional post-norm transformer, MLM/NSP/classifier
 heads, the MLM and NSP data recipes, and a loader for Hugging Face BERT checkpoints."""
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import CheckpointError, ConfigError, LMForgeError
-from lmforge.model.io import read_tensors, weight_files
+from lmforge.model.io import read_config_json, read_tensors, weight_files
 from lmforge.model.mlp import ACTIVATIONS, MLP
 from lmforge.model.norms import LayerNorm
 
@@ -375,12 +374,7 @@ def load_bert(
     """
     directory = Path(directory)
     config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"{config_path}: not found")
-    try:
-        cfg = BertConfig.from_hf_dict(json.loads(config_path.read_text()), source=str(config_path))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{config_path}: invalid JSON ({e})") from None
+    cfg = BertConfig.from_hf_dict(read_config_json(config_path), source=str(config_path))
     files = weight_files(directory)
     weights = {_hf_key(k): v for k, v in read_tensors(files, list(files)).items()}
     # HF saves BertModel and BertForMaskedLM without a pooler when it was not trained; the NSP and
