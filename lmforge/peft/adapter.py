@@ -74,13 +74,12 @@ def apply_adapters(
     follows it; freeze all non-adapter parameters unless ``freeze_base=False``. ``d_model`` is
     read from the module when not given (out_features, normalized_shape, …, else the
     out_features of its last registered nn.Linear). Returns the names."""
-    targets = (targets,) if isinstance(targets, str) else tuple(targets)
     names = [n for n, _ in model.named_modules() if n and name_matches(n, targets)]
     # a matched module's children would otherwise be wrapped twice (outer and inner)
     names = [n for n in names if not any(n.startswith(o + ".") for o in names)]
     if not names:
         available = [n for n, _ in model.named_modules() if n]
-        raise ConfigError(f"no module matched adapter targets {list(targets)}; have {available}")
+        raise ConfigError(f"no module matched adapter targets {targets!r}; have {available}")
     for n in names:
         module = model.get_submodule(n)
         width = d_model or _output_width(module)

@@ -9,7 +9,6 @@ the default `qkv_proj,o_proj` adds the output projection. MLP layers are `up_pro
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -40,26 +39,17 @@ def targets(spec: str) -> list[str]:
     return [t.strip() for t in spec.split(",") if t.strip()]
 
 
-PEFT_METHODS: dict[str, Callable[[nn.Module, PeftConfig], list[str]]] = {
-    "none": lambda model, cfg: [],
-    "lora": lambda model, cfg: apply_lora(
-        model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, targets(cfg.lora_targets)
-    ),
-    "qlora": lambda model, cfg: apply_qlora(
-        model,
-        cfg.lora_r,
-        cfg.lora_alpha,
-        cfg.lora_dropout,
-        targets(cfg.lora_targets),
-        block_size=cfg.qlora_block_size,
-    ),  # fmt: skip
-    "adapter": lambda model, cfg: apply_adapters(
-        model, targets(cfg.adapter_targets), cfg.adapter_bottleneck
-    ),
-}
+PEFT_METHODS = ("none", "lora", "qlora", "adapter")
 
 
 def apply_peft(model: nn.Module, cfg: PeftConfig) -> list[str]:
     """Wrap `model` in place as cfg.peft says; returns the wrapped module names."""
     require_choice("peft", cfg.method, PEFT_METHODS)
-    return PEFT_METHODS[cfg.method](model, cfg)
+    lora = (cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, targets(cfg.lora_targets))
+    if cfg.method == "lora":
+        return apply_lora(model, *lora)
+    if cfg.method == "qlora":
+        return apply_qlora(model, *lora, block_size=cfg.qlora_block_size)
+    if cfg.method == "adapter":
+        return apply_adapters(model, targets(cfg.adapter_targets), cfg.adapter_bottleneck)
+    return []

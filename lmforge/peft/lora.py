@@ -135,9 +135,11 @@ def dense_linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
     return linear
 
 
-def name_matches(name: str, patterns: Iterable[str]) -> bool:
-    """True if a qualified module name matches a pattern: PEFT-style (the whole name or a dotted
-    suffix, so "q_proj" matches "blocks.0.attn.q_proj") or an fnmatch glob on the full name."""
+def name_matches(name: str, patterns: str | Iterable[str]) -> bool:
+    """True if a qualified module name matches a pattern (or one of them): PEFT-style (the whole
+    name or a dotted suffix, so "q_proj" matches "blocks.0.attn.q_proj") or an fnmatch glob on
+    the full name."""
+    patterns = [patterns] if isinstance(patterns, str) else patterns
     return any(name == p or name.endswith("." + p) or fnmatchcase(name, p) for p in patterns)
 
 
@@ -174,11 +176,10 @@ def apply_lora(
     """Wrap each nn.Linear whose name matches ``targets`` (see ``name_matches``) in LoRALinear
     (or ``wrap(name, linear)``: QLoRA's) and freeze every other parameter. Returns the wrapped
     names; raises ConfigError, listing the candidates, if none matched."""
-    targets = (targets,) if isinstance(targets, str) else tuple(targets)
     names = [n for n in adaptable_linears(model) if name_matches(n, targets)]
     if not names:
         raise ConfigError(
-            f"no nn.Linear matched targets {list(targets)}; available: {adaptable_linears(model)}"
+            f"no nn.Linear matched targets {targets!r}; available: {adaptable_linears(model)}"
         )
     for n in names:
         linear = model.get_submodule(n)

@@ -185,7 +185,6 @@ def apply_qlora(
 ) -> list[str]:
     """Quantise every nn.Linear to NF4 except names matching ``keep`` (kept in full precision),
     add LoRA on names matching ``targets``, freeze everything else. Returns the LoRA names."""
-    keep = (keep,) if isinstance(keep, str) else tuple(keep)
 
     def nf4(linear: nn.Linear) -> NF4Linear:
         return NF4Linear.from_linear(linear, block_size, double_quant=double_quant,
