@@ -30,7 +30,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.layer_idx = layer_idx
         h, d, r, c = config.n_head, config.head_dim, config.qk_rope_head_dim, config.kv_lora_rank
         self.n_head, self.head_dim, self.rope_dim, self.latent_dim = h, d, r, c
-        bias = getattr(config, "attention_bias", config.bias)
+        bias = config.attention_bias
         if config.q_lora_rank:  # DeepSeek-V2 also compresses queries (saves activations only)
             self.q_down = nn.Linear(config.d_model, config.q_lora_rank, bias=bias)
             self.q_norm = RMSNorm(config.q_lora_rank, config.norm_eps)
@@ -40,8 +40,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_down = nn.Linear(config.d_model, c + r, bias=bias)  # [latent c, shared k_R]
         self.kv_norm = RMSNorm(c, config.norm_eps)
         self.kv_up = nn.Linear(c, h * 2 * d, bias=False)  # latent -> per-head [k_nope, v]
-        out_bias = getattr(config, "attention_out_bias", bias)
-        self.o_proj = nn.Linear(h * d, config.d_model, bias=out_bias)
+        self.o_proj = nn.Linear(h * d, config.d_model, bias=config.attention_out_bias)
         self.kernel = ATTENTION_KERNELS[config.attn_impl]
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)

@@ -45,25 +45,23 @@ class Routing:
     logits: torch.Tensor  # [N, E] raw router scores
     probs: torch.Tensor  # [N, E] fp32 softmax over all experts
     experts: torch.Tensor  # [N, k] chosen expert ids, most probable first (-1: dropped)
-    gates: torch.Tensor  # [N, k] fp32 weights of the chosen experts (sum to 1 if renormalised)
+    gates: torch.Tensor  # [N, k] fp32 weights of the chosen experts (renormalised: sum to 1)
 
 
 class Router(nn.Module):
     """A linear scorer followed by softmax, top-k and renormalisation over the chosen experts."""
 
-    def __init__(self, d_model: int, n_experts: int, top_k: int, renormalize: bool = True):
+    def __init__(self, d_model: int, n_experts: int, top_k: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))
-        self.top_k, self.renormalize = top_k, renormalize
+        self.top_k = top_k
 
     def forward(self, x: torch.Tensor) -> Routing:
         """x [N, d_model] -> Routing."""
         logits = nn.functional.linear(x, self.weight)
         probs = torch.softmax(logits.float(), dim=-1)
         gates, experts = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            gates = gates / gates.sum(dim=-1, keepdim=True)
-        return Routing(logits, probs, experts, gates)
+        return Routing(logits, probs, experts, gates / gates.sum(dim=-1, keepdim=True))
 
 
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
