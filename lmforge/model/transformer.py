@@ -12,7 +12,6 @@ import math
 import torch
 from torch import nn
 
-from lmforge.model.attention import causal_mask, padded_causal_mask
 from lmforge.model.blocks import Block
 from lmforge.model.cache import KVCache
 from lmforge.model.config import ModelConfig
@@ -132,13 +131,8 @@ class Transformer(nn.Module):
             key_mask = attention_mask.bool()
         if positions is None:
             positions = self._positions(start, end, key_mask, input_ids.device)
-        mixed = self.config.mixed_windows
-        window = self.config.sliding_window
         k_start = getattr(cache, "visible_start", 0) if cache is not None else 0
-        args = (t, start, end, k_start, key_mask, cache, prefix_len, input_ids.device)
-        masks = self._masks(*args, None if mixed else window, None if mixed else self.pattern)
-        if mixed:  # Gemma 2/3: windowed layers get a second mask (and Gemma 3 its own RoPE)
-            local = self._masks(*args, window, Window(window))
+        args = (t, start, end, k_start, key_mask, cache is not None, prefix_len, input_ids.device)
 
         h = self.embed(input_ids)
         if self.embed_scale is not None:
@@ -148,35 +142,17 @@ class Transformer(nn.Module):
         if self.training:  # dropout is the identity at inference; its call is not free
             h = self.drop(h)
         rope_tables = self.rope.tables(positions, h.dtype) if self.rope is not None else None
-        if not mixed:
-            for block in self.blocks:
-                h = block(h, self.rope, rope_tables, *masks, cache)
-        else:
-            local_rope = self.rope_local or self.rope
-            local_tables = local_rope.tables(positions, h.dtype) if local_rope is not None else None
-            for block, windowed in zip(self.blocks, self.windowed):
-                if windowed:
-                    h = block(h, local_rope, local_tables, *local, cache)
-                else:
-                    h = block(h, self.rope, rope_tables, *masks, cache)
+        full = local = (self.rope, rope_tables, *self._mask(*args, self.pattern))
+        # Gemma 2/3: the windowed layers get their own mask (and Gemma 3 its own RoPE)
+        if self.config.mixed_windows:
+            rope = self.rope_local or self.rope
+            tables = rope.tables(positions, h.dtype) if rope is not None else None
+            local = (rope, tables, *self._mask(*args, Window(self.config.sliding_window)))
+        for block, windowed in zip(self.blocks, self.windowed):
+            h = block(h, *(local if windowed else full), cache)
         if cache is not None:
             cache.advance(t)
         return h
-
-    def _masks(self, t, start, end, k_start, key_mask, cache, prefix_len, device, window, pattern):
-        """(mask, is_causal) for t new queries over `end` keys under a window (or None)."""
-        if t == 1 and cache is not None and key_mask is not None and window is None:
-            # decoding: the cache marks the new column real, so the query sees exactly the
-            # real keys (no causal part to build: one op instead of ten per token)
-            mask, is_causal = key_mask[:, None, None, :end], False
-        else:
-            mask, is_causal = self._mask(t, end, key_mask, device, window)
-        if self.config.attention_pattern is not None or prefix_len is not None or k_start > 0:
-            keys_from = key_mask[:, k_start:end] if key_mask is not None else None
-            q_pos = torch.arange(start, end, device=device)
-            k_pos = torch.arange(k_start, end, device=device)
-            return self._pattern_mask(q_pos, k_pos, keys_from, prefix_len, pattern), False
-        return mask, is_causal
 
     @staticmethod
     def _positions(start: int, end: int, key_mask, device) -> torch.Tensor:
@@ -185,25 +161,28 @@ class Transformer(nn.Module):
             return torch.arange(start, end, device=device)
         return (key_mask[:, :end].long().cumsum(-1) - 1).clamp(min=0)[:, start:end]
 
-    @staticmethod
-    def _mask(t: int, s: int, key_mask, device, window: int | None = None):
-        """(mask, is_causal) for t new queries over s keys; None masks take the fast paths."""
-        if key_mask is not None:
-            return padded_causal_mask(key_mask, t, s, window), False
-        if window is not None and window < s:
-            return causal_mask(t, s, device, window), False
-        if t == s:
-            return None, True
-        if t == 1:
-            return None, False  # one new token may see every cached key
-        return causal_mask(t, s, device), False
-
-    def _pattern_mask(self, q_pos, k_pos, keys, prefix_len, pattern):
-        """Mask from absolute positions (masks.py): sparse patterns, prefix-LM, and caches that
-        return only keys from k_pos[0] on (rolling window)."""
+    def _mask(self, t, start, end, k_start, key_mask, cached, prefix_len, device, pattern):
+        """(mask, is_causal) for t new queries (positions start..end-1) over the keys k_start..
+        end-1 under `pattern` (masks.py; None: causal), a prefix-LM's prefix_len and the padding
+        in key_mask. A None mask takes the kernels' fast paths."""
+        if isinstance(pattern, Window) and pattern.window >= end:
+            pattern = None  # the window reaches back to the first key: plain causal
+        if pattern is None and prefix_len is None and k_start == 0:
+            if key_mask is None and t == end:
+                return None, True
+            if key_mask is None and t == 1:
+                return None, False  # one new token may see every cached key
+            if t == 1 and cached:
+                # decoding: the cache marks the new column real, so the query sees exactly the
+                # real keys (no causal part to build: one op instead of ten per token)
+                return key_mask[:, None, None, :end], False
         if prefix_len is not None and not getattr(self.blocks[0].attn, "supports_masks", True):
             raise ValueError(f"prefix_len needs masks; attention={self.config.attention!r}")
-        return build_mask(q_pos, k_pos, pattern, prefix_len, keys)
+        # from absolute positions: caches that keep only keys from k_start on (rolling window)
+        keys = key_mask[:, k_start:end] if key_mask is not None else None
+        q_pos = torch.arange(start, end, device=device)
+        k_pos = torch.arange(k_start, end, device=device)
+        return build_mask(q_pos, k_pos, pattern, prefix_len, keys), False
 
     def aux_loss(self) -> torch.Tensor | None:
         """Sum of the auxiliary losses of the last forward (MoE load balancing, already
