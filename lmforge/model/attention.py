@@ -16,6 +16,7 @@ from torch import nn
 
 from lmforge.model.cache import KVCache
 from lmforge.model.linear import Linear
+from lmforge.model.masks import Window, build_mask
 from lmforge.model.norms import RMSNorm
 
 
@@ -39,8 +40,7 @@ def explicit_attention(
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if is_causal:
-        t, s = scores.shape[-2:]
-        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        mask = causal_mask(*scores.shape[-2:], q.device)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)  # stable: softmax subtracts the row max
@@ -108,8 +108,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
         self.kernel = ATTENTION_KERNELS[config.attn_impl]
-        self.scale, self.softcap = config.attn_scale, config.attn_logit_softcap  # Gemma
-        self.cap = (self.scale, self.softcap)  # the kernels' (scale, softcap) arguments
+        self.cap = (config.attn_scale, config.attn_logit_softcap)  # Gemma: (scale, softcap)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -132,13 +131,13 @@ class CausalSelfAttention(nn.Module):
             # Under CPU autocast, matmuls gain from bf16 (AMX), but the CPU flash-attention
             # backward is several times slower in bf16 than in fp32: attend in fp32.
             with torch.autocast("cpu", enabled=False):
-                y = self.kernel(q.float(), k.float(), v.float(), mask, is_causal, self.p_drop,
-                                self.scale, self.softcap)  # fmt: skip
+                y = self.kernel(
+                    q.float(), k.float(), v.float(), mask, is_causal, self.p_drop, *self.cap
+                )
         elif t == 1 and not self.training and self.kernel is sdpa_attention:
             y = self.decode(q, k, v, mask)
         else:
-            y = self.kernel(q, k, v, mask=mask, is_causal=is_causal, dropout=self.p_drop,
-                            scale=self.scale, softcap=self.softcap)  # fmt: skip
+            y = self.kernel(q, k, v, mask, is_causal, self.p_drop, *self.cap)
         y = self.o_proj(y.transpose(1, 2).reshape(b * t, -1)).view(b, t, -1)
         return self.resid_dropout(y) if self.training else y
 
@@ -169,8 +168,7 @@ class CausalSelfAttention(nn.Module):
         kernel = self.decode_kernel
         if (
             kernel is not None
-            and self.scale is None
-            and self.softcap is None
+            and self.cap == (None, None)
             and q.device.type == "cpu"
             and k.stride(-1) == 1
             and (mask is None or mask.dtype == torch.bool)
@@ -194,10 +192,8 @@ class CausalSelfAttention(nn.Module):
 def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:
     """[t, s] bool: the t newest queries (ending at key s-1) see keys j <= their own position
     (and, with a sliding `window` W, only the W newest of those: i - W < j, as Mistral does)."""
-    mask = torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
-    if window is not None:
-        mask = mask.triu(s - t - window + 1)
-    return mask
+    keys = torch.arange(s, device=device)
+    return build_mask(keys[s - t :], keys, Window(window) if window is not None else None)
 
 
 def padded_causal_mask(
@@ -208,8 +204,6 @@ def padded_causal_mask(
     Each query may always see itself, so rows that are entirely padding stay finite
     (their outputs are never used).
     """
-    causal = causal_mask(t, s, key_mask.device, window)
-    diagonal = torch.zeros_like(causal)
-    diagonal[torch.arange(t), torch.arange(s - t, s)] = True
-    allowed = (causal & key_mask[:, None, :s]) | diagonal
-    return allowed[:, None]
+    keys = torch.arange(s, device=key_mask.device)
+    pattern = Window(window) if window is not None else None
+    return build_mask(keys[s - t :], keys, pattern, key_mask=key_mask[:, :s])

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.model.attention import causal_mask
 from lmforge.model.cross_attention import CrossAttention
 from lmforge.model.feedforward import build_mlp
 from lmforge.model.norms import LayerNorm
@@ -86,8 +87,7 @@ class DecoderLayer(nn.Module):
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
             cache["k"], cache["v"] = k, v
-            causal = torch.ones(h.shape[1], k.shape[2], dtype=torch.bool, device=h.device)
-            y = y + self.self_attn(h, mask=causal.tril(k.shape[2] - h.shape[1]), kv=(k, v))
+            y = y + self.self_attn(h, mask=causal_mask(h.shape[1], k.shape[2], h.device), kv=(k, v))
         y = y + self.cross_attn(self.cross_norm(y), mask=memory_mask, kv=memory_kv)
         return y + self.mlp(self.mlp_norm(y))
 
