@@ -115,12 +115,8 @@ def weight_files(directory: Path) -> dict[str, Path]:
             "checkpoints are read: convert pickled weights, e.g. with transformers "
             "AutoModel.from_pretrained(DIR).save_pretrained(DIR)"
         )
-    check_safetensors_header(single)
-    try:
-        with safe_open(str(single), "pt") as f:
-            return dict.fromkeys(f.keys(), single)
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{single}: corrupt safetensors file ({err})") from err
+    names = check_safetensors_header(single).keys() - {"__metadata__"}
+    return dict.fromkeys(sorted(names), single)
 
 
 def read_tensors(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
