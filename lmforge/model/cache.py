@@ -256,11 +256,8 @@ class RollingKVCache(KVCache):
         return self.length - min(self.length, self.keep)
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        if self.length + k_new.shape[2] > self.max_len:
-            raise ValueError(
-                f"KV cache full: {self.length + k_new.shape[2]} positions requested, "
-                f"capacity {self.max_len}"
-            )
+        if (end := self.length + k_new.shape[2]) > self.max_len:
+            raise ValueError(f"KV cache full: {end} positions requested, capacity {self.max_len}")
         kept = min(self.length, self.keep)
         k_buf, v_buf = self.k[layer], self.v[layer]
         k = torch.cat([k_buf[:, :, self.keep - kept :], k_new], dim=2)
@@ -324,8 +321,7 @@ class LinearStateCache(_Bookkeeping):
 
 def softmax_cache(config, batch_size, max_len, dtype=torch.float32, device="cpu") -> KVCache:
     """A rolling buffer when the mask pattern bounds how far back a query looks, else full."""
-    pattern = pattern_for(config)
-    keep = pattern.keep if pattern is not None else None
+    keep = getattr(pattern_for(config), "keep", None)
     shape = (config.n_layer, batch_size, config.n_kv_head)
     if keep is not None:
         return RollingKVCache(*shape, keep, config.head_dim, max_len, dtype, device)
