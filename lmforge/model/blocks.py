@@ -71,12 +71,11 @@ class Block(nn.Module):
         self.drop_attn = DropPath(config.drop_path)
         self.drop_mlp = DropPath(config.drop_path)
         if self.wiring == "parallel":
-            self.initial_scale = BRANCH_SCALES[config.parallel_scale]
-            scales = torch.full((2,), self.initial_scale)
-            if config.parallel_scale == "learnable":
-                self.branch_scales = nn.Parameter(scales)
-            else:  # fixed: not saved in checkpoints, refilled by reset_buffers
-                self.register_buffer("branch_scales", scales, persistent=False)
+            scale = BRANCH_SCALES[config.parallel_scale]
+            if config.parallel_scale == "learnable":  # starts at 1 (Transformer.reset_parameters)
+                self.branch_scales = nn.Parameter(torch.full((2,), scale))
+            else:  # fixed numbers: no state in checkpoints
+                self.branch_scales = (scale, scale)
             self.mlp_norm = nn.Identity()  # both branches read attn_norm's output
         else:
             self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
@@ -90,18 +89,6 @@ class Block(nn.Module):
             config.mlp, config.d_model, config.d_ff, config.mlp_bias, config.dropout,
             **(moe if config.mlp == "moe" else {}),
         )  # fmt: skip
-
-    def init_weights(self) -> None:
-        """Called by Transformer.reset_parameters: learnable branch scales start at 1."""
-        if isinstance(getattr(self, "branch_scales", None), nn.Parameter):
-            nn.init.ones_(self.branch_scales)
-
-    def reset_buffers(self) -> None:
-        """Called by Transformer.reset_buffers (e.g. after building on the meta device and
-        loading a checkpoint, which does not hold them): refill fixed branch scales."""
-        if self.wiring == "parallel" and not isinstance(self.branch_scales, nn.Parameter):
-            with torch.no_grad():
-                self.branch_scales.fill_(self.initial_scale)
 
     def forward(self, x: torch.Tensor, *attn_args: Any, **attn_kwargs: Any) -> torch.Tensor:
         """x [B, T, d_model] -> [B, T, d_model]; the other arguments (rope, rope_tables, mask,
@@ -128,6 +115,6 @@ class Block(nn.Module):
             x = self.mlp_norm(x + mlp(x))
         else:  # parallel
             h = self.attn_norm(x)
-            a, m = self.branch_scales.to(x.dtype)
+            a, m = self.branch_scales
             x = x + a * attn(h) + m * mlp(h)
         return x

@@ -61,12 +61,12 @@ class Transformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)
-        (or zero with config.zero_init_proj)."""
+        (or zero with config.zero_init_proj); norms and learnable branch scales start at 1."""
         std = self.config.init_std
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
-            elif "norm" in name:
+            elif "norm" in name or name.endswith("branch_scales"):
                 nn.init.ones_(p)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 if self.config.zero_init_proj:
@@ -75,9 +75,6 @@ class Transformer(nn.Module):
                     nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
             else:
                 nn.init.normal_(p, 0.0, std)
-        for module in self.modules():  # components with their own init (e.g. branch scales)
-            if hasattr(module, "init_weights"):
-                module.init_weights()
 
     def reset_buffers(self) -> None:
         """Recompute non-persistent tables (RoPE, sinusoids), which checkpoints do not store."""
