@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_int
 
 
 def causal(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -77,13 +77,8 @@ def build_pattern(spec: dict | None):
             f"attention_pattern must be a dict with type one of {', '.join(PATTERNS)}; got {spec!r}"
         )
     cls, size_key = PATTERNS[spec["type"]]
-    size = spec.get(size_key)
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ConfigError(
-            f"attention_pattern type {spec['type']!r} needs a positive integer {size_key!r}, "
-            f"got {size!r}"
-        )
-    return cls(size)
+    require_int(f"attention_pattern[{size_key!r}] (type {spec['type']!r})", spec.get(size_key))
+    return cls(spec[size_key])
 
 
 def build_mask(
@@ -102,7 +97,7 @@ def build_mask(
     if key_mask is None:
         return allowed
     own = q_pos[:, None] == k_pos[None, :]
-    return ((allowed[None] & key_mask[:, None, :]) | own[None])[:, None]
+    return (key_mask[:, None, None, :] & allowed) | own
 
 
 def pattern_for(config):
