@@ -54,8 +54,7 @@ def _output_width(module: nn.Module) -> int | None:
     for attr in ("out_features", "embedding_dim", "d_model", "hidden_size", "n_embd"):
         if isinstance(getattr(module, attr, None), int):
             return getattr(module, attr)
-    shape = getattr(module, "normalized_shape", None)
-    if shape:
+    if shape := getattr(module, "normalized_shape", None):
         return shape[-1]
     # a composite module (an MLP, an attention block) usually ends in its output projection
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]

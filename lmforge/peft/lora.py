@@ -252,13 +252,11 @@ def read_adapter_config(directory: str | os.PathLike) -> dict:
     cfg = fileio.read_json(path, "adapter config")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise CheckpointError(f"{path}: peft_type {cfg['peft_type']!r} is not LORA")
-    missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
-    if missing:
+    if missing := [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]:
         raise CheckpointError(f"{path}: missing fields {missing}")
     # PEFT options that change what the A/B matrices mean; reading past them would load wrongly
-    unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern")
-                   if cfg.get(k)]  # fmt: skip
-    if unsupported:
+    options = ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern")
+    if unsupported := [k for k in options if cfg.get(k)]:
         raise CheckpointError(f"{path}: {', '.join(unsupported)} not supported (plain LoRA only)")
     return cfg
 
