@@ -37,27 +37,23 @@ def onednn_available() -> bool:
     return _AVAILABLE
 
 
+def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T (+ bias) on oneDNN; strided operands are fine."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def _check_available() -> bool:
-    if os.environ.get("LMFORGE_ONEDNN_LINEAR", "1") == "0":
+    wanted = os.environ.get("LMFORGE_ONEDNN_LINEAR", "1") != "0"
+    if not (wanted and torch.backends.mkldnn.is_available()):
         return False
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        op = torch.ops.mkldnn._linear_pointwise
+    try:  # the op exists and multiplies (ones [2, 4] @ ones [4, 3] = 4 everywhere)
         x = torch.ones(2, 4)
-        return bool(
-            torch.equal(op(x, torch.ones(3, 4), None, "none", [], ""), x.new_full((2, 3), 4))
-        )
+        return bool(torch.equal(_gemm(x, torch.ones(3, 4), None), x.new_full((2, 3), 4)))
     except (AttributeError, RuntimeError):
         return False
 
 
 _AVAILABLE = _check_available()
-
-
-def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ weight[N, K]^T (+ bias) on oneDNN; strided operands are fine."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class OneDNNLinearFn(torch.autograd.Function):
