@@ -383,19 +383,15 @@ def load_bert(
     cfg.use_pooler = "pooler.dense.weight" in weights or not headless
     with torch.device("meta"):  # shapes only: every tensor comes from the checkpoint below
         model = model_cls(cfg)
-    state, missing = {}, []
-    for name, param in model.state_dict().items():
-        key = hf_name(name)
-        if key not in weights:
-            missing.append(key)
-            continue
-        if weights[key].shape != param.shape:
-            raise CheckpointError(
-                f"{directory}: tensor {key!r} has shape {tuple(weights[key].shape)}, "
-                f"expected {tuple(param.shape)} from {config_path.name}"
-            )
-        state[name] = weights[key].to(dtype)
-    if missing:
+    expected = model.state_dict()
+    if missing := [hf_name(name) for name in expected if hf_name(name) not in weights]:
         raise CheckpointError(f"{directory}: missing tensors {', '.join(missing)}")
+    state = {name: weights[hf_name(name)].to(dtype) for name in expected}
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{directory}: tensor {hf_name(name)!r} has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(expected[name].shape)} from {config_path.name}"
+            )
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval(), cfg
