@@ -17,9 +17,9 @@ from pathlib import Path
 import bm25s
 import numpy as np
 
-from lmforge.errors import LMForgeError, require_int
+from lmforge.errors import LMForgeError
 from lmforge.nlp.text import doc_tokens, resolve_stopwords
-from lmforge.nlp.tfidf import inverse_document_frequency
+from lmforge.nlp.tfidf import inverse_document_frequency, top_k
 
 Doc = str | Sequence[str]
 _CONFIG = "lmforge_bm25.json"
@@ -51,16 +51,7 @@ class _BM25:
     def search(self, query: Doc, k: int = 10) -> list[tuple[int, float]]:
         """The k best (doc_index, score) pairs, ties by lower index; documents sharing no query
         term are left out."""
-        require_int("k", k)
-        scores = self.scores(query)
-        n = len(scores)
-        if k < n:
-            kth = np.partition(scores, n - k)[n - k]
-            cand = np.flatnonzero(scores >= kth)
-        else:
-            cand = np.arange(n)
-        order = cand[np.lexsort((cand, -scores[cand]))][:k]
-        return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
+        return top_k(self.scores(query), k)
 
 
 class BM25Scorer(_BM25):

@@ -59,11 +59,7 @@ def tokenize(
     """
     if not isinstance(text, str):
         raise LMForgeError(f"tokenize expects a string, got {type(text).__name__}")
-    tokens = _WORD.findall(text.lower() if lowercase else text)
-    stop = resolve_stopwords(stopwords)
-    if stop:
-        tokens = [t for t in tokens if t.lower() not in stop]
-    return tokens
+    return doc_tokens(text, lowercase=lowercase, stopwords=stopwords)
 
 
 def doc_tokens(
@@ -75,7 +71,8 @@ def doc_tokens(
     """The tokens of a document given as text (tokenized) or as tokens (used as given), lowercased
     and with `stopwords` removed as asked: how every vectorizer and index here reads its input."""
     if isinstance(doc, str):
-        return tokenize(doc, lowercase=lowercase, stopwords=stopwords)
+        tokens = _WORD.findall(doc.lower() if lowercase else doc)
+    else:
+        tokens = [t.lower() for t in doc] if lowercase else list(doc)
     stop = resolve_stopwords(stopwords)
-    toks = [t.lower() for t in doc] if lowercase else list(doc)
-    return [t for t in toks if t.lower() not in stop]
+    return [t for t in tokens if t.lower() not in stop]

@@ -97,6 +97,16 @@ def tfidf(
     return tf_value * inverse_document_frequency(df, n_docs, idf, base=base)
 
 
+def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k best (doc_index, score) pairs of `scores`, best first, ties by lower index; documents
+    scoring 0 are left out. np.partition keeps it O(n) before sorting the k candidates."""
+    require_int("k", k)
+    n = len(scores)
+    cand = np.flatnonzero(scores >= np.partition(scores, n - k)[n - k]) if k < n else np.arange(n)
+    order = cand[np.lexsort((cand, -scores[cand]))][:k]
+    return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
+
+
 class TfidfVectorizer:
     """Fit a vocabulary and IDF weights on documents; produce doc-term matrices; search by cosine.
 
@@ -195,12 +205,7 @@ class TfidfVectorizer:
     def search(self, query: str | Sequence[str], k: int = 10) -> list[tuple[int, float]]:
         """The k fitted documents most cosine-similar to `query`, as (doc_index, score), best
         first (ties by lower index). Documents with similarity 0 are left out."""
-        if self._docs is None:
-            raise LMForgeError("TfidfVectorizer is not fitted: call fit(docs) first")
-        require_int("k", k)
-        qd, qc, _ = self._csr([Counter(self._tokens(query))])
-        q = np.zeros(len(self.vocabulary))
-        q[qc] = qd
+        q = self.transform([query])[0]  # refuses an unfitted vectorizer
         data, cols, indptr = self._docs
         n_docs = len(indptr) - 1
         rows = np.repeat(np.arange(n_docs), np.diff(indptr))
@@ -210,5 +215,4 @@ class TfidfVectorizer:
         qnorm = np.linalg.norm(q)
         with np.errstate(divide="ignore", invalid="ignore"):
             cos = np.where((dnorm > 0) & (qnorm > 0), dots / (dnorm * qnorm), 0.0)
-        order = np.lexsort((np.arange(n_docs), -cos))[:k]
-        return [(int(i), float(cos[i])) for i in order if cos[i] > 0]
+        return top_k(cos, k)
