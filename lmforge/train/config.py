@@ -225,9 +225,7 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The ModelConfig for this run: preset, then `model:` overrides, vocab from tokenizer."""
-        overrides = dict(self.model)
-        overrides.setdefault("vocab_size", vocab_size)
-        overrides.setdefault("max_seq_len", max(self.block_size, 1))
+        overrides = {"vocab_size": vocab_size, "max_seq_len": self.block_size, **self.model}
         if self.preset:
             return ModelConfig.from_preset(self.preset, **overrides)
         return ModelConfig.from_dict(overrides, source="model")
