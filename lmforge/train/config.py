@@ -251,7 +251,7 @@ def build_config(cls, path: str | Path | None, overrides: dict[str, Any]):
     source = str(path) if path else "command line"
     for key, value in overrides.items():
         if key.startswith("model."):
-            data.setdefault("model", {})[key[len("model.") :]] = value
+            data.setdefault("model", {})[key.removeprefix("model.")] = value
         else:
             data[key] = value
     where = flat_fields(cls)
