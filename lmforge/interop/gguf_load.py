@@ -110,11 +110,8 @@ class _Loader:
 
     def dense(self, rule, dtype: torch.dtype) -> torch.Tensor:
         """Our tensor dequantised to `dtype` (through float32 for the block formats)."""
-        names = self.parts(rule)
-        parts = [self.unpermute(g, self.f.read(g, dtype)) for g in names]
-        out = self.join(rule, parts)
-        self.release(names)
-        return out.to(self.device).contiguous()
+        (out,) = self.components(rule, lambda f, name: [f.read(name, dtype)])
+        return out.to(self.device)
 
     def components(self, rule, read: Callable) -> list[torch.Tensor]:
         """Each per-row component `read(f, name)` returns (codes, scales, ...), joined over the
@@ -122,9 +119,9 @@ class _Loader:
         is exact."""
         names = self.parts(rule)
         per_part = [[self.unpermute(g, t) for t in read(self.f, g)] for g in names]
-        joined = [self.join(rule, [p[i] for p in per_part]).contiguous()
-                  for i in range(len(per_part[0]))]  # fmt: skip
-        self.release(names)
+        joined = [self.join(rule, list(parts)).contiguous() for parts in zip(*per_part)]
+        for g in names:  # done with their pages (GGUFFile.release)
+            self.f.release(g)
         return joined
 
     def group_blocks(self, rule) -> list[torch.Tensor | None]:
@@ -156,10 +153,6 @@ class _Loader:
             self.converted.append((",".join(self.parts(rule)), "/".join(sorted(kinds)),
                                    (error / max(norm, 1e-30)) ** 0.5))  # fmt: skip
         return [*parts[:2], None if symmetric else parts[2], parts[-1] if five else None]
-
-    def release(self, names: list[str]) -> None:
-        for g in names:
-            self.f.release(g)
 
     def kinds(self, rule) -> set[str]:
         return {self.f.type_name(g) for g in self.parts(rule)}
