@@ -20,7 +20,6 @@ naming the sample.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -362,6 +361,6 @@ def rollout_stats(rollout: Rollout) -> dict[str, float]:
     stats = {"length": rollout.lengths.float().mean().item()}
     if rollout.rewards is not None:
         stats["reward"] = rollout.rewards.float().mean().item()
-        std = rollout.rewards.float().std().item() if len(rollout) > 1 else 0.0
-        stats["reward_std"] = std if math.isfinite(std) else 0.0
+        # rewards are checked finite where they are made (VerifierReward, ModelReward)
+        stats["reward_std"] = rollout.rewards.float().std().item() if len(rollout) > 1 else 0.0
     return stats
