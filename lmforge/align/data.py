@@ -230,8 +230,7 @@ def pack_sft(examples: Sequence[SFTExample], max_len: int) -> list[SFTExample]:
     still cover responses only, so the loss is unchanged in what it trains.
     """
     rows: list[SFTExample] = []
-    ids: list[int] = []
-    labels: list[int] = []
+    ids, labels = [], []  # the row being filled
     for e in examples:
         if ids and len(ids) + len(e.input_ids) > max_len:
             rows.append(SFTExample(ids, labels))
