@@ -47,9 +47,9 @@ class ReplayConfig:
         if self.replay_coef < 0:
             raise ConfigError(f"replay_coef must be >= 0, got {self.replay_coef}")
         require_positive_ints(self, "replay_batch_size", "replay_block_size", "replay_max_tokens")
-        if self.replay_data is not None and self.replay_data.endswith(".bin"):
-            if not Path(self.replay_data).is_file():
-                raise ConfigError(f"replay_data: token shard not found: {self.replay_data}")
+        shard = self.replay_data is not None and self.replay_data.endswith(".bin")
+        if shard and not Path(self.replay_data).is_file():
+            raise ConfigError(f"replay_data: token shard not found: {self.replay_data}")
 
 
 def load_replay_tokens(source: str, tokenizer, max_tokens: int) -> np.ndarray:
@@ -91,10 +91,9 @@ class Replay:
         device: torch.device | str = "cpu",
         where: str = "replay_data",
     ):
-        if len(tokens) < block_size + 1:
-            if len(tokens) < 2:
-                raise DataError(f"{where}: fewer than 2 tokens to replay")
-            block_size = len(tokens) - 1
+        if len(tokens) < 2:
+            raise DataError(f"{where}: fewer than 2 tokens to replay")
+        block_size = min(block_size, len(tokens) - 1)
         self.tokens = torch.from_numpy(np.ascontiguousarray(tokens))
         self.batch_size, self.block_size = batch_size, block_size
         self.seed, self.rank, self.device = seed, rank, torch.device(device)
