@@ -96,9 +96,8 @@ def build_vlm(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
     torch.manual_seed(cfg.seed)
     tokenizer = build_vlm_tokenizer(data.vocabulary_texts(), cfg.tokenizer)
     tower = pretrained_tower(cfg) if cfg.vision_tower else VisionEncoder(cfg.vision_config())
-    vision = tower.config
     longest = "three yellow triangles left of three yellow triangles"
-    seq_len = 1 + vision.num_tokens + 2 + len(tokenizer.encode(longest)) + 1
+    seq_len = 1 + tower.config.num_tokens + 2 + len(tokenizer.encode(longest)) + 1
     text = cfg.text_config(tokenizer.vocab_size, seq_len + 8)  # a little room for prompts
     return VisionLanguageModel(
         Transformer(text), tower, tokenizer, cfg.projector, cfg.freeze_vision
@@ -205,11 +204,8 @@ class VLMTrainer(Trainer):
 
     def export(self, path: Path) -> None:
         """The best step's model (the current one before any evaluation)."""
-        if not self.best:
-            self.vlm.save(path)
-            return
         current = {k: v.detach().clone() for k, v in self.vlm.state_dict().items()}
-        self.vlm.load_state_dict(self.best["state"])
+        self.vlm.load_state_dict(self.best.get("state", current))
         try:
             self.vlm.save(path)
         finally:

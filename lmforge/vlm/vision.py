@@ -94,9 +94,7 @@ class VisionConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "vision config") -> VisionConfig:
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - valid)
-        if unknown:
+        if unknown := sorted(set(data) - {f.name for f in dataclasses.fields(cls)}):
             raise ConfigError(f"{source}: unknown vision field(s) {', '.join(unknown)}")
         return cls(**data)
 
@@ -211,22 +209,19 @@ class LateColourPatchEmbedding(FactorisedPatchEmbedding):
         return self.codes(pixels)[0]
 
 
-def block_config(config: VisionConfig) -> ModelConfig:
-    """The ModelConfig of the encoder's blocks: lmforge's pre-norm Block with LayerNorm, biased
-    fused-QKV softmax attention (no positions inside the blocks: the encoder adds its learned
-    patch positions once) and a 2-layer GELU MLP. vocab_size is unused (no embedding here)."""
-    return ModelConfig(
+def vision_block(config: VisionConfig, layer_idx: int) -> Block:
+    """One bidirectional encoder block (call it with is_causal=False): lmforge's pre-norm Block
+    with LayerNorm, biased fused-QKV softmax attention (no positions inside the blocks: the
+    encoder adds its learned patch positions once) and a 2-layer GELU MLP. vocab_size is unused
+    (no embedding here)."""
+    block_config = ModelConfig(
         vocab_size=1, n_layer=max(config.n_layer, 1), n_head=config.n_head,
         d_model=config.d_model, d_ff=config.d_ff, max_seq_len=config.num_tokens,
         norm="layernorm", norm_eps=config.norm_eps, pos="none",
         mlp="gelu_tanh" if config.act == "gelu_tanh" else "gelu", bias=True,
         dropout=config.dropout, attn_impl="sdpa",
     )  # fmt: skip
-
-
-def vision_block(config: VisionConfig, layer_idx: int) -> Block:
-    """One bidirectional encoder block (call it with is_causal=False)."""
-    block = Block(block_config(config), layer_idx)
+    block = Block(block_config, layer_idx)
     if config.act == "quick_gelu":  # CLIP's activation is not one of the LM's MLP kinds
         block.mlp.act = quick_gelu
     return block
