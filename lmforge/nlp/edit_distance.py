@@ -49,11 +49,8 @@ UNIT_COSTS = EditCosts()
 def _table(a: Sequence, b: Sequence, costs: EditCosts) -> list[list[float]]:
     """d[i][j] = cheapest cost of turning a[:i] into b[:j]."""
     ins, dele, sub = costs.insert, costs.delete, costs.substitute
-    d = [[0.0] * (len(b) + 1) for _ in range(len(a) + 1)]
-    for i in range(1, len(a) + 1):
-        d[i][0] = i * dele
-    for j in range(1, len(b) + 1):
-        d[0][j] = j * ins
+    d = [[i * dele] + [0.0] * len(b) for i in range(len(a) + 1)]
+    d[0] = [j * ins for j in range(len(b) + 1)]
     for i in range(1, len(a) + 1):
         row, prev = d[i], d[i - 1]
         for j in range(1, len(b) + 1):

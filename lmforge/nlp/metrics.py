@@ -6,6 +6,7 @@ Distributions are 1-D sequences of probabilities. `base` picks the logarithm: e 
 """
 
 import math
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -57,10 +58,9 @@ def precision_recall_f1_from_labels(
 
 
 def _counts(y_true, y_pred, label) -> tuple[int, int, int]:
-    tp = sum(t == label and p == label for t, p in zip(y_true, y_pred))
-    fp = sum(t != label and p == label for t, p in zip(y_true, y_pred))
-    fn = sum(t == label and p != label for t, p in zip(y_true, y_pred))
-    return tp, fp, fn
+    """(TP, FP, FN) of `label`, from one count of (is gold, is predicted) pairs."""
+    hits = Counter((t == label, p == label) for t, p in zip(y_true, y_pred))
+    return hits[True, True], hits[False, True], hits[True, False]
 
 
 def perplexity_from_nll(nll: float | Sequence[float], *, base: float = math.e) -> float:
