@@ -15,7 +15,7 @@ model.safetensors (language_model.* / vision_tower.* / projector.*), tokenizer.j
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -76,20 +76,16 @@ def check_placeholders(count: int, features: torch.Tensor) -> None:
                         f"{n} x {per_image} = {n * per_image}")  # fmt: skip
 
 
-@contextmanager
 def spliced_embeddings(lm: Transformer, is_image: torch.Tensor, features: torch.Tensor):
-    """While active, lm.embed returns the text embeddings with rows where `is_image` [B, T] is
-    True replaced, in row-major order, by `features` [n_images, N, d_model]."""
+    """A hook on lm.embed, for a `with` block (torch's RemovableHandle removes it on exit): the
+    text embeddings' rows where `is_image` [B, T] is True are replaced, in row-major order, by
+    `features` [n_images, N, d_model]."""
     check_placeholders(int(is_image.sum()), features)
 
     def hook(module, inputs, out):
         return out.masked_scatter(is_image.unsqueeze(-1), features.to(out.dtype))
 
-    handle = lm.embed.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return lm.embed.register_forward_hook(hook)
 
 
 class VisionLanguageModel(nn.Module):
