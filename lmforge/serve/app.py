@@ -261,12 +261,11 @@ def create_app(
         from lmforge.retrieval.retriever import Retriever
 
         retriever = Retriever.load(rag_index)
+    embedding_name = embedding_model or model_name
     if embedding_model is not None:
         embedder = SentenceEmbedder(embedding_model)
-        embedding_name = embedding_model
     else:
         embedder = HiddenStateEmbedder(engine.model, tok, engine.max_len)
-        embedding_name = model_name
 
     def warm(loop: asyncio.AbstractEventLoop) -> None:  # in a daemon thread: exit never waits
         try:
