@@ -103,10 +103,9 @@ def evaluate_arc(lm, rows: list[dict], batch_size: int = 16) -> float:
     with eval_mode(model):
         for lo in range(0, len(rows), batch_size):
             batch = prompts[lo : lo + batch_size]
-            ids, _ = pad_collate(batch, 0)  # right padding: never seen by real tokens
-            h = model.hidden_states(ids.to(device))
-            last = torch.as_tensor([len(p) - 1 for p in batch], device=device)
-            logits = lm_head(model, h[torch.arange(len(batch), device=device), last]).float()
+            ids, mask = pad_collate(batch, 0)  # right padding: never seen by real tokens
+            last = (torch.arange(len(batch)), mask.sum(1) - 1)  # each prompt's last position
+            logits = lm_head(model, model.hidden_states(ids.to(device))[last]).float()
             for i, row in enumerate(rows[lo : lo + batch_size]):
                 focus = logits[i, letters[len(row["choices"])]]
                 correct += int(focus.argmax().item()) == row["gold"]
