@@ -380,12 +380,10 @@ class Gemma(Llama):
         return m
 
 
-def _gemma_layer_types(hf: dict[str, Any], every: int) -> list[str]:
-    """Gemma 2/3 per-layer attention kinds: `layer_types`, else every `every`-th layer full."""
-    n = hf["num_hidden_layers"]
-    every = hf.get("sliding_window_pattern") or every
-    default = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
-    return hf.get("layer_types") or default
+# Gemma 2's norms after each branch (sandwich) and before the MLP: ours -> HF's
+_SANDWICH_NORMS = {"mlp_norm": "pre_feedforward_layernorm",
+                   "attn_post_norm": "post_attention_layernorm",
+                   "mlp_post_norm": "post_feedforward_layernorm"}  # fmt: skip
 
 
 class Gemma2(Gemma):
@@ -399,7 +397,12 @@ class Gemma2(Gemma):
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         data = super().config_from_hf(hf)
-        types = _gemma_layer_types(hf, self.window_every)
+        # per-layer attention kinds: `layer_types`, else every `window_every`-th layer full
+        n, every = hf["num_hidden_layers"], hf.get("sliding_window_pattern") or self.window_every
+        default = [
+            "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)
+        ]
+        types = hf.get("layer_types") or default
         full = [i for i, kind in enumerate(types) if kind == "full_attention"]
         window = hf.get("sliding_window")
         if window is None or len(full) == len(types):
@@ -431,11 +434,7 @@ class Gemma2(Gemma):
         m = super().key_map(config)
         for i in range(config.n_layer):
             ours, hf = f"blocks.{i}", f"model.layers.{i}"
-            for our_norm, hf_norm in (
-                ("mlp_norm", "pre_feedforward_layernorm"),
-                ("attn_post_norm", "post_attention_layernorm"),
-                ("mlp_post_norm", "post_feedforward_layernorm"),
-            ):
+            for our_norm, hf_norm in _SANDWICH_NORMS.items():
                 m[f"{ours}.{our_norm}.weight"] = Rule((f"{hf}.{hf_norm}.weight",), "plus_one")
         return m
 
