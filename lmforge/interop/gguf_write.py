@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, require_choice
 from lmforge.fileio import atomic_write
 from lmforge.interop.families import FAMILIES, Llama
 from lmforge.interop.gguf_read import gguf_names, permute_named
@@ -88,8 +88,7 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
     import gguf
 
     path = Path(path)
-    if dtype not in EXPORT_DTYPES:
-        raise ConfigError(f"GGUF dtype {dtype!r} is not supported; supported: {EXPORT_DTYPES}")
+    require_choice("GGUF dtype", dtype, EXPORT_DTYPES)
     model, tok = lm.model, lm.tokenizer
     require_dense(model, "export")
     config = model.config
