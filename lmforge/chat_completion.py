@@ -170,8 +170,7 @@ def _response_format_grammar(grammars_for: Callable[[], Any], response_format: d
     if kind == "json_object":
         return grammars_for().json_schema(None)
     if kind == "json_schema":
-        spec = response_format.get("json_schema") or {}
-        schema = spec.get("schema")
+        schema = (response_format.get("json_schema") or {}).get("schema")
         if schema is None:
             raise ChatRequestError("response_format.json_schema.schema is missing",
                                    "response_format")  # fmt: skip
