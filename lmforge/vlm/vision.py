@@ -62,15 +62,10 @@ class VisionConfig:
         for name in ("image_size", "patch_size", "channels", "d_model", "n_layer", "n_head"):
             # 0 blocks: embeddings only
             require_int(f"vision.{name}", getattr(self, name), int(name != "n_layer"))
-        if self.image_size % self.patch_size:
-            raise ConfigError(
-                f"vision.image_size={self.image_size} is not divisible by "
-                f"vision.patch_size={self.patch_size}"
-            )
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"vision.d_model={self.d_model} is not divisible by vision.n_head={self.n_head}"
-            )
+        for whole, part in (("image_size", "patch_size"), ("d_model", "n_head")):
+            if getattr(self, whole) % getattr(self, part):
+                raise ConfigError(f"vision.{whole}={getattr(self, whole)} is not divisible by "
+                                  f"vision.{part}={getattr(self, part)}")  # fmt: skip
         require_choice("vision.patch_embed", self.patch_embed, PATCH_EMBEDDINGS)
         require_choice("vision.act", self.act, ENCODER_ACTIVATIONS)
         p = self.patch_size
