@@ -66,7 +66,7 @@ class Block(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.wiring = "parallel" if config.parallel_block else config.norm_position
-        self.attn_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.attn_norm = build_norm(config)
         self.attn = ATTENTION_CLASSES[config.attention](config, layer_idx)
         self.drop_attn = DropPath(config.drop_path)
         self.drop_mlp = DropPath(config.drop_path)
@@ -78,10 +78,9 @@ class Block(nn.Module):
                 self.branch_scales = (scale, scale)
             self.mlp_norm = nn.Identity()  # both branches read attn_norm's output
         else:
-            self.mlp_norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+            self.mlp_norm = build_norm(config)
         if self.wiring == "sandwich":  # a second norm on each branch's output
-            norm = (config.norm, config.d_model, config.norm_eps, config.bias)
-            self.attn_post_norm, self.mlp_post_norm = build_norm(*norm), build_norm(*norm)
+            self.attn_post_norm, self.mlp_post_norm = build_norm(config), build_norm(config)
         moe = dict(n_experts=config.n_experts, top_k=config.experts_top_k,
                    capacity_factor=config.capacity_factor, aux_loss_weight=config.aux_loss_weight,
                    n_shared_experts=config.n_shared_experts)  # fmt: skip

@@ -19,10 +19,10 @@ from lmforge.errors import ConfigError, require_choice, require_int, require_pos
 from lmforge.fileio import coerce_numbers
 from lmforge.model.attention import ATTENTION_KERNELS
 from lmforge.model.blocks import ATTENTION_CLASSES, BRANCH_SCALES, NORM_POSITIONS
-from lmforge.model.feedforward import MLP_KINDS, has_glu_units
+from lmforge.model.feedforward import MLP_KINDS
 from lmforge.model.linear_attention import FEATURE_MAP_NAMES
 from lmforge.model.masks import build_pattern
-from lmforge.model.mlp import GatedMLP
+from lmforge.model.mlp import MLP, GatedMLP
 from lmforge.model.norms import NORM_CLASSES
 from lmforge.model.positions import POSITION_KINDS
 
@@ -231,11 +231,11 @@ class ModelConfig:
 
 def default_d_ff(d_model: int, mlp: str, multiple_of: int = 64) -> int:
     """GPT-2 uses 4*d_model; GLU MLPs (and MoE's GLU experts) use 2/3 of that (Llama), rounded
-    up to a multiple."""
-    if has_glu_units(mlp):
-        hidden = int(2 * 4 * d_model / 3)
-        return multiple_of * math.ceil(hidden / multiple_of)
-    return 4 * d_model
+    up to a multiple. (An unknown `mlp` fails validation, after this.)"""
+    if MLP_KINDS.get(mlp, (MLP,))[0] is MLP:
+        return 4 * d_model
+    hidden = int(2 * 4 * d_model / 3)
+    return multiple_of * math.ceil(hidden / multiple_of)
 
 
 _GPT2 = dict(pos="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True)

@@ -23,12 +23,6 @@ MLP_KINDS: dict[str, tuple[type[nn.Module], str]] = {
 }
 
 
-def has_glu_units(kind: str) -> bool:
-    """True when the block is made of GLU units, dense or as experts: their hidden width
-    follows Llama's 2/3 rule (config.default_d_ff)."""
-    return kind in MLP_KINDS and MLP_KINDS[kind][0] in (GatedMLP, MoE)
-
-
 def build_mlp(
     kind: str, d_model: int, d_ff: int, bias: bool, dropout: float, **options
 ) -> nn.Module:

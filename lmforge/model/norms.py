@@ -42,5 +42,6 @@ class RMSNorm(nn.Module):
 NORM_CLASSES: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 
-def build_norm(kind: str, dim: int, eps: float, bias: bool) -> nn.Module:
-    return NORM_CLASSES[kind](dim, eps=eps, bias=bias)
+def build_norm(config) -> nn.Module:
+    """The norm a ModelConfig names, over d_model."""
+    return NORM_CLASSES[config.norm](config.d_model, eps=config.norm_eps, bias=config.bias)

@@ -49,7 +49,7 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(config.d_model) if config.embed_scale else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
-        self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.norm = build_norm(config)
         self.lm_head = Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         self.pattern = pattern_for(config)  # sparse / windowed mask (masks.py), None = causal
         self.windowed = [config.windowed(i) for i in range(config.n_layer)]
