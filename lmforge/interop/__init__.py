@@ -1,7 +1,3 @@
-"""Interoperability with Hugging Face: checkpoints (load/export), configs, chat templates."""
-
-from lmforge.interop.chat_template import render_chat
-from lmforge.interop.families import FAMILIES
-from lmforge.interop.hf import export_hf, hf_config_to_ours, load_hf_model
-
-__all__ = ["FAMILIES", "export_hf", "hf_config_to_ours", "load_hf_model", "render_chat"]
+"""Interoperability with Hugging Face and llama.cpp: checkpoints (hf.py, gguf.py), configs
+(families.py), chat templates (chat_template.py). Import the submodule you need: this package
+imports nothing, so a chat template does not pull in torch and the model."""
