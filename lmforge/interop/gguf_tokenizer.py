@@ -238,7 +238,8 @@ def gguf_pre_name(backend: Backend) -> str:
 
 def tokenizer_to_gguf(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
     """GGUF tokenizer metadata for a byte-level BPE Tokenizer, the vocabulary padded to the
-    model's `n_vocab` rows with unused "[PAD<i>]" tokens (as llama.cpp's converter does)."""
+    model's `n_vocab` rows with unused "[PAD<i>]" tokens (as llama.cpp's converter does): a
+    dict {name: value} whose names are gguf.GGUFWriter's `add_<name>` methods."""
     data = json.loads(tok.backend.to_str())
     model = data.get("model") or {}
     if model.get("type") != "BPE" or (data.get("decoder") or {}).get("type") != "ByteLevel":
@@ -255,11 +256,11 @@ def tokenizer_to_gguf(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
     types = [UNUSED if t is None else added.get(i, NORMAL) for i, t in enumerate(tokens)]
     tokens = [f"[PAD{i}]" if t is None else t for i, t in enumerate(tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    meta: dict[str, Any] = {
-        "model": "gpt2", "pre": pre, "tokens": tokens, "token_type": types, "merges": merges,
-    }  # fmt: skip
-    ids = {f"{role}_id": getattr(tok, f"{role}_id") for role in ("bos", "eos", "unk", "pad")}
+    meta: dict[str, Any] = {"tokenizer_model": "gpt2", "tokenizer_pre": pre, "token_list": tokens,
+                            "token_types": types, "token_merges": merges}  # fmt: skip
+    ids = {f"{role}_token_id": getattr(tok, f"{role}_id") for role in ("bos", "eos", "unk", "pad")}
     meta.update({key: token_id for key, token_id in ids.items() if token_id is not None})
+    meta["add_bos_token"] = False  # lmforge models are trained without an implicit BOS
     if tok.chat_template:
         meta["chat_template"] = tok.chat_template
     return meta

@@ -124,17 +124,8 @@ def export_gguf(lm, path: str | Path, dtype: str = "f16") -> Path:
         writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{dtype.upper()}"))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         rope_freqs = _rope_metadata(writer, config)
-        writer.add_tokenizer_model(vocab_meta["model"])
-        writer.add_tokenizer_pre(vocab_meta["pre"])
-        writer.add_token_list(vocab_meta["tokens"])
-        writer.add_token_types(vocab_meta["token_type"])
-        writer.add_token_merges(vocab_meta["merges"])
-        for role in ("bos", "eos", "unk", "pad"):
-            if f"{role}_id" in vocab_meta:
-                getattr(writer, f"add_{role}_token_id")(vocab_meta[f"{role}_id"])
-        writer.add_add_bos_token(False)  # lmforge models are trained without an implicit BOS
-        if "chat_template" in vocab_meta:
-            writer.add_chat_template(vocab_meta["chat_template"])
+        for name, value in vocab_meta.items():
+            getattr(writer, f"add_{name}")(value)
         if rope_freqs is not None:
             writer.add_tensor("rope_freqs.weight", rope_freqs)
         for name, tensor in tensors:
