@@ -69,14 +69,13 @@ def greedy_accuracy(
     """Fraction of records whose greedy completion passes `lmforge.tasks.answers.verify`."""
     if not records:
         return 0.0
-    tok = lm.tokenizer
-    hits = 0.0
+    tok, hits = lm.tokenizer, 0.0
     for i in range(0, len(records), batch):
         chunk = records[i : i + batch]
         prompts = [D.prompt_ids(r, tok, add_bos) for r in chunk]
         outs = lm.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0)
-        for r, ids in zip(chunk, outs):
-            hits += verify(r, tok.decode(ids, skip_special_tokens=True))
+        texts = tok.decode_batch(outs, skip_special_tokens=True)
+        hits += sum(verify(r, text) for r, text in zip(chunk, texts))
     return hits / len(records)
 
 
