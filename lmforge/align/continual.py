@@ -105,8 +105,7 @@ class OldTaskReplay(Regularizer):
 
     def penalty(self) -> Tensor:
         t = self.trainer
-        rows = self.rng.sample(t.old_train, min(t.cfg.batch_size, len(t.old_train)))
-        b = t.collate(rows)
+        b = t.collate(self.rng.sample(t.old_train, min(t.cfg.batch_size, len(t.old_train))))
         return lm_distillation_loss(t.lm.model, self.teacher, b["input_ids"],
                                     t.cfg.replay_temperature, b["attention_mask"])  # fmt: skip
 
