@@ -68,8 +68,7 @@ class KTOConfig(PreferenceConfig):
 def mismatched(rows: list[D.SFTExample], max_len: int) -> list[D.SFTExample]:
     """Row i's prompt with row i-1's completion (TRL's KL pairs: the batch rotated by one)."""
     out = []
-    for i, row in enumerate(rows):
-        other = rows[i - 1]
+    for row, other in zip(rows, rows[-1:] + rows[:-1]):
         p, q = row.prompt_len, other.prompt_len
         ids = (row.input_ids[:p] + other.input_ids[q:])[:max_len]
         labels = ([D.IGNORE] * p + other.labels[q:])[:max_len]
