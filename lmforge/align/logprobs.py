@@ -127,14 +127,10 @@ def map_token_chunks(
     With gradients on, each chunk runs under non-reentrant activation checkpointing: what `fn`
     builds inside (the logits, their softmax) is freed as soon as the chunk's outputs exist and
     rebuilt, one chunk at a time, in backward. Gradients equal those of one unchunked call."""
-    n = tensors[0].shape[0]
-    parts = []
-    for i in range(0, n, chunk):
+    parts, grad = [], torch.is_grad_enabled()
+    for i in range(0, tensors[0].shape[0], chunk):
         rows = [t[i : i + chunk] for t in tensors]
-        if torch.is_grad_enabled():
-            parts.append(checkpoint(fn, *rows, use_reentrant=False))
-        else:
-            parts.append(fn(*rows))
+        parts.append(checkpoint(fn, *rows, use_reentrant=False) if grad else fn(*rows))
     if not parts:  # no rows: run fn on the empty slice for outputs of the right shape
         return fn(*tensors)
     return tuple(torch.cat(out) for out in zip(*parts))
