@@ -104,10 +104,9 @@ def lm_distillation_loss(
             teacher_logits = head_t(teacher.norm(ht))
         return (_softened_kl(head_s(student.norm(hs)), teacher_logits, temperature),)
 
-    b, n, d = student_h.shape
+    d = student_h.shape[-1]
     (per_token,) = map_token_chunks(
         kl, [student_h.reshape(-1, d), teacher_h.reshape(-1, d)],
         chunk_tokens(student.config.vocab_size),
     )  # fmt: skip
-    per_token = per_token.view(b, n)
-    return per_token.mean() if mask is None else masked_mean(per_token, mask)
+    return per_token.mean() if mask is None else masked_mean(per_token, mask.reshape(-1))
