@@ -43,23 +43,21 @@ def pagerank(
         return {}
     index = {v: i for i, v in enumerate(nodes)}
     # Edge lists rather than an N x N matrix, so word graphs of long texts stay small.
-    src, dst, wts = [], [], []
-    for u, nbrs in graph.items():
-        for v, weight in nbrs.items():
-            if weight < 0 or not math.isfinite(weight):
-                raise LMForgeError(f"edge {u!r} -> {v!r} has invalid weight {weight}")
-            src.append(index[u])
-            dst.append(index[v])
-            wts.append(float(weight))
-    src_a, dst_a = np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
-    out = np.bincount(src_a, weights=np.array(wts), minlength=n)
+    edges = [(u, v, weight) for u, nbrs in graph.items() for v, weight in nbrs.items()]
+    for u, v, weight in edges:
+        if weight < 0 or not math.isfinite(weight):
+            raise LMForgeError(f"edge {u!r} -> {v!r} has invalid weight {weight}")
+    src = np.array([index[u] for u, _, _ in edges], dtype=np.int64)
+    dst = np.array([index[v] for _, v, _ in edges], dtype=np.int64)
+    wts = np.array([weight for _, _, weight in edges], dtype=np.float64)
+    out = np.bincount(src, weights=wts, minlength=n)
     dangling = out == 0
     # Each edge carries its share of the source's out-weight, so a node hands out its own score.
-    share = np.array(wts) / np.where(dangling, 1.0, out)[src_a] if wts else np.zeros(0)
+    share = wts / np.where(dangling, 1.0, out)[src]
     x = np.full(n, 1.0 / n)
     for _ in range(max_iter):
         prev = x
-        flow = np.bincount(dst_a, weights=prev[src_a] * share, minlength=n)
+        flow = np.bincount(dst, weights=prev[src] * share, minlength=n)
         x = damping * (flow + prev[dangling].sum() / n) + (1.0 - damping) / n
         if np.abs(x - prev).sum() < n * tol:
             return {v: float(s) for v, s in zip(nodes, x / x.sum())}
