@@ -6,6 +6,7 @@ A document missing from a list gets nothing from it. Because only ranks are used
 and cosine similarities (which live on different scales) can be fused directly.
 """
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 from lmforge.errors import LMForgeError
@@ -33,11 +34,9 @@ def reciprocal_rank_fusion(
     for n, (ranking, w) in enumerate(zip(rankings, weights)):
         if isinstance(ranking, str):
             raise LMForgeError(f"ranked list {n} is a string; pass a list of document ids")
-        seen = set()
+        if twice := [doc for doc, count in Counter(ranking).items() if count > 1]:
+            raise LMForgeError(f"document {twice[0]!r} appears twice in ranked list {n}")
         for rank, doc in enumerate(ranking, start=1):
-            if doc in seen:
-                raise LMForgeError(f"document {doc!r} appears twice in ranked list {n}")
-            seen.add(doc)
             scores[doc] = scores.get(doc, 0.0) + w / (k + rank)
     # sorted() is stable, so equal scores stay in first-seen order.
     return sorted(scores.items(), key=lambda ds: -ds[1])
