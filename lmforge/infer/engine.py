@@ -44,7 +44,7 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -240,18 +240,6 @@ class Engine:
             return self.tokenizer.encode(prompt)
         return [int(t) for t in prompt]
 
-    def check_prompt(self, ids: list[int]) -> None:
-        """Raise ConfigError when a prompt cannot run (empty, too long, ids out of range)."""
-        if not ids:
-            raise ConfigError("the prompt is empty")
-        if len(ids) >= self.max_len:
-            raise ConfigError(
-                f"the prompt has {len(ids)} tokens; the context holds {self.max_len} "
-                f"(prompt plus at least one new token; max_seq_len={self.config.max_seq_len})"
-            )
-        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
-            raise ConfigError(f"prompt token ids must be in [0, {self.config.vocab_size})")
-
     def add_request(
         self,
         prompt: str | Sequence[int],
@@ -266,7 +254,15 @@ class Engine:
         token embeddings (the ids still count for penalties and the context length)."""
         params = params or GenerationParams()
         ids = self.encode(prompt)
-        self.check_prompt(ids)
+        if not ids:
+            raise ConfigError("the prompt is empty")
+        if len(ids) >= self.max_len:
+            raise ConfigError(
+                f"the prompt has {len(ids)} tokens; the context holds {self.max_len} "
+                f"(prompt plus at least one new token; max_seq_len={self.config.max_seq_len})"
+            )
+        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+            raise ConfigError(f"prompt token ids must be in [0, {self.config.vocab_size})")
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"n must be an integer >= 1, got {n!r}")
         if prompt_embeds is not None:
@@ -431,11 +427,10 @@ class Engine:
         pad = torch.arange(width) >= width - torch.as_tensor([len(p) for p in prompts])[:, None]
         source = [unique[s.prefix_key] for s in ordered]  # the prefilled row of each sequence
         embeds = [s.embeds for s in firsts.values()]
-        lo = len(self.rows)
+        lo, pad_mask = len(self.rows), None if bool(pad.all()) else pad.to(self.device)
         if self.slots:
             cache = self.cache
             cache.room_for(width)
-            pad_mask = None if bool(pad.all()) else pad.to(self.device)
             parts = []
             for a, b in self._prefill_groups(len(prompts), width):
                 mask = None if pad_mask is None else pad_mask[a:b]
@@ -452,8 +447,8 @@ class Engine:
         else:  # the per-kind path: a fresh cache of the kind this attention needs
             room = min(self.max_len, width + max(s.params.max_new_tokens for s in seqs))
             cache = new_cache(self.config, len(prompts), room, self.dtype, self.device)
-            if not bool(pad.all()):
-                cache.set_padding(pad.to(self.device))
+            if pad_mask is not None:
+                cache.set_padding(pad_mask)
             with self._prompt_embeds(embeds, width):
                 logits = self.model(ids, cache=cache, last_only=True)[:, -1]
             if source != list(range(len(prompts))):
@@ -481,14 +476,12 @@ class Engine:
             per = max(1, PREFILL_TOKENS_PER_THREAD * torch.get_num_threads() // width)
         return [(a, min(a + per, n)) for a in range(0, n, per)]
 
-    @contextmanager
     def _prompt_embeds(self, embeds: list[torch.Tensor | None], width: int):
-        """While prefilling left-padded prompts `width` wide: the token embeddings of rows
-        that brought prompt embeddings are replaced by those (a forward hook on the embedding
-        table)."""
+        """A context for prefilling left-padded prompts `width` wide: the token embeddings of
+        rows that brought prompt embeddings are replaced by those (a forward hook on the
+        embedding table, removed on leaving)."""
         if all(e is None for e in embeds):
-            yield
-            return
+            return nullcontext()
 
         def hook(module, inputs, out):
             out = out.clone()
@@ -497,11 +490,7 @@ class Engine:
                     out[i, width - e.shape[0] :] = e.to(out.dtype)
             return out
 
-        handle = self.model.embed.register_forward_hook(hook)
-        try:
-            yield
-        finally:
-            handle.remove()
+        return self.model.embed.register_forward_hook(hook)
 
     def _decode(self) -> list[StepOutput]:
         if self.speculative is not None:
@@ -519,11 +508,12 @@ class Engine:
         for out in outputs:
             if not out.finished and not out.token_ids:  # the round found nothing more to do
                 out.finish_reason = "length"
-        return self._retire(outputs, lo=0)
+        self._remove([i for i, out in enumerate(outputs) if out.finished])
+        return outputs
 
     def _emit(self, logits: torch.Tensor, greedy: torch.Tensor | None = None, lo: int = 0):
         """Sample rows lo.. (greedy: their argmax, if already known), record tokens, build
-        outputs, retire finished rows."""
+        outputs, retire the rows they finish."""
         tokens_t, tokens, logprobs = self.sampler.sample(logits, lo, greedy)
         self.next_tokens[lo : lo + len(tokens)] = tokens_t
         # the per-kind cache has a fixed width: no column left means no next token
@@ -532,10 +522,6 @@ class Engine:
             self.rows[lo + i].push([token], None if lp is None else [lp], self.max_len, full)
             for i, (token, lp) in enumerate(zip(tokens, logprobs))
         ]
-        return self._retire(outputs, lo)
-
-    def _retire(self, outputs: list[StepOutput], lo: int) -> list[StepOutput]:
-        """Remove the rows (lo + i for outputs[i]) whose output finished them; returns outputs."""
         self._remove([lo + i for i, out in enumerate(outputs) if out.finished])
         return outputs
 
