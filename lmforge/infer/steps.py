@@ -142,12 +142,6 @@ class StaticCacheView:
         pass
 
 
-def buckets(max_batch: int) -> list[int]:
-    """Batch sizes that get a graph: powers of two up to max_batch, and max_batch itself."""
-    below = [1 << i for i in range((max_batch - 1).bit_length())]  # 1, 2, 4, ... < max_batch
-    return sorted({1, *below, max_batch})
-
-
 class GraphStep:
     """The decode step in static form (padded batch, full-width attention), replayed as a CUDA
     graph per bucket of batch sizes (`use_graphs=False`: the same static step run directly).
@@ -159,7 +153,9 @@ class GraphStep:
         self.forward, self.cache, self.next_tokens = forward, cache, next_tokens
         self.use_graphs = use_graphs
         self.column = torch.zeros(1, dtype=torch.long, device=next_tokens.device)
-        self.buckets = buckets(cache.slots)
+        # the batch sizes that get a graph: powers of two below the slots, and the slots
+        below = [1 << i for i in range((cache.slots - 1).bit_length())]
+        self.buckets = sorted({1, *below, cache.slots})
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
@@ -270,20 +266,18 @@ class ExportedStep:
         range."""
         if cache_dir is not None:
             self.use_cache_dir(cache_dir)
-        max_rows, n = engine.max_batch, 1
-        while n <= max_rows:
+        n = 1
+        while n <= engine.max_batch:
             rows = self.covers(n)
             if rows is None:
-                example = self._example(n)
                 cached = self._entry(n) is not None
+                verb, done = ("loading", "loaded") if cached else ("compiling", "compiled")
                 slow = "" if cached else " (a minute or more)"
-                progress(f"{'loading' if cached else 'compiling'} the decode step for {n} "
-                         f"running row(s){slow}")  # fmt: skip
+                progress(f"{verb} the decode step for {n} running row(s){slow}")
                 began = time.perf_counter()
-                self._compiled_for(n, example[2].shape[1], *example)
+                self._compiled_for(*self._example(n))
                 rows = self.covers(n)
-                top = min(rows.stop - 1, max_rows)
-                progress(f"  rows {rows.start}-{top}: {'loaded' if cached else 'compiled'} in "
+                progress(f"  rows {rows.start}-{min(rows.stop - 1, engine.max_batch)}: {done} in "
                          f"{time.perf_counter() - began:.1f} s")  # fmt: skip
             n = rows.stop
 
@@ -292,7 +286,7 @@ class ExportedStep:
         n, width = ids.shape[0], cache.length + 1
         positions = cache.positions[:n, None]
         key_mask = cache.mask[:n, :width].contiguous()  # the compiled code assumes dense inputs
-        run = self._compiled_for(n, width, ids, positions, key_mask)
+        run = self._compiled_for(ids, positions, key_mask)
         if run is None:  # outside every exported range (the cache's last column): run eagerly
             logits, tokens = self.step(ids, positions, key_mask, cache.k, cache.v)
         else:
@@ -319,7 +313,10 @@ class ExportedStep:
         ids = torch.zeros(n, 1, dtype=torch.long, device=cache.mask.device)
         return ids, cache.positions[:n, None].clone(), cache.mask[:n, :width].clone()
 
-    def _compiled_for(self, n, width, *example):
+    def _compiled_for(self, ids, positions, key_mask):
+        """The compiled step for these inputs (compiled, or loaded from the cache folder, for the
+        range of rows holding theirs when there is none yet); None: decode them eagerly."""
+        n, width = key_mask.shape
         for rows, widths, run in self.compiled:
             if n in rows:
                 return run if width in widths else None
@@ -330,7 +327,7 @@ class ExportedStep:
                 run = _load(self.dir / entry["file"], len(self.cache.k))
                 self.counts["loaded"] += 1
             else:
-                rows, widths, run = self._compile(*example)
+                rows, widths, run = self._compile(ids, positions, key_mask)
                 self.counts["compiled"] += 1
         except Exception as err:  # e.g. no C++ compiler, an older torch: decode eagerly
             warnings.warn(f"compiling the decode step failed, decoding without it: {err}",
