@@ -63,7 +63,7 @@ class CPUFeatures:
         if not self.x86:
             return f"{self.model} ({self.machine}, torch kernels: {self.capability})"
         have = [n for n in FEATURES if self.has(n)]
-        missing = [n for n in FEATURES if not self.has(n)]
+        missing = [n for n in FEATURES if n not in have]
         parts = ", ".join(have) if have else "no AVX2"
         if missing and have:
             parts += "; no " + ", ".join(missing)
@@ -86,29 +86,23 @@ def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
     return model, flags
 
 
-def torch_capability() -> str:
-    """torch's CPU kernel dispatch level ("AVX2", "AVX512", ...); "unknown" where it has none."""
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # older builds or other architectures: it is informative only
-        return "unknown"
-
-
 def read_cpu_features(cpuinfo: str | None = None, capability: str | None = None) -> CPUFeatures:
     """CPUFeatures from /proc/cpuinfo text (read from the file when None; empty where it does
-    not exist) and torch's capability string (asked when None)."""
+    not exist) and torch's CPU kernel dispatch level ("AVX2", "AVX512", ...; asked when None,
+    "unknown" where torch has none)."""
     if cpuinfo is None:
         try:
             cpuinfo = CPUINFO.read_text(errors="replace")
         except OSError:
             cpuinfo = ""
+    if capability is None:
+        try:
+            capability = str(torch.backends.cpu.get_cpu_capability())
+        except Exception:  # older builds or other architectures: it is informative only
+            capability = "unknown"
     model, flags = parse_cpuinfo(cpuinfo)
-    return CPUFeatures(
-        model=model or platform.processor() or platform.machine() or "unknown CPU",
-        machine=platform.machine(),
-        capability=capability if capability is not None else torch_capability(),
-        flags=flags,
-    )
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    return CPUFeatures(model, platform.machine(), capability, flags)
 
 
 @functools.cache

@@ -435,10 +435,9 @@ _failures: list[str] = []  # why the build failed, for describe_kernels and the 
 def native_kernels() -> NativeKernels | None:
     """The kernels, built on first call and running this CPU's variant; None where they cannot
     be (no compiler, a failed build, LMFORGE_NATIVE_KERNELS=0): callers keep torch's kernels."""
-    if os.environ.get("LMFORGE_NATIVE_KERNELS", "1") == "0":
-        _failures.append("LMFORGE_NATIVE_KERNELS=0")
-        return None
     try:
+        if os.environ.get("LMFORGE_NATIVE_KERNELS", "1") == "0":
+            raise RuntimeError("LMFORGE_NATIVE_KERNELS=0")
         return build()
     except RuntimeError as error:
         _failures.append(str(error))

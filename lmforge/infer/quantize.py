@@ -128,9 +128,8 @@ def resolve_dtype(
         if name not in DTYPES_BY_NAME:
             raise ConfigError(f"dtype must be one of {list(DTYPE_CHOICES)}, got {dtype!r}")
         dtype = DTYPES_BY_NAME[name]
-    if device is None:
-        return dtype
-    if dtype in (torch.bfloat16, torch.float16) and torch.device(device).type == "cpu":
+    half = dtype in (torch.bfloat16, torch.float16)
+    if half and device is not None and torch.device(device).type == "cpu":
         chosen, why = auto_dtype(device, features)
         if chosen != dtype:
             _warn_once(

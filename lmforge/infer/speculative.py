@@ -67,9 +67,8 @@ class SpeculativeStats:
 
 
 def rewind(cache: KVCache, length: int) -> None:
-    """Forget every position from `length` on (the next forward overwrites them)."""
-    if type(cache) not in REWINDABLE:
-        raise ConfigError(f"speculative decoding cannot rewind a {type(cache).__name__}")
+    """Forget every position from `length` on (the next forward overwrites them) in a cache of
+    one of the REWINDABLE kinds (SpeculativeDecoder checks its models' caches are)."""
     if not 0 <= length <= cache.length:
         raise ValueError(f"cannot rewind a cache of length {cache.length} to {length}")
     cache.length = length
