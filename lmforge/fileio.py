@@ -3,11 +3,13 @@ bad file produces one message naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 import typing
@@ -62,8 +64,8 @@ def _pid_alive(pid: int) -> bool:
     except OSError:  # PermissionError: it exists, owned by another user
         return True
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] != "Z"
+        proc_stat = Path(f"/proc/{pid}/stat").read_text()
+        return proc_stat[proc_stat.rindex(")") + 2] != "Z"
     except (OSError, ValueError, IndexError):
         return True
 
@@ -75,34 +77,19 @@ def remove_stale_temps(folder: str | Path, now: float | None = None) -> list[Pat
     old), or any such temp unmodified for UNOWNED_TEMP_AGE_S. Call it when a run opens the folder
     it writes to, so SIGKILLed saves do not pile up full-size orphans. Errors are ignored: a
     file that vanished or cannot be removed is another process's business."""
-    folder = Path(folder)
     now = time.time() if now is None else now
     host = _host_tag()
     removed = []
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return removed
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
-            continue
-        try:
-            if not entry.is_file(follow_symlinks=False):
-                continue
-            age = now - entry.stat(follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        tag = _TEMP_TAG.search(name)
-        stale = age > UNOWNED_TEMP_AGE_S
-        if not stale and tag and tag["host"] == host:
-            stale = age > DEAD_WRITER_GRACE_S and not _pid_alive(int(tag["pid"]))
-        if stale:
-            try:
-                os.unlink(entry.path)
-                removed.append(Path(entry.path))
-            except OSError:
-                pass
+    for path in Path(folder).glob(f".*{TEMP_SUFFIX}"):  # a missing folder has none
+        with contextlib.suppress(OSError):  # vanished, or not ours to remove
+            info = path.lstat()
+            age, tag = now - info.st_mtime, _TEMP_TAG.search(path.name)
+            stale = age > UNOWNED_TEMP_AGE_S
+            if not stale and tag and tag["host"] == host:
+                stale = age > DEAD_WRITER_GRACE_S and not _pid_alive(int(tag["pid"]))
+            if stale and stat.S_ISREG(info.st_mode):  # a plain file, not a link
+                path.unlink()
+                removed.append(path)
     return removed
 
 
