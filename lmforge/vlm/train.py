@@ -115,7 +115,6 @@ def pretrained_tower(cfg: VLMTrainConfig) -> VisionEncoder:
     return tower
 
 
-@torch.no_grad()
 def caption_exact_match(
     vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int, batch: int = 100
 ) -> float:
