@@ -63,7 +63,7 @@ class StopMatcher:
                 self.stopped = True
                 return self.flush()
         safe = len(self.text) - self._partial_stop_len()
-        out = self.text[self.sent : safe] if safe > self.sent else ""
+        out = self.text[self.sent : safe]  # empty unless safe > sent
         self.sent = max(self.sent, safe)
         return out
 

@@ -61,6 +61,8 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        k = self.logprobs
+        logprobs_ok = k is None or (_is_int(k) and 0 <= k <= MAX_TOP_LOGPROBS)
         checks = [
             (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
             (0 <= self.temperature < float("inf"), "temperature", "a finite number >= 0"),
@@ -69,11 +71,7 @@ class GenerationParams:
             (self.repetition_penalty > 0, "repetition_penalty", "> 0"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]"),
-            (
-                self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
-                "logprobs",
-                f"an integer in [0, {MAX_TOP_LOGPROBS}]",
-            ),
+            (logprobs_ok, "logprobs", f"an integer in [0, {MAX_TOP_LOGPROBS}]"),
             (all(isinstance(s, str) for s in self.stop), "stop", "a list of strings"),
         ]
         for ok, name, rule in checks:

@@ -127,18 +127,16 @@ class RowSampler:
         self.logprobs[row] = params.logprobs
         self.constraints[row] = params.constraint() if params.constraint is not None else None
         if params.has_penalties and self.penalties is None:
-            rows = self.temperature.shape[0]
-            self.penalties = PenaltyState(rows, self.vocab_size, self.device)
+            self.penalties = PenaltyState(len(self.greedy), self.vocab_size, self.device)
         if self.penalties is not None:
             self.penalties.start_row(row, prompt, params)
 
     def move_row(self, src: int, dst: int) -> None:
-        for t in (self.temperature, self.top_k, self.top_p, self.uniforms, self.drawn):
-            t[dst] = t[src]
-        lists = (self.greedy, self.filtered, self.penalized, self.suppress, self.logprobs,
-                 self.constraints)  # fmt: skip
-        for lst in lists:
-            lst[dst] = lst[src]
+        per_row = (self.temperature, self.top_k, self.top_p, self.uniforms, self.drawn,
+                   self.greedy, self.filtered, self.penalized, self.suppress, self.logprobs,
+                   self.constraints)  # fmt: skip
+        for values in per_row:  # tensors and lists alike
+            values[dst] = values[src]
         if self.penalties is not None:
             self.penalties.move_row(src, dst)
 
