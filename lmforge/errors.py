@@ -70,17 +70,15 @@ def check_field_types(cls: type, data: dict[str, Any], source: str) -> dict[str,
     hints = typing.get_type_hints(cls)
     out = dict(data)
     for key, value in data.items():
-        hint = hints.get(key)
-        if hint is None:
+        if (hint := hints.get(key)) is None:
             continue
         ok = _accepts(hint, value)
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if ok is False and number and _accepts(hint, ""):
             out[key] = str(value)
-            continue
-        if ok is False:
+        elif ok is False:
             raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
-        if isinstance(value, float) and not math.isfinite(value):
+        elif isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
     return out
 
