@@ -23,6 +23,7 @@ json_object / json_schema constrains the reply the same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -98,10 +99,8 @@ def check_tool_messages(messages: Sequence[dict]) -> None:
 
 def _arguments_dict(arguments: Any) -> Any:
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: kept as the text it is
             return json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     return arguments
 
 

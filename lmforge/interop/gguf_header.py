@@ -19,6 +19,7 @@ memory in proportion to the file's real size, never to what the header claims.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -258,8 +259,6 @@ class GGUFHeader:
     def close(self) -> None:
         """Drop the memory map (views still alive keep it open until they go)."""
         if self._map is not None:
-            try:
+            with contextlib.suppress(BufferError):  # numpy views exist: closed when they go
                 self._map.close()
-            except BufferError:  # numpy views exist: the map closes when they are freed
-                pass
             self._map = None
