@@ -164,11 +164,11 @@ class DDPParallel(Parallel):
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         ids = [self.device.index] if self.device.type == "cuda" else None
-        # experts no token was routed to get no gradient
+        # experts no token was routed to get no gradient: neither all used nor a static graph
         moe = getattr(getattr(model, "config", None), "mlp", None) == "moe"
         return nn.parallel.DistributedDataParallel(
             model, device_ids=ids, find_unused_parameters=moe or self.find_unused_parameters,
-            static_graph=self.static_graph,
+            static_graph=self.static_graph and not moe,
             **({} if self.sync_buffers else {_NO_BUFFER_SYNC: False}),
         )  # fmt: skip
 

@@ -135,8 +135,7 @@ class LoopWrapsLoss:
         """Under torchrun, before an update's micro-batches: DDP wraps the LossModule at the
         first one (after the trainer's setup has set the DDP options)."""
         if self.loss_module is None and self.dist.world_size > 1:
-            moe = getattr(self.config, "mlp", "") == "moe"
-            self.dist.static_graph = self.static_graph and not moe
+            self.dist.static_graph = self.static_graph  # DDPParallel drops it for MoE
             self.loss_module = self.dist.wrap(LossModule(self.module, self.config))
 
     def updated(self) -> None:
