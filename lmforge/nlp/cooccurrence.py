@@ -87,11 +87,10 @@ class PMI:
     def _pmi(self, counts: Counter, total: int, words: tuple[str, ...]) -> float:
         """log p(words) / prod p(word), -inf when the n-gram never occurs."""
         key = tuple(w.lower() if self.lowercase else w for w in words)
+        ratio = counts[key] / total if total else 0.0
         for word, w in zip(words, key):
             if w not in self.unigrams:
                 raise LMForgeError(f"PMI: the word {word!r} does not occur in the corpus")
-        ratio = counts[key] / total if total else 0.0
-        for w in key:
             ratio /= self.unigrams[w] / self.n_tokens
         return math.log(ratio) / math.log(self.base) if ratio > 0 else -math.inf
 

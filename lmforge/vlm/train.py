@@ -81,10 +81,6 @@ class VLMTrainConfig(SmallRunConfig):
             patch_embed=self.patch_embed,
         )  # fmt: skip
 
-    def text_config(self, vocab_size: int, seq_len: int) -> ModelConfig:
-        overrides = {"vocab_size": vocab_size, "max_seq_len": seq_len, **self.model}
-        return ModelConfig.from_dict(overrides, source="model")
-
 
 def build_data(cfg: VLMTrainConfig) -> ShapesDataset:
     return ShapesDataset(cfg.image_size, cfg.seed, cfg.max_count, cfg.min_shape, cfg.max_shape,
@@ -98,7 +94,8 @@ def build_vlm(cfg: VLMTrainConfig, data: ShapesDataset) -> VisionLanguageModel:
     tower = pretrained_tower(cfg) if cfg.vision_tower else VisionEncoder(cfg.vision_config())
     longest = "three yellow triangles left of three yellow triangles"
     seq_len = 1 + tower.config.num_tokens + 2 + len(tokenizer.encode(longest)) + 1
-    text = cfg.text_config(tokenizer.vocab_size, seq_len + 8)  # a little room for prompts
+    sizes = {"vocab_size": tokenizer.vocab_size, "max_seq_len": seq_len + 8}  # room for prompts
+    text = ModelConfig.from_dict({**sizes, **cfg.model}, source="model")
     return VisionLanguageModel(
         Transformer(text), tower, tokenizer, cfg.projector, cfg.freeze_vision
     )
