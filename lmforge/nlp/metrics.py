@@ -144,9 +144,7 @@ def label_smoothed_loss(
 
     `logits` is (K,) with an int `target`, or (N, K) with N targets (the mean loss is returned).
     """
-    z = np.asarray(logits, dtype=np.float64)
-    squeeze = z.ndim == 1
-    z = np.atleast_2d(z)
+    z = np.atleast_2d(np.asarray(logits, dtype=np.float64))
     targets = np.atleast_1d(np.asarray(target))
     if z.ndim != 2 or targets.ndim != 1 or len(targets) != z.shape[0]:
         raise LMForgeError(
@@ -155,7 +153,6 @@ def label_smoothed_loss(
     # log-softmax with the max subtracted so large logits do not overflow exp.
     shifted = z - z.max(axis=1, keepdims=True)
     log_q = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    k = z.shape[1]
-    smooth = np.stack([label_smoothing(int(t), k, epsilon) for t in targets])
+    smooth = np.stack([label_smoothing(int(t), z.shape[1], epsilon) for t in targets])
     losses = -(smooth * log_q).sum(axis=1) / math.log(base)
-    return float(losses[0] if squeeze else losses.mean())
+    return float(losses.mean())  # one row: its own loss
