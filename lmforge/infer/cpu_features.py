@@ -75,9 +75,7 @@ def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
     `flags`, ARM `Features`)."""
     model, flags = "", frozenset()
     for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
+        key, _, value = line.partition(":")  # a line without one has an empty value
         key = key.strip().lower()
         if key == "model name" and not model:
             model = value.strip()

@@ -80,11 +80,9 @@ def pick_variant() -> str:
     f = cpu_features()
     runnable = runnable_variants(f.flags, f.machine)
     asked = os.environ.get("LMFORGE_KERNEL_VARIANT")
-    if asked:
-        if asked not in runnable:
-            raise RuntimeError(f"LMFORGE_KERNEL_VARIANT={asked}: this CPU runs {runnable}")
-        return asked
-    return runnable[0]
+    if asked and asked not in runnable:
+        raise RuntimeError(f"LMFORGE_KERNEL_VARIANT={asked}: this CPU runs {runnable}")
+    return asked or runnable[0]
 
 
 class NativeKernels:

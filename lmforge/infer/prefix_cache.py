@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import takewhile
 
 import torch
 
@@ -75,17 +76,12 @@ class PrefixCache:
     def lookup(self, tokens: list[int]) -> list[_Block]:
         """The longest chain of cached blocks that `tokens` starts with, leaving at least one
         token after it; counted in the stats and refreshed (tail first, head last)."""
-        found = []
-        for key in self.keys(tokens[:-1]):
-            block = self.blocks.get(key)
-            if block is None:
-                break
-            found.append((key, block))
-        for key, _ in reversed(found):
+        found = list(takewhile(lambda key: key in self.blocks, self.keys(tokens[:-1])))
+        for key in reversed(found):
             self.blocks.move_to_end(key)
         self.stats.queried += len(tokens)
         self.stats.hit += len(found) * self.block_size
-        return [block for _, block in found]
+        return [self.blocks[key] for key in found]
 
     def insert(self, tokens: list[int], read_block) -> None:
         """Store the whole blocks of `tokens` not stored yet; `read_block(i)` -> (k, v) of block

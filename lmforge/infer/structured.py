@@ -94,13 +94,12 @@ class Grammars:
         """JSON valid against `schema` (None: any JSON object)."""
         import llguidance
 
-        if schema is not None and not isinstance(schema, dict):
+        schema = ANY_JSON_OBJECT if schema is None else schema
+        if not isinstance(schema, dict):
             raise ConfigError(f"a JSON schema must be an object, got {type(schema).__name__}")
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema if schema is not None else ANY_JSON_OBJECT),
-                defaults=JSON_LAYOUT,
-            )
+            text = json.dumps(schema)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
         except ValueError as err:
             raise ConfigError(f"invalid JSON schema: {err}") from None
         return self.grammar(grammar, "JSON schema")
