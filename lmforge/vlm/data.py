@@ -155,8 +155,7 @@ class ShapesDataset:
         self.colours, self.shapes = tuple(COLOURS)[:colours], SHAPES[:shapes]
         held_out = latin_square_pairs(self.colours, self.shapes) if held_out is None else held_out
         pairs = [(c, s) for c in self.colours for s in self.shapes]
-        unknown = [p for p in held_out if tuple(p) not in pairs]
-        if unknown:
+        if unknown := [p for p in held_out if tuple(p) not in pairs]:
             raise DataError(f"shapes: held-out pairs {unknown} are not colour x shape pairs")
         self.image_size, self.seed, self.max_count = image_size, seed, max_count
         self.min_size, self.max_size = min_size, max_size

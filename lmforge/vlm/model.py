@@ -100,8 +100,7 @@ class VisionLanguageModel(nn.Module):
         freeze_vision: bool = False,
     ):
         super().__init__()
-        missing = [t for t in IMAGE_TOKENS.values() if tokenizer.token_to_id(t) is None]
-        if missing:
+        if missing := [t for t in IMAGE_TOKENS.values() if tokenizer.token_to_id(t) is None]:
             raise ConfigError(
                 f"the tokenizer lacks the image tokens {missing} (build_vlm_tokenizer)"
             )
