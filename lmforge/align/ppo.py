@@ -107,6 +107,7 @@ class RewardCritic(nn.Module):
         rm = self.rm
         mask = attention_mask.to(torch.float32).unsqueeze(-1)
         h = rm.backbone.norm(rm.backbone.hidden_states(input_ids, attention_mask))
+        pooled = h  # last / eos: the prefix ends at t (no EOS inside a completion prefix)
         if rm.pooling == "mean":
             pooled = (h * mask).cumsum(1) / mask.cumsum(1).clamp(min=1)
         elif rm.pooling == "match":
@@ -114,8 +115,6 @@ class RewardCritic(nn.Module):
             both = mask[:, 1:] * mask[:, :-1]
             terms = nn.functional.pad(h[:, :-1] * w * both, (0, 0, 1, 0))
             pooled = terms.cumsum(1) / nn.functional.pad(both, (0, 0, 1, 0)).cumsum(1).clamp(min=1)
-        else:  # last / eos: the prefix ends at t (no EOS inside a completion prefix)
-            pooled = h
         return rm.head(pooled[:, start - 1 : -1]).squeeze(-1).float()
 
 
