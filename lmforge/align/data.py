@@ -167,8 +167,7 @@ def encode_segments(
     if eos is not None:
         trained_eos = [i for i, label in enumerate(labels) if label == eos]
         if not trained_eos:
-            ids.append(eos)
-            labels.append(eos)
+            ids, labels = ids + [eos], labels + [eos]
         elif not tokenizer.decode(ids[trained_eos[-1] + 1 :]).strip():
             # the template ended the reply itself (ChatML's <|im_end|>\n): the model stops at that
             # token, so the whitespace after it is never generated and is not trained on
