@@ -173,10 +173,9 @@ def cpo_loss(
     hinge summed ones. Mean over pairs; CPO's ``cpo_alpha``·NLL term is added by the caller.
     """
     require_choice("CPO loss_type", loss_type, CPO_LOSS_TYPES)
-    d = chosen_logps.float() - rejected_logps.float()
+    margin = simpo_gamma / beta if loss_type == "simpo" else 0.0  # SimPO's target margin γ/β
+    d = chosen_logps.float() - rejected_logps.float() - margin
     if loss_type in ("sigmoid", "simpo"):
-        if loss_type == "simpo":
-            d = d - simpo_gamma / beta
         eps = label_smoothing
         losses = -(1 - eps) * F.logsigmoid(beta * d) - eps * F.logsigmoid(-beta * d)
     elif loss_type == "hinge":
