@@ -89,8 +89,7 @@ class _Loader:
         self.config.extra["gguf_architecture"] = f.architecture
         with torch.device("meta"):
             self.model = Transformer(self.config)
-        names = check_tensors(f, self.family, self.config, self.model)
-        self.to_gguf = {hf: g for g, hf in names.items()}
+        self.to_gguf = check_tensors(f, self.family, self.config, self.model)
         self.converted: list[tuple[str, str, float]] = []  # (gguf name, type, relative error)
 
     # ---- reading ---------------------------------------------------------------------------

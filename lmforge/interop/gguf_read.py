@@ -312,12 +312,6 @@ def gguf_names(architecture: str, n_layer: int, hf_names) -> dict[str, str]:
     return out
 
 
-def _name_map(f: GGUFFile, family: Family, config: ModelConfig) -> dict[str, str]:
-    """GGUF tensor name -> HF tensor name, for every HF tensor the family's key map uses."""
-    wanted = [hf for rule in family.key_map(config).values() for hf in rule.hf_keys]
-    return {g: hf for hf, g in gguf_names(f.architecture, config.n_layer, wanted).items()}
-
-
 def permute_qk(w: torch.Tensor, n_head: int, reverse: bool = False) -> torch.Tensor:
     """llama.cpp's q/k row permutation (convert_hf_to_gguf.py's LlamaModel.permute): within each
     head the rotate-half pair (i, i + d/2) becomes the adjacent pair (2i, 2i + 1) its interleaved
@@ -345,17 +339,14 @@ def read_config(f: GGUFFile) -> tuple[ModelConfig, Family]:
 
 
 def check_tensors(
-    f: GGUFFile, family: Family, config: ModelConfig, model: Transformer | None = None
+    f: GGUFFile, family: Family, config: ModelConfig, model: Transformer
 ) -> dict[str, str]:
-    """GGUF tensor name -> HF name for every tensor our model needs, after checking the file
-    holds exactly those (plus rope_freqs and a tied output), with supported types and the shapes
-    the metadata implies: all before any tensor is read, so bad input costs one CheckpointError
-    and no half-built model. `model`: the config's model on the meta device, if already made."""
-    name_map = _name_map(f, family, config)
-    if model is None:
-        with torch.device("meta"):
-            model = Transformer(config)
+    """HF tensor name -> its GGUF name for every tensor our model (`model`, on the meta device)
+    needs, after checking the file holds exactly those (plus rope_freqs and a tied output), with
+    supported types and the shapes the metadata implies: all before any tensor is read, so bad
+    input costs one CheckpointError and no half-built model."""
     expected = hf_shapes(family, config, model.state_dict(), conv1d=False)
+    to_gguf = gguf_names(f.architecture, config.n_layer, expected)
     if bad_types := sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES)):
         raise CheckpointError(
             f"{f.path}: tensor type(s) {', '.join(bad_types)} are not supported; supported: "
@@ -363,6 +354,6 @@ def check_tensors(
         )
     found = {name: t.shape for name, t in f.tensors.items()}
     allowed = {"rope_freqs.weight"} | ({"output.weight"} if config.tie_embeddings else set())
-    wanted = {g: expected[hf_name] for g, hf_name in name_map.items()}
+    wanted = {to_gguf[hf_name]: shape for hf_name, shape in expected.items()}
     check_state(f.path, found, wanted, "the GGUF metadata", allowed)
-    return name_map
+    return to_gguf
