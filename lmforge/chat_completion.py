@@ -81,17 +81,13 @@ def _function(tool: dict, i: int) -> dict:
 def check_tool_messages(messages: Sequence[dict]) -> None:
     """A `tool` message must answer a call made by an earlier assistant message (by its
     tool_call_id, when it gives one)."""
-    open_calls: set[str] = set()
-    any_call = False
+    calls: set[str | None] = set()  # the ids of the calls made so far (None: a call without one)
     for i, m in enumerate(messages):
         if m.get("role") == "assistant":
-            for call in m.get("tool_calls") or []:
-                any_call = True
-                if call.get("id"):
-                    open_calls.add(call["id"])
+            calls.update(call.get("id") or None for call in m.get("tool_calls") or [])
         elif m.get("role") == "tool":
             call_id = m.get("tool_call_id")
-            if not any_call or (call_id is not None and call_id not in open_calls):
+            if not calls or (call_id is not None and call_id not in calls):
                 what = f"tool_call_id {call_id!r}" if call_id else "no tool_call_id"
                 raise ChatRequestError(f"messages[{i}] is a tool result ({what}) that answers no "
                                        "earlier assistant tool call", f"messages.{i}")  # fmt: skip
