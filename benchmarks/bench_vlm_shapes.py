@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from lmforge.vlm.model import VisionLanguageModel
-from lmforge.vlm.train import VLMTrainConfig, build_data, caption_exact_match, train
+from lmforge.vlm.train import VLMTrainConfig, build_data, caption_scores, train
 
 # The mixing statistics live with the test that checks the data with them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vlm"))
@@ -109,8 +109,8 @@ def main() -> None:
     name = leader()
     cfg, r = results[name][2], results[name][3]
     vlm = VisionLanguageModel.load(cfg.out_dir)  # the checkpoint of its best validation step
-    test = caption_exact_match(vlm, data, "test", args.report_size)
-    novel = caption_exact_match(vlm, data, "novel", args.report_size)
+    test = caption_scores(vlm, data, "test", args.report_size)["test_exact"]
+    novel = caption_scores(vlm, data, "novel", args.report_size)["novel_exact"]
     print(
         f"\nchosen on validation: {name} (step {r['best_step']}; validation exact "
         f"{r['validation_exact']:.1%})\nreported once: held-out images {test:.1%}, held-out "

@@ -112,40 +112,23 @@ def pretrained_tower(cfg: VLMTrainConfig) -> VisionEncoder:
     return tower
 
 
-def caption_exact_match(
-    vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int, batch: int = 100
-) -> float:
-    """Fraction of the first n images of `split` whose greedy caption equals the reference."""
-    correct = 0
-    for lo in range(0, n, batch):
-        pixels, refs = data.batch(split, range(lo, min(n, lo + batch)))
-        correct += sum(c == r for c, r in zip(vlm.caption(pixels, temperature=0.0), refs))
-    return correct / n
-
-
 @torch.no_grad()
-def caption_loss(
+def caption_scores(
     vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int, batch: int = 100
-) -> float:
-    """Mean next-token cross entropy of the reference captions of the first n images of `split`
+) -> dict[str, float]:
+    """On the first n images of `split`: {split}_exact, the fraction whose greedy caption equals
+    the reference, and {split}_loss, the mean next-token cross entropy of the reference captions
     (teacher forcing; eval mode), weighted by caption tokens."""
-    total = tokens = 0.0
+    correct = total = tokens = 0.0
     with eval_mode(vlm):
         for lo in range(0, n, batch):
-            pixels, captions = data.batch(split, range(lo, min(n, lo + batch)))
-            ids, labels = vlm.collate([vlm.encode_example(c) for c in captions])
+            pixels, refs = data.batch(split, range(lo, min(n, lo + batch)))
+            correct += sum(c == r for c, r in zip(vlm.caption(pixels, temperature=0.0), refs))
+            ids, labels = vlm.collate([vlm.encode_example(c) for c in refs])
             count = int((labels[:, 1:] != IGNORE).sum())
             total += vlm.loss(ids, labels, pixels).item() * count
             tokens += count
-    return total / tokens
-
-
-def caption_scores(
-    vlm: VisionLanguageModel, data: ShapesDataset, split: str, n: int
-) -> dict[str, float]:
-    """{split}_exact and {split}_loss on the first n images of `split`."""
-    return {f"{split}_exact": caption_exact_match(vlm, data, split, n),
-            f"{split}_loss": caption_loss(vlm, data, split, n)}  # fmt: skip
+    return {f"{split}_exact": correct / n, f"{split}_loss": total / tokens}
 
 
 class VLMTrainer(Trainer):
@@ -219,9 +202,8 @@ class VLMTrainer(Trainer):
         result = {**best["scores"], "best_step": best["step"]}
         if self.cfg.report:  # read once, to report: nothing is chosen on these
             for split in ("test", "novel"):
-                result[f"{split}_exact"] = caption_exact_match(
-                    self.vlm, self.data, split, self.cfg.eval_size
-                )
+                scores = caption_scores(self.vlm, self.data, split, self.cfg.eval_size)
+                result[f"{split}_exact"] = scores[f"{split}_exact"]
         result.update(steps=self.step, train_s=self.elapsed, train_cpu_s=self.cpu_elapsed,
                       total_s=time.perf_counter() - self.start_time,
                       cpu_s=time.process_time() - self.start_cpu)  # fmt: skip

@@ -17,8 +17,7 @@ from lmforge.vlm.train import (
     VLMTrainConfig,
     build_data,
     build_vlm,
-    caption_exact_match,
-    caption_loss,
+    caption_scores,
     train,
 )
 
@@ -114,7 +113,7 @@ def test_best_validation_step_is_kept(tmp_path, monkeypatch):
     assert result["validation_loss"] == pytest.approx(losses[best], rel=1e-5)
     data = build_data(cfg)
     saved = VisionLanguageModel.load(tmp_path)
-    assert caption_loss(saved, data, "validation", 4) == pytest.approx(
+    assert caption_scores(saved, data, "validation", 4)["validation_loss"] == pytest.approx(
         result["validation_loss"], rel=1e-4
     )
 
@@ -166,7 +165,7 @@ def test_train_checkpoint_and_caption_cli(tmp_path, capsys):
     cfg = build_config(VLMTrainConfig, "configs/vlm-shapes.yaml", {})
     saved = VisionLanguageModel.load(out)  # the reported scores are the saved model's
     for split in ("test", "novel"):
-        want = caption_exact_match(saved, build_data(cfg), split, 4)
+        want = caption_scores(saved, build_data(cfg), split, 4)[f"{split}_exact"]
         assert metrics[f"{split}_exact"] == pytest.approx(want), split
     assert metrics["steps"] == 4
 
