@@ -273,9 +273,7 @@ def records_from(source: str | Path | list, kind: str, n: int = 1000, seed: int 
         make = {"sft": synthetic.sft_records, "preference": synthetic.preference_pairs,
                 "prompts": synthetic.problems}[kind]  # fmt: skip
         records = make(name, n, seed, part or split, **kw)
-        if chat:
-            records = [as_chat(r) for r in records]
-        return [(f"{source}[{i}]", r) for i, r in enumerate(records)]
+        return [(f"{source}[{i}]", as_chat(r) if chat else r) for i, r in enumerate(records)]
     return [(f"{source}:{line}", r) for line, r in read_jsonl(Path(source))]
 
 
