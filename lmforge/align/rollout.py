@@ -84,8 +84,7 @@ def completion_stats(
     h = completion_hidden(model, input_ids, attention_mask, start)
     if labels is None:
         labels = input_ids[:, start:].masked_fill(attention_mask[:, start:] == 0, IGNORE)
-    stats = head_token_stats(lm_head_fn(model, temperature), h, labels, entropy=entropy)
-    return stats, h
+    return head_token_stats(lm_head_fn(model, temperature), h, labels, entropy=entropy), h
 
 
 def completion_logprobs(
