@@ -51,9 +51,8 @@ def cooccurrence_matrix(
     vocab = list(dict.fromkeys(t for toks in sentences for t in toks))
     index = {w: i for i, w in enumerate(vocab)}
     m = np.zeros((len(vocab), len(vocab)), dtype=np.int64)
-    for toks in sentences:
-        for x, y in zip(toks, toks[1:]):
-            m[index[x], index[y]] += 1
+    for (x, y), count in Counter(p for toks in sentences for p in zip(toks, toks[1:])).items():
+        m[index[x], index[y]] = count
     return vocab, m
 
 
