@@ -16,6 +16,15 @@ Q8_EXACT_TYPES = ("Q8_0", "Q4_0", "Q5_0")  # w = (q - centre) d: Q8_0 blocks hol
 Q4_BLOCK = Q8_BLOCK = 32
 
 
+def _stored(f: GGUFFile, name: str, kinds: tuple[str, ...], block: int):
+    """(type, rows, K, the stored bytes as uint8 [rows, K / block, bytes per block], a copy) of
+    a tensor that must be one of `kinds`."""
+    if (kind := f.type_name(name)) not in kinds:
+        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(kinds)}")
+    rows, k = f.shape(name)
+    return kind, rows, k, torch.from_numpy(f.blocks(name).copy()).view(rows, k // block, -1)
+
+
 def read_group_blocks(
     f: GGUFFile, name: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -26,12 +35,8 @@ def read_group_blocks(
     fifth bit at bit j (high None for Q4). A block is an fp16 d, an fp16 m (Q4_1 / Q5_1), the
     4 bytes of qh (Q5) and the 16 bytes (ggml-common.h). Q4_0 and Q5_0 are symmetric,
     w = (q - 8) d and (q - 16) d: m is None (Int4Linear.from_q4_blocks keeps it so)."""
-    kind = f.type_name(name)
-    if kind not in GROUP_TYPES:
-        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(GROUP_TYPES)}")
-    rows, k = f.shape(name)
+    kind, rows, k, raw = _stored(f, name, GROUP_TYPES, Q4_BLOCK)
     head = (2 if kind.endswith("_0") else 4) + (4 if kind.startswith("Q5") else 0)
-    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q4_BLOCK, head + Q4_BLOCK // 2)
     d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
     m = None if kind.endswith("_0") else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
     high = None
@@ -53,11 +58,7 @@ def read_k_blocks(
     `read_group_blocks`' form: (nibbles, fp16 d sc, fp16 -dmin m, high or None), exact but for
     rounding those two products to fp16; and (the squared error that rounding causes, the
     squared weights) summed over the tensor, a few rows at a time (no float copy of it)."""
-    kind = f.type_name(name)
-    if kind not in K_GROUP_TYPES:
-        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not Q4_K or Q5_K")
-    rows, k = f.shape(name)
-    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // QK_K, -1)
+    kind, rows, k, raw = _stored(f, name, K_GROUP_TYPES, QK_K)
     d, dmin = (raw[..., i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
     lo, mid, top = raw[..., 4:16].unflatten(-1, (3, 4)).unbind(-2)  # gguf-py's get_scale_min
     sc = torch.cat([lo & 63, top & 15 | lo >> 2 & 48], dim=-1).float()  # [rows, blocks, 8]
@@ -86,10 +87,7 @@ def read_q6_k_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor
     low 4 bits, 64 of their top 2, 16 int8 scales sc (one per 16), an fp16 d; w = d sc (q - 32))
     unpacked as gguf-py's dequantisation orders them: codes uint8 [rows, K] (0..63), d fp16
     [rows, K / 32] (the super-block's, per group of 32) and sc int8 [rows, K / 16]."""
-    if (kind := f.type_name(name)) != "Q6_K":
-        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not Q6_K")
-    rows, k = f.shape(name)
-    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // QK_K, -1)
+    _, rows, k, raw = _stored(f, name, ("Q6_K",), QK_K)
     nibbles = raw[..., :128].reshape(rows, -1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8
                                                                          ).view(2, 1)  # fmt: skip
     top = raw[..., 128:192].reshape(rows, -1, 2, 1, 32) >> torch.tensor(
@@ -104,17 +102,13 @@ def read_q8_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q8_0 tensor's blocks as stored: (codes int8 [rows, K], scales fp16 [rows, K / 32]);
     a block is an fp16 scale d then 32 int8 codes, w = q d. A Q4_0 / Q5_0 tensor's blocks as
     the same: their centred codes q - 8 / q - 16 with their own d (exact)."""
-    kind = f.type_name(name)
-    if kind not in Q8_EXACT_TYPES:
-        raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not Q8_0")
-    rows, k = f.shape(name)
-    if kind != "Q8_0":
+    if f.type_name(name) in ("Q4_0", "Q5_0"):
         nibbles, d, _, high = read_group_blocks(f, name)
         codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).to(torch.int8)
         if high is not None:
             codes |= (high[..., None] >> torch.arange(Q4_BLOCK, dtype=torch.int32) & 1).to(
                 torch.int8) << 4  # fmt: skip
-        return (codes - (16 if high is not None else 8)).view(rows, k), d
-    raw = torch.from_numpy(f.blocks(name).copy()).view(rows, k // Q8_BLOCK, 2 + Q8_BLOCK)
+        return (codes - (16 if high is not None else 8)).flatten(1), d
+    _, rows, k, raw = _stored(f, name, ("Q8_0",), Q8_BLOCK)
     d = raw[..., :2].contiguous().view(torch.float16)[..., 0]
     return raw[..., 2:].contiguous().view(torch.int8).view(rows, k), d
