@@ -108,14 +108,12 @@ PLAIN_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat1
 # ---- metadata -> HF config ---------------------------------------------------------------------
 def _uniform(f: GGUFFile, name: str, value: Any) -> Any:
     """Per-layer arrays (head_count_kv of some files) must hold one value for our model."""
-    if isinstance(value, list):
-        if len(set(value)) != 1:
-            raise CheckpointError(
-                f"{f.path}: {f.architecture}.{name} differs between layers ({sorted(set(value))}); "
-                "only uniform layers are supported"
-            )
-        return value[0]
-    return value
+    if isinstance(value, list) and len(set(value)) != 1:
+        raise CheckpointError(
+            f"{f.path}: {f.architecture}.{name} differs between layers ({sorted(set(value))}); "
+            "only uniform layers are supported"
+        )
+    return value[0] if isinstance(value, list) else value
 
 
 def _rope_scaling(f: GGUFFile, head_dim: int, theta: float, max_len: int) -> dict | None:

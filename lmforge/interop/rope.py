@@ -52,10 +52,7 @@ def rope_to_hf(config: ModelConfig) -> dict[str, Any]:
     """rope_theta / rope_scaling / max_position_embeddings for an exported config.json."""
     kind = rope_scaling_type(config.rope_scaling)
     scaling = {k: v for k, v in (config.rope_scaling or {}).items() if k != "type"}
-    out: dict[str, Any] = {
-        "rope_theta": config.rope_base,
-        "max_position_embeddings": config.max_seq_len,
-    }
+    out = {"rope_theta": config.rope_base, "max_position_embeddings": config.max_seq_len}
     if kind == "default":
         return out
     if kind == "ntk":  # static NTK is plain RoPE with a larger base: b' = b s^(d/(d-2))
