@@ -197,19 +197,16 @@ def hf_config_from_gguf(f: GGUFFile) -> dict[str, Any]:
             f"{f.path}: GGUF architecture {arch!r} is not supported; supported: "
             f"{', '.join(ARCHITECTURES)} (Mistral files are 'llama')"
         )
-    tokens = f.meta.get("tokenizer.ggml.tokens")
-    vocab = f.get("vocab_size") or (len(tokens) if tokens else None)
-    if vocab is None and "token_embd.weight" in f.tensors:
+    vocab = f.get("vocab_size") or len(f.meta.get("tokenizer.ggml.tokens") or ())
+    if not vocab and "token_embd.weight" in f.tensors:
         vocab = f.shape("token_embd.weight")[0]
-    if vocab is None:
+    if not vocab:
         raise CheckpointError(f"{f.path}: no vocabulary size ({arch}.vocab_size or tokens)")
     n_head = _uniform(f, "attention.head_count", f.key("attention.head_count"))
-    tied = "output.weight" not in f.tensors
-    common = {"vocab_size": int(vocab), "tie_word_embeddings": tied}
-    roles = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id"))
-    for role, key in roles:
-        if f.meta.get(f"tokenizer.ggml.{key}") is not None:
-            common[f"{role}_token_id"] = int(f.meta[f"tokenizer.ggml.{key}"])
+    common = {"vocab_size": int(vocab), "tie_word_embeddings": "output.weight" not in f.tensors}
+    for role, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
+        if (token_id := f.meta.get(f"tokenizer.ggml.{key}_token_id")) is not None:
+            common[f"{role}_token_id"] = int(token_id)
     if arch == "gpt2":
         return {
             **common, "model_type": "gpt2", "n_embd": f.key("embedding_length"),
@@ -252,9 +249,8 @@ def hf_config_from_gguf(f: GGUFFile) -> dict[str, Any]:
         hf["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
     if arch == "phi3":
         hf["sliding_window"] = f.get("attention.sliding_window")
-    if arch in ("qwen2", "qwen3") and f.get("attention.sliding_window"):
-        hf.update(use_sliding_window=True, sliding_window=f.get("attention.sliding_window"))
-        hf["max_window_layers"] = 0
+    if arch in ("qwen2", "qwen3") and (window := f.get("attention.sliding_window")):
+        hf.update(use_sliding_window=True, sliding_window=window, max_window_layers=0)
     if arch.startswith("gemma"):
         hf.update(_gemma_from_gguf(f, arch, hf))
     return hf
