@@ -22,10 +22,10 @@ from lmforge.model.config import ModelConfig
 from lmforge.model.transformer import Transformer
 
 
-def _foreign_model_type(config_path: Path) -> str | None:
-    """The Hugging Face model_type of a checkpoint's config.json (None: one of ours)."""
-    model_type = native.read_config_json(config_path).get("model_type")
-    return None if model_type in (None, native.MODEL_TYPE) else model_type
+def _hf_config(config_path: Path) -> dict | None:
+    """A checkpoint's config.json when it is a Hugging Face one (None: one of ours)."""
+    data = native.read_config_json(config_path)
+    return None if data.get("model_type") in (None, native.MODEL_TYPE) else data
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -33,9 +33,8 @@ def load_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     if path.is_file():
         return gguf_config(path)
-    config_path = path / "config.json"
-    if _foreign_model_type(config_path) is not None:
-        return hf_config_to_ours(native.read_config_json(config_path), str(config_path))
+    if (hf := _hf_config(path / "config.json")) is not None:
+        return hf_config_to_ours(hf, str(path / "config.json"))
     return native.load_lmforge_config(path)
 
 
@@ -48,6 +47,6 @@ def load_model(
         from lmforge.interop.gguf import load_gguf
 
         return load_gguf(path, device, dtype or torch.float32)[0]  # dense: trainable weights
-    if _foreign_model_type(path / "config.json") is not None:
+    if _hf_config(path / "config.json") is not None:
         return load_hf_model(path, device, dtype)
     return native.load_lmforge_model(path, device, dtype)
