@@ -195,9 +195,8 @@ class Engine:
             why_not = "this attention kind has no slot cache"
             if self.speculative is not None:
                 why_not = "speculative decoding verifies several tokens per step"
-        graphs = cfg.cuda_graphs
-        if graphs is None:
-            graphs = self.device.type == "cuda" and why_not is None
+        on_gpu = self.device.type == "cuda" and why_not is None  # the default
+        graphs = on_gpu if cfg.cuda_graphs is None else cfg.cuda_graphs
         if graphs and why_not:
             raise ConfigError(f"cuda_graphs needs a static decode step, but {why_not}")
         if not self.slots:

@@ -154,11 +154,10 @@ class SpeculativeDecoder:
         token is the last one yielded. The counters are added to `stats`.
 
         generator: the random stream (None: torch's global one)."""
-        t_config, d_config = self.target.config, self.draft.config
         prompt = [int(t) for t in prompt]
-        room = t_config.max_seq_len - len(prompt)
+        room = self.target.config.max_seq_len - len(prompt)
         budget = min(params.max_new_tokens if budget is None else budget, room)
-        draft_max = min(d_config.max_seq_len, len(prompt) + budget)
+        draft_max = min(self.draft.config.max_seq_len, len(prompt) + budget)
         draft = self._side(self.draft, prompt, draft_max)
         target = self._side(self.target, prompt, len(prompt) + budget)
         self.target_side, self.draft_side = target, draft
