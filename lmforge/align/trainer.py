@@ -8,8 +8,9 @@ checkpoint directory, or `scratch` for a random model with a character tokenizer
 `alphabet`, used by tests and the CPU demos), draws shuffled minibatches, and runs the shared loop
 (lmforge/train/loop.py: schedule, NaN guard, clipping, accumulation, evaluation and checkpoint
 cadence, Ctrl-C/SIGTERM save, exact resume, metrics and plot). A subclass provides `setup()`
-(usually `load_examples` + `apply_peft`), `batch(indices)`, `loss(batch) -> (loss, metrics)`,
-`evaluate() -> metrics` and, where the saved model is not the (PEFT-wrapped) policy, `export`.
+(usually `load_examples` + `apply_peft`), `loss(batch) -> (loss, metrics)`, `evaluate() ->
+metrics`, `collate_rows` or `batch(indices)` where its examples are not SFT rows and, where the
+saved model is not the (PEFT-wrapped) policy, `export`.
 
 Under `torchrun --nproc_per_node N -m lmforge sft ...` the same loop runs data-parallel (DDP,
 lmforge/train/parallel.py): `batch_size` stays the GLOBAL batch, every rank draws the same
