@@ -313,10 +313,7 @@ def nll_from_stats(stats: TokenStats, mask: Tensor, label_smoothing: float = 0.0
     per_token = -stats.logp
     if label_smoothing > 0:
         per_token = (1 - label_smoothing) * per_token - label_smoothing * stats.mean_logp
-    mask = mask.to(per_token.dtype)
-    if not mask.any():
-        return per_token.sum() * 0.0  # nothing to learn from, but keep the graph for backward()
-    return (per_token * mask).sum() / mask.sum()
+    return masked_mean(per_token, mask)  # 0 (with a graph for backward) when nothing counts
 
 
 def lm_sft_loss(
