@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from lmforge.align import data as D
-from lmforge.align.logprobs import final_head_stats
+from lmforge.align.logprobs import lm_token_stats
 from lmforge.align.preference_losses import DPO_LOSS_TYPES, dpo_loss, preference_accuracy
 from lmforge.align.replay import ReplayConfig
 from lmforge.align.reward import PairSourceConfig, pair_loader
@@ -82,11 +82,10 @@ class DPOConfig(PreferenceConfig):
 
 def completion_logprob_sums(model, batch: dict[str, Tensor]) -> Tensor:
     """Σ log p(token) over completion tokens for every row of a right-padded batch -> [rows]:
-    the model's forward to its last hidden states, then the chunked LM head (`final_head_stats`:
+    the model's forward to its last hidden states, then the chunked LM head (`lm_token_stats`:
     the [rows, T, vocab] logits are never built; ignored labels count 0)."""
     # Right padding never changes the real tokens' logits under causal attention: no mask needed.
-    hidden = model.hidden_states(batch["input_ids"], None)[:, :-1]
-    return final_head_stats(model, hidden, batch["labels"][:, 1:]).logp.sum(-1)
+    return lm_token_stats(model, batch["input_ids"], batch["labels"]).logp.sum(-1)
 
 
 class PreferenceTrainer(AlignTrainer, abc.ABC):

@@ -280,17 +280,11 @@ def lm_token_stats(model: nn.Module, input_ids: Tensor, labels: Tensor,
     ``labels[:, t]`` is predicted at position t-1; IGNORE marks tokens that do not count)
     under `model` (anything with `hidden_states`, `norm` and `lm_head`, as lmforge's Transformer),
     with the LM head applied a chunk of tokens at a time (`stats`: head_token_stats' entropy,
-    mean_logp)."""
+    mean_logp): the forward to the last hidden states, then the final norm and the LM head
+    together, a chunk at a time."""
     h = model.hidden_states(input_ids, attention_mask)[:, :-1]
-    return final_head_stats(model, h, labels[:, 1:], **stats)
-
-
-def final_head_stats(model: nn.Module, hidden: Tensor, labels: Tensor, **stats) -> TokenStats:
-    """`TokenStats` of `labels` [B, T] from `model`'s last hidden states [B, T, d] (before its
-    final norm; position t predicts ``labels[:, t]``): the final norm and the LM head, a chunk of
-    tokens at a time (`stats`: head_token_stats' entropy, mean_logp)."""
     head = lm_head_fn(model)
-    return head_token_stats(lambda x: head(model.norm(x)), hidden, labels, **stats)
+    return head_token_stats(lambda x: head(model.norm(x)), h, labels[:, 1:], **stats)
 
 
 def lm_sequence_logprobs(
