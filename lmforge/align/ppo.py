@@ -217,8 +217,7 @@ def ppo_advantages(
     kl = kl_per_token(rollout.old_logprobs, rollout.ref_logprobs, "k1") * mask
     score = rollout.rewards if scores is None else scores
     rewards = shape_rewards(score, kl, mask, beta if variant == "shaped" else 0.0)
-    values = rollout.values * mask
-    advantages, returns = gae(rewards, values, dones_from_mask(mask), gamma, lam)
+    advantages, returns = gae(rewards, rollout.values * mask, dones_from_mask(mask), gamma, lam)
     if whiten:
         advantages = masked_whiten(advantages, mask)
     return advantages * mask, returns * mask, kl
