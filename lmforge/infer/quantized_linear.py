@@ -293,11 +293,15 @@ class HalfLinear(QuantizedLinear):
     model computes in `dtype` (fp32 by default): on a CPU with the native kernels lmforge's dense
     matmul (native/dense_matmul.cpp: the weights converted exactly, fp32 sums; a GEMV for a
     decode step's rows, a blocked GEMM above), except bf16 weights above `torch_bf16_rows` rows
-    where the CPU has AVX512-BF16 (torch's bf16 GEMM runs its dot product, 2x the fp32 one, on
-    activations rounded to bf16); elsewhere torch's matmul in the weights' dtype."""
+    where the CPU has AVX512-BF16: there the activations are rounded to bf16 for the bf16 dot
+    product (2x the fp32 one), through lmforge's bf16 tile up to `native_bf16_rows` rows (a
+    large batch's decode step: torch's GEMM repacks the weights on every call, which costs
+    more than the product at so few rows) and torch's bf16 GEMM above; elsewhere torch's
+    matmul in the weights' dtype."""
 
     bits = 16
     torch_bf16_rows = 8
+    native_bf16_rows = 16
 
     def __init__(self, weight: torch.Tensor, bias=None, dtype: torch.dtype = torch.float32):
         if weight.dtype not in (torch.bfloat16, torch.float16):
@@ -313,8 +317,11 @@ class HalfLinear(QuantizedLinear):
         w = self._buffers["weight_half"]
         cpu = x.device.type == "cpu"
         if self._native is not None and cpu:
-            if not self._torch_bf16 or x.shape[0] <= self.torch_bf16_rows:
+            rows = x.shape[0]
+            if not self._torch_bf16 or rows <= self.torch_bf16_rows:
                 return self._native.dense_matmul(x, w)
+            if rows <= self.native_bf16_rows:
+                return self._native.dense_matmul(x.to(w.dtype), w).to(x.dtype)
         elif cpu and w.dtype == torch.float16:  # torch's CPU fp16 GEMM is slow at any size
             return QuantizedLinear.gemm(self, x)  # fp32 on chunks of converted rows
         return F.linear(x.to(w.dtype), w).to(x.dtype)

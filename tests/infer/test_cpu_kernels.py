@@ -254,6 +254,17 @@ def test_dense_matmul_sums_a_row_alike_in_any_batch(kernel, k):
         assert torch.equal(kernel.dense_matmul(x[:rows], w), alone[:rows])
 
 
+def test_dense_matmul_bf16_sums_a_row_alike_in_any_large_batch(kernel):
+    """bf16 activations and weights above 10 rows (AVX512-BF16: the bf16 tile; elsewhere the
+    GEMM): a row's outputs are the same bits among 11 or 40 rows."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 576, generator=g).bfloat16()
+    x = torch.randn(40, 576, generator=g).bfloat16()
+    every = kernel.dense_matmul(x, w)
+    for lo, hi in ((0, 11), (3, 19), (20, 40)):
+        assert torch.equal(kernel.dense_matmul(x[lo:hi], w), every[lo:hi])
+
+
 def test_dense_matmul_rejects_weights_it_cannot_read(kernel):
     x = torch.randn(1, 64)
     for w in (torch.randn(8, 64).double(), torch.randn(64, 8).to(torch.bfloat16).t()):

@@ -135,6 +135,73 @@ static inline void dot_row_bf16(const uint16_t* x, const uint16_t* w, float* y, 
     y[t * n] = s;
   }
 }
+
+/* bf16 x, more than BF16_GEMV_ROWS rows (a large batch's decode step): the GEMV above ends every
+ * (x row, weight row) pair in a horizontal sum and loads x again for each row of weights, and
+ * ran below torch's bf16 GEMM. Here x's rows lie along the lanes instead: x is rearranged once
+ * per call into [k / 2][16 rows][2 columns] (zeros past the last row), and per pair of columns
+ * each of BF16_TILE rows of weights meets that vector through one vdpbf16ps whose other operand
+ * is the weight row's own pair of bf16, broadcast from memory: no horizontal sums, no weight
+ * conversion or repacking, BF16_TILE multiply-adds per x vector loaded. Each output sums its
+ * column pairs in order in one lane, so a row's result does not depend on the other rows. */
+#define BF16_GEMV_ROWS 8
+#define BF16_TILE 12 /* rows of weights per tile: 12 accumulators */
+static inline __m512bh broadcast_pair(const uint16_t* p) {
+  int32_t pair;
+  __builtin_memcpy(&pair, p, 4);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+template <int R>
+static inline void bf16_tile(const uint32_t* xt, const uint16_t* w, float* y, int64_t k,
+                             int64_t n, int64_t rows) {
+  __m512 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    for (int r = 0; r < R; r++) __builtin_prefetch(w + r * k + c + 512, 0, 3);
+    for (int p = 0; p < 16; p++) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void*)(xt + (c / 2 + p) * 16));
+      for (int r = 0; r < R; r++)
+        acc[r] = _mm512_dpbf16_ps(acc[r], xv, broadcast_pair(w + r * k + c + 2 * p));
+    }
+  }
+  for (; c < k; c += 2) {
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void*)(xt + c / 2 * 16));
+    for (int r = 0; r < R; r++)
+      acc[r] = _mm512_dpbf16_ps(acc[r], xv, broadcast_pair(w + r * k + c));
+  }
+  alignas(64) float tile[R][16];
+  for (int r = 0; r < R; r++) _mm512_store_ps(tile[r], acc[r]);
+  for (int64_t i = 0; i < rows; i++)
+    for (int r = 0; r < R; r++) y[i * n + r] = tile[r][i];
+}
+
+/* y = x w^T for bf16 x (m rows, k even) and bf16 weights: 16 rows of x at a time, the groups of
+ * BF16_TILE weight rows split between the threads. Returns -1 when memory runs out. */
+static int bf16_rows_times_weights(const uint16_t* x, const uint16_t* w, float* y, int64_t m,
+                                   int64_t n, int64_t k, int threads) {
+  const size_t bytes = (sizeof(uint32_t) * (size_t)(k / 2 * 16) + 63) / 64 * 64;
+  uint32_t* xt = (uint32_t*)aligned_alloc(64, bytes); /* (a size aligned_alloc takes everywhere) */
+  if (!xt) return -1;
+  for (int64_t i0 = 0; i0 < m; i0 += 16) {
+    const int64_t rows = m - i0 < 16 ? m - i0 : 16;
+    for (int64_t c = 0; c < k / 2; c++) /* column pair c of row i: one 32-bit lane */
+      for (int64_t i = 0; i < 16; i++) {
+        uint32_t pair = 0;
+        if (i < rows) __builtin_memcpy(&pair, x + (i0 + i) * k + 2 * c, 4);
+        xt[c * 16 + i] = pair;
+      }
+    const int64_t groups = n / BF16_TILE;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t g = 0; g < groups; g++)
+      bf16_tile<BF16_TILE>(xt, w + g * BF16_TILE * k, y + i0 * n + g * BF16_TILE, k, n, rows);
+    for (int64_t r = groups * BF16_TILE; r < n; r++)
+      bf16_tile<1>(xt, w + r * k, y + i0 * n + r, k, n, rows);
+  }
+  free(xt);
+  return 0;
+}
 #endif
 
 /* One row of weights against every row of x, TMAX rows at a time (x fp32, or bf16 for the bf16
@@ -371,6 +438,8 @@ int dense_matmul(const void* x, int x_bf16, const void* w, int w_type, float* y,
                  int64_t n, int64_t k, int threads) {
 #ifdef BF16_DOT
   if (x_bf16 && w_type == WEIGHTS_BF16) {
+    if (m > BF16_GEMV_ROWS && k % 2 == 0)
+      return bf16_rows_times_weights((const uint16_t*)x, (const uint16_t*)w, y, m, n, k, threads);
     rows_times_weights<WEIGHTS_BF16>((const uint16_t*)x, (const uint16_t*)w, y, m, n, k,
                                      threads);
     return 0;
