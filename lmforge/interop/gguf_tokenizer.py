@@ -102,12 +102,9 @@ def _byte_level_backend(meta: dict[str, Any]) -> Backend:
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+        split_step = pre_tokenizers.Split(Regex(split), behavior="isolated")
+        byte_step = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.pre_tokenizer = pre_tokenizers.Sequence([split_step, byte_step])
     backend.decoder = decoders.ByteLevel()
     return backend
 
@@ -176,15 +173,13 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> tuple[Tokenizer, b
         if ty == USER_DEFINED and t in vocab
     ]
     specials: dict[str, str] = {}
-    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
-                      ("unk", "unknown_token_id"), ("pad", "padding_token_id")):  # fmt: skip
-        token_id = meta.get(f"tokenizer.ggml.{key}")
-        if token_id is None:
+    for role, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
+        if (token_id := meta.get(f"tokenizer.ggml.{key}_token_id")) is None:
             continue
         if not 0 <= token_id < len(tokens):
             raise CheckpointError(
-                f"{source}: tokenizer.ggml.{key}={token_id} is outside the {len(tokens)}-token "
-                "vocabulary"
+                f"{source}: tokenizer.ggml.{key}_token_id={token_id} is outside the "
+                f"{len(tokens)}-token vocabulary"
             )
         token = backend.id_to_token(token_id)
         specials[role] = token
@@ -197,8 +192,7 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> tuple[Tokenizer, b
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)) and "bos" in specials
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and "eos" in specials
     _set_post_processor(backend, specials, add_bos, add_eos)
-    template = meta.get("tokenizer.chat_template")
-    return Tokenizer(backend, "bpe", specials, template), add_bos
+    return Tokenizer(backend, "bpe", specials, meta.get("tokenizer.chat_template")), add_bos
 
 
 def _set_post_processor(backend: Backend, specials: dict[str, str], bos: bool, eos: bool) -> None:
