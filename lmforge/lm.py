@@ -88,8 +88,7 @@ class LM:
             else:
                 dtype = resolve_dtype("auto" if dtype is None and quantize else dtype,
                                       device, quantize=quantize)  # fmt: skip
-            model, tokenizer, generation = load_gguf(path, device, dtype, quantize)
-            return cls(model, tokenizer, generation)
+            return cls(*load_gguf(path, device, dtype, quantize))  # model, tokenizer, generation
         dtype = resolve_dtype(dtype)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {path}")
