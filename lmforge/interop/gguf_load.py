@@ -233,8 +233,9 @@ class _Loader:
                     model.embed = QuantizedEmbedding(table)
             else:
                 module = model.get_submodule(module_name)
-                _assign(module, attr, self.dense(rule, self.dtype if _is_float(module, attr)
-                                                 else torch.float32))  # fmt: skip
+                t = getattr(module, attr, None)
+                dtype = self.dtype if t is None or t.dtype.is_floating_point else torch.float32
+                _assign(module, attr, self.dense(rule, dtype))
         if config.tie_embeddings:
             if isinstance(model.embed, QuantizedEmbedding):
                 model.lm_head = model.embed.table  # one table: the lookup and the head
@@ -270,11 +271,6 @@ class _Loader:
             f"({names[worst]})",
             stacklevel=4,
         )
-
-
-def _is_float(module: nn.Module, attr: str) -> bool:
-    t = getattr(module, attr, None)
-    return t is None or t.dtype.is_floating_point
 
 
 def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
