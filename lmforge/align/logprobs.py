@@ -226,10 +226,12 @@ def head_token_stats(
         return tuple(out)
 
     flat = hidden.reshape(-1, d)
-    if chunk is None:  # the vocabulary size, from one row's logits
+    fused = isinstance(head, LinearHead) and not (entropy or mean_logp) and head.fusable()
+    if chunk is None and fused:
+        chunk = chunk_tokens(head.linear.weight.shape[0])
+    elif chunk is None:  # the vocabulary size, from one row's logits
         with torch.no_grad():
             chunk = chunk_tokens(head(flat[:1]).shape[-1] if b * t else 1)
-    fused = isinstance(head, LinearHead) and not (entropy or mean_logp) and head.fusable()
     if fused and b * t:
         linear = head.linear
         flat = flat * head.scale if head.scale != 1.0 else flat
@@ -283,8 +285,9 @@ def lm_token_stats(model: nn.Module, input_ids: Tensor, labels: Tensor,
     mean_logp): the forward to the last hidden states, then the final norm and the LM head
     together, a chunk at a time."""
     h = model.hidden_states(input_ids, attention_mask)[:, :-1]
-    head = lm_head_fn(model)
-    return head_token_stats(lambda x: head(model.norm(x)), h, labels[:, 1:], **stats)
+    head, vocab = lm_head_fn(model), getattr(getattr(model, "config", None), "vocab_size", None)
+    chunk = chunk_tokens(vocab) if vocab else None  # None: head_token_stats probes one row
+    return head_token_stats(lambda x: head(model.norm(x)), h, labels[:, 1:], chunk=chunk, **stats)
 
 
 def lm_sequence_logprobs(
