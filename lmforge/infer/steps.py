@@ -368,11 +368,15 @@ class ExportedStep:
             ep, package_path=str(partial), inductor_configs={"cpp.dynamic_threads": True}
         )
         os.replace(partial, self.dir / name)
-        dims = next(node for node in ep.graph.nodes if node.op == "placeholder" and
-                    node.name == ep.graph_signature.user_inputs[2]).meta["val"].shape  # fmt: skip
-        # no more rows than slots, no wider than the mask: bounds the export may leave open
+        shapes = [node.meta["val"].shape for node in ep.graph.nodes if node.op == "placeholder"
+                  and node.name in ep.graph_signature.user_inputs[:3]]  # fmt: skip
+        # no more rows than slots, no wider than the mask: bounds the export may leave open.
+        # The rows: those every input's first size allows (the model's branches on its row
+        # count constrain the ids' size; the key mask's may be a symbol of its own, unbounded)
         slots, most = self.cache.mask.shape
-        found, widths = _range(ep, dims[0], slots), _range(ep, dims[1], most)
+        rows = [_range(ep, shape[0], slots) for shape in shapes]
+        found = range(max(r.start for r in rows), min(r.stop for r in rows))
+        widths = _range(ep, shapes[2][1], most)
         _add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
                                  "widths": [widths.start, widths.stop]})  # fmt: skip
         return found, widths, _load(self.dir / name, len(k))

@@ -85,21 +85,23 @@ def count_dense_matmul_rows(monkeypatch) -> list[int]:
 @torch.inference_mode()
 def test_half_weights_decode_through_the_native_dense_matmul(dtype, monkeypatch):
     """bf16 / fp16 Linears on a CPU run lmforge's dense matmul for decode rows
-    (native/dense_matmul.cpp) and prefill rows (but bf16 above 8 rows where torch's bf16 GEMM
+    (native/dense_matmul.cpp) and prefill rows (but bf16 above 16 rows where torch's bf16 GEMM
     runs AVX512-BF16), and agree with the
     model's own forward (torch's matmul on the same 16-bit weights)."""
     calls = count_dense_matmul_rows(monkeypatch)
     model = build("gpt2-micro").to(dtype)  # biases too
     fast = inference_model(model)
-    cache, reference = (new_cache(model.config, 2, 16, dtype=dtype) for _ in range(2))
-    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
+    cache, reference = (new_cache(model.config, 3, 16, dtype=dtype) for _ in range(2))
+    ids = torch.randint(0, 61, (3, 6), generator=torch.Generator().manual_seed(0))
     fast(ids, cache=cache), model(ids, cache=reference)
-    nxt = torch.tensor([[5], [7]])
+    nxt = torch.tensor([[5], [7], [9]])
     a = fast(nxt, cache=cache, last_only=True).float()
     b = model(nxt, cache=reference, last_only=True).float()
-    assert 2 in calls  # the decode step's 2 rows; the prefill's 2 x 6 rows, but not bf16's
+    assert 3 in calls  # the decode step's 3 rows; the prefill's 3 x 6 rows, but not bf16's
     torch_bf16 = dtype == torch.bfloat16 and native_kernels().variant == "avx512_bf16"
-    assert (12 in calls) != torch_bf16
+    assert (18 in calls) != torch_bf16
+    fast.blocks[0].mlp.up_proj(torch.randn(12, model.config.d_model))
+    assert 12 in calls  # bf16 up to 16 rows too (rounded to bf16: the bf16 tile)
     # 16-bit activations round after every op on both sides, in different places
     assert (a - b).abs().max() <= 0.05 * b.abs().max()
 
