@@ -69,8 +69,8 @@ from lmforge.infer.steps import (
 )
 from lmforge.model.cache import SlotCache, full_attention, new_cache
 
-# prompt tokens per thread one prefill forward takes at most on a CPU (Engine._prefill_groups)
-PREFILL_TOKENS_PER_THREAD = 256
+# prompt tokens one prefill forward takes at most on a CPU (Engine._prefill_groups)
+PREFILL_GROUP_TOKENS = 128
 
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "StepOutput", "Completion"]
 
@@ -465,14 +465,14 @@ class Engine:
 
     def _prefill_groups(self, n: int, width: int) -> list[tuple[int, int]]:
         """The prompts one prefill forward takes ([a, b) of n prompts `width` wide): on a CPU
-        at most PREFILL_TOKENS_PER_THREAD tokens per thread (at least one prompt), elsewhere all.
-        Past that a layer's activations ([tokens, d_ff] fp32) no longer fit the cores' L2
-        caches and each of the many elementwise passes between the matmuls streams them from
-        memory, and 16 prompts prefilled together ran well below one prompt's tokens/s (the
-        batch-8 / 16 prefill of docs/benchmarks.md's matched table)."""
+        at most PREFILL_GROUP_TOKENS tokens (at least one prompt), elsewhere all. Past that a
+        layer's activations ([tokens, d_ff] fp32) no longer fit a core's L2 cache and each of the
+        many elementwise passes between the matmuls streams them from memory: 8 or 16 prompts
+        prefilled together ran well below one prompt's tokens/s (the batch-8 / 16 prefill of
+        docs/benchmarks.md's matched table), and larger groups lost at 2 threads too."""
         per = n
         if self.device.type == "cpu":
-            per = max(1, PREFILL_TOKENS_PER_THREAD * torch.get_num_threads() // width)
+            per = max(1, PREFILL_GROUP_TOKENS // width)
         return [(a, min(a + per, n)) for a in range(0, n, per)]
 
     def _prompt_embeds(self, embeds: list[torch.Tensor | None], width: int):

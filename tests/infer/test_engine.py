@@ -40,7 +40,7 @@ def run_all(engine, requests, join_at=()):
     return [out[rids[i]] for i in range(len(requests))]
 
 
-# a CPU prefill takes the prompts in groups of at most PREFILL_TOKENS_PER_THREAD tokens per thread:
+# a CPU prefill takes the prompts in groups of at most PREFILL_GROUP_TOKENS tokens:
 # all of them in one forward, or (1 token) one forward per prompt
 GROUPS = pytest.mark.parametrize("group_tokens", [256, 1], ids=["one_forward", "per_prompt"])
 
@@ -49,7 +49,7 @@ GROUPS = pytest.mark.parametrize("group_tokens", [256, 1], ids=["one_forward", "
 def test_mixed_length_batch_matches_the_reference(
     lm, reference_generate, monkeypatch, group_tokens
 ):
-    monkeypatch.setattr(engine_module, "PREFILL_TOKENS_PER_THREAD", group_tokens)
+    monkeypatch.setattr(engine_module, "PREFILL_GROUP_TOKENS", group_tokens)
     ref = reference_generate.generate(lm.model, PROMPTS, greedy(12))
     engine = Engine(lm.model, max_batch=4, eos_ids=[])
     assert [c.token_ids for c in engine.generate(PROMPTS, greedy(12))] == ref
@@ -125,7 +125,7 @@ def test_prompt_embeddings_replace_the_token_embeddings(
 ):
     """A request's prompt_embeds act exactly like the model seeing those input embeddings:
     compared with the reference loop whose embedding table returns them at prefill."""
-    monkeypatch.setattr(engine_module, "PREFILL_TOKENS_PER_THREAD", group_tokens)
+    monkeypatch.setattr(engine_module, "PREFILL_GROUP_TOKENS", group_tokens)
     prompt = PROMPTS[2]
     embeds = torch.randn(len(prompt), lm.config.d_model)
 
