@@ -75,7 +75,7 @@ def _read_jsonl_texts(path: Path) -> Corpus:
     return Corpus(docs)
 
 
-def _read_folder(root: Path) -> Corpus:
+def _read_document_folder(root: Path) -> Corpus:
     corpus = Corpus([])
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
         name = str(path.relative_to(root))
@@ -98,7 +98,7 @@ def read_corpus(source: str | Path) -> Corpus:
     if not path.exists():
         raise DataError(f"corpus not found: {path} (expected {SOURCES_HELP})")
     if path.is_dir():
-        return _read_folder(path)
+        return _read_document_folder(path)
     if path.name.endswith(".jsonl"):
         return _read_jsonl_texts(path)
     text, reason = read_text_file(path)
