@@ -37,6 +37,15 @@ def _linear(m: dict, ours: str, hf: str, bias: bool, transform: str = "copy") ->
 
 
 ANY = None  # in a family's `needs`: a field it writes whatever its value
+# What no family's config.json can say, at the value each family's code assumes: every family
+# starts from these, so a model using one (an MLA or windowed-pattern attention, a parallel or
+# sandwich block, scaled embeddings or logits, soft-capping) is refused, not exported without it.
+PLAIN_BLOCK: dict[str, tuple] = {
+    "attention": ("softmax",), "attention_pattern": (None,), "norm_position": ("pre",),
+    "parallel_block": (False,), "logit_scaling": (False,), "embed_scale": (False,),
+    "attn_logit_softcap": (None,), "final_logit_softcap": (None,), "attn_scale": (None,),
+    "rope_local_base": (None,),
+}  # fmt: skip
 
 
 class Family:
@@ -86,7 +95,7 @@ class Llama(Family):
     """Llama and its close relatives: RMSNorm, RoPE (rotate-half), SwiGLU, optional biases."""
 
     model_type, architecture = "llama", "LlamaForCausalLM"
-    needs = {"pos": ("rope",), "norm": ("rmsnorm",), "bias": (False,),
+    needs = {**PLAIN_BLOCK, "pos": ("rope",), "norm": ("rmsnorm",), "bias": (False,),
              "mlp": ("swiglu", "geglu", "geglu_tanh"), "qk_norm": (False,),
              "sliding_window": (None,), "lm_head_bias": (False,)}  # fmt: skip
     one_attention_bias = True  # config.json's attention_bias covers q/k/v and o_proj alike
@@ -255,9 +264,9 @@ class GPT2(Family):
 
     model_type, architecture = "gpt2", "GPT2LMHeadModel"
     ignored_suffixes = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old files
-    needs = {"pos": ("learned",), "norm": ("layernorm",), "mlp": tuple(_GPT2_ACTS_BACK),
-             "sliding_window": (None,), "lm_head_bias": (False,), "bias": (True,),
-             "attention_bias": (True,), "attention_out_bias": (True,),
+    needs = {**PLAIN_BLOCK, "pos": ("learned",), "norm": ("layernorm",),
+             "mlp": tuple(_GPT2_ACTS_BACK), "sliding_window": (None,), "lm_head_bias": (False,),
+             "bias": (True,), "attention_bias": (True,), "attention_out_bias": (True,),
              "mlp_bias": (True,)}  # fmt: skip
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
@@ -350,16 +359,12 @@ class Phi3(Mistral):
 
 
 # what Gemma 2 / 3 add (soft caps, a query scale, a local RoPE base) and Gemma 1 lacks
-_LATER_GEMMA = ("attn_logit_softcap", "final_logit_softcap", "attn_scale", "rope_local_base")
-
-
 class Gemma(Llama):
     """Gemma: Llama with GeGLU (tanh), embeddings scaled by sqrt(d_model), tied head, head_dim
     apart from d_model / n_head, and RMSNorms that scale by 1 + weight (stored as weight - 1)."""
 
     model_type, architecture = "gemma", "GemmaForCausalLM"
-    needs = {**Llama.needs, "mlp": ("geglu_tanh",), "embed_scale": (True,),
-             "norm_position": ("pre",), **dict.fromkeys(_LATER_GEMMA, (None,))}  # fmt: skip
+    needs = {**Llama.needs, "mlp": ("geglu_tanh",), "embed_scale": (True,)}
 
     def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         act = hf.get("hidden_activation") or "gelu_pytorch_tanh"  # Gemma 1 files say "gelu"

@@ -31,9 +31,7 @@ EXPORT_DTYPES = ("f16", "bf16", "q8_0")
 class LlamaCpp(Llama):
     """What llama.cpp's "llama" architecture runs right: a plain pre-norm SwiGLU Llama block."""
 
-    needs = {**Llama.needs, "mlp": ("swiglu",), "mlp_bias": (False,), "attention": ("softmax",),
-             "attention_pattern": (None,), "norm_position": ("pre",), "parallel_block": (False,),
-             "logit_scaling": (False,)}  # fmt: skip
+    needs = {**Llama.needs, "mlp": ("swiglu",), "mlp_bias": (False,)}
 
     def export_problems(self, config: ModelConfig) -> list[str]:
         problems = super().export_problems(config)

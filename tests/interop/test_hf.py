@@ -126,6 +126,25 @@ def test_unrepresentable_model_is_a_clear_error(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(
+    "change",
+    [{"embed_scale": True}, {"norm_position": "sandwich"}, {"parallel_block": True},
+     {"logit_scaling": True}, {"attn_logit_softcap": 50.0}, {"attention": "mla"},
+     {"attention_pattern": {"type": "block_local", "block_size": 16}}],
+)  # fmt: skip
+def test_a_llama_with_math_no_config_json_holds_is_refused(tmp_path, change):
+    """A Llama-shaped model with a block feature Llama's config.json cannot state is refused,
+    not written as a Llama that transformers would run without it."""
+    llama = dict(vocab_size=64, n_layer=1, d_model=32, n_head=2, pos="rope", norm="rmsnorm",
+                 mlp="swiglu", bias=False)  # fmt: skip
+    LM.from_config(ModelConfig(**llama)).export_hf(tmp_path / "plain")  # the plain one is written
+    field = next(iter(change))
+    lm = LM.from_config(ModelConfig(**llama, **change))
+    with pytest.raises(ConfigError, match=f"cannot be written as a Hugging Face.*llama: {field}="):
+        lm.export_hf(tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
 # ---- bad input: one clear error each, never a half-loaded model --------------------------------
 @pytest.mark.parametrize(
     "edit, error, match",
