@@ -374,6 +374,8 @@ def load_bert(
     """
     directory = Path(directory)
     config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path}: not found")
     cfg = BertConfig.from_hf_dict(read_config_json(config_path), source=str(config_path))
     files = weight_files(directory)
     weights = {_hf_key(k): v for k, v in read_tensors(files, list(files)).items()}

@@ -132,7 +132,7 @@ def test_bad_input_raises_readable_errors(ours, tmp_path, monkeypatch):
     with pytest.raises(LMForgeError, match="tokenizer.json: not found"):
         SentenceEncoder.load(tmp_path)
     shutil.copy(bundled_model_dir() / "tokenizer.json", tmp_path)
-    with pytest.raises(LMForgeError, match=r"not found: .*config\.json"):
+    with pytest.raises(LMForgeError, match="config.json: not found"):
         SentenceEncoder.load(tmp_path)
     with pytest.raises(LMForgeError, match="list of strings"):
         ours.encode("a bare string")
