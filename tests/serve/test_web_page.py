@@ -3,6 +3,7 @@ stream, stop, edit and regenerate into branches, switch conversations, reload an
 history on the server, attach a file, answer from documents with cited passages, and render
 markdown with highlighted code and KaTeX math (the screenshot in docs/img/)."""
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -113,8 +114,9 @@ def test_stop_ends_the_stream(page):
     }).observe(document.getElementById('log'),
                {childList: true, subtree: true, characterData: true})""")
     ask(page, "the quick brown fox")
-    made = int(page.inner_text(".assistant .tools").split(" tokens")[0].split()[-1])
-    assert made < 24  # stopped before max_tokens
+    # Under load the click can land before the first token: the reply then shows no count.
+    label = re.search(r"(\d+) tokens", page.inner_text(".assistant .tools"))
+    assert (int(label[1]) if label else 0) < 24  # stopped before max_tokens
     assert page.is_enabled("#send") and not page.is_enabled("#stop")
     assert page.locator(".error").count() == 0
 
