@@ -69,7 +69,7 @@ from lmforge.train.metrics import MetricsLog
 from lmforge.train.optim import LossScaler, build_optimizer
 from lmforge.train.parallel import Parallel, launched_by_torchrun
 from lmforge.train.stop import handling_signals, request_stop, reset_stop, stop_pending, take_stop
-from lmforge.train.whole_copy import LoopWrapsLoss, TrainerWrapsModel
+from lmforge.train.whole_copy import LoopWrapsLoss
 
 AUTOCAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -149,7 +149,7 @@ class Trainer(ABC):
     # ---- setup -----------------------------------------------------------------------------------
     def open_run(
         self, cfg: Any, dist: Parallel, resume: bool, log=print,
-        wrapping: LoopWrapsLoss | TrainerWrapsModel | None = None, evaluate_first: bool = False,
+        wrapping: LoopWrapsLoss | None = None, evaluate_first: bool = False,
     ) -> None:  # fmt: skip
         """Settings, device, torch threads (a `threads` setting), output folder, how the run
         meets DDP/FSDP (`wrapping`, default LoopWrapsLoss()) and whether it evaluates before the

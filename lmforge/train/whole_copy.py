@@ -117,6 +117,7 @@ class LoopWrapsLoss:
     same parameters take part in every step (not so for MoE, nor for PPO's critic warm-up)."""
 
     sharded_state = False  # the training state is one file, whatever the world size
+    wraps_loss = True  # False: the trainer wraps its own model (TrainerWrapsModel)
 
     def __init__(self, copy_on_every_rank: bool = False, static_graph: bool = True):
         self.copy_on_every_rank, self.static_graph = copy_on_every_rank, static_graph
@@ -126,7 +127,7 @@ class LoopWrapsLoss:
     def attach(self, module: nn.Module, config: Any, dist: Any) -> None:
         """Called once the trained module exists; FSDP shards it here (DDP: `before_update`)."""
         self.module, self.config, self.dist = module, config, dist
-        if dist.shards_parameters:
+        if dist.shards_parameters and self.wraps_loss:
             keep = dist.is_main or self.copy_on_every_rank
             self.whole = WholeCopy(module, keep, dist.device, not self.copy_on_every_rank)
             self.loss_module = dist.wrap(LossModule(module, config))
@@ -134,7 +135,7 @@ class LoopWrapsLoss:
     def before_update(self) -> None:
         """Under torchrun, before an update's micro-batches: DDP wraps the LossModule at the
         first one (after the trainer's setup has set the DDP options)."""
-        if self.loss_module is None and self.dist.world_size > 1:
+        if self.loss_module is None and self.dist.world_size > 1 and self.wraps_loss:
             self.dist.static_graph = self.static_graph  # DDPParallel drops it for MoE
             self.loss_module = self.dist.wrap(LossModule(self.module, self.config))
 
@@ -160,28 +161,16 @@ class LoopWrapsLoss:
     def evaluating(self, owner: object, version: Any) -> Iterator[bool]:
         """Whether this rank evaluates: rank 0, on whole weights (the other ranks hold the same
         weights, or under FSDP join the gather of them, and go on to the next step, where the
-        all-reduce waits for rank 0)."""
+        all-reduce waits for rank 0); every rank when the trainer wraps its model."""
         with self.whole_weights(owner, version) as whole:
-            yield whole and self.dist.is_main
+            yield whole and (self.dist.is_main or not self.wraps_loss)
 
 
-class TrainerWrapsModel:
+class TrainerWrapsModel(LoopWrapsLoss):
     """The trainer wraps its own model (pretraining: DDP, or FSDP2 in place, maybe compiled) and
-    calls the wrapper in its loss, which the loop runs as it is; every rank evaluates (a sharded
-    model's forward is a collective) and, under torchrun, writes its part of a sharded (DCP)
-    training state."""
+    calls the wrapper in its loss, which the loop runs as it is (no LossModule, no whole copy);
+    every rank evaluates (a sharded model's forward is a collective) and, under torchrun, writes
+    its part of a sharded training state."""
 
     sharded_state = True
-    loss_module = None  # the loop calls the loss as it is: it calls the wrapped model itself
-
-    def attach(self, module: nn.Module, config: Any, dist: Any) -> None: ...
-
-    def before_update(self) -> None: ...
-
-    def updated(self) -> None: ...
-
-    @contextlib.contextmanager
-    def whole_weights(self, owner: object, version: Any) -> Iterator[bool]:
-        yield True
-
-    evaluating = whole_weights  # every rank evaluates
+    wraps_loss = False
