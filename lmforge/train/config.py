@@ -134,18 +134,14 @@ class OptimConfig:
         require_choice("muon_lr_adjust", self.muon_lr_adjust, MUON_LR_ADJUST)
         require_fraction(self, "cooldown_frac")
         require_positive_ints(self, "ns_steps")
-        if not 0 <= self.muon_momentum < 1 or self.muon_lr <= 0 or self.muon_weight_decay < 0:
-            raise ConfigError(
-                f"muon_momentum must be in [0, 1), muon_lr > 0 and muon_weight_decay >= 0; got "
-                f"{self.muon_momentum}, {self.muon_lr}, {self.muon_weight_decay}"
-            )
-        if self.lr <= 0 or self.min_lr < 0:
-            raise ConfigError(f"lr must be > 0 and min_lr >= 0, got {self.lr}, {self.min_lr}")
-        if self.warmup_iters < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ConfigError(
-                f"warmup_iters, grad_clip and weight_decay must be >= 0, got {self.warmup_iters}, "
-                f"{self.grad_clip}, {self.weight_decay}"
-            )
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        for name in ("lr", "muon_lr"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("min_lr", "warmup_iters", "grad_clip", "weight_decay", "muon_weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step `step` (0 for the first); each param group runs
