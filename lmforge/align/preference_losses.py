@@ -111,24 +111,30 @@ def dpo_loss(
         raise ConfigError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
     chosen = policy_chosen_logps.float() - ref_chosen_logps.float()
     rejected = policy_rejected_logps.float() - ref_rejected_logps.float()
-    z = beta * (chosen - rejected)
-    if loss_type == "sigmoid":
-        losses = -(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)
-    elif loss_type == "robust":
-        if eps.max() >= 0.5:
-            raise ConfigError(
-                f"robust DPO needs label_smoothing in [0, 0.5), got {label_smoothing}"
-            )
-        losses = (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps)
-    elif loss_type == "hinge":
-        losses = F.relu(1 - z)
-    else:  # ipo
+    h = chosen - rejected
+    if loss_type == "robust" and eps.max() >= 0.5:
+        raise ConfigError(f"robust DPO needs label_smoothing in [0, 0.5), got {label_smoothing}")
+    if loss_type == "ipo":
         if chosen_lengths is None or rejected_lengths is None:
             raise ConfigError("IPO needs chosen_lengths and rejected_lengths (completion tokens)")
         c_len, r_len = chosen_lengths.float().clamp_min(1), rejected_lengths.float().clamp_min(1)
         h = chosen / c_len - rejected / r_len
-        losses = (h - 1 / (2 * beta)) ** 2
+    losses = margin_losses(h, beta, loss_type, eps)
     return losses.mean(), (beta * chosen).detach(), (beta * rejected).detach()
+
+
+def margin_losses(d: Tensor, beta: float, loss_type: str, eps: Tensor | float = 0.0) -> Tensor:
+    """Per-pair losses on a log-prob difference d, shared by DPO and CPO/SimPO: ``sigmoid``
+    -(1-ε)·log σ(βd) - ε·log σ(-βd) (``simpo`` too), ``robust`` its unbiased form under flipped
+    labels, ``hinge`` max(0, 1 - βd), ``ipo`` (d - 1/(2β))²."""
+    z = beta * d
+    if loss_type == "robust":
+        return (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps)
+    if loss_type == "hinge":
+        return F.relu(1 - z)
+    if loss_type == "ipo":
+        return (d - 1 / (2 * beta)) ** 2
+    return -(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)
 
 
 # ----------------------------------------------------------------------------- ORPO, CPO/SimPO, KTO
@@ -175,14 +181,7 @@ def cpo_loss(
     require_choice("CPO loss_type", loss_type, CPO_LOSS_TYPES)
     margin = simpo_gamma / beta if loss_type == "simpo" else 0.0  # SimPO's target margin γ/β
     d = chosen_logps.float() - rejected_logps.float() - margin
-    if loss_type in ("sigmoid", "simpo"):
-        eps = label_smoothing
-        losses = -(1 - eps) * F.logsigmoid(beta * d) - eps * F.logsigmoid(-beta * d)
-    elif loss_type == "hinge":
-        losses = F.relu(1 - beta * d)
-    else:
-        losses = (d - 1 / (2 * beta)) ** 2
-    return losses.mean()
+    return margin_losses(d, beta, loss_type, label_smoothing).mean()
 
 
 KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
