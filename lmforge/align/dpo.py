@@ -153,8 +153,9 @@ class DPOTrainer(PreferenceTrainer):
         cfg = self.cfg
         lora_off = cfg.peft.method == "lora" and not self.dist.shards_parameters
         self.ref = None if cfg.precompute_ref or lora_off else frozen_copy(self.lm.model)
-        self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
-        self.ref_eval = self._ref_logps(self.eval_examples)
+        score = self.reference_logprobs
+        self.ref_train = self.score_rows(self.train_examples, score) if cfg.precompute_ref else None
+        self.ref_eval = self.score_rows(self.eval_examples, score)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[torch.nn.Module]:
@@ -171,11 +172,6 @@ class DPOTrainer(PreferenceTrainer):
         """[pairs, 2] reference log-probs (chosen, rejected) of a collated batch."""
         with self.reference() as ref:
             return completion_logprob_sums(ref, batch).view(2, -1).T
-
-    def _ref_logps(self, examples) -> Tensor:
-        """[N, 2] reference log-probs (chosen, rejected) for every pair."""
-        batches = (self.collate(examples[i : i + 64]) for i in range(0, len(examples), 64))
-        return torch.cat([self.reference_logprobs(b) for b in batches])
 
     def batch(self, indices):
         b = super().batch(indices)

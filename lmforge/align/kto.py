@@ -102,11 +102,9 @@ class KTOTrainer(AlignTrainer):
         self.ref_train = self._ref_logps(self.train_examples) if cfg.precompute_ref else None
         self.ref_eval = self._ref_logps(self.eval_examples)
 
-    @torch.no_grad()
     def _ref_logps(self, examples: list[D.UnpairedExample]) -> Tensor:
-        batches = (self.collate([e.example for e in examples[i : i + 64]])
-                   for i in range(0, len(examples), 64))  # fmt: skip
-        return torch.cat([completion_logprob_sums(self.ref, b) for b in batches])
+        rows = [e.example for e in examples]
+        return self.score_rows(rows, lambda b: completion_logprob_sums(self.ref, b))
 
     def _make_batch(self, examples: list[D.UnpairedExample], ref: Tensor | None) -> dict:
         rows = [e.example for e in examples]

@@ -372,11 +372,8 @@ class RewardTrainer(AlignTrainer):
         return loss, stats
 
     def evaluate(self) -> dict[str, float]:
-        pairs = []  # (chosen, rejected) rewards of each batch
-        for i in range(0, len(self.eval_examples), self.cfg.batch_size):
-            b = self.collate(self.eval_examples[i : i + self.cfg.batch_size])
-            pairs.append(self.rm(b["input_ids"], b["attention_mask"]).chunk(2))
-        rc, rr = (torch.cat(side) for side in zip(*pairs))
+        pairs = lambda b: self.rm(b["input_ids"], b["attention_mask"]).view(2, -1).T  # noqa: E731
+        rc, rr = self.score_rows(self.eval_examples, pairs, self.cfg.batch_size).T
         loss = REWARD_LOSSES[self.cfg.loss](rc, rr, self.cfg.margin, self.cfg.target_gap)
         return {"loss": loss.item(), "accuracy": preference_accuracy(rc, rr).item()}
 

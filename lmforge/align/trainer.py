@@ -226,6 +226,12 @@ class AlignTrainer(Trainer, ABC):
         """`collate_rows(rows, pad_id)` moved to the training device."""
         return {k: v.to(self.device) for k, v in self.collate_rows(rows, self.pad_id).items()}
 
+    @torch.no_grad()
+    def score_rows(self, rows: list, fn: Callable[[dict], Tensor], size: int = 64) -> Tensor:
+        """`fn` of every collated batch of `size` consecutive rows, concatenated: reference
+        log-probs, held-out rewards."""
+        return torch.cat([fn(self.collate(rows[i : i + size])) for i in range(0, len(rows), size)])
+
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """The collated training batch for these example indices (on self.device)."""
         return self.collate([self.train_examples[i] for i in indices])
