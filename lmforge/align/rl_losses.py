@@ -93,22 +93,17 @@ def clipped_surrogate(
 def ppo_policy_loss(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float = 0.2
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Masked mean of -clipped_surrogate → (loss, {"clip_frac", "approx_kl"}) with detached stats.
+    """Masked mean of -clipped_surrogate → (loss, {"clip_frac", "approx_kl"}) with detached stats:
+    `grpo_loss`'s token mean (``bnpo``) with no KL term.
 
     ``advantages`` is [B, T] (or [B], one per sequence).
     ``approx_kl`` is ½·mean((log π - log π_old)²) as in TRL; ``clip_frac`` is the fraction of tokens
     where the clipped term was the smaller one.
     """
-    if advantages.dim() == 1 and logp.dim() == 2:
-        advantages = advantages.unsqueeze(-1)  # one advantage per sequence
-    d = logp.float() - old_logp.float()
-    ratio = torch.exp(d)
-    surrogate = clipped_surrogate(ratio, advantages, clip_eps)
-    loss = masked_mean(-surrogate, mask)
+    loss, stats = grpo_loss(logp, old_logp, None, advantages, mask, clip_eps, 0.0, "bnpo")
     with torch.no_grad():
-        clip_frac = masked_mean((surrogate < ratio * advantages).float(), mask)
-        approx_kl = 0.5 * masked_mean(d**2, mask)
-    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl}
+        approx_kl = 0.5 * masked_mean((logp.float() - old_logp.float()) ** 2, mask)
+    return loss, {"clip_frac": stats["clip_frac"], "approx_kl": approx_kl}
 
 
 def ppo_value_loss(
