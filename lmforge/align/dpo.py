@@ -56,10 +56,10 @@ class DPOConfig(PreferenceConfig):
     `pairs_from: policy` builds the pairs from the starting model's own verifier-labelled
     samples (iterative RPO's on-policy pairs; see PairSourceConfig); `eval_generate` > 0 adds
     greedy exact match on held-out prompts to the evaluation (what the task asks, beside the
-    implicit-reward accuracy DPO optimises)."""
+    implicit-reward accuracy DPO optimises). `data` holds preference pairs: JSONL
+    (prompt/chosen/rejected or HH) or task:."""
 
     out_dir: str = "out/dpo"
-    data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
     pairs: PairSourceConfig = section(PairSourceConfig)
     greedy_eval: GreedyEvalConfig = section(GreedyEvalConfig, eval_generate=0)
     label_smoothing: float = 0.0  # ε: conservative DPO (0 = plain DPO); robust: flip rate < 0.5

@@ -46,7 +46,6 @@ class KTOConfig(PreferenceConfig):
     """
 
     out_dir: str = "out/kto"
-    data: str = "task:add"
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
     loss_type: str = "kto"

@@ -271,11 +271,11 @@ class PairSourceConfig:
 
 @run_config(optim=dict(lr=3e-4))
 class RewardConfig(AlignConfig):
-    """A reward-model run on preference pairs (`lmforge reward`)."""
+    """A reward-model run on preference pairs (`lmforge reward`): `data` is JSONL
+    (prompt/chosen/rejected or HH) or task:."""
 
     out_dir: str = "out/reward"
     pairs: PairSourceConfig = section(PairSourceConfig)
-    data: str = "task:add"  # preference pairs: JSONL (prompt/chosen/rejected or HH) or task:
     pooling: str = "last"  # last | mean | eos | match
     loss: str = "bt"  # bt | hinge | mse | listwise
     margin: float = 1.0  # hinge margin
