@@ -69,18 +69,13 @@ def _flatten(encoded: list[list[int]], dtype: str) -> tuple[np.ndarray, np.ndarr
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+def _init_worker(tokenizer: Tokenizer, dtype: str) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
-    from tokenizers import Tokenizer as Backend
-
-    _WORKER.update(backend=Backend.from_str(tokenizer_json), eos_id=eos_id, dtype=dtype)
+    _WORKER.update(tokenizer=tokenizer, dtype=dtype)
 
 
 def _encode_in_worker(batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    backend = _WORKER["backend"]
-    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    encoded = [e.ids + [_WORKER["eos_id"]] for e in encode(batch, add_special_tokens=False)]
-    return _flatten(encoded, _WORKER["dtype"])
+    return _flatten(_WORKER["tokenizer"].encode_batch(batch, add_eos=True), _WORKER["dtype"])
 
 
 def _encoded_batches(
@@ -93,8 +88,8 @@ def _encoded_batches(
         for batch in batches:
             yield _flatten(tokenizer.encode_batch(batch, add_eos=True), dtype)
         return
-    init_args = (tokenizer.backend.to_str(), tokenizer.eos_id, dtype)
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init_args) as pool:
+    spawn = multiprocessing.get_context("spawn")  # the tokenizer is pickled to each worker once
+    with spawn.Pool(workers, _init_worker, (tokenizer, dtype)) as pool:
         pending: deque = deque()
         for batch in batches:
             pending.append(pool.apply_async(_encode_in_worker, (batch,)))
