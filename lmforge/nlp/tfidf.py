@@ -24,12 +24,29 @@ from lmforge.nlp.text import doc_tokens
 if TYPE_CHECKING:
     from scipy.sparse import csr_matrix
 
-TF_VARIANTS = ("raw", "relative", "boolean", "log", "augmented")
-IDF_VARIANTS = ("plain", "smooth", "sklearn", "bm25")
+# variant -> TF of a term counted f times in a document of n tokens whose top term counts m
+_TF = {
+    "raw": lambda f, n, m, base: float(f),
+    "relative": lambda f, n, m, base: f / n if n else 0.0,
+    "boolean": lambda f, n, m, base: float(f > 0),
+    "log": lambda f, n, m, base: math.log1p(f) / math.log(base),
+    # The formula is for terms present in d; an absent term weighs 0, as in the vectorizer.
+    "augmented": lambda f, n, m, base: 0.5 + 0.5 * f / m if f > 0 else 0.0,
+}
+# variant -> IDF of a term found in df of n documents
+_IDF = {
+    "plain": lambda df, n, base: math.log(n / df, base),
+    "smooth": lambda df, n, base: math.log((1 + n) / (1 + df), base),
+    "sklearn": lambda df, n, base: math.log((1 + n) / (1 + df), base) + 1.0,
+    "bm25": lambda df, n, base: math.log((n - df + 0.5) / (df + 0.5) + 1.0, base),
+}
 
 
-def _unknown(kind: str, variant: str, variants: tuple[str, ...]) -> LMForgeError:
-    return LMForgeError(f"unknown {kind} variant {variant!r}; choose from {', '.join(variants)}")
+def _formula(kind: str, formulas: dict, variant: str):
+    if variant not in formulas:
+        choices = ", ".join(formulas)
+        raise LMForgeError(f"unknown {kind} variant {variant!r}; choose from {choices}")
+    return formulas[variant]
 
 
 def term_frequency(
@@ -46,18 +63,7 @@ def term_frequency(
     """
     if count < 0:
         raise LMForgeError(f"term count must be >= 0, got {count}")
-    if variant == "raw":
-        return float(count)
-    if variant == "relative":
-        return count / doc_length if doc_length else 0.0
-    if variant == "boolean":
-        return 1.0 if count > 0 else 0.0
-    if variant == "log":
-        return math.log1p(count) / math.log(base)
-    if variant == "augmented":
-        # The formula is for terms present in d; an absent term weighs 0, as in the vectorizer.
-        return 0.5 + 0.5 * count / max_count if count > 0 else 0.0
-    raise _unknown("TF", variant, TF_VARIANTS)
+    return _formula("TF", _TF, variant)(count, doc_length, max_count, base)
 
 
 def inverse_document_frequency(
@@ -66,18 +72,9 @@ def inverse_document_frequency(
     """IDF of a term found in `df` of `n_docs` documents (see the module docstring)."""
     if n_docs <= 0 or df < 0 or df > n_docs:
         raise LMForgeError(f"need 0 <= df <= n_docs and n_docs > 0, got df={df}, n_docs={n_docs}")
-    log_b = math.log(base)
-    if variant == "plain":
-        if df == 0:
-            raise LMForgeError("plain IDF log(N/df) is undefined for df = 0; use variant='smooth'")
-        return math.log(n_docs / df) / log_b
-    if variant == "smooth":
-        return math.log((1 + n_docs) / (1 + df)) / log_b
-    if variant == "sklearn":
-        return math.log((1 + n_docs) / (1 + df)) / log_b + 1.0
-    if variant == "bm25":
-        return math.log((n_docs - df + 0.5) / (df + 0.5) + 1.0) / log_b
-    raise _unknown("IDF", variant, IDF_VARIANTS)
+    if variant == "plain" and df == 0:
+        raise LMForgeError("plain IDF log(N/df) is undefined for df = 0; use variant='smooth'")
+    return _formula("IDF", _IDF, variant)(df, n_docs, base)
 
 
 def tfidf(
@@ -125,10 +122,8 @@ class TfidfVectorizer:
         stopwords: bool | Iterable[str] | None = None,
         min_df: int = 1,
     ) -> None:
-        if tf not in TF_VARIANTS:
-            raise _unknown("TF", tf, TF_VARIANTS)
-        if idf not in IDF_VARIANTS:
-            raise _unknown("IDF", idf, IDF_VARIANTS)
+        _formula("TF", _TF, tf)  # unknown variants fail here, not at fit
+        _formula("IDF", _IDF, idf)
         if norm not in ("l2", None):
             raise LMForgeError(f"norm must be 'l2' or None, got {norm!r}")
         self.tf, self.idf, self.base, self.norm = tf, idf, base, norm
