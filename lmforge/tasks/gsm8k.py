@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmforge.errors import DataError
-from lmforge.fileio import read_jsonl
+from lmforge.fileio import read_rows
 from lmforge.tasks.answers import extract_gsm8k
 
 
@@ -20,22 +20,18 @@ def gsm8k_answer(solution: str) -> str:
     return ref
 
 
+def _gsm8k_row(row: dict, where: str) -> dict:
+    if not {"question", "answer"} <= row.keys():
+        raise DataError(f"{where}: expected fields 'question' and 'answer'")
+    ref = extract_gsm8k(row["answer"])
+    if ref is None:
+        raise DataError(f"{where}: answer has no '#### <number>' line")
+    return {**row, "reference": ref}
+
+
 def load_gsm8k(path: str | Path, limit: int | None = None) -> list[dict]:
     """Rows {question, answer, reference} from a GSM8K JSONL file: `answer` is the worked
     solution, `reference` the normalised number after its '####'."""
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise DataError(f"GSM8K data not found: {path}")
-    rows = []
-    for lineno, row in read_jsonl(path):
-        if not {"question", "answer"} <= row.keys():
-            raise DataError(f"{path}:{lineno}: expected fields 'question' and 'answer'")
-        ref = extract_gsm8k(row["answer"])
-        if ref is None:
-            raise DataError(f"{path}:{lineno}: answer has no '#### <number>' line")
-        rows.append({**row, "reference": ref})
-        if limit is not None and len(rows) >= limit:
-            break
-    if not rows:
-        raise DataError(f"{path}: no GSM8K rows")
-    return rows
+    return read_rows(path, _gsm8k_row, limit)
