@@ -6,6 +6,7 @@ registry, so several servers in one process (the tests) do not share counts."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -32,16 +33,13 @@ class ServerMetrics:
             "share of prompt tokens found in the prefix cache (0 when it is off)",
             registry=r,
         ).set_function(self.prefix_hit_rate)
-        self.prompt_tokens = Counter("lmforge_prompt_tokens", "prompt tokens received",
-                                     registry=r)  # fmt: skip
-        self.generation_tokens = Counter("lmforge_generation_tokens", "tokens generated",
-                                         registry=r)  # fmt: skip
-        self.requests = Counter("lmforge_requests", "requests finished", ["endpoint"],
-                                registry=r)  # fmt: skip
-        self.ttft = Histogram("lmforge_time_to_first_token_seconds", "time to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.itl = Histogram("lmforge_inter_token_latency_seconds", "time between tokens",
-                             buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        counter = functools.partial(Counter, registry=r)
+        histogram = functools.partial(Histogram, buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = counter("lmforge_prompt_tokens", "prompt tokens received")
+        self.generation_tokens = counter("lmforge_generation_tokens", "tokens generated")
+        self.requests = counter("lmforge_requests", "requests finished", ["endpoint"])
+        self.ttft = histogram("lmforge_time_to_first_token_seconds", "time to first token")
+        self.itl = histogram("lmforge_inter_token_latency_seconds", "time between tokens")
 
     def kv_cache_usage(self) -> float:
         engine = self.engine
