@@ -74,6 +74,19 @@ def _pooling_mode(path: Path) -> str:
     return modes[0]
 
 
+def longest_first(ids: list[list[int]], dim: int, batch_size: int, embed) -> torch.Tensor:
+    """[len(ids), dim] float32 CPU vectors, row i for ids[i], from `embed` (token-id lists ->
+    vectors) run under inference_mode on batches taken longest first, so each batch pads to
+    nearly its own length."""
+    out = torch.empty(len(ids), dim)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            out[rows] = embed([ids[i] for i in rows]).float().cpu()
+    return out
+
+
 class SentenceEncoder:
     """Texts -> fixed-size (by default unit-length) vectors with a BERT-family encoder."""
 
@@ -128,21 +141,12 @@ class SentenceEncoder:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise LMForgeError("SentenceEncoder.encode takes a list of strings")
         require_int("batch_size", batch_size)
-        out = torch.empty(len(texts), self.dim)
-        if not texts:
-            return out
         encodings = self.tokenizer.encode_batch_fast(
             [t.lower() for t in texts] if self.lowercase else texts
         )
         self._warn_if_truncated(encodings)
         ids = [e.ids for e in encodings]
-        # Longest first, so each batch pads to nearly its own length; rows go back by index.
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                out[rows] = self._embed([ids[i] for i in rows], normalize).float().cpu()
-        return out
+        return longest_first(ids, self.dim, batch_size, lambda rows: self._embed(rows, normalize))
 
     def _embed(self, ids: list[list[int]], normalize: bool) -> torch.Tensor:
         input_ids, mask = pad_collate(ids, self.pad_id)

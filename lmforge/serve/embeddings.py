@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
+from lmforge.retrieval.encoder import longest_first
 
 BATCH = 32
 
@@ -39,16 +40,16 @@ class HiddenStateEmbedder:
                 raise ConfigError(f"input[{i}] is empty")
             if len(row) > self.max_len:
                 raise ConfigError(f"input[{i}] has {len(row)} tokens; the limit is {self.max_len}")
-        out = torch.empty(len(ids), self.model.config.d_model)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        with self._lock, torch.inference_mode():
-            for start in range(0, len(order), BATCH):
-                rows = order[start : start + BATCH]
-                batch, mask = pad_collate([ids[i] for i in rows], 0)
-                device = next(self.model.parameters()).device
-                h = self.model.norm(self.model.hidden_states(batch.to(device))).float().cpu()
-                pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-                out[rows] = F.normalize(pooled, dim=-1)
+        device = next(self.model.parameters()).device
+
+        def forward(rows: list[list[int]]) -> torch.Tensor:
+            batch, mask = pad_collate(rows, 0)
+            h = self.model.norm(self.model.hidden_states(batch.to(device))).float().cpu()
+            pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+            return F.normalize(pooled, dim=-1)
+
+        with self._lock:
+            out = longest_first(ids, self.model.config.d_model, BATCH, forward)
         return out, sum(map(len, ids))
 
 
@@ -76,11 +77,9 @@ def embed(embedder, inputs: str | list, encoding_format: str = "float"):
     if isinstance(inputs, str) or all(isinstance(x, int) for x in inputs):
         inputs = [inputs]  # one text, or one token-id list
     vectors, tokens = embedder.embed(inputs)
-    data = []
-    for i, v in enumerate(vectors):
-        if encoding_format == "base64":
-            value = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
-        else:
-            value = v.tolist()
-        data.append({"object": "embedding", "index": i, "embedding": value})
+    if encoding_format == "base64":
+        values = [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode() for v in vectors]
+    else:
+        values = vectors.tolist()
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(values)]
     return data, tokens
