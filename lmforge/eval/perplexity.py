@@ -37,25 +37,16 @@ class PerplexityResult:
 
 
 @torch.inference_mode()
-def perplexity(
-    model,
-    ids: Sequence[int],
-    token_bytes: torch.Tensor | Sequence[int],
-    window: int | None = None,
-    stride: int | None = None,
-) -> PerplexityResult:
-    """Score every token of `ids` after the first once, with windows of `window` tokens moved by
-    `stride`; bits per byte divides by the bytes of exactly those tokens (`token_bytes`: the
-    tokenizer's per-id byte lengths, `Tokenizer.token_byte_lengths()` or
-    `byte_counts.token_bytes_table`).
-
-    Default stride = window (no overlap). With stride < window, each window after the first
-    scores only its last `stride` tokens, so each has at least window - stride of context.
-    """
+def windowed_nll(
+    model, ids: Sequence[int], window: int | None = None, stride: int | None = None
+) -> float:
+    """The summed negative log-likelihood (nats) of every token of `ids` after the first, each
+    scored once, with windows of `window` tokens (default and at most the model's context) moved
+    by `stride`. Default stride = window (no overlap). With stride < window, each window after
+    the first scores only its last `stride` tokens, so each has at least window - stride of
+    context."""
     window = min(window or model.config.max_seq_len, model.config.max_seq_len)
     stride = min(stride or window, window)
-    if len(ids) < 2:
-        raise DataError("need at least 2 tokens to measure perplexity")
     device = next(model.parameters()).device
     data = torch.as_tensor(ids, dtype=torch.long)
     total_nll, pos = 0.0, 0
@@ -67,7 +58,24 @@ def perplexity(
         logits = model(x)[0, pos - begin :]
         total_nll += F.cross_entropy(logits.float(), y[0, pos - begin :], reduction="sum").item()
         pos = end
-    tokens = len(ids) - 1
-    n_bytes = int(target_bytes(data[1:], torch.as_tensor(token_bytes, dtype=torch.long)))
+    return total_nll
+
+
+def perplexity(
+    model,
+    ids: Sequence[int],
+    token_bytes: torch.Tensor | Sequence[int],
+    window: int | None = None,
+    stride: int | None = None,
+) -> PerplexityResult:
+    """Every token of `ids` after the first scored once (`windowed_nll`: windows of `window`
+    tokens moved by `stride`); bits per byte divides by the bytes of exactly those tokens
+    (`token_bytes`: the tokenizer's per-id byte lengths, `Tokenizer.token_byte_lengths()` or
+    `byte_counts.token_bytes_table`)."""
+    if len(ids) < 2:
+        raise DataError("need at least 2 tokens to measure perplexity")
+    total_nll, tokens = windowed_nll(model, ids, window, stride), len(ids) - 1
+    targets = torch.as_tensor(ids[1:], dtype=torch.long)
+    n_bytes = int(target_bytes(targets, torch.as_tensor(token_bytes, dtype=torch.long)))
     mean, bpb = total_nll / tokens, bits_per_byte(total_nll, n_bytes)
     return PerplexityResult(mean, math.exp(min(mean, 700.0)), bpb, tokens, n_bytes)

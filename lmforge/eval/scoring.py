@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
+from lmforge.eval.perplexity import windowed_nll
 from lmforge.infer.engine import Engine
 from lmforge.infer.params import GenerationParams
 from lmforge.model.modes import eval_mode
@@ -113,12 +114,5 @@ def loglikelihood(
 
 def rolling_loglikelihood(lm, text: str) -> float:
     """log P(text | prefix token), every token scored once with up to max_seq_len of context."""
-    tok = lm.require_tokenizer("evaluation")
-    seq = [prefix_id(lm)] + tok.encode(text)
-    window, total, done = lm.config.max_seq_len, 0.0, 0
-    while done < len(seq) - 1:
-        end = min(done + window, len(seq) - 1)  # predict seq[done+1 .. end]
-        begin = max(0, end - window)
-        total += _score_rows(lm, [(seq[begin : end + 1], end - done)])[0][0]
-        done = end
-    return total
+    seq = [prefix_id(lm)] + lm.require_tokenizer("evaluation").encode(text)
+    return -windowed_nll(lm.model, seq)
