@@ -11,7 +11,7 @@ co-occur within a window (keywords), or sentences linked by word overlap (extrac
 """
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import combinations
 
@@ -64,14 +64,13 @@ def pagerank(
     raise LMForgeError(f"PageRank did not converge to tol={tol} in {max_iter} iterations")
 
 
-def _undirected(edges: Counter, nodes: Iterable[Hashable]) -> dict[Hashable, dict[Hashable, float]]:
+def _undirected(edges: Counter, nodes: Iterable[Hashable]) -> dict[Hashable, Counter]:
     """A symmetric {node: {neighbour: weight}} graph from counted (a, b) pairs; every one of
     `nodes` is in it, so isolated ones still get the random-jump share."""
-    graph: dict[Hashable, dict[Hashable, float]] = {node: {} for node in nodes}
+    graph = defaultdict(Counter, {node: Counter() for node in nodes})
     for (a, b), weight in edges.items():
-        for u, v in ((a, b), (b, a)):
-            nbrs = graph.setdefault(u, {})
-            nbrs[v] = nbrs.get(v, 0.0) + weight
+        graph[a][b] += weight
+        graph[b][a] += weight
     return graph
 
 
