@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from lmforge.align import data as D
 from lmforge.align.rollout import (
@@ -27,7 +28,6 @@ from lmforge.align.rollout import (
     Rollout,
     RolloutEngine,
     VerifierReward,
-    build_reward,
     rollout_stats,
 )
 from lmforge.align.trainer import AlignConfig, AlignTrainer, frozen_copy, split_dataset
@@ -64,11 +64,19 @@ class RLConfig(AlignConfig):
             raise ConfigError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
 
 
-def load_reward(spec: str, tokenizer, device) -> Any:
-    """`verifier` → tasks.verify; otherwise a reward-model directory (``lmforge reward``)."""
+def load_reward(spec: Any, tokenizer, device) -> Any:
+    """The reward of a run: a Python one as is (an nn.Module as a ModelReward, a function as a
+    VerifierReward), or the config's string: `verifier` → tasks.verify, otherwise a
+    reward-model directory (``lmforge reward``)."""
+    if isinstance(spec, VerifierReward | ModelReward):
+        return spec
+    if isinstance(spec, nn.Module):
+        return ModelReward(spec)
+    if callable(spec):
+        return VerifierReward(spec)
     if spec == "verifier":
         return VerifierReward(verify, name="tasks.verify")
-    if not Path(spec).is_dir():
+    if not Path(str(spec)).is_dir():
         raise ConfigError(f"reward must be 'verifier' or a reward-model directory, got {spec!r}")
     from lmforge.align.reward import RewardModel
 
@@ -108,10 +116,8 @@ class RLTrainer(AlignTrainer):
         self.eval_records = eval_records[: cfg.n_eval]
         self.prompts = [self._encode(r, i) for i, r in enumerate(self.records)]
         self.eval_prompts = [self._encode(r, i) for i, r in enumerate(self.eval_records)]
-        reward = self._reward_override
-        self.reward = build_reward(reward) if reward is not None else load_reward(
-            cfg.reward, self.tokenizer, self.device
-        )  # fmt: skip
+        reward = cfg.reward if self._reward_override is None else self._reward_override
+        self.reward = load_reward(reward, self.tokenizer, self.device)
         self.reference = frozen_copy(self.lm.model) if self.needs_reference else None
         self.peft_names = apply_peft(self.lm.model, cfg.peft)
         self.engine = RolloutEngine(

@@ -344,17 +344,6 @@ def check_finite(scores: Tensor, rollout: Rollout, name: str) -> None:
         )
 
 
-def build_reward(spec: Any) -> Callable[[Rollout], Tensor]:
-    """A reward as is; an nn.Module becomes a ModelReward, a function a VerifierReward."""
-    if isinstance(spec, VerifierReward | ModelReward):
-        return spec
-    if isinstance(spec, nn.Module):
-        return ModelReward(spec)
-    if callable(spec):
-        return VerifierReward(spec)
-    raise ConfigError(f"a reward must be a function or a reward model, got {type(spec).__name__}")
-
-
 def rollout_stats(rollout: Rollout) -> dict[str, float]:
     """Mean reward / reward std / mean completion length, for logs."""
     stats = {"length": rollout.lengths.float().mean().item()}
