@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from lmforge.align import data as D
 from lmforge.align.dpo import PreferenceConfig, PreferenceTrainer
-from lmforge.align.logprobs import TokenStats, lm_token_stats, masked_mean, nll_from_stats
+from lmforge.align.logprobs import lm_token_stats, masked_mean
 from lmforge.align.preference_losses import CPO_LOSS_TYPES, cpo_loss, orpo_loss
 from lmforge.errors import ConfigError, require_choice
 from lmforge.train.config import run_config
@@ -71,10 +71,9 @@ class ORPOTrainer(PreferenceTrainer):
         real = ids.masked_fill(batch["attention_mask"] == 0, D.IGNORE)
         stats = lm_token_stats(self.lm.model, ids, real)
         avg = masked_mean(stats.logp, batch["labels"][:, 1:] != D.IGNORE, -1)  # completions
-        nll = nll_from_stats(TokenStats(stats.logp[:n], None, None), real[:n, 1:] != D.IGNORE)
+        nll = masked_mean(-stats.logp[:n], real[:n, 1:] != D.IGNORE)  # over the chosen rows
         loss, _ = orpo_loss(avg[:n], avg[n:], nll, self.cfg.beta)
-        rewards = (self.cfg.beta * avg).detach()
-        return loss, rewards[:n], rewards[n:]
+        return loss, *(self.cfg.beta * avg).detach().chunk(2)
 
 
 class SimPOTrainer(PreferenceTrainer):
@@ -95,7 +94,5 @@ class SimPOTrainer(PreferenceTrainer):
         loss = cpo_loss(lp[:n], lp[n:], cfg.beta, cfg.loss_type, cfg.label_smoothing,
                         cfg.simpo_gamma)  # fmt: skip
         if cfg.cpo_alpha > 0:  # NLL of the chosen responses only (labels mask the prompt)
-            chosen = TokenStats(stats.logp[:n], None, None)
-            loss = loss + cfg.cpo_alpha * nll_from_stats(chosen, labels[:n, 1:] != D.IGNORE)
-        rewards = (cfg.beta * lp).detach()
-        return loss, rewards[:n], rewards[n:]
+            loss = loss + cfg.cpo_alpha * masked_mean(-stats.logp[:n], labels[:n, 1:] != D.IGNORE)
+        return loss, *(cfg.beta * lp).detach().chunk(2)
