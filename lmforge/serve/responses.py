@@ -48,27 +48,33 @@ class _Format:
     def piece(self, token: int) -> str:
         return self.tok.decode([token])
 
+    def chunk(self, out: StepOutput, first: bool) -> dict:
+        """One stream chunk: the sample's new output (`first`: its first chunk) as a choice."""
+        return {**self.head(self.chunk_object), "choices": [self.delta(out, first)]}
+
+    def entry(self, c: StepOutput, body: dict, finish: str | None) -> dict:
+        """A choice: index, `body` (its text, message or delta), logprobs and finish reason."""
+        logprobs = self.logprobs(c) if self.top is not None and c.logprobs else None
+        return {"index": c.index, **body, "logprobs": logprobs, "finish_reason": finish}
+
 
 class CompletionFormat(_Format):
     object = chunk_object = "text_completion"
     prefix = "cmpl"
 
-    def logprobs(self, index: int, lps) -> dict | None:
-        if self.top is None or not lps:
-            return None
-        pieces = [self.piece(lp.token) for lp in lps]
-        offsets = list(itertools.accumulate(map(len, pieces), initial=self.offsets.get(index, 0)))
-        self.offsets[index] = offsets.pop()  # where the choice's next chunk starts
-        top = [{self.piece(t): v for t, v in lp.top} for lp in lps]
-        logprobs = [lp.logprob for lp in lps]
+    def logprobs(self, c: StepOutput) -> dict:
+        pieces = [self.piece(lp.token) for lp in c.logprobs]
+        offsets = list(itertools.accumulate(map(len, pieces), initial=self.offsets.get(c.index, 0)))
+        self.offsets[c.index] = offsets.pop()  # where the choice's next chunk starts
+        top = [{self.piece(t): v for t, v in lp.top} for lp in c.logprobs]
+        logprobs = [lp.logprob for lp in c.logprobs]
         return dict(tokens=pieces, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets)
 
-    def chunk(self, out, first: bool) -> dict:
-        return {**self.head(self.chunk_object), "choices": [self.choice(out)]}
-
     def choice(self, c: StepOutput) -> dict:
-        return {"index": c.index, "text": c.text, "logprobs": self.logprobs(c.index, c.logprobs),
-                "finish_reason": c.finish_reason}  # fmt: skip
+        return self.entry(c, {"text": c.text}, c.finish_reason)
+
+    def delta(self, out: StepOutput, first: bool) -> dict:
+        return self.choice(out)  # a completion chunk is shaped as a whole response's choice
 
 
 class ChatFormat(_Format):
@@ -84,21 +90,18 @@ class ChatFormat(_Format):
         self.plan = plan
         self.streams: dict[int, ToolCallStream] = {}
 
-    def logprobs(self, lps) -> dict | None:
-        if self.top is None or not lps:
-            return None
-
+    def logprobs(self, c: StepOutput) -> dict:
         def entry(token: int, value: float) -> dict:
             piece = self.piece(token)
             return {"token": piece, "logprob": value, "bytes": list(piece.encode())}
 
         content = [
             {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-            for lp in lps
+            for lp in c.logprobs
         ]
         return {"content": content}
 
-    def chunk(self, out, first: bool) -> dict:
+    def delta(self, out: StepOutput, first: bool) -> dict:
         text, calls, finish = out.text, [], out.finish_reason
         if self.plan is not None and self.plan.parse_tools:
             stream = self.streams.setdefault(out.index, ToolCallStream(self.plan))
@@ -110,9 +113,7 @@ class ChatFormat(_Format):
         if calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
             finish = "tool_calls"
-        choice = {"index": out.index, "delta": delta, "logprobs": self.logprobs(out.logprobs),
-                  "finish_reason": finish}  # fmt: skip
-        return {**self.head(self.chunk_object), "choices": [choice]}
+        return self.entry(out, {"delta": delta}, finish)
 
     def choice(self, c: StepOutput) -> dict:
         finish = c.finish_reason
@@ -121,8 +122,7 @@ class ChatFormat(_Format):
         else:
             message, called = assistant_message(c.text, self.plan)
             finish = "tool_calls" if called else finish
-        return {"index": c.index, "message": message, "logprobs": self.logprobs(c.logprobs),
-                "finish_reason": finish}  # fmt: skip
+        return self.entry(c, {"message": message}, finish)
 
 
 async def collect(outputs: AsyncIterator[list], fmt: _Format, n: int) -> dict:
