@@ -355,11 +355,7 @@ def unpaired_records(record: Any) -> list[tuple[dict, bool]]:
     label = record["label"]
     if not isinstance(label, bool):
         raise DataError(f"'label' must be true or false, got {label!r}")
-    if "messages" in record:
-        return [({"messages": record["messages"]}, label)]
-    prompt = _first(record, PROMPT_KEYS, "the prompt")
-    completion = _first(record, RESPONSE_KEYS, "the completion")
-    return [({"prompt": prompt, "response": completion}, label)]
+    return [(record, label)]  # an SFT record with a label: encode_sft reads it as it is
 
 
 def load_unpaired(source, tokenizer, max_len: int, skip_invalid: bool = False,
