@@ -189,21 +189,16 @@ class CausalSelfAttention(nn.Module):
         return sdpa_attention(q, k, v, mask, False, 0.0, *self.cap)
 
 
-def causal_mask(t: int, s: int, device=None, window: int | None = None) -> torch.Tensor:
-    """[t, s] bool: the t newest queries (ending at key s-1) see keys j <= their own position
-    (and, with a sliding `window` W, only the W newest of those: i - W < j, as Mistral does)."""
-    keys = torch.arange(s, device=device)
-    return build_mask(keys[s - t :], keys, Window(window) if window is not None else None)
-
-
-def padded_causal_mask(
-    key_mask: torch.Tensor, t: int, s: int, window: int | None = None
+def causal_mask(
+    t: int, s: int, device=None, window: int | None = None, key_mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """[B, 1, t, s] causal mask that also hides padding keys ([B, >=s] bool, True = real).
-
-    Each query may always see itself, so rows that are entirely padding stay finite
-    (their outputs are never used).
-    """
-    keys = torch.arange(s, device=key_mask.device)
+    """[t, s] bool: the t newest queries (ending at key s-1) see keys j <= their own position
+    (and, with a sliding `window` W, only the W newest of those: i - W < j, as Mistral does).
+    With `key_mask` ([B, >=s] bool, True = real) padding keys are hidden too, giving [B, 1, t, s];
+    each query may always see itself, so rows that are entirely padding stay finite (their
+    outputs are never used)."""
+    if key_mask is not None:
+        device, key_mask = key_mask.device, key_mask[:, :s]
+    keys = torch.arange(s, device=device)
     pattern = Window(window) if window is not None else None
-    return build_mask(keys[s - t :], keys, pattern, key_mask=key_mask[:, :s])
+    return build_mask(keys[s - t :], keys, pattern, key_mask=key_mask)

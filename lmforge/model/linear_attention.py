@@ -42,17 +42,6 @@ class RandomFeatures(nn.Module):
         return torch.exp(wx - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(wx.shape[-1])
 
 
-class ElementwiseMap(nn.Module):
-    """φ applied elementwise; the feature dimension equals head_dim."""
-
-    def __init__(self, fn, dim: int):
-        super().__init__()
-        self.fn, self.dim = fn, dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x.float(), self.dim)
-
-
 FEATURE_MAPS = {
     "elu": lambda x, d: F.elu(x) + 1.0,
     "relu": lambda x, d: F.relu(x),
@@ -62,10 +51,13 @@ FEATURE_MAPS = {
 FEATURE_MAP_NAMES = (*FEATURE_MAPS, "rff")
 
 
-def build_feature_map(name: str, head_dim: int, layer_idx: int = 0) -> nn.Module:
+def build_feature_map(name: str, head_dim: int, layer_idx: int = 0):
+    """φ in fp32: the random-features module (its projection is saved with the weights), or an
+    elementwise map whose feature dimension equals head_dim."""
     if name == "rff":
         return RandomFeatures(head_dim, seed=layer_idx)
-    return ElementwiseMap(FEATURE_MAPS[name], head_dim)
+    fn = FEATURE_MAPS[name]
+    return lambda x: fn(x.float(), head_dim)
 
 
 def linear_attention(fq, fk, v, eps: float = EPS) -> torch.Tensor:

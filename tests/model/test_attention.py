@@ -4,7 +4,6 @@ import torch
 from lmforge.model.attention import (
     causal_mask,
     explicit_attention,
-    padded_causal_mask,
     sdpa_attention,
 )
 from lmforge.model.config import ModelConfig
@@ -71,7 +70,7 @@ def test_causal_mask_rows():
 
 def test_padded_mask_hides_padding_and_keeps_rows_finite():
     key_mask = torch.tensor([[False, True, True], [True, True, True]])
-    m = padded_causal_mask(key_mask, 3, 3)[:, 0].int()
+    m = causal_mask(3, 3, key_mask=key_mask)[:, 0].int()
     assert m[0].tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]  # pad row sees only itself
     assert m[1].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
 
