@@ -6,39 +6,23 @@ LLaVA (Liu et al. 2023): h_j = W_proj v_j + b_proj (LLaVA 1.0). LLaVA 1.5 found 
 
 from __future__ import annotations
 
-import torch
+from collections import OrderedDict
+
 from torch import nn
 
 from lmforge.errors import require_choice
 
-
-class LinearProjector(nn.Module):
-    """h = W_proj v + b_proj."""
-
-    def __init__(self, d_vision: int, d_model: int):
-        super().__init__()
-        self.proj = nn.Linear(d_vision, d_model)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.proj(features)
-
-
-class MLPProjector(nn.Module):
-    """h = W_2 GELU(W_1 v + b_1) + b_2 (LLaVA 1.5's mlp2x_gelu)."""
-
-    def __init__(self, d_vision: int, d_model: int):
-        super().__init__()
-        self.fc1 = nn.Linear(d_vision, d_model)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(d_model, d_model)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(features)))
+# name -> the named layers, applied in order (the names are the checkpoints' tensor names)
+PROJECTORS = {
+    "linear": lambda d_vision, d_model: {"proj": nn.Linear(d_vision, d_model)},
+    "mlp2": lambda d_vision, d_model: {  # LLaVA 1.5's mlp2x_gelu
+        "fc1": nn.Linear(d_vision, d_model),
+        "act": nn.GELU(),
+        "fc2": nn.Linear(d_model, d_model),
+    },
+}
 
 
-PROJECTORS: dict[str, type[nn.Module]] = {"linear": LinearProjector, "mlp2": MLPProjector}
-
-
-def build_projector(kind: str, d_vision: int, d_model: int) -> nn.Module:
+def build_projector(kind: str, d_vision: int, d_model: int) -> nn.Sequential:
     require_choice("projector", kind, PROJECTORS)
-    return PROJECTORS[kind](d_vision, d_model)
+    return nn.Sequential(OrderedDict(PROJECTORS[kind](d_vision, d_model)))
