@@ -249,23 +249,19 @@ def write_report(out: Path, plan: dict[str, Any], results: dict[str, Any]) -> Pa
         *stage_tables(results),
         ("RAG answers over the built-in docs", rag_table(out)),
     ]
-    model = final_model(out, results)
-    usage = (
-        f"lmforge chat --checkpoint {model}\nlmforge serve --checkpoint {model}" if model else ""
-    )
-    md = [f"# lmforge speedrun: {plan['preset']}", "", intro, ""]
-    page = [f"<h1>lmforge speedrun: {html.escape(plan['preset'])}</h1><p>{html.escape(intro)}</p>"]
-    for title, table in sections:
-        if table is not None:
-            md += [f"## {title}", "", _md_table(table), ""]
-            page.append(f"<h2>{html.escape(title)}</h2>{_html_table(table)}")
+    # (title, Markdown body, HTML body) of each section the report shows
+    blocks = [(title, _md_table(t), _html_table(t)) for title, t in sections if t is not None]
     if plots:
-        md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
-        page.append("<h2>Plots</h2>" + "".join(
-            f'<img src="plots/{p.name}" alt="{p.stem}">' for p in plots))  # fmt: skip
-    if usage:
-        md += ["## Use the result", "", "```", usage, "```", ""]
-        page.append(f"<h2>Use the result</h2><pre>{html.escape(usage)}</pre>")
+        md_images = "\n".join(f"![{p.stem}](plots/{p.name})" for p in plots)
+        html_images = "".join(f'<img src="plots/{p.name}" alt="{p.stem}">' for p in plots)
+        blocks.append(("Plots", md_images, html_images))
+    if model := final_model(out, results):
+        usage = f"lmforge chat --checkpoint {model}\nlmforge serve --checkpoint {model}"
+        blocks.append(("Use the result", f"```\n{usage}\n```", f"<pre>{html.escape(usage)}</pre>"))
+    md = [f"# lmforge speedrun: {plan['preset']}", "", intro, ""]
+    md += [f"## {title}\n\n{body}\n" for title, body, _ in blocks]
+    page = [f"<h1>lmforge speedrun: {html.escape(plan['preset'])}</h1><p>{html.escape(intro)}</p>"]
+    page += [f"<h2>{html.escape(title)}</h2>{body}" for title, _, body in blocks]
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:"
              "collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:"
              "left}img{max-width:100%}")  # fmt: skip
