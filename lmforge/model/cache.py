@@ -39,10 +39,32 @@ def full_attention(config) -> bool:
 
 class _Bookkeeping:
     """What every cache tracks besides its tensors: positions written so far (`length`, the same
-    for every row), the capacity `max_len`, and `key_mask` [B, max_len] (True = real token)."""
+    for every row), the capacity `max_len`, and `key_mask` [B, max_len] (True = real token).
+    The tensors are two lists `k` and `v` of one [B, ...] tensor per layer."""
 
     length = 0
     key_mask: torch.Tensor | None = None
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep / repeat / reorder batch rows: a shared prefix copied per continuation
+        (eval/core_scoring.py, the engine's per-kind path), finished rows dropped."""
+        self.k = [t[index] for t in self.k]
+        self.v = [t[index] for t in self.v]
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask[index]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     def set_padding(self, attention_mask: torch.Tensor) -> None:
         """Record which of the first T positions are padding ([B, T] with 1 = real): before a
@@ -79,14 +101,6 @@ class KVCache(_Bookkeeping):
         """Absolute position of the first key `update` returns (0: this cache keeps them all)."""
         return 0
 
-    @property
-    def batch_size(self) -> int:
-        return self.k[0].shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.k[0].device
-
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write this step's keys/values at the current offset; return every cached position."""
         start, end = self.length, self.length + k_new.shape[2]
@@ -96,17 +110,6 @@ class KVCache(_Bookkeeping):
         k[:, :, start:end] = k_new
         v[:, :, start:end] = v_new
         return k[:, :, :end], v[:, :, :end]
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep / repeat / reorder batch rows: a shared prefix copied per continuation
-        (eval/core_scoring.py, the engine's per-kind path), finished rows dropped."""
-        self.k = [t[index] for t in self.k]
-        self.v = [t[index] for t in self.v]
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask[index]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
 class SlotCache(KVCache):
@@ -280,43 +283,28 @@ class LatentKVCache(KVCache):
 
 
 class LinearStateCache(_Bookkeeping):
-    """Recurrent state of every layer for O(1)-per-token decoding: S [L,B,H,F,D], z [L,B,H,F].
+    """Recurrent state of every layer for O(1)-per-token decoding: the running sums S
+    [B, H, F, D] (in `k`) and z [B, H, F] (in `v`), fp32 whatever the model dtype.
 
     Same bookkeeping as KVCache (`length`, `key_mask`, `set_padding`, `advance`, `reorder`), so
     the Transformer and the engine's per-kind path use it unchanged; the size does not grow
     with the sequence."""
 
     def __init__(self, n_layer, batch_size, n_head, feat_dim, head_dim, max_len, device="cpu"):
-        self.s = torch.zeros(n_layer, batch_size, n_head, feat_dim, head_dim, device=device)
-        self.z = torch.zeros(n_layer, batch_size, n_head, feat_dim, device=device)
+        shape = (batch_size, n_head, feat_dim)
+        self.k = [torch.zeros(*shape, head_dim, device=device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device) for _ in range(n_layer)]
         self.max_len = max_len
-
-    @property
-    def batch_size(self) -> int:
-        return self.s.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.s.device
 
     @property
     def visible_start(self) -> int:
         return self.length  # no keys are kept: the state summarises them
 
     def state(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.s[layer], self.z[layer]
+        return self.k[layer], self.v[layer]
 
     def write(self, layer: int, state: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.s[layer], self.z[layer] = state
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep / repeat / reorder batch rows (the engine's per-kind path)."""
-        self.s, self.z = self.s[:, index], self.z[:, index]
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask[index]
-
-    def nbytes(self) -> int:
-        return (self.s.numel() + self.z.numel()) * self.s.element_size()
+        self.k[layer], self.v[layer] = state
 
 
 def softmax_cache(config, batch_size, max_len, dtype=torch.float32, device="cpu") -> KVCache:
