@@ -128,13 +128,21 @@ class Parallel:
 
     def full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole of a parameter (or of optimizer state shaped like one), detached. Every rank
-        must call it, in the same order (FSDP all-gathers the slices)."""
-        return tensor.detach()
+        must call it, in the same order (FSDP all-gathers the slices of a DTensor)."""
+        from torch.distributed.tensor import DTensor
+
+        tensor = tensor.detach()
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
     def shard_like(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-        """This rank's part of `full`, laid out as `param` is (the inverse of full_tensor;
-        every rank passes the same `full`, no communication)."""
-        return full
+        """This rank's part of `full`, laid out as `param` is (a DTensor under FSDP; the inverse
+        of full_tensor; every rank passes the same `full`, no communication)."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if not isinstance(param, DTensor):
+            return full
+        full = full.to(device=param.device, dtype=param.dtype)
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
 
 
 # the DDP argument that turns off the per-forward buffer broadcast (renamed in torch 2.13)
@@ -231,20 +239,6 @@ class FSDPParallel(DDPParallel):
         for block in transformer_blocks(model):
             fully_shard(block)
         return fully_shard(model)
-
-    def full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
-        tensor = tensor.detach()
-        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-    def shard_like(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
-        if not isinstance(param, DTensor):
-            return full
-        full = full.to(device=param.device, dtype=param.dtype)
-        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
 
     @contextlib.contextmanager
     def no_sync(self, last: bool) -> Iterator[None]:
