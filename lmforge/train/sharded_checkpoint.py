@@ -154,11 +154,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         path = path / LATEST
     if path.name == LATEST:
         latest = read_json(path, "sharded checkpoint pointer")
-        if not isinstance(latest, dict) or not isinstance(latest.get("dir"), str):
-            raise CheckpointError(f"{path}: field 'dir' missing or not a string")
-        if Path(latest["dir"]).name != latest["dir"] or not latest["dir"].startswith("step_"):
+        step = latest.get("dir") if isinstance(latest, dict) else None
+        if not (isinstance(step, str) and step.startswith("step_") and Path(step).name == step):
             raise CheckpointError(f"{path}: 'dir' must name a step_* folder beside it")
-        path = path.parent / latest["dir"]
+        path = path.parent / step
     if not (path / "meta.json").is_file():
         if path.is_dir() and (path / ".metadata").is_file():
             raise CheckpointError(f"{path} {_OLD_FORMAT}")
