@@ -221,12 +221,11 @@ class Retriever:
                     f"{path / 'embeddings.safetensors'}: embeddings of shape {shape}, "
                     f"index.json says ({n}, {meta['dim']})"
                 )
-        fusion = meta.get("fusion") or {}  # absent in indexes written before fusion was saved
         try:
-            r = cls(chunks, bm25, embeddings, None, meta.get("encoder"), meta.get("settings"),
-                    float(fusion.get("rrf_k", 60.0)), int(fusion.get("depth", 50)),
-                    tuple(fusion.get("weights", (1.0, 1.0))))  # fmt: skip
-        except (TypeError, ValueError, ConfigError) as e:
+            fusion = meta["fusion"]
+            rrf = (float(fusion["rrf_k"]), int(fusion["depth"]), tuple(fusion["weights"]))
+            r = cls(chunks, bm25, embeddings, None, meta.get("encoder"), meta.get("settings"), *rrf)
+        except (TypeError, ValueError, KeyError, ConfigError) as e:
             raise CheckpointError(f"{path / 'index.json'}: bad 'fusion' settings ({e})") from None
         if encoder is not None:
             r._check_dim(encoder, path)
