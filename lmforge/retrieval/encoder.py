@@ -5,6 +5,7 @@
 """
 
 import importlib.util
+import re
 import warnings
 from pathlib import Path
 
@@ -62,13 +63,10 @@ def _pooling_mode(path: Path) -> str:
         return "mean"
     cfg = read_json(path, error=LMForgeError)
     if isinstance(cfg.get("pooling_mode"), str):  # newer sentence-transformers write one string
-        modes = [cfg["pooling_mode"].removesuffix("_tokens").removesuffix("_token")]
+        names = [cfg["pooling_mode"]]
     else:
-        modes = [
-            k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
-            for k, on in cfg.items()
-            if k.startswith("pooling_mode_") and on is True
-        ]
+        names = [k for k, on in cfg.items() if k.startswith("pooling_mode_") and on is True]
+    modes = [re.sub(r"^pooling_mode_|_tokens?$", "", name) for name in names]
     if len(modes) != 1 or modes[0] not in POOLING_MODES:
         raise LMForgeError(f"{path}: pooling {modes} is not supported (one of {POOLING_MODES})")
     return modes[0]
