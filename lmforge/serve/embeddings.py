@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from lmforge.data.batches import pad_collate
 from lmforge.errors import ConfigError
-from lmforge.retrieval.encoder import longest_first
 
 BATCH = 32
 
@@ -40,6 +39,8 @@ class HiddenStateEmbedder:
                 raise ConfigError(f"input[{i}] is empty")
             if len(row) > self.max_len:
                 raise ConfigError(f"input[{i}] has {len(row)} tokens; the limit is {self.max_len}")
+        from lmforge.retrieval.encoder import longest_first  # not at import: retrieval loads bm25s
+
         device = next(self.model.parameters()).device
 
         def forward(rows: list[list[int]]) -> torch.Tensor:
