@@ -53,42 +53,45 @@ class CoreTask:
     """One CORE task: where its rows are, how they are prompted, and its random baseline (%)."""
 
     label: str
+    file: str
     kind: str
     shots: int
     delimiter: str
     baseline: float
-    file: str = ""  # default: "<label>.jsonl"
-
-    def __post_init__(self):
-        if not self.file:
-            object.__setattr__(self, "file", f"{self.label}.jsonl")
 
 
 # DCLM's eval/heavy.yaml (shots, delimiters) and eval_meta_data_v1.csv (baselines), in
 # nanochat's core.yaml order.
 CORE_TASKS: tuple[CoreTask, ...] = (
-    CoreTask("hellaswag_zeroshot", MC, 0, " ", 25, "hellaswag.jsonl"),
-    CoreTask("jeopardy", LM, 10, "\nAnswer: ", 0, "jeopardy_all.jsonl"),
-    CoreTask("bigbench_qa_wikidata", LM, 10, " ", 0),
-    CoreTask("arc_easy", MC, 10, "\nAnswer: ", 25),
-    CoreTask("arc_challenge", MC, 10, "\nAnswer: ", 25),
-    CoreTask("copa", MC, 0, " ", 50),
-    CoreTask("commonsense_qa", MC, 10, " ", 20),
-    CoreTask("piqa", MC, 10, "\nAnswer: ", 50),
-    CoreTask("openbook_qa", MC, 0, " ", 25),
-    CoreTask("lambada_openai", LM, 0, " ", 0),
-    CoreTask("hellaswag", MC, 10, " ", 25),
-    CoreTask("winograd", SCHEMA, 0, " ", 50, "winograd_wsc.jsonl"),
-    CoreTask("winogrande", SCHEMA, 0, " ", 50),
-    CoreTask("bigbench_dyck_languages", LM, 10, " ", 0),
-    CoreTask("agi_eval_lsat_ar", MC, 3, " ", 20),
-    CoreTask("bigbench_cs_algorithms", LM, 10, " ", 0),
-    CoreTask("bigbench_operators", LM, 10, " ", 0),
-    CoreTask("bigbench_repeat_copy_logic", LM, 10, " ", 0),
-    CoreTask("squad", LM, 10, " ", 0),
-    CoreTask("coqa", LM, 0, " ", 0),
-    CoreTask("boolq", MC, 10, "\nAnswer: ", 62),
-    CoreTask("bigbench_language_identification", MC, 10, " ", 9.1),
+    CoreTask("hellaswag_zeroshot", "hellaswag.jsonl", MC, 0, " ", 25),
+    CoreTask("jeopardy", "jeopardy_all.jsonl", LM, 10, "\nAnswer: ", 0),
+    CoreTask("bigbench_qa_wikidata", "bigbench_qa_wikidata.jsonl", LM, 10, " ", 0),
+    CoreTask("arc_easy", "arc_easy.jsonl", MC, 10, "\nAnswer: ", 25),
+    CoreTask("arc_challenge", "arc_challenge.jsonl", MC, 10, "\nAnswer: ", 25),
+    CoreTask("copa", "copa.jsonl", MC, 0, " ", 50),
+    CoreTask("commonsense_qa", "commonsense_qa.jsonl", MC, 10, " ", 20),
+    CoreTask("piqa", "piqa.jsonl", MC, 10, "\nAnswer: ", 50),
+    CoreTask("openbook_qa", "openbook_qa.jsonl", MC, 0, " ", 25),
+    CoreTask("lambada_openai", "lambada_openai.jsonl", LM, 0, " ", 0),
+    CoreTask("hellaswag", "hellaswag.jsonl", MC, 10, " ", 25),
+    CoreTask("winograd", "winograd_wsc.jsonl", SCHEMA, 0, " ", 50),
+    CoreTask("winogrande", "winogrande.jsonl", SCHEMA, 0, " ", 50),
+    CoreTask("bigbench_dyck_languages", "bigbench_dyck_languages.jsonl", LM, 10, " ", 0),
+    CoreTask("agi_eval_lsat_ar", "agi_eval_lsat_ar.jsonl", MC, 3, " ", 20),
+    CoreTask("bigbench_cs_algorithms", "bigbench_cs_algorithms.jsonl", LM, 10, " ", 0),
+    CoreTask("bigbench_operators", "bigbench_operators.jsonl", LM, 10, " ", 0),
+    CoreTask("bigbench_repeat_copy_logic", "bigbench_repeat_copy_logic.jsonl", LM, 10, " ", 0),
+    CoreTask("squad", "squad.jsonl", LM, 10, " ", 0),
+    CoreTask("coqa", "coqa.jsonl", LM, 0, " ", 0),
+    CoreTask("boolq", "boolq.jsonl", MC, 10, "\nAnswer: ", 62),
+    CoreTask(
+        "bigbench_language_identification",
+        "bigbench_language_identification.jsonl",
+        MC,
+        10,
+        " ",
+        9.1,
+    ),
 )
 TASKS_BY_LABEL = {t.label: t for t in CORE_TASKS}
 
