@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from lmforge.errors import DataError
-from lmforge.fileio import read_jsonl
+from lmforge.fileio import read_rows
 from lmforge.tasks.synthetic import Record
 
 ASSISTANT = "\n\nAssistant:"  # where the prompt of an HH pair ends
@@ -35,14 +35,13 @@ def hh_messages(dialogue: str) -> list[dict[str, str]]:
     ]
 
 
+def _hh_row(row: dict, where: str) -> Record:
+    try:
+        return parse_hh(row["chosen"], row["rejected"])
+    except (KeyError, DataError) as err:
+        raise DataError(f"{where}: {err}") from err
+
+
 def load_hh(path: str | Path, limit: int | None = None) -> list[Record]:
     """HH-RLHF JSONL (.gz or plain) {"chosen", "rejected"} -> {"prompt", "chosen", "rejected"}."""
-    out = []
-    for line_no, row in read_jsonl(path):
-        try:
-            out.append(parse_hh(row["chosen"], row["rejected"]))
-        except (KeyError, DataError) as err:
-            raise DataError(f"{path}:{line_no}: {err}") from err
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+    return read_rows(path, _hh_row, limit)
