@@ -8,6 +8,7 @@ residual stream, this file wires the blocks into a model.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
@@ -37,15 +38,10 @@ class Transformer(nn.Module):
             self.abs_pos = ABSOLUTE_POSITIONS[config.pos](config.max_seq_len, config.d_model)
         self.rope = self.rope_local = None
         if config.pos == "rope":
-            self.rope = RotaryEmbedding(
-                config.rope_dim, config.max_seq_len, config.rope_base,
-                config.rope_interleaved, config.rope_scaling,
-            )  # fmt: skip
+            rope = partial(RotaryEmbedding, config.rope_dim, config.max_seq_len)
+            self.rope = rope(config.rope_base, config.rope_interleaved, config.rope_scaling)
             if config.rope_local_base is not None:  # Gemma 3: windowed layers, own base, unscaled
-                self.rope_local = RotaryEmbedding(
-                    config.rope_dim, config.max_seq_len, config.rope_local_base,
-                    config.rope_interleaved,
-                )  # fmt: skip
+                self.rope_local = rope(config.rope_local_base, config.rope_interleaved)
         self.embed_scale = math.sqrt(config.d_model) if config.embed_scale else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
@@ -193,6 +189,6 @@ class Transformer(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             n -= self.embed.weight.numel()
-            if self.abs_pos is not None and isinstance(self.abs_pos, LearnedPositions):
+            if isinstance(self.abs_pos, LearnedPositions):
                 n -= self.abs_pos.weight.numel()
         return n
