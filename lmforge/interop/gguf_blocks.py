@@ -19,9 +19,9 @@ Q4_BLOCK = Q8_BLOCK = 32
 def _stored(f: GGUFFile, name: str, kinds: tuple[str, ...], block: int):
     """(type, rows, K, the stored bytes as uint8 [rows, K / block, bytes per block], a copy) of
     a tensor that must be one of `kinds`."""
-    if (kind := f.type_name(name)) not in kinds:
+    if (kind := f.tensors[name].type_name) not in kinds:
         raise CheckpointError(f"{f.path}: tensor {name} is {kind}, not {' or '.join(kinds)}")
-    rows, k = f.shape(name)
+    rows, k = f.tensors[name].shape
     return kind, rows, k, torch.from_numpy(f.blocks(name).copy()).view(rows, k // block, -1)
 
 
@@ -102,7 +102,7 @@ def read_q8_blocks(f: GGUFFile, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q8_0 tensor's blocks as stored: (codes int8 [rows, K], scales fp16 [rows, K / 32]);
     a block is an fp16 scale d then 32 int8 codes, w = q d. A Q4_0 / Q5_0 tensor's blocks as
     the same: their centred codes q - 8 / q - 16 with their own d (exact)."""
-    if f.type_name(name) in ("Q4_0", "Q5_0"):
+    if f.tensors[name].type_name in ("Q4_0", "Q5_0"):
         nibbles, d, _, high = read_group_blocks(f, name)
         codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).to(torch.int8)
         if high is not None:

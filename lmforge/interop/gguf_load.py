@@ -135,7 +135,7 @@ class _Loader:
         errors: list[tuple[float, float]] = []
 
         def read(f: GGUFFile, g: str) -> tuple[torch.Tensor, ...]:
-            if f.type_name(g) in K_GROUP_TYPES:
+            if f.tensors[g].type_name in K_GROUP_TYPES:
                 q, d, m, high, error = read_k_blocks(f, g)
                 errors.append(error)
             else:
@@ -154,7 +154,7 @@ class _Loader:
         return [*parts[:2], None if symmetric else parts[2], parts[-1] if five else None]
 
     def kinds(self, rule) -> set[str]:
-        return {self.f.type_name(g) for g in self.parts(rule)}
+        return {self.f.tensors[g].type_name for g in self.parts(rule)}
 
     # ---- layers ------------------------------------------------------------------------------
     def stored_layer(self, rule, bias: torch.Tensor | None, name: str) -> nn.Module | None:

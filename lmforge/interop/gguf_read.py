@@ -65,22 +65,15 @@ class GGUFFile(GGUFHeader):
             )
         self.architecture = self.meta.get("general.architecture")
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        """A tensor's shape in torch order (GGUF lists dimensions fastest-moving first)."""
-        return self.tensors[name].shape
-
-    def type_name(self, name: str) -> str:
-        return self.tensors[name].type_name
-
     def blocks(self, name: str) -> np.ndarray:
         """The stored bytes of a tensor as uint8 [rows, bytes per row]: a read-only view of the
         file's memory map (no copy), what gguf.quants.dequantize takes."""
-        return self.raw(name).reshape(math.prod(self.shape(name)[:-1]), -1)
+        return self.raw(name).reshape(math.prod(self.tensors[name].shape[:-1]), -1)
 
     def read(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The tensor dequantised to `dtype` (via float32 for the block formats), torch order.
         F32/F16/BF16 tensors are converted straight from the file's bytes."""
-        kind, shape = self.type_name(name), self.shape(name)
+        kind, shape = self.tensors[name].type_name, self.tensors[name].shape
         if kind in PLAIN_TYPES:
             raw = torch.from_numpy(self.raw(name).copy())  # one copy, writable
             return raw.view(PLAIN_TYPES[kind]).view(shape).to(dtype)
@@ -151,9 +144,9 @@ def _llama3_from_freq_factors(f: GGUFFile, head_dim: int, theta: float) -> dict 
     chosen. The result is verified against every divisor in the file.
     """
     name = "rope_freqs.weight"
-    if f.shape(name) != (head_dim // 2,):
+    if f.tensors[name].shape != (head_dim // 2,):
         raise CheckpointError(
-            f"{f.path}: tensor {name} has shape {f.shape(name)}, the GGUF metadata implies "
+            f"{f.path}: tensor {name} has shape {f.tensors[name].shape}, the GGUF metadata implies "
             f"{(head_dim // 2,)}"
         )
     divisors = f.read(name).double()
@@ -199,7 +192,7 @@ def hf_config_from_gguf(f: GGUFFile) -> dict[str, Any]:
         )
     vocab = f.get("vocab_size") or len(f.meta.get("tokenizer.ggml.tokens") or ())
     if not vocab and "token_embd.weight" in f.tensors:
-        vocab = f.shape("token_embd.weight")[0]
+        vocab = f.tensors["token_embd.weight"].shape[0]
     if not vocab:
         raise CheckpointError(f"{f.path}: no vocabulary size ({arch}.vocab_size or tokens)")
     n_head = _uniform(f, "attention.head_count", f.key("attention.head_count"))
@@ -341,7 +334,7 @@ def check_tensors(
     input costs one CheckpointError and no half-built model."""
     expected = hf_shapes(family, config, model.state_dict(), conv1d=False)
     to_gguf = gguf_names(f.architecture, config.n_layer, expected)
-    if bad_types := sorted({f.type_name(n) for n in f.tensors} - set(SUPPORTED_TYPES)):
+    if bad_types := sorted({t.type_name for t in f.tensors.values()} - set(SUPPORTED_TYPES)):
         raise CheckpointError(
             f"{f.path}: tensor type(s) {', '.join(bad_types)} are not supported; supported: "
             f"{', '.join(SUPPORTED_TYPES)}"
