@@ -59,13 +59,9 @@ PRE_TOKENIZER_SPLITS = {
     "tekken": _TEKKEN_SPLIT,
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O_SPLIT),
 }  # fmt: skip
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the alphabet byte-level BPE vocabularies use)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    rest = [b for b in range(256) if b not in bs]  # spelled as the characters from 256 on
-    return dict(zip(bs + rest, map(chr, bs + list(range(256, 256 + len(rest))))))
+# GPT-2's spelling of bytes as printable characters, which byte-level BPE vocabularies use
+BYTE_SPELLING = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+BYTE_ALPHABET = frozenset(pre_tokenizers.ByteLevel.alphabet())
 
 
 def generate_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
@@ -84,14 +80,12 @@ def generate_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tup
 
 
 def _byte_level_backend(meta: dict[str, Any]) -> Backend:
-    spelling = bytes_to_unicode()
-    alphabet = set(spelling.values())
     vocab = {}
     for i, token in enumerate(meta["tokenizer.ggml.tokens"]):
         # A token outside the byte alphabet (a mislabelled special written as raw text) is
         # respelled byte by byte, as transformers does.
-        if not set(token) <= alphabet:
-            token = "".join(spelling[b] for b in token.encode("utf-8"))
+        if not set(token) <= BYTE_ALPHABET:
+            token = "".join(piece for piece, _ in BYTE_SPELLING.pre_tokenize_str(token))
         vocab.setdefault(token, i)
     merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges") or []]
     backend = Backend(
@@ -157,7 +151,7 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> tuple[Tokenizer, b
         raise CheckpointError(
             f"{source}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
         )
-    alphabet = set(bytes_to_unicode().values()) if byte_level else None
+    alphabet = BYTE_ALPHABET if byte_level else None
     # Control tokens (<|im_start|>, <s>) are matched whole in text and skippable on decode;
     # in a byte-level vocabulary a "control" token outside the byte alphabet is a llama.cpp
     # mislabel that transformers skips, and so do we.
