@@ -9,10 +9,8 @@ message names the fields involved.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lmforge.errors import ConfigError, require_choice, require_int, require_positive_ints
@@ -224,9 +222,6 @@ class ModelConfig:
         data = {**PRESETS[name], **overrides}
         data.setdefault("extra", {})["preset"] = name
         return cls.from_dict(data, source=f"preset {name}")
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def default_d_ff(d_model: int, mlp: str, multiple_of: int = 64) -> int:
