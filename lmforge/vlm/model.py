@@ -32,7 +32,7 @@ from lmforge.tokenizer import DEFAULT_SPECIAL_TOKENS, Tokenizer
 from lmforge.train.checkpoint import model_state
 from lmforge.train.pretrain import TOKENIZER_KINDS, train_tokenizer
 from lmforge.vlm.projector import build_projector
-from lmforge.vlm.vision import VisionConfig, VisionEncoder
+from lmforge.vlm.vision import VisionConfig, VisionEncoder, upgrade_legacy_names
 
 VLM_MODEL_TYPE = "lmforge-vlm"
 IMAGE = "<|image|>"  # one placeholder per image feature vector; also the slot mark in prompts
@@ -303,7 +303,7 @@ class VisionLanguageModel(nn.Module):
         tokenizer, freeze = Tokenizer.load(path), bool(meta.get("freeze_vision"))
         projector = meta.get("projector", "linear")
         model = cls.build(text, vision, tokenizer, projector=projector, freeze_vision=freeze)
-        state = load_tensors(path / "model.safetensors")
+        state = upgrade_legacy_names(load_tensors(path / "model.safetensors"))
         check_state(path / "model.safetensors", state, model_state(model))
         model.load_state_dict(state, strict=False)  # tied lm_head is stored once
         return model.to(device).eval()

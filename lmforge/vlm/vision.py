@@ -270,3 +270,22 @@ PATCH_EMBEDDINGS: dict[str, type[nn.Module]] = {
     "factorised": FactorisedPatchEmbedding,
     "late_colour": LateColourPatchEmbedding,
 }
+
+
+# Tensor names of the encoder blocks before they became lmforge's shared Block.
+LEGACY_BLOCK_NAMES = {
+    ".norm1.": ".attn_norm.", ".norm2.": ".mlp_norm.", ".attn.qkv.": ".attn.qkv_proj.",
+    ".attn.out.": ".attn.o_proj.", ".mlp.0.": ".mlp.up_proj.", ".mlp.2.": ".mlp.down_proj.",
+}  # fmt: skip
+
+
+def upgrade_legacy_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename block tensors of checkpoints written before the shared Block (same maths: the
+    old private block was the same pre-norm LayerNorm / fused-QKV attention / GELU MLP)."""
+    out = {}
+    for name, tensor in state.items():
+        if name.startswith("vision_tower.blocks."):  # a VisionLanguageModel checkpoint
+            for old, new in LEGACY_BLOCK_NAMES.items():
+                name = name.replace(old, new)
+        out[name] = tensor
+    return out

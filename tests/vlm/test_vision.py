@@ -11,6 +11,7 @@ from lmforge.vlm.vision import (
     PatchEmbedding,
     VisionConfig,
     VisionEncoder,
+    upgrade_legacy_names,
 )
 
 
@@ -167,3 +168,24 @@ def test_conv_stem_shapes_and_receptive_field_crosses_patch_borders():
 
 
 PATCH_STEMS = {"linear": PatchEmbedding, "conv": ConvPatchEmbedding}
+
+
+def test_legacy_block_names_load_into_the_shared_block():
+    """Checkpoints written with the old private block names (norm1, attn.qkv, mlp.0, ...) are
+    renamed onto the shared Block and give the same outputs."""
+    torch.manual_seed(0)
+    enc = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2)).eval()
+    new_to_old = {"attn_norm": "norm1", "mlp_norm": "norm2", "attn.qkv_proj": "attn.qkv",
+                  "attn.o_proj": "attn.out", "mlp.up_proj": "mlp.0",
+                  "mlp.down_proj": "mlp.2"}  # fmt: skip
+    old = {}
+    for name, tensor in enc.state_dict().items():
+        for new, legacy in new_to_old.items():
+            name = name.replace(f".{new}.", f".{legacy}.")
+        old["vision_tower." + name] = tensor.clone()
+    assert "vision_tower.blocks.0.mlp.0.weight" in old
+    back = {k.removeprefix("vision_tower."): v for k, v in upgrade_legacy_names(old).items()}
+    fresh = VisionEncoder(VisionConfig(image_size=16, patch_size=8, d_model=16, n_head=2)).eval()
+    fresh.load_state_dict(back, strict=True)
+    x = torch.randn(1, 3, 16, 16)
+    torch.testing.assert_close(fresh(x), enc(x))
