@@ -39,6 +39,7 @@ import sys
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import ConfigError
@@ -54,6 +55,7 @@ from lmforge.infer.quantized_linear import (
 )
 from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.linear import Linear, onednn_available, plain_linear
+from lmforge.model.mlp import GatedMLP
 from lmforge.model.positions import LearnedPositions
 
 # The choices every CLI offers (chat, serve, generate share them).
@@ -302,6 +304,7 @@ def inference_model(
       kernels built lmforge's dense GEMV for a decode step's few rows, `Linear.gemv`).
     - softmax attention decoding one token per row on a CPU: lmforge's fused decode attention
       (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`); else SDPA.
+    - SwiGLU MLPs on a CPU: `SwiGLU` (lmforge's silu(gate) * up in one pass).
     """
     converted = to_inference_precision(model, dtype, quantize)
     if converted is model:
@@ -318,6 +321,10 @@ def inference_model(
                 layer.decode_kernel = native.decode_attention
             if isinstance(layer, Linear):
                 layer.gemv = native.dense_matmul
+            if type(layer) is GatedMLP and layer.act is F.silu:
+                layer.__class__, layer.silu_mul = SwiGLU, native.silu_mul
+                layer.bf16_gemm = all(_bf16_gemm(p) for p in (layer.gate_proj, layer.up_proj,
+                                                              layer.down_proj))  # fmt: skip
     call_directly(converted)
     return converted
 
@@ -327,6 +334,41 @@ def _half_weights(linear: nn.Linear) -> bool:
     (HalfLinear over the same tensors, so training updates stay visible)."""
     w = linear.weight
     return w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16)
+
+
+class SwiGLU(GatedMLP):
+    """The engine's GatedMLP with SiLU on a CPU with lmforge's kernels: silu(gate) * up in one
+    pass (native/activations.cpp) instead of torch's two. Where gate, up and down are bf16
+    HalfLinears on the bf16 dot product (`bf16_gemm`), past their GEMV rows (a prefill), gate and
+    up come out of torch's bf16 GEMM as bf16 and the product goes into down's as bf16: x is
+    converted once, not twice, and none of gate, up or their product takes a trip through fp32
+    (five passes over [rows, d_ff] become one). Training, gradients and compiled code trace
+    GatedMLP's forward."""
+
+    silu_mul = None  # NativeKernels.silu_mul
+    bf16_gemm = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return super().forward(x)
+        h = x.reshape(-1, x.shape[-1])
+        gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+        if self.bf16_gemm and h.shape[0] > HalfLinear.native_bf16_rows:
+            hb = h.to(torch.bfloat16)
+            wg, wu, wd = (p._buffers["weight_half"] for p in (gate, up, down))
+            y = F.linear(self.silu_mul(F.linear(hb, wg), F.linear(hb, wu), True), wd)
+            return y.to(x.dtype).view(x.shape)
+        g, u = gate(h), up(h)
+        if g.dtype == u.dtype and g.dtype in (torch.float32, torch.bfloat16):
+            act = self.silu_mul(g, u, g.dtype == torch.bfloat16)
+        else:
+            act = F.silu(g) * u
+        return down(act).view(x.shape)
+
+
+def _bf16_gemm(layer: nn.Module) -> bool:
+    """A HalfLinear without bias whose many-row product is torch's bf16 GEMM."""
+    return type(layer) is HalfLinear and layer._torch_bf16 and layer._buffers["bias"] is None
 
 
 @functools.cache

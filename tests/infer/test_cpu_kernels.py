@@ -1,7 +1,7 @@
 """The native kernels (lmforge/infer/native/): the int8 / int4 / Q8_0 products in every
 instruction-set variant this CPU runs, against torch on the same quantised activations; the
 fallbacks, the layouts, the choice of variant; the decode attention (decode_attention.cpp)
-against torch's SDPA."""
+against torch's SDPA; SwiGLU's silu(gate) * up (activations.cpp) against torch's."""
 
 from __future__ import annotations
 
@@ -302,6 +302,23 @@ def test_decode_attention_matches_torch_sdpa(kernel, shape, dtype):
     loud = v.clone()
     loud[(~mask)[:, None, :].expand(b, kv, n)] = 1e4
     assert torch.equal(kernel.decode_attention(q, k, loud, mask), y)
+
+
+# sizes: under one vector, a vector and a tail, several of the threads' chunks and a tail
+@pytest.mark.parametrize("shape", [(1, 5), (3, 37), (2, 16384 + 77)])
+def test_silu_mul_matches_torch(kernel, shape):
+    g = torch.Generator().manual_seed(shape[1])
+    gate, up = torch.randn(*shape, generator=g) * 8, torch.randn(*shape, generator=g)
+    gate[0, :3] = torch.tensor([-200.0, 200.0, 0.0][: shape[1]])  # exp's clamps, silu(0) = 0
+    expect = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(kernel.silu_mul(gate, up, False), expect, rtol=2e-6, atol=1e-6)
+    # bf16 in (a bf16 GEMM's output) and out (the next one's input): one rounding of the fp32
+    gb, ub = gate.bfloat16(), up.bfloat16()
+    exact = torch.nn.functional.silu(gb.float()) * ub.float()
+    y = kernel.silu_mul(gb, ub, True)
+    assert y.dtype == torch.bfloat16 and torch.equal(kernel.silu_mul(gb, ub, False).bfloat16(), y)
+    torch.testing.assert_close(y.float(), exact, rtol=2**-8, atol=1e-6)
+    assert (y != exact.bfloat16()).float().mean() < 0.01  # rounded alike but for exp's last bit
 
 
 def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():

@@ -6,16 +6,20 @@ import torch
 from torch import nn
 
 from lmforge.errors import ConfigError
+from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.infer.quantize import (
+    SwiGLU,
     decode_bytes,
+    inference_model,
     resolve_dtype,
     to_inference_precision,
     weight_bytes,
 )
-from lmforge.infer.quantized_linear import Int8Linear, quantize_int8
+from lmforge.infer.quantized_linear import HalfLinear, Int8Linear, quantize_int8
 from lmforge.lm import LM
 from lmforge.model.config import ModelConfig
+from lmforge.model.mlp import GatedMLP
 
 
 def test_quantize_int8_rounds_each_row_to_its_own_scale():
@@ -124,6 +128,29 @@ def test_fp16_kv_cache_where_a_quantised_model_decodes_compiled_in_fp32(lm):
     ours = [c.token_ids for c in half.generate(prompts, params)]
     theirs = [c.token_ids for c in eager.generate(prompts, params)]
     assert sum(a == b for a, b in zip(ours, theirs)) >= 3
+
+
+@pytest.mark.skipif(native_kernels() is None, reason="no native kernels")
+@pytest.mark.parametrize("weights", ["fp32", "bf16"])
+def test_swiglu_matches_the_gated_mlp_it_replaces(weights):
+    """The engine's SwiGLU (one native silu(gate) * up pass; with bf16 weights past the GEMV
+    rows, bf16 from gate and up's GEMM into down's) against GatedMLP's forward on the same
+    layers, at a decode step's rows, the bf16 tile's and a prefill's."""
+    torch.manual_seed(0)
+    mlp = GatedMLP(64, 160, "silu", bias=False, dropout=0.0).eval()
+    if weights == "bf16":  # as a BF16 GGUF file loads: 16-bit weights, fp32 activations
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            setattr(mlp, name, HalfLinear(getattr(mlp, name).weight.detach().bfloat16()))
+    model = nn.ModuleDict({"norm": nn.LayerNorm(64), "mlp": mlp})  # a parameter as a model has
+    fused = inference_model(model)["mlp"]
+    assert isinstance(fused, SwiGLU) and type(mlp) is GatedMLP  # the caller's model is left alone
+    assert fused.bf16_gemm == (weights == "bf16" and native_kernels().variant == "avx512_bf16")
+    for rows in (1, 12, 100):
+        x = torch.randn(2, rows, 64)
+        with torch.inference_mode():
+            y, expect = fused(x), GatedMLP.forward(fused, x)
+        tol = 1e-5 if weights == "fp32" else 1e-2
+        torch.testing.assert_close(y, expect, rtol=tol, atol=tol * expect.abs().max().item())
 
 
 def test_lm_load_quantized(tmp_path, lm):

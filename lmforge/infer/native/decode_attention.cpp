@@ -4,7 +4,8 @@
  * cache far below the memory bandwidth: inductor's fused loop (model/attention.py) and SDPA both
  * take several times the time the cache needs to stream in. Here each (row, KV head) runs once over its keys for all the
  * query heads that share them (GQA: the cache is read once, not once per query head), converts
- * fp16 / bf16 keys to fp32 in registers, and takes exp with a polynomial on whole vectors.
+ * fp16 / bf16 keys to fp32 in registers, and takes exp with a polynomial on whole vectors
+ * (simd.h's vexp).
  *
  * Three passes over one (row, KV head): scores q.k * scale for every key, 4 keys at a time
  * (masked keys then set to -inf), softmax per query head (max, exp, sum), and the probability-
@@ -41,26 +42,6 @@ static inline vec vload_kv(const void* p, int64_t i, int dtype) {
   if (dtype == KV_F32) return vload((const float*)p + i);
   const uint16_t* h = (const uint16_t*)p + i;
   return dtype == KV_F16 ? vload_f16(h) : vload_bf16(h);
-}
-#endif
-
-#ifdef W
-/* exp(x) for x <= 0 (scores minus their max): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the
- * degree-6 Taylor polynomial (relative error < 2e-7). Below -87 the result is 0 (as expf's
- * underflow), which also turns the masked keys' -inf into 0. */
-static inline vec vexp(vec x) {
-  x = vmax(x, vset(-87.0f));
-  vec n = vround(vmul(x, vset(1.44269504088896341f)));
-  vec r = vfma(n, vset(-0.693145751953125f), x);
-  r = vfma(n, vset(-1.428606765330187e-06f), r);
-  vec p = vset(1.f / 720);
-  p = vfma(p, r, vset(1.f / 120));
-  p = vfma(p, r, vset(1.f / 24));
-  p = vfma(p, r, vset(1.f / 6));
-  p = vfma(p, r, vset(0.5f));
-  p = vfma(p, r, vset(1.f));
-  p = vfma(p, r, vset(1.f));
-  return vpow2(p, n);
 }
 #endif
 

@@ -1,5 +1,6 @@
 /* The entry points of the native CPU kernels, declared once: quantized_matmul.cpp,
- * dense_matmul.cpp and decode_attention.cpp define them, torch_ops.cpp calls them.
+ * dense_matmul.cpp, decode_attention.cpp and activations.cpp define them, torch_ops.cpp calls
+ * them.
  *
  * Every source is compiled once per instruction-set variant (cpu_kernels.py: VARIANTS, each
  * with its -m flags and -DLMFORGE_VARIANT=<name>), into the namespace lmforge_kernels::<name>,
@@ -48,6 +49,10 @@ using DecodeAttention = int(const float* q, const void* k, const void* v, int dt
                             const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
                             int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
                             int threads);
+/* out [n] = silu(gate) * up elementwise in fp32, gate / up fp32 or bf16 (in_bf16), out fp32 or
+ * bf16 (out_bf16) (activations.cpp) */
+using SiluMul = void(const void* gate, const void* up, int in_bf16, void* out, int out_bf16,
+                     int64_t n, int threads);
 
 /* One variant's entry points (variant_table.cpp fills it). */
 struct Kernels {
@@ -58,6 +63,7 @@ struct Kernels {
   DequantizeInt4* dequantize_int4;
   DenseMatmul* dense_matmul;
   DecodeAttention* decode_attention;
+  SiluMul* silu_mul;
 };
 
 /* The variants compiled into the library, best first; cpu_kernels.py VARIANTS gives each its
@@ -78,6 +84,7 @@ BlockMatmul q8_matmul;
 DequantizeInt4 dequantize_int4;
 DenseMatmul dense_matmul;
 DecodeAttention decode_attention;
+SiluMul silu_mul;
 }  // namespace LMFORGE_VARIANT
 #endif
 

@@ -72,8 +72,10 @@ static inline __m128 sum4x256(__m256 a, __m256 b, __m256 c, __m256 d) {
   static inline vec vadd(vec a, vec b) { return P##_add_ps(a, b); }                         \
   static inline vec vsub(vec a, vec b) { return P##_sub_ps(a, b); }                         \
   static inline vec vmul(vec a, vec b) { return P##_mul_ps(a, b); }                         \
+  static inline vec vdiv(vec a, vec b) { return P##_div_ps(a, b); }                         \
   static inline vec vfma(vec a, vec b, vec c) { return P##_fmadd_ps(a, b, c); }             \
-  static inline vec vmax(vec a, vec b) { return P##_max_ps(a, b); }
+  static inline vec vmax(vec a, vec b) { return P##_max_ps(a, b); }                         \
+  static inline vec vmin(vec a, vec b) { return P##_min_ps(a, b); }
 
 #if defined(__AVX512F__)
 #define SIMD_WIDTH 16
@@ -91,6 +93,13 @@ static inline __m256 halves(__m512 a) { /* the two 8-float halves of a, added */
 static inline __m128 vsum4(vec a, vec b, vec c, vec d) { /* four sums as one 4-float vector */
   return sum4x256(halves(a), halves(b), halves(c), halves(d));
 }
+static inline __m512i bf16_bits(__m512i b) { /* round to nearest even, as float_to_bf16 */
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+}
+static inline void vstore_bf16(uint16_t* p, vec a) {
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(bf16_bits(_mm512_castps_si512(a))));
+}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SIMD_WIDTH 8
 typedef __m256 vec;
@@ -103,9 +112,36 @@ static inline float vtop(vec a) {
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT); }
-static inline vec vpow2(vec p, vec n) { /* n in [-126, 0] here: build 2^n's exponent bits */
+static inline vec vpow2(vec p, vec n) { /* n in [-126, 127] here: 2^n's exponent bits */
   __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
   return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
 }
 static inline __m128 vsum4(vec a, vec b, vec c, vec d) { return sum4x256(a, b, c, d); }
+static inline void vstore_bf16(uint16_t* p, vec a) { /* round to nearest even, as float_to_bf16 */
+  const __m256i b = _mm256_castps_si256(a);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(packed));
+}
+#endif
+
+#ifdef SIMD_WIDTH
+/* exp(x): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the degree-6 Taylor polynomial (relative
+ * error < 2e-7), x clamped to [-87, 88]: below, 0 (as expf's underflow; a masked key's -inf
+ * score turns into 0), above, e^88 (silu's x / (1 + e^-x) is then 0 anyway). */
+static inline vec vexp(vec x) {
+  x = vmin(vmax(x, vset(-87.0f)), vset(88.0f));
+  vec n = vround(vmul(x, vset(1.44269504088896341f)));
+  vec r = vfma(n, vset(-0.693145751953125f), x);
+  r = vfma(n, vset(-1.428606765330187e-06f), r);
+  vec p = vset(1.f / 720);
+  p = vfma(p, r, vset(1.f / 120));
+  p = vfma(p, r, vset(1.f / 24));
+  p = vfma(p, r, vset(1.f / 6));
+  p = vfma(p, r, vset(0.5f));
+  p = vfma(p, r, vset(1.f));
+  p = vfma(p, r, vset(1.f));
+  return vpow2(p, n);
+}
 #endif

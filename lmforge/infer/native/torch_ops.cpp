@@ -212,6 +212,21 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+// silu(gate) * up elementwise (SwiGLU's activation; activations.cpp), gate and up of one shape
+// and dtype (fp32 or bf16), in fp32; the result bf16 when `bf16`, else fp32
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, bool bf16) {
+  const auto type = gate.scalar_type();
+  TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu() && up.scalar_type() == type &&
+                  gate.sizes() == up.sizes() && (type == at::kFloat || type == at::kBFloat16),
+              "lmforge silu_mul: gate and up must be CPU fp32 or bf16 tensors of one shape and "
+              "dtype, got ", type, " ", gate.sizes(), " and ", up.scalar_type(), " ", up.sizes());
+  auto g = gate.contiguous(), u = up.contiguous();
+  auto out = at::empty(g.sizes(), g.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  active->silu_mul(g.data_ptr(), u.data_ptr(), type == at::kBFloat16 ? 1 : 0, out.data_ptr(),
+                   bf16 ? 1 : 0, g.numel(), at::get_num_threads());
+  return out;
+}
+
 }  // namespace
 
 // one level of indirection, so that LMFORGE_NS is expanded before TORCH_LIBRARY pastes it
@@ -225,6 +240,7 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("dequantize_int4(Tensor packed, int n, bool bf16) -> Tensor");
   m.def("dense_matmul(Tensor x, Tensor w) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
+  m.def("silu_mul(Tensor gate, Tensor up, bool bf16) -> Tensor");
   m.def("kernel_variants() -> str[]", &kernel_variants);
   m.def("kernel_variant() -> str", &kernel_variant);
   m.def("use_kernel_variant(str name) -> ()", &use_kernel_variant);
@@ -237,4 +253,5 @@ LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("dequantize_int4", &dequantize_int4);
   m.impl("dense_matmul", &dense_matmul);
   m.impl("decode_attention", &decode_attention);
+  m.impl("silu_mul", &silu_mul);
 }

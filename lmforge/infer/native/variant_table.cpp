@@ -11,5 +11,6 @@ extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT),
                               q8_matmul,
                               dequantize_int4,
                               dense_matmul,
-                              decode_attention};
+                              decode_attention,
+                              silu_mul};
 }
