@@ -41,6 +41,11 @@ def _suite_args(p, name: str) -> None:
     p.add_argument("--json", help=f"write results, centered and {name} as JSON")
 
 
+def numbers(text: str) -> list[float]:
+    """An argparse type: comma-separated numbers (argparse names the option if one is not)."""
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint")
     esub = p.add_subparsers(dest="task", metavar="TASK", required=True)
@@ -73,8 +78,8 @@ def register(sub) -> None:
     hal = esub.add_parser("hallucination", help="hallucination rate over a decoding grid")
     _common(hal, data_required=True)
     hal.add_argument("--index", help="RAG index: also measure with retrieval")
-    hal.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated")
-    hal.add_argument("--top-ps", default="1.0,0.9", help="comma-separated")
+    hal.add_argument("--temperatures", type=numbers, default="0,0.7,1.0", help="comma-separated")
+    hal.add_argument("--top-ps", type=numbers, default="1.0,0.9", help="comma-separated")
     hal.add_argument("--samples", type=int, default=3, help="answers per question when sampling")
     hal.add_argument("--k", type=int, default=3, help="chunks retrieved per question")
     hal.set_defaults(func=run_hallucination)
@@ -177,15 +182,6 @@ def run_sycophancy(args) -> int:
     return 0
 
 
-def _floats(text: str, name: str) -> list[float]:
-    from lmforge.errors import ConfigError
-
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise ConfigError(f"--{name}: expected comma-separated numbers, got {text!r}") from e
-
-
 def run_hallucination(args) -> int:
     from lmforge.eval.hallucination import decoding_grid, load_qa, sweep
     from lmforge.retrieval import RAG, Retriever
@@ -193,7 +189,7 @@ def run_hallucination(args) -> int:
     rows = load_qa(args.data, args.limit)
     lm = _load_lm(args)
     rag = RAG(Retriever.load(args.index), lm, k=args.k) if args.index else None
-    grid = decoding_grid(_floats(args.temperatures, "temperatures"), _floats(args.top_ps, "top-ps"))
+    grid = decoding_grid(args.temperatures, args.top_ps)
     results = sweep(lm, rows, settings=grid, rag=rag, samples=args.samples, progress=True)
     for row in results:
         print(
