@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 
 def run(args, stdin=None, stdout=None) -> int:
-    from lmforge.cli.generate import compile_cache_dir, load_engine, warm_up
+    from lmforge.cli.generate import compile_cache_dir, load_engine, sampling, warm_up
     from lmforge.cli.main import Terminated
     from lmforge.errors import ConfigError, require_text
     from lmforge.infer.engine import GenerationParams
@@ -71,10 +71,7 @@ def run(args, stdin=None, stdout=None) -> int:
         while len(ids) >= engine.max_len - 1 and len(history) > len(start) + 1:
             history = start + history[len(start) + 2 :]  # drop the oldest exchange
             ids = tok.encode(render_chat(tok, history, add_generation_prompt=True))
-        params = GenerationParams(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, seed=args.seed, stop_token_ids=stop_ids,
-        )  # fmt: skip
+        params = GenerationParams(**sampling(args), stop_token_ids=stop_ids)
         try:
             reply = []
             for out in engine.stream(ids, params):

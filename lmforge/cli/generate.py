@@ -20,6 +20,13 @@ def add_sampling_args(p) -> None:
     p.add_argument("--seed", type=int)
 
 
+def sampling(args) -> dict:
+    """The GenerationParams fields add_sampling_args' options give."""
+    return {
+        k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+    }
+
+
 def add_engine_args(p) -> None:
     """Device and decoding precision for the engine-backed commands (generate, chat, serve):
     --dtype (default auto: chosen per machine) and --quantize, with the choices
@@ -134,10 +141,7 @@ def run(args) -> int:
         require_text(text, "--stop")
     precision = dict(device=args.device, dtype=args.dtype, quantize=args.quantize)
     lm = LM.load(args.checkpoint, **precision)
-    kwargs = dict(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, stop=args.stop,
-    )  # fmt: skip
+    kwargs = dict(sampling(args), stop=args.stop)
     if args.draft is not None:
         kwargs.update(draft=LM.load(args.draft, **precision), draft_tokens=args.draft_tokens)
     # An instruct model answers a user turn: given the bare text, its first token is usually its
