@@ -49,7 +49,9 @@ PLAIN_BLOCK: dict[str, tuple] = {
 
 
 class Family:
-    """Base class: subclasses set the names and override the parts that differ."""
+    """Base class: subclasses set the names, define config_from_hf(hf dict) -> ModelConfig
+    fields, config_to_hf(config) -> hf dict and key_map(config) -> {our tensor: Rule}, and
+    override the parts that differ."""
 
     model_type = ""
     architecture = ""
@@ -59,15 +61,6 @@ class Family:
     no_lora_modules: tuple[str, ...] = ()
     # ModelConfig field -> the values this family can write (fields not listed: any value)
     needs: dict[str, tuple | None] = {}
-
-    def config_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
-        raise ConfigError(f"{self.model_type}: no config mapping")  # every family overrides
-
-    def config_to_hf(self, config: ModelConfig) -> dict[str, Any]:
-        raise ConfigError(f"{self.model_type}: no config mapping")
-
-    def key_map(self, config: ModelConfig) -> dict[str, Rule]:
-        raise ConfigError(f"{self.model_type}: no weight mapping")
 
     def export_problems(self, config: ModelConfig) -> list[str]:
         """Why `config` cannot be written as this family (empty list: it can)."""
