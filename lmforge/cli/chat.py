@@ -40,9 +40,7 @@ def run(args, stdin=None, stdout=None) -> int:
     if args.system is not None:
         require_text(args.system, "--system")
     lm, engine, compiled = load_engine(args, max_batch=1)
-    tok = lm.tokenizer
-    if tok is None:
-        raise ConfigError(f"{args.checkpoint}: chat needs a tokenizer (tokenizer.json)")
+    tok = lm.require_tokenizer(f"chat with {args.checkpoint}")
     if compiled:
         warm_up(engine, compile_cache_dir(args))
     stop_ids = tok.chat_stop_ids(engine.eos_ids)
