@@ -14,6 +14,11 @@ Q8_0, Q4_1 with Q4_1, BF16 with BF16, ...). llama.cpp is the one vendored in lla
     cmake --build build -j2 --target llama-bench llama-batched-bench llama-perplexity \\
         llama-tokenize
 
+An AVX2-only CPU can be emulated on an AVX-512 one: llama.cpp built with -DGGML_NATIVE=OFF
+-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF, and lmforge run with
+ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 LMFORGE_KERNEL_VARIANT=avx2 (recorded in the
+notes): the same code paths as on a Zen 3, on this CPU's caches and memory.
+
 lmforge runs two engines: eager (`EngineConfig(compile=False)`, what `LM.generate` and
 `lmforge generate` use) and compiled (`compile=True`, the default of `lmforge chat` / `serve`
 where a C++ compiler exists: the decode step exported and AOT-compiled, kept in the compile
@@ -58,6 +63,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# what narrows lmforge's instruction sets: torch's kernels and Inductor's vector ISA, oneDNN,
+# lmforge's native kernel variant (cpu_kernels.pick_variant); recorded in the notes when set
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "LMFORGE_KERNEL_VARIANT")
 BATCHES = (1, 8, 16)
 # a speed row's measurements (bench_half_weights.py's too)
 SPEED_COLUMNS = ["eager decode tok/s", "compiled decode tok/s", "llama.cpp decode tok/s",
@@ -317,10 +325,13 @@ def save(args, speed_rows: list, file_rows: list, llama_info: dict, load_start: 
     keys = ("build_commit", "build_number", "cpu_info", "backends", "type_k", "type_v",
             "flash_attn", "system_info")  # fmt: skip
     info = json.dumps({k: llama_info.get(k) for k in keys})
+    # an instruction set narrowed on purpose (e.g. an AVX2-only CPU emulated on an AVX-512 one)
+    isa = {k: os.environ[k] for k in ISA_ENV if k in os.environ}
+    narrowed = f" lmforge's instruction set narrowed by {json.dumps(isa)}." if isa else ""
     common = (f"Medians of {args.repeats} alternating runs (eager, compiled, llama.cpp in "
               f"turn), each a fresh process. llama.cpp: {info}. Load average at start "
               f"{load_start}, at this table's last row {load_now} (2 cores shared with other "
-              "jobs).")  # fmt: skip
+              f"jobs).{narrowed}")  # fmt: skip
     speed_cols = ["file", "threads", "batch", *SPEED_COLUMNS, "rows compiled = eager"]
     speed_notes = (f"{args.prompt}-token random prompts, then {args.gen} greedy tokens, EOS "
                    "off. Batch 1: llama-bench pp/tg; lmforge Engine (max_batch 1). Batch 8 / "
