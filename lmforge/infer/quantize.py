@@ -198,10 +198,11 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
             above = gemm or "torch's fp32 matmul"
             gemm = f"lmforge's {native.variant} dense matmul up to {Linear.gemv_rows} rows, {above}"
         linear = gemm
+    swiglu = f"; SwiGLU's silu(gate) * up: lmforge's {native.variant} kernel" if native else ""
     return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
             "attention, decoding": f"{decode} (one query per row)",
             "attention, prefill": "SDPA (causal)",
-            "norms, activations, RoPE": "torch"}  # fmt: skip
+            "norms, activations, RoPE": f"torch{swiglu}"}  # fmt: skip
 
 
 @functools.cache
