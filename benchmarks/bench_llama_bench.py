@@ -362,6 +362,8 @@ def save(args, speed_rows: list, file_rows: list, llama_info: dict, load_start: 
         + common
     )
     title = "lmforge vs llama.cpp on the same GGUF files"
+    if isa:
+        title += f" ({isa.get('ATEN_CPU_CAPABILITY', 'narrowed').upper()} code paths)"
     record(args.name, f"{title}: decode and prefill", speed_cols, speed_rows, speed_notes)
     record(f"{args.name}_memory", f"{title}: memory, load time, perplexity", file_cols,
            file_rows, file_notes)  # fmt: skip
