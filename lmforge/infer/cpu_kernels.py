@@ -43,7 +43,8 @@ from lmforge.fileio import cache_root
 NATIVE = Path(__file__).with_name("native")
 KERNEL_SOURCES = tuple(NATIVE / name for name in
                        ("quantized_matmul.cpp", "dense_matmul.cpp", "decode_attention.cpp",
-                        "activations.cpp", "variant_table.cpp"))  # fmt: skip
+                        "prefill_attention.cpp", "activations.cpp",
+                        "variant_table.cpp"))  # fmt: skip
 BINDING = NATIVE / "torch_ops.cpp"  # compiled once, by torch's extension builder
 HEADERS = (NATIVE / "kernels.h", NATIVE / "simd.h")  # part of the build's key
 BLOCK = 32  # activation values per scale: the kernels need in_features % BLOCK == 0
@@ -100,10 +101,15 @@ class NativeKernels:
     - decode_attention(q, k, v, mask): one query per row over its cache: q [B, H, 1, D] fp32,
       k / v [B, KV, L, D] fp32, fp16 or bf16 (unit stride along D), mask None or bool [B, L] or
       [B, 1, 1, L] (True: a real key) -> [B, H, 1, D] fp32, scaled by D ** -0.5.
+    - prefill_attention(q, k, v): causal attention of T queries over the same T keys: q
+      [B, H, T, D], k / v [B, KV, T, D] fp32 (unit stride along D) -> [B, H, T, D] fp32 (laid out
+      [B, T, H, D]), scaled by D ** -0.5.
     - silu_mul(gate, up, bf16): silu(gate) * up elementwise in fp32 (SwiGLU's activation), gate
       and up fp32 or bf16 -> bf16 when `bf16`, else fp32."""
 
-    OPS = "int8_matmul int4_matmul q8_matmul dense_matmul decode_attention silu_mul".split()
+    OPS = (
+        "int8_matmul int4_matmul q8_matmul dense_matmul decode_attention prefill_attention silu_mul"
+    ).split()
 
     def __init__(self, namespace: str):
         self.namespace, self.ops = namespace, getattr(torch.ops, namespace)
@@ -380,6 +386,7 @@ def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKerne
         torch.library.register_fake(f"{namespace}::dequantize_int4")(_fake_dequant_int4)
         torch.library.register_fake(f"{namespace}::dense_matmul")(_fake_dense)
         torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
+        torch.library.register_fake(f"{namespace}::prefill_attention")(_fake_prefill)
         torch.library.register_fake(f"{namespace}::silu_mul")(_fake_silu_mul)
     kernels = NativeKernels(namespace)
     if kernels.variants() != list(VARIANTS):
@@ -427,6 +434,11 @@ def _fake_dense(x, w):
 
 def _fake_attention(q, k, v, mask):
     return q.new_empty(q.shape)
+
+
+def _fake_prefill(q, k, v):
+    b, h, t, d = q.shape
+    return q.new_empty(b, t, h, d).transpose(1, 2)
 
 
 def _fake_silu_mul(gate, up, bf16):

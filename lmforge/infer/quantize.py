@@ -304,7 +304,8 @@ def inference_model(
       own layer (model/linear.py `Linear`: fp32 on a CPU through oneDNN, and with lmforge's
       kernels built lmforge's dense GEMV for a decode step's few rows, `Linear.gemv`).
     - softmax attention decoding one token per row on a CPU: lmforge's fused decode attention
-      (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`); else SDPA.
+      (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`), and its fused causal
+      prefill attention (native/prefill_attention.cpp, `prefill_kernel`); else SDPA.
     - SwiGLU MLPs on a CPU: `SwiGLU` (lmforge's silu(gate) * up in one pass).
     """
     converted = to_inference_precision(model, dtype, quantize)
@@ -320,6 +321,7 @@ def inference_model(
         for layer in converted.modules():
             if isinstance(layer, CausalSelfAttention):
                 layer.decode_kernel = native.decode_attention
+                layer.prefill_kernel = native.prefill_attention
             if isinstance(layer, Linear):
                 layer.gemv = native.dense_matmul
             if type(layer) is GatedMLP and layer.act is F.silu:

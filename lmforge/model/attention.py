@@ -94,6 +94,9 @@ class CausalSelfAttention(nn.Module):
     # `decode_attention`, or None. Inference sets it (lmforge.infer.quantize.inference_model:
     # the CPU's native kernel, which reads each cached key once for all the heads sharing it).
     decode_kernel = None
+    # The same for a causal prefill with no cache before it (q, k, v [B, *, T, D] -> [B, H, T,
+    # D]), or None: inference sets the CPU's native kernel (about 3x torch's SDPA at 128 tokens).
+    prefill_kernel = None
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -136,6 +139,8 @@ class CausalSelfAttention(nn.Module):
                 )
         elif t == 1 and not self.training and self.kernel is sdpa_attention:
             y = self.decode(q, k, v, mask)
+        elif self.prefill_kernel is not None and self.fused_prefill(q, k, mask, is_causal):
+            y = self.prefill_kernel(q.float(), k.float(), v.float()).to(q.dtype)
         else:
             y = self.kernel(q, k, v, mask, is_causal, self.p_drop, *self.cap)
         y = self.o_proj(y.transpose(1, 2).reshape(b * t, -1)).view(b, t, -1)
@@ -160,6 +165,21 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             qk = rope.rotate(qk, *rope_tables)
         return qk[:, :nh], qk[:, nh:], v
+
+    def fused_prefill(self, q, k, mask, is_causal) -> bool:
+        """Whether `prefill_kernel` takes this forward: causal over exactly the new keys, no
+        mask, cap or gradient, eager on a CPU (torch.compile keeps SDPA)."""
+        return (
+            is_causal
+            and mask is None
+            and not self.training
+            and self.kernel is sdpa_attention
+            and self.cap == (None, None)
+            and q.device.type == "cpu"
+            and k.shape[2] == q.shape[2]
+            and not q.requires_grad
+            and not torch.compiler.is_compiling()
+        )
 
     def decode(self, q, k, v, mask) -> torch.Tensor:
         """One new query per row over the cache (no dropout, no causal part: the mask says which

@@ -304,6 +304,38 @@ def test_decode_attention_matches_torch_sdpa(kernel, shape, dtype):
     assert torch.equal(kernel.decode_attention(q, k, loud, mask), y)
 
 
+# (rows, heads, kv heads, head_dim, tokens): GQA 3:1 at head_dim 64 (SmolLM2) over 128 tokens
+# and an odd count, MHA at 32, 128 wide, a head_dim no vector width divides (the scalar loop),
+# one token, and a tile of 4 query rows that runs past a block's last position
+@pytest.mark.parametrize("shape", [(1, 9, 3, 64, 128), (2, 9, 3, 64, 37), (2, 4, 4, 32, 20),
+                                   (1, 4, 2, 128, 70), (2, 6, 2, 40, 9), (3, 2, 1, 64, 1),
+                                   (1, 5, 5, 16, 17)])  # fmt: skip
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefill_attention_matches_torch_sdpa(kernel, shape, threads):
+    b, h, kv, d, t = shape
+    g = torch.Generator().manual_seed(b * t + d)
+    # views of one fused projection's heads, as CausalSelfAttention.project returns them
+    heads = torch.randn(b, t, h + 2 * kv, d, generator=g).transpose(1, 2)
+    q, k, v = heads[:, :h], heads[:, h : h + kv], heads[:, h + kv :]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernel.prefill_attention(q, k, v)
+    finally:
+        torch.set_num_threads(before)
+    expect = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=h != kv
+    )
+    assert y.shape == (b, h, t, d) and y.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(y, expect, rtol=1e-5, atol=2e-6)
+    # a later key never enters an earlier query, however large
+    loud = v.clone()
+    loud[:, :, -1] = 1e4
+    torch.testing.assert_close(kernel.prefill_attention(q, k, loud)[:, :, :-1], y[:, :, :-1])
+    with pytest.raises(RuntimeError, match="prefill attention"):
+        kernel.prefill_attention(q.double(), k, v)
+
+
 # sizes: under one vector, a vector and a tail, several of the threads' chunks and a tail
 @pytest.mark.parametrize("shape", [(1, 5), (3, 37), (2, 16384 + 77)])
 def test_silu_mul_matches_torch(kernel, shape):

@@ -1,6 +1,6 @@
 /* The entry points of the native CPU kernels, declared once: quantized_matmul.cpp,
- * dense_matmul.cpp, decode_attention.cpp and activations.cpp define them, torch_ops.cpp calls
- * them.
+ * dense_matmul.cpp, decode_attention.cpp, prefill_attention.cpp and activations.cpp define
+ * them, torch_ops.cpp calls them.
  *
  * Every source is compiled once per instruction-set variant (cpu_kernels.py: VARIANTS, each
  * with its -m flags and -DLMFORGE_VARIANT=<name>), into the namespace lmforge_kernels::<name>,
@@ -49,6 +49,13 @@ using DecodeAttention = int(const float* q, const void* k, const void* v, int dt
                             const uint8_t* mask, int64_t mask_sb, float* out, int64_t b,
                             int64_t h, int64_t kv, int64_t len, int64_t d, float scale,
                             int threads);
+/* out [b, h, t, d] fp32 = causal softmax(q k^T scale) v over k / v [b, kv, t, d], all fp32 with
+ * element strides per batch, head and position (qs, ks, vs, os) and unit stride along d: query
+ * position i sees keys 0..i (prefill_attention.cpp) */
+using PrefillAttention = int(const float* q, const float* k, const float* v, const int64_t* qs,
+                             const int64_t* ks, const int64_t* vs, float* out, const int64_t* os,
+                             int64_t b, int64_t h, int64_t kv, int64_t t, int64_t d, float scale,
+                             int threads);
 /* out [n] = silu(gate) * up elementwise in fp32, gate / up fp32 or bf16 (in_bf16), out fp32 or
  * bf16 (out_bf16) (activations.cpp) */
 using SiluMul = void(const void* gate, const void* up, int in_bf16, void* out, int out_bf16,
@@ -63,6 +70,7 @@ struct Kernels {
   DequantizeInt4* dequantize_int4;
   DenseMatmul* dense_matmul;
   DecodeAttention* decode_attention;
+  PrefillAttention* prefill_attention;
   SiluMul* silu_mul;
 };
 
@@ -84,6 +92,7 @@ BlockMatmul q8_matmul;
 DequantizeInt4 dequantize_int4;
 DenseMatmul dense_matmul;
 DecodeAttention decode_attention;
+PrefillAttention prefill_attention;
 SiluMul silu_mul;
 }  // namespace LMFORGE_VARIANT
 #endif

@@ -212,6 +212,36 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+// q [B, H, T, D] fp32, k / v [B, KV, T, D] fp32 (any strides but unit along D) -> causal
+// attention [B, H, T, D] fp32, laid out [B, T, H, D] (the output projection's rows as they are)
+// (prefill_attention.cpp)
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() &&
+                  q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat && k.size(0) == q.size(0) &&
+                  k.size(2) == q.size(2) && k.size(3) == q.size(3) && k.size(1) > 0 &&
+                  q.size(1) % k.size(1) == 0,
+              "lmforge prefill attention: q ", q.sizes(), ", k ", k.sizes(), " and v ",
+              v.sizes(), " must be CPU fp32 [B, H, T, D] and [B, KV, T, D] tensors");
+  auto qc = q.stride(3) == 1 ? q : q.contiguous();
+  auto kc = k.stride(3) == 1 ? k : k.contiguous();
+  auto vc = v.stride(3) == 1 ? v : v.contiguous();
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  auto out = at::empty({b, t, h, d}, qc.options()).transpose(1, 2);
+  if (out.numel() == 0) return out;
+  const int64_t qs[3] = {qc.stride(0), qc.stride(1), qc.stride(2)};
+  const int64_t ks[3] = {kc.stride(0), kc.stride(1), kc.stride(2)};
+  const int64_t vs[3] = {vc.stride(0), vc.stride(1), vc.stride(2)};
+  const int64_t os[3] = {out.stride(0), out.stride(1), out.stride(2)};
+  TORCH_CHECK(active->prefill_attention(qc.data_ptr<float>(), kc.data_ptr<float>(),
+                                        vc.data_ptr<float>(), qs, ks, vs, out.data_ptr<float>(),
+                                        os, b, h, k.size(1), t, d,
+                                        1.0f / std::sqrt(static_cast<float>(d)),
+                                        at::get_num_threads()) == 0,
+              "lmforge prefill attention: out of memory");
+  return out;
+}
+
 // silu(gate) * up elementwise (SwiGLU's activation; activations.cpp), gate and up of one shape
 // and dtype (fp32 or bf16), in fp32; the result bf16 when `bf16`, else fp32
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, bool bf16) {
@@ -240,6 +270,7 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("dequantize_int4(Tensor packed, int n, bool bf16) -> Tensor");
   m.def("dense_matmul(Tensor x, Tensor w) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
+  m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up, bool bf16) -> Tensor");
   m.def("kernel_variants() -> str[]", &kernel_variants);
   m.def("kernel_variant() -> str", &kernel_variant);
@@ -253,5 +284,6 @@ LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("dequantize_int4", &dequantize_int4);
   m.impl("dense_matmul", &dense_matmul);
   m.impl("decode_attention", &decode_attention);
+  m.impl("prefill_attention", &prefill_attention);
   m.impl("silu_mul", &silu_mul);
 }

@@ -12,5 +12,6 @@ extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT),
                               dequantize_int4,
                               dense_matmul,
                               decode_attention,
+                              prefill_attention,
                               silu_mul};
 }
