@@ -45,42 +45,12 @@ static inline vec vload_kv(const void* p, int64_t i, int dtype) {
 }
 #endif
 
-/* Softmax of each query head's scores in place, left unnormalised: exp(s - max) (masked keys
- * hold -inf and come out 0), with 1 / sum in inv[g] (0 when every key is masked, never in a
- * decode step: the head then attends to nothing). The value pass scales its G x D sums by inv,
- * not the G x L probabilities. */
+/* Softmax of each query head's scores in place (simd.h: masked keys hold -inf and come out 0),
+ * with 1 / sum in inv[g] (0 when every key is masked, never in a decode step: the head then
+ * attends to nothing). The value pass scales its G x D sums by inv, not the G x L
+ * probabilities. */
 static void softmax_rows(float* scores, int64_t g_count, int64_t len, float* inv) {
-  for (int64_t g = 0; g < g_count; g++) {
-    float* s = scores + g * len;
-    float top = -INFINITY, sum = 0.f;
-    int64_t l = 0;
-#ifdef W
-    vec vt = vset(-INFINITY);
-    for (; l + W <= len; l += W) vt = vmax(vt, vload(s + l));
-    top = vtop(vt);
-#endif
-    for (; l < len; l++) top = fmaxf(top, s[l]);
-    if (top == -INFINITY) {
-      for (l = 0; l < len; l++) s[l] = 0.f;
-      inv[g] = 0.f;
-      continue;
-    }
-    l = 0;
-#ifdef W
-    vec vsum_ = vset(0.f), vtop_ = vset(top);
-    for (; l + W <= len; l += W) {
-      vec e = vexp(vsub(vload(s + l), vtop_));
-      vstore(s + l, e);
-      vsum_ = vfma(e, vset(1.f), vsum_);
-    }
-    sum = vsum(vsum_);
-#endif
-    for (; l < len; l++) {
-      s[l] = expf(s[l] - top);
-      sum += s[l];
-    }
-    inv[g] = 1.f / sum;
-  }
+  for (int64_t g = 0; g < g_count; g++) inv[g] = softmax_unnormalised(scores + g * len, len, 1.f);
 }
 
 /* One (row, KV head): q [G, D] fp32 (contiguous), keys and values [L, D] (row stride ks / vs

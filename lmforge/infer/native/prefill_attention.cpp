@@ -32,33 +32,12 @@ enum { BLOCK = 16, ROWS = 4 };
 #define KEYS 16
 #endif
 
-/* Softmax of one row's n visible scores (s[0..n) scaled by `scale`) in place, unnormalised,
- * zeros on [n, upto); returns 1 / sum. */
+/* Softmax of one row's n visible scores (times `scale`) in place, unnormalised (simd.h), zeros
+ * on [n, upto); returns 1 / sum. */
 static float softmax_row(float* s, int64_t n, int64_t upto, float scale) {
-  float top = -INFINITY, sum = 0.f;
-  int64_t l = 0;
-#ifdef W
-  vec vt = vset(-INFINITY);
-  for (; l + W <= n; l += W) vt = vmax(vt, vload(s + l));
-  top = vtop(vt);
-#endif
-  for (; l < n; l++) top = fmaxf(top, s[l]);
-  l = 0;
-#ifdef W
-  vec vs = vset(0.f), vtop_ = vset(top * scale), vscale = vset(scale);
-  for (; l + W <= n; l += W) {
-    const vec e = vexp(vsub(vmul(vload(s + l), vscale), vtop_));
-    vstore(s + l, e);
-    vs = vadd(vs, e);
-  }
-  sum = vsum(vs);
-#endif
-  for (; l < n; l++) {
-    s[l] = expf(s[l] * scale - top * scale);
-    sum += s[l];
-  }
-  for (; l < upto; l++) s[l] = 0.f;
-  return 1.f / sum;
+  const float inv = softmax_unnormalised(s, n, scale);
+  for (int64_t l = n; l < upto; l++) s[l] = 0.f;
+  return inv;
 }
 
 #ifdef W

@@ -6,6 +6,7 @@
  * kernel is written once for every width. Each variant is one compilation with its own -m flags
  * (cpu_kernels.py). */
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(_M_X64)
@@ -145,3 +146,36 @@ static inline vec vexp(vec x) {
   return vpow2(p, n);
 }
 #endif
+
+/* Softmax of n scores s (times `scale`) in place, left unnormalised: exp(scale (s - max)); returns
+ * 1 / sum, or 0 with zeros written when every score is -inf (masked keys: no key at all). The
+ * attention kernels scale their outputs by it rather than the n probabilities. */
+static inline float softmax_unnormalised(float* s, int64_t n, float scale) {
+  float top = -INFINITY, sum = 0.f;
+  int64_t l = 0;
+#ifdef SIMD_WIDTH
+  vec vt = vset(-INFINITY);
+  for (; l + SIMD_WIDTH <= n; l += SIMD_WIDTH) vt = vmax(vt, vload(s + l));
+  top = vtop(vt);
+#endif
+  for (; l < n; l++) top = fmaxf(top, s[l]);
+  if (top == -INFINITY) {
+    for (l = 0; l < n; l++) s[l] = 0.f;
+    return 0.f;
+  }
+  l = 0;
+#ifdef SIMD_WIDTH
+  vec vsum_ = vset(0.f), vtop_ = vset(top * scale), vscale = vset(scale);
+  for (; l + SIMD_WIDTH <= n; l += SIMD_WIDTH) {
+    vec e = vexp(vsub(vmul(vload(s + l), vscale), vtop_));
+    vstore(s + l, e);
+    vsum_ = vadd(vsum_, e);
+  }
+  sum = vsum(vsum_);
+#endif
+  for (; l < n; l++) {
+    s[l] = expf(s[l] * scale - top * scale);
+    sum += s[l];
+  }
+  return 1.f / sum;
+}
