@@ -192,6 +192,8 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
     native = native_kernels() if torch.device(device).type == "cpu" else None
     linear = describe_kernels(dtype, quantize, device).removeprefix("; ").split(": ", 1)[-1]
     decode = f"lmforge's {native.variant} decode attention" if native else "SDPA"
+    prefill = (f"lmforge's {native.variant} causal prefill attention (eager; SDPA in compiled "
+               "steps and with masks)" if native else "SDPA (causal)")  # fmt: skip
     if not linear and dtype == torch.float32 and torch.device(device).type == "cpu":
         gemm = "oneDNN's fp32 GEMM (model/linear.py)" if onednn_available() else ""
         if native is not None:
@@ -201,7 +203,7 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
     swiglu = f"; SwiGLU's silu(gate) * up: lmforge's {native.variant} kernel" if native else ""
     return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
             "attention, decoding": f"{decode} (one query per row)",
-            "attention, prefill": "SDPA (causal)",
+            "attention, prefill": prefill,
             "norms, activations, RoPE": f"torch{swiglu}"}  # fmt: skip
 
 
