@@ -2,10 +2,10 @@
 compiled or recorded, behind one interface. `Engine.__init__` picks one:
 
 - `ExportedStep`: on CPU with `compile=True`, the step exported once (`torch.export`) and compiled
-  ahead of time by AOTInductor into a shared library holding the weights as constants: a call
-  passes the token ids, positions, key mask and KV buffers to C++ and nothing else (no dynamo
-  guards or weight fetching per call). It also takes the argmax and advances the positions: the
-  host's work after a step runs cold (streaming the weights evicted its caches).
+  ahead of time by AOTInductor into a shared library that reads the weights where the model keeps
+  them: a call passes the token ids, positions, key mask and KV buffers to C++ and nothing else
+  (no dynamo guards or weight fetching per call). It also takes the argmax and advances the
+  positions: the host's work after a step runs cold (streaming the weights evicted its caches).
 - `compile_forward`: `torch.compile` of the forward (GPUs, and models an export does not cover),
   which engine.CompiledStep runs as the eager step runs the model.
 - `GraphStep`: on a GPU (by default), the step recorded as a CUDA graph and replayed: one launch
@@ -24,8 +24,11 @@ server compiles every range before it reports ready and keeps the packages on di
 keyed by the weights, their precision, the cache shape, the torch version and the CPU's vector
 ISA): a restart loads them in about a second. A shape outside every range (the very last cache
 column, for some models) runs eagerly, as does everything if compiling fails (no C++ compiler).
-The weights are copied into each compiled step when it compiles: build a new engine after
-changing them.
+The library holds no weights of its own (AOTInductor's `package_constants_in_so=False`): once
+loaded, it is handed the model's tensors (`load_constants(..., user_managed=True)`), so every
+compiled range shares the one copy the eager model decodes with (a copy per range tripled a
+16-bit model's memory). Weights changed in place are seen; replaced tensors are not: build a
+new engine after loading others.
 
 GraphStep: a graph replays fixed shapes and fixed addresses, so the recorded step is static: the
 batch is padded up to a bucket (1, 2, 4, 8, ... rows), one graph per bucket; attention covers the
@@ -38,6 +41,7 @@ and write keys into free slots that a joining sequence overwrites. It also runs 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -324,7 +328,7 @@ class ExportedStep:
             entry = self._entry(n)
             if entry is not None:
                 rows, widths = range(*entry["rows"]), range(*entry["widths"])
-                run = _load(self.dir / entry["file"], len(self.cache.k))
+                run = _load(self.dir / entry["file"], len(self.cache.k), self.step)
                 self.counts["loaded"] += 1
             else:
                 rows, widths, run = self._compile(ids, positions, key_mask)
@@ -353,7 +357,8 @@ class ExportedStep:
         k, v = self.cache.k, self.cache.v
         shapes = (rows, rows, {0: dyn, 1: dyn} if n > 1 else {1: dyn}, [None] * len(k),
                   [None] * len(v))  # fmt: skip
-        with warnings.catch_warnings():  # Int8Linear's lazily made GEMM weight: an in-graph cast
+        with warnings.catch_warnings(), _parameters_registered_only(self.step):
+            # Int8Linear's lazily made GEMM weight: an in-graph cast
             warnings.filterwarnings("ignore", message=".*were assigned during export")
             ep = torch.export.export(self.step, (ids, positions, key_mask, k, v),
                                      dynamic_shapes=shapes, strict=False)  # fmt: skip
@@ -364,8 +369,10 @@ class ExportedStep:
         partial = self.dir / f".partial-{name}"  # renamed when complete: no reader sees half
         # threads read at run time (omp_get_max_threads): inductor otherwise bakes in the count
         # at compile time, and a package cached under 2 threads would run 2 in a 1-thread server
+        # and the weights stay out of the library (_load hands it the model's own)
+        configs = {"cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False}
         torch._inductor.aoti_compile_and_package(
-            ep, package_path=str(partial), inductor_configs={"cpp.dynamic_threads": True}
+            ep, package_path=str(partial), inductor_configs=configs
         )
         os.replace(partial, self.dir / name)
         shapes = [node.meta["val"].shape for node in ep.graph.nodes if node.op == "placeholder"
@@ -379,14 +386,37 @@ class ExportedStep:
         widths = _range(ep, shapes[2][1], most)
         _add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
                                  "widths": [widths.start, widths.stop]})  # fmt: skip
-        return found, widths, _load(self.dir / name, len(k))
+        return found, widths, _load(self.dir / name, len(k), self.step)
 
 
-def _load(path: Path, n_layers: int):
-    """A compiled package's flat entry point: [ids, positions, key_mask, *k, *v] -> outputs."""
+@contextlib.contextmanager
+def _parameters_registered_only(module: nn.Module):
+    """quantize.call_directly copies each module's parameters into its instance dict (a cheaper
+    lookup per call); an export would take those for plain tensors and bake them into the
+    library as nameless constants. Hidden while exporting, they are found by name."""
+    hidden = [(m, name, m.__dict__.pop(name)) for m in module.modules()
+              for name in list(m._parameters) if name in m.__dict__]  # fmt: skip
+    try:
+        yield
+    finally:
+        for m, name, tensor in hidden:
+            m.__dict__[name] = tensor
+
+
+def _load(path: Path, n_layers: int, step: nn.Module):
+    """A compiled package's flat entry point: [ids, positions, key_mask, *k, *v] -> outputs,
+    reading the weights from `step`'s own tensors (the package holds none)."""
     with warnings.catch_warnings():  # torch-internal deprecation noise on loading
         warnings.simplefilter("ignore", FutureWarning)
         model = torch._inductor.aoti_load_package(str(path))
+    own = dict(step.named_parameters(remove_duplicate=False))
+    own.update(step.named_buffers(remove_duplicate=False))  # tied weights under each name
+    wanted = model.get_constant_fqns()
+    missing = [name for name in wanted if name not in own]
+    if missing:  # the loader would only warn, and the step would read unset memory
+        raise RuntimeError(f"the compiled step reads tensors the model lacks: {missing[:3]}")
+    model.load_constants({name: own[name] for name in wanted}, check_full_update=True,
+                         user_managed=True)  # fmt: skip
     # The flat entry point: the model's __call__ parses its input spec (JSON) every call.
     run = getattr(getattr(model, "loader", None), "boxed_run", None)
     return run or (
@@ -413,8 +443,8 @@ def _add_to_index(folder: Path, entry: dict) -> None:
 
 
 # The most the compile cache keeps. Every new model, dtype, cache shape, torch or lmforge source
-# makes a new key folder (a package holds its weights as constants), so without a bound the
-# folders of models and versions no longer run pile up.
+# makes a new key folder, so without a bound the folders of models and versions no longer run
+# pile up.
 COMPILE_CACHE_BYTES = 4 << 30
 
 
@@ -443,8 +473,9 @@ def prune_compile_cache(root: Path, keep: Path, limit: int = COMPILE_CACHE_BYTES
 
 
 def cache_key(step: nn.Module, cache: SlotCache) -> str:
-    """What a compiled step depends on, hashed: the weights (they are constants in the
-    library) and their dtypes, the KV cache's shapes (static inputs), the source of every
+    """What a compiled step depends on, hashed: the weights' names, dtypes and shapes (not their
+    values: the library reads them from the model, so a fine-tuned model of the same shape
+    reuses it), the KV cache's shapes (static inputs), the source of every
     module the step runs (a changed lmforge recompiles), the torch version and the CPU (the
     library's vector ISA: a package built with AVX-512 would crash on an AVX2 host)."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -462,9 +493,7 @@ def cache_key(step: nn.Module, cache: SlotCache) -> str:
     }
     digest.update(json.dumps(meta, sort_keys=True).encode())
     for name, tensor in sorted(step.state_dict(keep_vars=False).items()):
-        tensor = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:24]
 
 

@@ -244,6 +244,17 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
         assert isinstance(compiled.decode_step, ExportedStep)
         steps = compiled.decode_step.compiled
         assert 1 <= len(steps) <= 2 and all(run is not None for *_, run in steps)  # 1, 2..4 rows
+        # The compiled libraries hold no weights: they read the engine model's own tensors, so
+        # new values written into those reach them (a copy inside would keep decoding the old)
+        params = GenerationParams(max_new_tokens=8, temperature=0.0)
+        before = compiled.generate(prompts[:3], params)
+        with torch.no_grad():
+            for p in compiled.model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * p.std().nan_to_num(1.0))
+        after = [c.token_ids for c in compiled.generate(prompts[:3], params)]
+        again = Engine(compiled.model, max_batch=4, eos_ids=[]).generate(prompts[:3], params)
+        assert after == [c.token_ids for c in again] != [c.token_ids for c in before]
+        assert compiled.decode_step.counts["compiled"] == len(steps)  # nothing recompiled
     else:
         assert counters["stats"]["unique_graphs"] <= 6
 
