@@ -101,6 +101,8 @@ def engine(rows):
                           eos_ids=[])
     if hasattr(made.decode_step, "use_cache_dir"):  # the exported step: chat's compile cache
         made.decode_step.use_cache_dir(cache_dir)
+    kv = sum(t.numel() * t.element_size() for t in (*made.cache.k, *made.cache.v))
+    out["kv"] = max(out.get("kv", 0), kv)  # the largest engine's KV cache, in bytes
     return made
 
 def speed(eng, rows):
@@ -302,7 +304,8 @@ def main() -> None:
             mib = 2**20
             row = [path.name, threads, *(round(median(r, "peak") / mib) for r in runs.values()),
                    round(median(eager, "before") / mib), round(median(eager, "load_s"), 2),
-                   round(median(llama, "load_s"), 2), warm_up_text(comp),
+                   round(median(llama, "load_s"), 2), memory_goal(path, eager, comp),
+                   warm_up_text(comp),
                    round(median(llama, "batched_tg1"), 1)]  # fmt: skip
             if path in ppl and threads == args.threads[0]:
                 ours, theirs, _, same = ppl[path]
@@ -314,6 +317,14 @@ def main() -> None:
             print(row, flush=True)
             if not args.no_record:  # after every file: a cut-short run keeps what it measured
                 save(args, speed_rows, file_rows, llama_info, load_start)
+
+
+def memory_goal(path: Path, eager: list[dict], compiled: list[dict]) -> str:
+    """Each engine's peak RSS growth over the memory goal's bound, 1.3 x file + KV cache (<= 1
+    meets it), medians of the runs."""
+    bound = [1.3 * path.stat().st_size + median(r, "kv") for r in (eager, compiled)]
+    growth = [median(r, "peak") - median(r, "before") for r in (eager, compiled)]
+    return ", ".join(f"{g / b:.2f}" for g, b in zip(growth, bound))
 
 
 def save(args, speed_rows: list, file_rows: list, llama_info: dict, load_start: list) -> None:
@@ -345,13 +356,16 @@ def save(args, speed_rows: list, file_rows: list, llama_info: dict, load_start: 
                    + common)  # fmt: skip
     file_cols = ["file", "threads", "eager peak RSS MiB", "compiled peak RSS MiB",
                  "llama.cpp peak RSS MiB", "lmforge RSS before load MiB", "lmforge load s",
-                 "llama.cpp load s", "compiled engine warm-up", "llama-batched-bench tg at batch 1",
+                 "llama.cpp load s", "RSS growth / (1.3 x file + KV): eager, compiled",
+                 "compiled engine warm-up", "llama-batched-bench tg at batch 1",
                  "lmforge ppl", "llama.cpp ppl", "ppl difference", "same tokens"]  # fmt: skip
     file_notes = (
         "Peak RSS: the whole process's ru_maxrss running batch 1, 8 and 16 (KV cache for 16 x "
         f"{args.prompt + args.gen} tokens on both sides; lmforge's includes torch, whose "
         "resident size before LM.load is given). Load: lmforge LM.load wall time; llama.cpp its "
-        "llama_perf 'load time' (model load to the end of its first decode). Compiled engine "
+        "llama_perf 'load time' (model load to the end of its first decode). RSS growth: peak "
+        "minus the RSS before LM.load, over 1.3 x the file's size plus the largest engine's KV "
+        "cache (issue 35's memory goal: at most 1). Compiled engine "
         "warm-up: per run, the first generation (4 tokens) at batch 1 (max_batch 1 engine), 8 "
         "and 16 (max_batch 16 engine), with the decode steps it compiled or loaded from the "
         "compile cache (steps for a range of batch sizes). "
