@@ -328,7 +328,7 @@ class ExportedStep:
             entry = self._entry(n)
             if entry is not None:
                 rows, widths = range(*entry["rows"]), range(*entry["widths"])
-                run = _load(self.dir / entry["file"], len(self.cache.k), self.step)
+                run = _load(self.dir / entry["file"], self.step)
                 self.counts["loaded"] += 1
             else:
                 rows, widths, run = self._compile(ids, positions, key_mask)
@@ -371,9 +371,9 @@ class ExportedStep:
         # at compile time, and a package cached under 2 threads would run 2 in a 1-thread server
         # and the weights stay out of the library (_load hands it the model's own)
         configs = {"cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False}
-        torch._inductor.aoti_compile_and_package(
-            ep, package_path=str(partial), inductor_configs=configs
-        )
+        from torch._inductor import aoti_compile_and_package  # the compiler: only to compile
+
+        aoti_compile_and_package(ep, package_path=str(partial), inductor_configs=configs)
         os.replace(partial, self.dir / name)
         shapes = [node.meta["val"].shape for node in ep.graph.nodes if node.op == "placeholder"
                   and node.name in ep.graph_signature.user_inputs[:3]]  # fmt: skip
@@ -386,7 +386,7 @@ class ExportedStep:
         widths = _range(ep, shapes[2][1], most)
         _add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
                                  "widths": [widths.start, widths.stop]})  # fmt: skip
-        return found, widths, _load(self.dir / name, len(k), self.step)
+        return found, widths, _load(self.dir / name, self.step)
 
 
 @contextlib.contextmanager
@@ -403,25 +403,23 @@ def _parameters_registered_only(module: nn.Module):
             m.__dict__[name] = tensor
 
 
-def _load(path: Path, n_layers: int, step: nn.Module):
+def _load(path: Path, step: nn.Module):
     """A compiled package's flat entry point: [ids, positions, key_mask, *k, *v] -> outputs,
-    reading the weights from `step`'s own tensors (the package holds none)."""
-    with warnings.catch_warnings():  # torch-internal deprecation noise on loading
-        warnings.simplefilter("ignore", FutureWarning)
-        model = torch._inductor.aoti_load_package(str(path))
+    reading the weights from `step`'s own tensors (the package holds none).
+
+    torch's C++ package loader, called directly: torch._inductor.aoti_load_package wraps the
+    same class, but importing it imports the compiler, 142 MiB of resident modules that an
+    engine loading its steps from the compile cache never runs."""
+    model = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     own = dict(step.named_parameters(remove_duplicate=False))
     own.update(step.named_buffers(remove_duplicate=False))  # tied weights under each name
     wanted = model.get_constant_fqns()
     missing = [name for name in wanted if name not in own]
     if missing:  # the loader would only warn, and the step would read unset memory
         raise RuntimeError(f"the compiled step reads tensors the model lacks: {missing[:3]}")
-    model.load_constants({name: own[name] for name in wanted}, check_full_update=True,
-                         user_managed=True)  # fmt: skip
-    # The flat entry point: the model's __call__ parses its input spec (JSON) every call.
-    run = getattr(getattr(model, "loader", None), "boxed_run", None)
-    return run or (
-        lambda flat: list(model(*flat[:3], flat[3 : 3 + n_layers], flat[3 + n_layers :]))
-    )
+    # (constants, use_inactive, check_full_update, user_managed: keep our pointers, copy nothing)
+    model.load_constants({name: own[name] for name in wanted}, False, True, True)
+    return model.boxed_run  # the flat entry point (no input spec parsed per call)
 
 
 INDEX = "index.json"
@@ -477,16 +475,16 @@ def cache_key(step: nn.Module, cache: SlotCache) -> str:
     values: the library reads them from the model, so a fine-tuned model of the same shape
     reuses it), the KV cache's shapes (static inputs), the source of every
     module the step runs (a changed lmforge recompiles), the torch version and the CPU (the
-    library's vector ISA: a package built with AVX-512 would crash on an AVX2 host)."""
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
+    library's vector ISA: a package built with AVX-512 would crash on an AVX2 host; Inductor
+    picks it from the CPU's flags and torch's dispatch level, ATEN_CPU_CAPABILITY included)."""
+    cpu = cpu_features()
     digest = hashlib.sha256()
     modules = {type(m).__module__ for m in step.modules()} | {__name__, type(cache).__module__}
     sources = {name: _source_hash(name) for name in sorted(modules)}
     meta = {
         "torch": torch.__version__,
-        "isa": str(pick_vec_isa()),
-        "cpu": [platform.machine(), cpu_features().model],
+        "isa": [cpu.capability, sorted(cpu.flags)],
+        "cpu": [platform.machine(), cpu.model],
         "kv": [[list(t.shape), str(t.dtype)] for t in (*cache.k, *cache.v)],
         "mask": [list(cache.mask.shape), str(cache.positions.dtype)],
         "sources": sources,

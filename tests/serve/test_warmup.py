@@ -11,6 +11,7 @@ import pytest
 import requests
 import torch
 
+from lmforge.infer import steps
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.infer.steps import ExportedStep
 from lmforge.lm import LM
@@ -112,7 +113,7 @@ def test_served_compile_happens_before_ready_and_a_restart_loads_it(tmp_path, li
     about two minutes under heavy load: all of it is the C++ compiler."""
     calls = {"compile": 0, "load": 0}
     real_compile = torch._inductor.aoti_compile_and_package
-    real_load = torch._inductor.aoti_load_package
+    real_load = steps._load
 
     def counting_compile(*args, **kwargs):
         calls["compile"] += 1
@@ -123,7 +124,7 @@ def test_served_compile_happens_before_ready_and_a_restart_loads_it(tmp_path, li
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", counting_compile)
-    monkeypatch.setattr(torch._inductor, "aoti_load_package", counting_load)
+    monkeypatch.setattr(steps, "_load", counting_load)
     lm = _one_layer_lm()
     want = Engine.from_lm(lm, max_batch=1).generate([[5, 6, 7, 8]], GREEDY)[0].token_ids
     cache = tmp_path / "compile"
@@ -161,13 +162,17 @@ def test_served_compile_happens_before_ready_and_a_restart_loads_it(tmp_path, li
     assert again.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids == want
     assert calls == {"compile": 1, "load": 2}
 
-    # other weights, or the same weights in another precision, are other keys: never the first
-    # model's library (which holds the weights as constants)
+    # other weights of the same shapes share the key (the library reads the model's own
+    # tensors, it holds none) and decode their own tokens, never the first model's; the same
+    # weights in another precision are another key
     folder = again.decode_step.dir
     other = LM.from_config(lm.config, tokenizer=lm.tokenizer, seed=1)
-    assert (
-        Engine.from_lm(other, max_batch=1, compile=True).decode_step.use_cache_dir(cache) != folder
-    )
+    theirs = Engine.from_lm(other, max_batch=1).generate([[5, 6, 7, 8]], GREEDY)[0].token_ids
+    assert theirs != want
+    shared = Engine.from_lm(other, max_batch=1, compile=True)
+    shared.warm_up(progress=lambda line: None, cache_dir=cache)
+    assert shared.decode_step.dir == folder and calls == {"compile": 1, "load": 3}
+    assert shared.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids == theirs
     bf16 = Engine.from_lm(lm, max_batch=1, compile=True, dtype="bfloat16").decode_step
     assert bf16.use_cache_dir(cache) != folder
-    assert calls == {"compile": 1, "load": 2}
+    assert calls == {"compile": 1, "load": 3}
