@@ -46,7 +46,8 @@ def add_compile_args(p, ranges: str) -> None:
         "--compile", action=argparse.BooleanOptionalAction,
         help="compile the decode step at start-up (default: on where a compiler exists: a CUDA "
         f"GPU, or a C++ compiler for the CPU's AOTInductor). {ranges} The compiled steps are "
-        "kept in --compile-cache, so a restart with the same weights loads them in seconds; "
+        "kept in --compile-cache, so a restart with a model of the same shapes loads them in "
+        "seconds; "
         "docs/inference.md has the speed-ups and compile times",
     )  # fmt: skip
     p.add_argument(

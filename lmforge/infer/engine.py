@@ -227,7 +227,8 @@ class Engine:
         """With compile=True (or CUDA graphs): prepare the decode step for every batch size up
         to max_batch now, not inside the first requests (a server calls this before it reports
         ready), reporting each through `progress`. On CPU, cache_dir keeps the compiled steps
-        for the next engine over the same weights (steps.ExportedStep). Eager: nothing to do."""
+        for the next engine over a model of the same shapes (steps.ExportedStep). Eager:
+        nothing to do."""
         if self.decode_step is not None:
             self.decode_step.warm_up(self, progress, cache_dir)
 

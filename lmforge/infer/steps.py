@@ -21,9 +21,10 @@ mutated inputs); the running rows and the cache length are dynamic. Each export 
 of rows (narrowed by the model's own branches: Int8Linear switches kernels at 8 rows), so batch 1,
 2-7 and 8+ each compile once; compiling takes a minute or more, mostly the C++ compiler, so a
 server compiles every range before it reports ready and keeps the packages on disk (`cache_dir`,
-keyed by the weights, their precision, the cache shape, the torch version and the CPU's vector
-ISA): a restart loads them in about a second. A shape outside every range (the very last cache
-column, for some models) runs eagerly, as does everything if compiling fails (no C++ compiler).
+keyed by the weights' names, shapes and precision, the cache shape, the torch version and the
+CPU's vector ISA): a restart loads them in about a second. A shape outside every range (the very
+last cache column, for some models) runs eagerly, as does everything if compiling fails (no C++
+compiler).
 The library holds no weights of its own (AOTInductor's `package_constants_in_so=False`): once
 loaded, it is handed the model's tensors (`load_constants(..., user_managed=True)`), so every
 compiled range shares the one copy the eager model decodes with (a copy per range tripled a
@@ -235,7 +236,8 @@ class ExportedStep:
     """The decode step compiled ahead of time: ids [n, 1] -> (logits [n, V], greedy tokens [n]),
     advancing the cache and its rows' positions. Compiles a step per range of running rows on
     first need, or all of them at once with `warm_up`; with a cache_dir the compiled steps are
-    also kept on disk and loaded from there by the next engine over the same weights."""
+    also kept on disk and loaded from there by the next engine over a model of the same
+    shapes."""
 
     def __init__(self, model: nn.Module, cache: SlotCache):
         self.step, self.cache = _Step(model), cache
