@@ -419,9 +419,19 @@ def _load(path: Path, step: nn.Module):
     missing = [name for name in wanted if name not in own]
     if missing:  # the loader would only warn, and the step would read unset memory
         raise RuntimeError(f"the compiled step reads tensors the model lacks: {missing[:3]}")
+    # Aliases of the weights' storage, kept by the returned function: the library holds only
+    # their addresses (user_managed), and a weight replaced later (`param.data = ...`, a
+    # `module.to(dtype)`) would otherwise free the memory it reads. In-place writes still
+    # reach it; replaced weights do not (a new engine sees them).
+    weights = {name: own[name].detach() for name in wanted}
     # (constants, use_inactive, check_full_update, user_managed: keep our pointers, copy nothing)
-    model.load_constants({name: own[name] for name in wanted}, False, True, True)
-    return model.boxed_run  # the flat entry point (no input spec parsed per call)
+    model.load_constants(weights, False, True, True)
+    boxed_run = model.boxed_run  # the flat entry point (no input spec parsed per call)
+
+    def run(flat: list[torch.Tensor], _weights=weights) -> list[torch.Tensor]:
+        return boxed_run(flat)
+
+    return run
 
 
 INDEX = "index.json"

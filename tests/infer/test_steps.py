@@ -254,6 +254,16 @@ def test_compiled_engine_decodes_the_same_tokens(exported, monkeypatch):
         after = [c.token_ids for c in compiled.generate(prompts[:3], params)]
         again = Engine(compiled.model, max_batch=4, eos_ids=[]).generate(prompts[:3], params)
         assert after == [c.token_ids for c in again] != [c.token_ids for c in before]
+        # weights replaced rather than written (`.data = `), here by zeros and then by copies of
+        # the same values: the compiled step keeps the memory it reads alive (freed, it would
+        # be reused by the zeros or unmapped) and decodes the same tokens
+        weights = list(compiled.model.parameters())
+        copies = [p.detach().clone() for p in weights]
+        for p in weights:
+            p.data = torch.zeros_like(p)
+        for p, copy in zip(weights, copies):
+            p.data = copy
+        assert [c.token_ids for c in compiled.generate(prompts[:3], params)] == after
         assert compiled.decode_step.counts["compiled"] == len(steps)  # nothing recompiled
     else:
         assert counters["stats"]["unique_graphs"] <= 6
