@@ -360,9 +360,8 @@ class SwiGLU(GatedMLP):
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
         if self.bf16_gemm and h.shape[0] > HalfLinear.native_bf16_rows:
             hb = h.to(torch.bfloat16)
-            wg, wu, wd = (p._buffers["weight_half"] for p in (gate, up, down))
-            y = F.linear(self.silu_mul(F.linear(hb, wg), F.linear(hb, wu), True), wd)
-            return y.to(x.dtype).view(x.shape)
+            act = self.silu_mul(gate.bf16_product(hb), up.bf16_product(hb), True)
+            return down.bf16_product(act).to(x.dtype).view(x.shape)
         g, u = gate(h), up(h)
         if g.dtype == u.dtype and g.dtype in (torch.float32, torch.bfloat16):
             act = self.silu_mul(g, u, g.dtype == torch.bfloat16)
@@ -372,8 +371,8 @@ class SwiGLU(GatedMLP):
 
 
 def _bf16_gemm(layer: nn.Module) -> bool:
-    """A HalfLinear without bias whose many-row product is torch's bf16 GEMM."""
-    return type(layer) is HalfLinear and layer._torch_bf16 and layer._buffers["bias"] is None
+    """A HalfLinear whose many-row product is torch's bf16 GEMM, bf16 in and out."""
+    return type(layer) is HalfLinear and layer.takes_bf16
 
 
 @functools.cache

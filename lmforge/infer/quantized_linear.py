@@ -328,6 +328,17 @@ class HalfLinear(QuantizedLinear):
 
     gemm = gemv  # gemv itself hands many rows to a GEMM
 
+    @property
+    def takes_bf16(self) -> bool:
+        """Whether `bf16_product` applies: bf16 weights on the CPU's bf16 dot product, no bias."""
+        return self._torch_bf16 and self._buffers["bias"] is None
+
+    def bf16_product(self, x: torch.Tensor) -> torch.Tensor:
+        """bf16 x [rows, in] -> bf16 x w^T through torch's bf16 GEMM, for a caller that keeps
+        many rows of activations in bf16 from one layer to the next (quantize.SwiGLU) rather
+        than through `gemv`'s conversions to and from the model's dtype."""
+        return F.linear(x, self._buffers["weight_half"])
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self._buffers["weight_half"][ids].to(self.dtype)
 
