@@ -43,15 +43,8 @@ and write keys into free slots that a joining sequence overwrites. It also runs 
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import inspect
-import json
 import math
 import os
-import platform
-import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -61,7 +54,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmforge.infer.cpu_features import cpu_features
+from lmforge.infer.compile_cache import add_to_index, cache_key, prune_compile_cache, read_index
 from lmforge.infer.params import GenerationParams
 from lmforge.model.cache import SlotCache
 from lmforge.model.mlp import MLP
@@ -344,7 +337,7 @@ class ExportedStep:
 
     def _entry(self, n: int) -> dict | None:
         """The cache folder's record of a compiled step whose rows hold n, if any."""
-        entries = _read_index(self.dir) if self.dir is not None else []
+        entries = read_index(self.dir) if self.dir is not None else []
         return next((e for e in entries
                      if e["rows"][0] <= n < e["rows"][1] and (self.dir / e["file"]).is_file()),
                     None)  # fmt: skip
@@ -386,7 +379,7 @@ class ExportedStep:
         rows = [_range(ep, shape[0], slots) for shape in shapes]
         found = range(max(r.start for r in rows), min(r.stop for r in rows))
         widths = _range(ep, shapes[2][1], most)
-        _add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
+        add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
                                  "widths": [widths.start, widths.stop]})  # fmt: skip
         return found, widths, _load(self.dir / name, self.step)
 
@@ -432,89 +425,6 @@ def _load(path: Path, step: nn.Module):
         return boxed_run(flat)
 
     return run
-
-
-INDEX = "index.json"
-
-
-def _read_index(folder: Path) -> list[dict]:
-    try:
-        entries = json.loads((folder / INDEX).read_text())["entries"]
-    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: compile again
-        return []
-    return [e for e in entries if isinstance(e, dict) and {"file", "rows", "widths"} <= set(e)]
-
-
-def _add_to_index(folder: Path, entry: dict) -> None:
-    entries = [e for e in _read_index(folder) if e["rows"] != entry["rows"]] + [entry]
-    partial = folder / f".{INDEX}.{os.getpid()}.partial"
-    partial.write_text(json.dumps({"entries": entries}, indent=1))
-    os.replace(partial, folder / INDEX)
-
-
-# The most the compile cache keeps. Every new model, dtype, cache shape, torch or lmforge source
-# makes a new key folder, so without a bound the folders of models and versions no longer run
-# pile up.
-COMPILE_CACHE_BYTES = 4 << 30
-
-
-def prune_compile_cache(root: Path, keep: Path, limit: int = COMPILE_CACHE_BYTES) -> list[Path]:
-    """Delete root's least recently used key folders (never `keep`) until what is left fits in
-    `limit` bytes; returns the folders deleted. An engine that loaded a package keeps running
-    it: the library is mapped, and deleting its file does not unmap it."""
-
-    def size(folder: Path) -> int:
-        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-    try:
-        folders = sorted((f for f in root.iterdir() if f.is_dir() and f != keep),
-                         key=lambda f: f.stat().st_mtime)  # fmt: skip
-        sizes = {f: size(f) for f in [*folders, keep]}
-    except OSError:  # unreadable or changing under us: keep everything
-        return []
-    total, deleted = sum(sizes.values()), []
-    for folder in folders:
-        if total <= limit:
-            break
-        shutil.rmtree(folder, ignore_errors=True)
-        total -= sizes[folder]
-        deleted.append(folder)
-    return deleted
-
-
-def cache_key(step: nn.Module, cache: SlotCache) -> str:
-    """What a compiled step depends on, hashed: the weights' names, dtypes and shapes (not their
-    values: the library reads them from the model, so a fine-tuned model of the same shape
-    reuses it), the KV cache's shapes (static inputs), the source of every
-    module the step runs (a changed lmforge recompiles), the torch version and the CPU (the
-    library's vector ISA: a package built with AVX-512 would crash on an AVX2 host; Inductor
-    picks it from the CPU's flags and torch's dispatch level, ATEN_CPU_CAPABILITY included)."""
-    cpu = cpu_features()
-    digest = hashlib.sha256()
-    modules = {type(m).__module__ for m in step.modules()} | {__name__, type(cache).__module__}
-    sources = {name: _source_hash(name) for name in sorted(modules)}
-    meta = {
-        "torch": torch.__version__,
-        "isa": [cpu.capability, sorted(cpu.flags)],
-        "cpu": [platform.machine(), cpu.model],
-        "kv": [[list(t.shape), str(t.dtype)] for t in (*cache.k, *cache.v)],
-        "mask": [list(cache.mask.shape), str(cache.positions.dtype)],
-        "sources": sources,
-    }
-    digest.update(json.dumps(meta, sort_keys=True).encode())
-    for name, tensor in sorted(step.state_dict(keep_vars=False).items()):
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-    return digest.hexdigest()[:24]
-
-
-@functools.cache
-def _source_hash(module: str) -> str:
-    """The hash of a module's source, read once per process: the file may be edited while a
-    server runs, but the code that runs (and that a compiled step was made from) stays."""
-    try:
-        return hashlib.sha256(inspect.getsource(sys.modules[module]).encode()).hexdigest()
-    except (OSError, TypeError, KeyError):  # no source file (e.g. a frozen build)
-        return "?"
 
 
 def _range(ep, size, most: int) -> range:

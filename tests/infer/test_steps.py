@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError
+from lmforge.infer.compile_cache import prune_compile_cache
 from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.engine import Engine, GenerationParams
 from lmforge.infer.quantize import inference_model
-from lmforge.infer.steps import ExportedStep, GraphStep, prune_compile_cache
+from lmforge.infer.steps import ExportedStep, GraphStep
 from lmforge.lm import LM
 from lmforge.model.attention import decode_attention
 from lmforge.model.cache import new_cache
