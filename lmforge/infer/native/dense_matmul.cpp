@@ -224,37 +224,22 @@ static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, 
   }
 }
 
-/* fp32 weights: at most this many columns at a time, so that a tile's 8 rows of x (32 KB) stay
- * in L1 across every row of weights (with all 1,536 columns of SmolLM2's down projection, 48 KB,
- * x came from L2 for each row of weights and the step ran at half the bandwidth) */
+/* fp32 weights: at most this many columns at a time, so that a tile's rows of x stay in L1
+ * across its rows of weights (with all 1,536 columns of SmolLM2's down projection, 48 KB at 8
+ * rows, x came from L2 for each row of weights and the step ran at half the bandwidth) */
 #define F32_BLOCK 1024
 
-/* `len` columns of one row of fp32 weights against every row of x (row stride k): tiles of 8
- * rows (AVX-512), then 4, then 1, with 2 accumulators per row in each (the same U everywhere,
- * and blocks of columns set by k alone: a row's sum runs in one order in any batch); twice the
- * multiply-adds per weight vector loaded of 4 x 4, which at fp32's bytes per weight is
- * faster. */
-static void f32_weight_row(const float* x, const float* w, float* y, int64_t m, int64_t n,
-                           int64_t len, int64_t k, int64_t pf, bool add) {
-  constexpr int F = WEIGHTS_F32;
-  int64_t i = 0;
 #if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
-  for (; i + 8 <= m; i += 8) dot_row<F, 8, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
-#endif
-  for (; i + 4 <= m; i += 4) dot_row<F, 4, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
-  for (; i < m; i++) dot_row<F, 1, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
-}
-
-#if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
-/* More than 8 rows of x (AVX-512): the step is bound by the multiply-adds, no longer by the
- * weights streaming in, and one row of weights at a time costs a load of x per multiply-add.
- * Here T rows of x meet R rows of weights: T R multiply-adds for T + R loads (each vector held
- * in a register for its uses; left to itself the compiler reloads it from memory for each).
- * Every (x row, weight row) pair sums exactly as dot_row<WEIGHTS_F32, T, 2> does (2 accumulators
- * over alternate vectors, the odd last vector into the first, one horizontal add, then the
- * scalar tail), so a row's outputs are the same bits as in any other tile. */
+/* fp32 weights on AVX-512, any number of rows of x: T rows of x meet R rows of weights, T R
+ * multiply-adds for T + R vector loads (each held in a register for its uses; left to itself the
+ * compiler reloads it from memory for each). A sum's order is fixed by k alone: two accumulators
+ * per (x row, weight row) over alternate vectors of columns (the odd last vector into the first),
+ * added, the 16 lanes met in simd.h's vsum4 tree (vsum1: the same tree for one sum), then the
+ * scalar tail; so a row's outputs are the same bits in every tile, alone or in a batch. With
+ * R = 4 the four sums of a row of x come out of one vsum4 (fewer shuffles than four horizontal
+ * sums, one per output). */
 #define F32_TILE_ROWS 3    /* rows of x */
-#define F32_TILE_WEIGHTS 4 /* rows of weights: 3 x 4 x 2 accumulators + 3 + 4 of 32 registers */
+#define F32_TILE_WEIGHTS 4 /* rows of weights: 3 x 4 x 2 accumulators + 4 + 1 of 32 registers */
 template <int T, int R>
 static inline void f32_tile(const float* x, const float* w, float* y, int64_t len, int64_t k,
                             int64_t n, int64_t pf, bool add) {
@@ -266,7 +251,7 @@ static inline void f32_tile(const float* x, const float* w, float* y, int64_t le
     for (int u = 0; u < 2; u++) {
       vec wv[R];
       for (int r = 0; r < R; r++) {
-        __builtin_prefetch(w + r * k + j + u * V + pf, 0, 3);
+        if (pf) __builtin_prefetch(w + r * k + j + u * V + pf, 0, 3);
         wv[r] = vload(w + r * k + j + u * V);
         if constexpr (T > 1) asm("" : "+v"(wv[r]));
       }
@@ -280,29 +265,75 @@ static inline void f32_tile(const float* x, const float* w, float* y, int64_t le
     for (int t = 0; t < T; t++)
       for (int r = 0; r < R; r++)
         acc[t][r][0] = vfma(vload(x + t * k + j), vload(w + r * k + j), acc[t][r][0]);
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < T; t++) {
+    float s[R];
+    vec sum[R];
+    for (int r = 0; r < R; r++) sum[r] = vadd(acc[t][r][0], acc[t][r][1]);
+    if constexpr (R == 4) _mm_storeu_ps(s, vsum4(sum[0], sum[1], sum[2], sum[3]));
+    else
+      for (int r = 0; r < R; r++) s[r] = vsum1(sum[r]);
     for (int r = 0; r < R; r++) {
-      float s = vsum(vadd(acc[t][r][0], acc[t][r][1]));
-      for (int64_t c = j; c < len; c++) s += x[t * k + c] * w[r * k + c];
-      y[t * n + r] = add ? y[t * n + r] + s : s;
+      for (int64_t c = j; c < len; c++) s[r] += x[t * k + c] * w[r * k + c];
+      y[t * n + r] = add ? y[t * n + r] + s[r] : s[r];
     }
+  }
 }
 
-/* R rows of fp32 weights against every row of x: tiles of F32_TILE_ROWS rows, then 1. */
-template <int R>
+/* R rows of fp32 weights against every row of x: tiles of T rows, then the rest. */
+template <int T, int R>
 static void f32_weight_rows(const float* x, const float* w, float* y, int64_t m, int64_t n,
                             int64_t len, int64_t k, int64_t pf, bool add) {
-  constexpr int T = F32_TILE_ROWS;
-  int64_t i = 0;
-  for (; i + T <= m; i += T) f32_tile<T, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
-  for (; i < m; i++) f32_tile<1, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+  for (int64_t i = 0; i < m;) {
+    const int64_t left = m - i, t = left >= T ? T : left;
+    if (t == T) f32_tile<T, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+    else if (t == 3) f32_tile<3, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+    else if (t == 2) f32_tile<2, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+    else f32_tile<1, R>(x + i * k, w, y + i * n, len, k, n, pf, add);
+    i += t;
+  }
 }
-#endif
+
+/* fp32 weights, a block of columns at a time (F32_BLOCK; equal blocks, whole vectors). Up to
+ * F32_STREAM_ROWS rows of x the product waits on the weights streaming in: the rows of weights
+ * stream one after another (all the rows of x against one row of weights), each prefetched
+ * PREFETCH_BYTES ahead or, with several blocks, two rows ahead at the same columns (two rows
+ * read side by side, two interleaved streams, read slower). Above, the multiply-adds set the
+ * pace: groups of F32_TILE_WEIGHTS rows of weights, in tiles of F32_TILE_ROWS rows of x, every
+ * tile prefetching the next group's rows at the same columns (from the first tile alone, the
+ * step ran slower). Threads split the rows of weights. */
+#define F32_STREAM_ROWS 4
+static void f32_rows_times_weights(const float* x, const float* w, float* y, int64_t m,
+                                   int64_t n, int64_t k, int threads) {
+  constexpr int R = F32_TILE_WEIGHTS, T = F32_TILE_ROWS;
+  const int64_t blocks = (k + F32_BLOCK - 1) / F32_BLOCK;
+  const int64_t width = ((k + blocks - 1) / blocks + 31) / 32 * 32;
+  const int64_t groups = m > F32_STREAM_ROWS ? n / R : 0;
+  const int64_t pf = blocks > 1 ? 2 * k : PREFETCH_BYTES / (int64_t)sizeof(float);
+  for (int64_t j0 = 0; j0 < k; j0 += width) {
+    const int64_t len = k - j0 < width ? k - j0 : width;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t g = 0; g < groups; g++)
+      f32_weight_rows<T, R>(x + j0, w + g * R * k + j0, y + g * R, m, n, len, k, R * k, j0 > 0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = groups * R; r < n; r++)
+      f32_weight_rows<4, 1>(x + j0, w + r * k + j0, y + r, m, n, len, k, pf, j0 > 0);
+  }
+}
+#else
+/* `len` columns of one row of fp32 weights against every row of x (row stride k): tiles of 4
+ * rows, then 1, with 2 accumulators per row in each (the same U everywhere, and blocks of columns
+ * set by k alone: a row's sum runs in one order in any batch). */
+static void f32_weight_row(const float* x, const float* w, float* y, int64_t m, int64_t n,
+                           int64_t len, int64_t k, int64_t pf, bool add) {
+  constexpr int F = WEIGHTS_F32;
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) dot_row<F, 4, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
+  for (; i < m; i++) dot_row<F, 1, 2>(x + i * k, w, y + i * n, len, k, n, pf, add);
+}
 
 /* fp32 weights, a block of columns at a time (F32_BLOCK; equal blocks, whole vectors): within a
  * block the rows of weights stream one after another, each prefetched PREFETCH_BYTES ahead, or,
- * with several blocks, two rows ahead at the same columns; above 8 rows of x (AVX-512) in
- * groups of F32_TILE_WEIGHTS rows. */
+ * with several blocks, two rows ahead at the same columns. */
 static void f32_rows_times_weights(const float* x, const float* w, float* y, int64_t m,
                                    int64_t n, int64_t k, int threads) {
   const int64_t blocks = (k + F32_BLOCK - 1) / F32_BLOCK;
@@ -310,23 +341,12 @@ static void f32_rows_times_weights(const float* x, const float* w, float* y, int
   const int64_t pf = blocks > 1 ? 2 * k : PREFETCH_BYTES / (int64_t)sizeof(float);
   for (int64_t j0 = 0; j0 < k; j0 += width) {
     const int64_t len = k - j0 < width ? k - j0 : width;
-#if defined(SIMD_WIDTH) && SIMD_WIDTH == 16
-    if (m > 8) {
-      constexpr int R = F32_TILE_WEIGHTS;
-      const int64_t groups = n / R;
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t g = 0; g < groups; g++)
-        f32_weight_rows<R>(x + j0, w + g * R * k + j0, y + g * R, m, n, len, k, pf, j0 > 0);
-      for (int64_t r = groups * R; r < n; r++)
-        f32_weight_rows<1>(x + j0, w + r * k + j0, y + r, m, n, len, k, pf, j0 > 0);
-      continue;
-    }
-#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++)
       f32_weight_row(x + j0, w + r * k + j0, y + r, m, n, len, k, pf, j0 > 0);
   }
 }
+#endif
 
 /* Every row of weights against x, one after another (the header says why). */
 template <int WT, typename XT>

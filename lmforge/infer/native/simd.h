@@ -94,6 +94,10 @@ static inline __m256 halves(__m512 a) { /* the two 8-float halves of a, added */
 static inline __m128 vsum4(vec a, vec b, vec c, vec d) { /* four sums as one 4-float vector */
   return sum4x256(halves(a), halves(b), halves(c), halves(d));
 }
+static inline float vsum1(vec a) { /* one sum, added in vsum4's order */
+  const __m256 h = halves(a);
+  return _mm_cvtss_f32(sum4x256(h, h, h, h));
+}
 static inline __m512i bf16_bits(__m512i b) { /* round to nearest even, as float_to_bf16 */
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
   return _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
