@@ -43,7 +43,7 @@ from lmforge.fileio import cache_root
 NATIVE = Path(__file__).with_name("native")
 KERNEL_SOURCES = tuple(NATIVE / name for name in
                        ("quantized_matmul.cpp", "dense_matmul.cpp", "decode_attention.cpp",
-                        "prefill_attention.cpp", "activations.cpp",
+                        "prefill_attention.cpp", "activations.cpp", "row_ops.cpp",
                         "variant_table.cpp"))  # fmt: skip
 BINDING = NATIVE / "torch_ops.cpp"  # compiled once, by torch's extension builder
 HEADERS = (NATIVE / "kernels.h", NATIVE / "simd.h")  # part of the build's key
@@ -105,10 +105,17 @@ class NativeKernels:
       [B, H, T, D], k / v [B, KV, T, D] fp32 (unit stride along D) -> [B, H, T, D] fp32 (laid out
       [B, T, H, D]), scaled by D ** -0.5.
     - silu_mul(gate, up, bf16): silu(gate) * up elementwise in fp32 (SwiGLU's activation), gate
-      and up fp32 or bf16 -> bf16 when `bf16`, else fp32."""
+      and up fp32 or bf16 -> bf16 when `bf16`, else fp32.
+    - rms_norm(x, w, eps): RMSNorm over x's last dim in fp32, x and w fp32 or bf16 -> x's dtype.
+    - argmax_rows(x): each row's largest value's index in x [M, N] fp32 (the first of equals, the
+      first NaN if any, as torch.max) -> [M] int64.
+    - rope_rotate_half(x, cos, sin): x cos + rotate_half(x) sin (RoPE, Hugging Face's pairing),
+      x [B, H, T, D] fp32 (unit stride along D), cos / sin broadcasting to [B, 1, T, D] ->
+      [B, H, T, D] contiguous, the bits torch's eager ops give."""
 
     OPS = (
-        "int8_matmul int4_matmul q8_matmul dense_matmul decode_attention prefill_attention silu_mul"
+        "int8_matmul int4_matmul q8_matmul dense_matmul decode_attention prefill_attention "
+        "silu_mul rms_norm argmax_rows rope_rotate_half"
     ).split()
 
     def __init__(self, namespace: str):
@@ -388,6 +395,8 @@ def build(namespace: str = "lmforge", folder: Path | None = None) -> NativeKerne
         torch.library.register_fake(f"{namespace}::decode_attention")(_fake_attention)
         torch.library.register_fake(f"{namespace}::prefill_attention")(_fake_prefill)
         torch.library.register_fake(f"{namespace}::silu_mul")(_fake_silu_mul)
+        for op, fake in _ROW_FAKES.items():
+            torch.library.register_fake(f"{namespace}::{op}")(fake)
     kernels = NativeKernels(namespace)
     if kernels.variants() != list(VARIANTS):
         raise RuntimeError(f"kernels.h lists {kernels.variants()}, VARIANTS {list(VARIANTS)}")
@@ -444,6 +453,12 @@ def _fake_prefill(q, k, v):
 def _fake_silu_mul(gate, up, bf16):
     return gate.new_empty(gate.shape, dtype=torch.bfloat16 if bf16 else torch.float32)
 
+
+_ROW_FAKES = {  # row_ops.cpp's
+    "rms_norm": lambda x, w, eps: x.new_empty(x.shape),
+    "argmax_rows": lambda x: x.new_empty(x.shape[0], dtype=torch.long),
+    "rope_rotate_half": lambda x, cos, sin: x.new_empty(x.shape),
+}
 
 _failures: list[str] = []  # why the build failed, for describe_kernels and the tests
 

@@ -52,6 +52,7 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from lmforge.errors import ConfigError
+from lmforge.infer.cpu_kernels import native_kernels
 from lmforge.infer.detokenize import IncrementalDecoder, StopMatcher
 from lmforge.infer.params import Completion, GenerationParams, StepOutput
 from lmforge.infer.prefix_cache import PrefixCache, PrefixCacheStats
@@ -108,18 +109,23 @@ class EngineConfig:
 
 class EagerStep:
     """The decode step as the model runs it: ids [n, 1] (the running rows' next tokens) ->
-    (logits [n, V], None), the cache one column on and the rows' positions one further. The
-    other steps (steps.py) have the same interface."""
+    (logits [n, V], their argmax or None), the cache one column on and the rows' positions one
+    further. The other steps (steps.py) have the same interface."""
 
     def __init__(self, model: nn.Module, cache: SlotCache):
         self.model, self.cache = model, cache
+        # greedy tokens by lmforge's argmax on a CPU (a few us where torch.max takes ~50 over a
+        # batch's logits); the sampler takes torch's where this is None
+        native = native_kernels() if cache.mask.device.type == "cpu" else None
+        self.argmax = native.argmax_rows if native is not None else None
 
-    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         cache, n = self.cache, ids.shape[0]
         positions = cache.positions[:n, None]
         logits = self.model(ids, positions=positions, cache=cache, last_only=True)[:, -1]
         cache.positions[:n] += 1
-        return logits, None
+        fp32 = self.argmax is not None and logits.dtype == torch.float32
+        return logits, self.argmax(logits) if fp32 else None
 
     def warm_up(self, engine, progress=print, cache_dir=None) -> None:
         """Nothing to prepare."""

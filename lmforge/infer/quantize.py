@@ -56,7 +56,8 @@ from lmforge.infer.quantized_linear import (
 from lmforge.model.attention import CausalSelfAttention
 from lmforge.model.linear import Linear, onednn_available, plain_linear
 from lmforge.model.mlp import GatedMLP
-from lmforge.model.positions import LearnedPositions
+from lmforge.model.norms import RMSNorm
+from lmforge.model.positions import LearnedPositions, RotaryEmbedding
 
 # The choices every CLI offers (chat, serve, generate share them).
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -200,11 +201,12 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
             above = gemm or "torch's fp32 matmul"
             gemm = f"lmforge's {native.variant} dense matmul up to {Linear.gemv_rows} rows, {above}"
         linear = gemm
-    swiglu = f"; SwiGLU's silu(gate) * up: lmforge's {native.variant} kernel" if native else ""
+    swiglu = (f"; RMSNorm, RoPE, SwiGLU's silu(gate) * up and the greedy argmax: lmforge's "
+              f"{native.variant} kernels" if native else "")  # fmt: skip
     return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
             "attention, decoding": f"{decode} (one query per row)",
             "attention, prefill": prefill,
-            "norms, activations, RoPE": f"torch{swiglu}"}  # fmt: skip
+            "norms, activations, RoPE, argmax": f"torch{swiglu}"}  # fmt: skip
 
 
 @functools.cache
@@ -309,6 +311,8 @@ def inference_model(
       (native/decode_attention.cpp, `CausalSelfAttention.decode_kernel`), and its fused causal
       prefill attention (native/prefill_attention.cpp, `prefill_kernel`); else SDPA.
     - SwiGLU MLPs on a CPU: `SwiGLU` (lmforge's silu(gate) * up in one pass).
+    - RMSNorm and RoPE (rotate-half) on a CPU: lmforge's one-pass kernels (`RMSNorm.kernel`,
+      `RotaryEmbedding.kernel`).
     """
     converted = to_inference_precision(model, dtype, quantize)
     if converted is model:
@@ -326,6 +330,10 @@ def inference_model(
                 layer.prefill_kernel = native.prefill_attention
             if isinstance(layer, Linear):
                 layer.gemv = native.dense_matmul
+            if isinstance(layer, RMSNorm):
+                layer.kernel = native.rms_norm
+            if isinstance(layer, RotaryEmbedding) and not layer.interleaved:
+                layer.kernel = native.rope_rotate_half
             if type(layer) is GatedMLP and layer.act is F.silu:
                 layer.__class__, layer.silu_mul = SwiGLU, native.silu_mul
                 layer.bf16_gemm = all(_bf16_gemm(p) for p in (layer.gate_proj, layer.up_proj,

@@ -233,7 +233,16 @@ class RotaryEmbedding(nn.Module):
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return cos, sin
 
+    # A fused kernel (x, cos, sin) -> the rotate-half result below for fp32 on a CPU, or None.
+    # Inference sets lmforge's native one (infer/quantize.py inference_model): one pass where
+    # torch takes five ops (negation, concatenation, two products, a sum) at every layer.
+    kernel = None
+
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, H, T, head_dim] rotated by the `tables` cos and sin."""
+        if self.kernel is not None and x.dtype == torch.float32 == cos.dtype:
+            if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                return self.kernel(x, cos, sin)
         if self.interleaved:
             pairs = x.unflatten(-1, (-1, 2))
             rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)

@@ -1,7 +1,8 @@
 """The native kernels (lmforge/infer/native/): the int8 / int4 / Q8_0 products in every
 instruction-set variant this CPU runs, against torch on the same quantised activations; the
 fallbacks, the layouts, the choice of variant; the decode attention (decode_attention.cpp)
-against torch's SDPA; SwiGLU's silu(gate) * up (activations.cpp) against torch's."""
+against torch's SDPA; SwiGLU's silu(gate) * up (activations.cpp), RMSNorm, RoPE and the greedy
+argmax (row_ops.cpp) against torch's."""
 
 from __future__ import annotations
 
@@ -351,6 +352,60 @@ def test_silu_mul_matches_torch(kernel, shape):
     assert y.dtype == torch.bfloat16 and torch.equal(kernel.silu_mul(gb, ub, False).bfloat16(), y)
     torch.testing.assert_close(y.float(), exact, rtol=2**-8, atol=1e-6)
     assert (y != exact.bfloat16()).float().mean() < 0.01  # rounded alike but for exp's last bit
+
+
+# shapes: under one vector, a vector and a tail, enough rows for the threads' tasks
+@pytest.mark.parametrize("shape", [(1, 7), (3, 37), (300, 576)])
+def test_rms_norm_matches_torch(kernel, shape):
+    g = torch.Generator().manual_seed(shape[1])
+    x, w = torch.randn(*shape, generator=g) * 3, torch.randn(shape[1], generator=g)
+    torch.testing.assert_close(kernel.rms_norm(x, w, 1e-6), torch.rms_norm(x, w.shape, w, 1e-6))
+    x[0] = 0  # a row of zeros: eps alone under the root
+    torch.testing.assert_close(kernel.rms_norm(x, w, 1e-5)[0], torch.zeros(shape[1]))
+    # bf16 activations, fp32 or bf16 weights: computed in fp32, rounded once (as F.rms_norm on
+    # the upcast input, then .to(bf16))
+    xb = x.bfloat16().view(shape[0], 1, -1)  # [..., d]: any leading dims
+    for wb in (w, w.bfloat16()):
+        y = kernel.rms_norm(xb, wb, 1e-6)
+        exact = torch.rms_norm(xb.float(), w.shape, wb.float(), 1e-6)
+        assert y.dtype == torch.bfloat16 and y.shape == xb.shape
+        torch.testing.assert_close(y.float(), exact, rtol=2**-8, atol=1e-6)
+    with pytest.raises(RuntimeError, match="rms_norm"):
+        kernel.rms_norm(x.double(), w, 1e-6)
+    with pytest.raises(RuntimeError, match="rms_norm"):
+        kernel.rms_norm(x, w[:-1], 1e-6)
+
+
+@pytest.mark.parametrize("head_dim", [6, 40, 64])  # half under a vector, with a tail, whole
+def test_rope_rotate_half_gives_the_bits_of_torchs_ops(kernel, head_dim):
+    """On the heads as the attention hands them over (a strided view of the fused projection),
+    with per-row tables (a decode step) and shared ones (a prefill): the same bits as
+    RotaryEmbedding's own torch ops, contiguous."""
+    from lmforge.model.positions import RotaryEmbedding
+
+    rope = RotaryEmbedding(head_dim, 512)
+    g = torch.Generator().manual_seed(head_dim)
+    for b, t, positions in ((5, 1, torch.randint(0, 512, (5, 1), generator=g)),
+                            (2, 33, torch.arange(33))):  # fmt: skip
+        qkv = torch.randn(b, t, 10, head_dim, generator=g)
+        qk = qkv.transpose(1, 2)[:, :8]  # q and k heads, not v's
+        cos, sin = rope.tables(positions, torch.float32)
+        y = kernel.rope_rotate_half(qk, cos, sin)
+        assert y.is_contiguous() and torch.equal(y, rope.rotate(qk, cos, sin))
+    with pytest.raises(RuntimeError, match="rope_rotate_half"):
+        kernel.rope_rotate_half(qk.double(), cos, sin)
+
+
+@pytest.mark.parametrize("n", [5, 37, 8192])  # under a vector, a tail, a vocabulary
+def test_argmax_rows_picks_what_torch_max_picks(kernel, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(6, n, generator=g)
+    x[1, n // 2] = x[1, n - 1] = 9.0  # a tie: the first wins
+    x[2] = float("-inf")  # every token masked: index 0
+    x[3, n - 1] = float("nan")  # a NaN wins, as torch.max propagates it
+    x[4, n // 3] = x[4, n // 2] = float("nan")  # the first NaN
+    x[5, 0] = float("inf")
+    assert torch.equal(kernel.argmax_rows(x), x.max(dim=-1).indices)
 
 
 def test_layers_use_the_native_kernel_and_agree_with_their_own_weights():

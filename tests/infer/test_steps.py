@@ -150,6 +150,9 @@ def test_engine_runs_the_callers_weights_live():
     engine = Engine(model, max_batch=2, eos_ids=[])
     assert engine.model is not model and engine.model.embed.weight is model.embed.weight
     assert model.blocks[0].attn.decode_kernel is None  # the caller's module is unchanged
+    assert model.norm.kernel is None and (engine.model.norm.kernel is None) == (
+        native_kernels() is None  # the engine's norms run the native one-pass kernel
+    )
     ids = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
         model.blocks[0].mlp.up_proj.weight.mul_(2.0)  # e.g. a training step in between

@@ -1,6 +1,6 @@
 /* The entry points of the native CPU kernels, declared once: quantized_matmul.cpp,
- * dense_matmul.cpp, decode_attention.cpp, prefill_attention.cpp and activations.cpp define
- * them, torch_ops.cpp calls them.
+ * dense_matmul.cpp, decode_attention.cpp, prefill_attention.cpp, activations.cpp and
+ * row_ops.cpp define them, torch_ops.cpp calls them.
  *
  * Every source is compiled once per instruction-set variant (cpu_kernels.py: VARIANTS, each
  * with its -m flags and -DLMFORGE_VARIANT=<name>), into the namespace lmforge_kernels::<name>,
@@ -60,6 +60,19 @@ using PrefillAttention = int(const float* q, const float* k, const float* v, con
  * bf16 (out_bf16) (activations.cpp) */
 using SiluMul = void(const void* gate, const void* up, int in_bf16, void* out, int out_bf16,
                      int64_t n, int threads);
+/* y [rows, d] = x / sqrt(mean(x^2) + eps) * w per row in fp32 (RMSNorm), x and y fp32 or bf16
+ * (bf16), w [d] fp32 or bf16 (w_bf16) (row_ops.cpp) */
+using RmsNorm = void(const void* x, const void* w, int bf16, int w_bf16, void* y, int64_t rows,
+                     int64_t d, float eps, int threads);
+/* out [rows] = the index of each row's largest value in x [rows, n] fp32, the first of equals,
+ * the first NaN if any (torch.max's indices) (row_ops.cpp) */
+using ArgmaxRows = void(const float* x, int64_t* out, int64_t rows, int64_t n);
+/* out [b, h, t, d] = x cos + rotate_half(x) sin (RoPE, Hugging Face's pairing), x fp32 with
+ * element strides xs per batch, head and position, cos / sin [b, t, d] with strides cs per batch
+ * and position (0: broadcast), unit stride along d everywhere (row_ops.cpp) */
+using RopeRotateHalf = void(const float* x, const int64_t* xs, const float* cos, const float* sin,
+                            const int64_t* cs, float* out, int64_t b, int64_t h, int64_t t,
+                            int64_t d, int threads);
 
 /* One variant's entry points (variant_table.cpp fills it). */
 struct Kernels {
@@ -72,6 +85,9 @@ struct Kernels {
   DecodeAttention* decode_attention;
   PrefillAttention* prefill_attention;
   SiluMul* silu_mul;
+  RmsNorm* rms_norm;
+  ArgmaxRows* argmax_rows;
+  RopeRotateHalf* rope_rotate_half;
 };
 
 /* The variants compiled into the library, best first; cpu_kernels.py VARIANTS gives each its
@@ -94,6 +110,9 @@ DenseMatmul dense_matmul;
 DecodeAttention decode_attention;
 PrefillAttention prefill_attention;
 SiluMul silu_mul;
+RmsNorm rms_norm;
+ArgmaxRows argmax_rows;
+RopeRotateHalf rope_rotate_half;
 }  // namespace LMFORGE_VARIANT
 #endif
 

@@ -85,6 +85,10 @@ typedef __m512 vec;
 SIMD_OPS(_mm512, 512, SIMD_HALF)
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
+static inline int vequal(vec a, float x) { /* lanes equal to x, as bits */
+  return _mm512_cmp_ps_mask(a, _mm512_set1_ps(x), _CMP_EQ_OQ);
+}
+static inline int vnan(vec a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); } /* NaN lanes */
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT); }
 static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
 static inline __m256 halves(__m512 a) { /* the two 8-float halves of a, added */
@@ -116,6 +120,10 @@ static inline float vtop(vec a) {
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
+static inline int vequal(vec a, float x) { /* lanes equal to x, as bits */
+  return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(x), _CMP_EQ_OQ));
+}
+static inline int vnan(vec a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)); }
 static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT); }
 static inline vec vpow2(vec p, vec n) { /* n in [-126, 127] here: 2^n's exponent bits */
   __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));

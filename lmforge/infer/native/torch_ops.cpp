@@ -257,6 +257,70 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, bool bf16) {
   return out;
 }
 
+// RMSNorm over the last dim of x (fp32 or bf16) with weight w [d] (fp32 or bf16), in fp32, the
+// result in x's dtype and shape (row_ops.cpp)
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const auto type = x.scalar_type(), w_type = w.scalar_type();
+  const bool ok = [&] {
+    for (auto t : {type, w_type})
+      if (t != at::kFloat && t != at::kBFloat16) return false;
+    return true;
+  }();
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && ok && x.dim() >= 1 && w.dim() == 1 &&
+                  x.size(-1) == w.size(0),
+              "lmforge rms_norm: x and w must be CPU fp32 or bf16 tensors, w [d] and x [..., d], "
+              "got ", type, " ", x.sizes(), " and ", w_type, " ", w.sizes());
+  auto xc = x.contiguous(), wc = w.contiguous();
+  auto out = at::empty(xc.sizes(), xc.options());
+  const int64_t d = w.size(0);
+  if (out.numel() == 0) return out;
+  active->rms_norm(xc.data_ptr(), wc.data_ptr(), type == at::kBFloat16, w_type == at::kBFloat16,
+                   out.data_ptr(), xc.numel() / d, d, static_cast<float>(eps),
+                   at::get_num_threads());
+  return out;
+}
+
+// the index of each row's largest value (the first of equals, the first NaN if any: torch.max's
+// indices) in x [rows, n] fp32, n > 0 (row_ops.cpp)
+at::Tensor argmax_rows(const at::Tensor& x) {
+  auto xc = x.contiguous();
+  check(xc, at::kFloat, 2, "x");
+  TORCH_CHECK(xc.size(1) > 0, "lmforge argmax_rows: rows of no values");
+  auto out = at::empty({xc.size(0)}, xc.options().dtype(at::kLong));
+  active->argmax_rows(xc.data_ptr<float>(), out.data_ptr<int64_t>(), xc.size(0), xc.size(1));
+  return out;
+}
+
+// RoPE's rotation, Hugging Face's rotate-half pairing: x [b, h, t, d] fp32 (any strides but
+// unit along d), cos / sin broadcasting to [b, 1, t, d] -> x cos + rotate_half(x) sin,
+// contiguous (row_ops.cpp)
+at::Tensor rope_rotate_half(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 4 &&
+                  x.size(3) % 2 == 0 && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat && cos.sizes() == sin.sizes() &&
+                  cos.dim() <= 4 && cos.device().is_cpu() && sin.device().is_cpu(),
+              "lmforge rope_rotate_half: x must be a CPU fp32 [b, h, t, d] tensor with d even "
+              "and cos / sin fp32 tables of one shape, got ", x.scalar_type(), " ", x.sizes(),
+              " and ", cos.scalar_type(), " ", cos.sizes());
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  TORCH_CHECK(cos.dim() < 3 || cos.size(-3) == 1, "lmforge rope_rotate_half: tables ",
+              cos.sizes(), " vary by head");
+  auto xc = x.stride(3) == 1 ? x : x.contiguous();
+  auto table = [&](const at::Tensor& c) {  // [b, 1, t, d] (a view), unit stride along d
+    auto e = c.expand({b, 1, t, d});
+    return e.stride(3) == 1 ? e : e.contiguous();
+  };
+  auto c = table(cos), s = table(sin);
+  if (c.strides() != s.strides()) s = s.contiguous(), c = c.contiguous();
+  auto out = at::empty({b, h, t, d}, xc.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  const int64_t xs[3] = {xc.stride(0), xc.stride(1), xc.stride(2)};
+  const int64_t cs[2] = {c.stride(0), c.stride(2)};
+  active->rope_rotate_half(xc.data_ptr<float>(), xs, c.data_ptr<float>(), s.data_ptr<float>(), cs,
+                           out.data_ptr<float>(), b, h, t, d, at::get_num_threads());
+  return out;
+}
+
 }  // namespace
 
 // one level of indirection, so that LMFORGE_NS is expanded before TORCH_LIBRARY pastes it
@@ -272,6 +336,9 @@ LMFORGE_LIBRARY(LMFORGE_NS, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor");
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up, bool bf16) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("argmax_rows(Tensor x) -> Tensor");
+  m.def("rope_rotate_half(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("kernel_variants() -> str[]", &kernel_variants);
   m.def("kernel_variant() -> str", &kernel_variant);
   m.def("use_kernel_variant(str name) -> ()", &use_kernel_variant);
@@ -286,4 +353,7 @@ LMFORGE_LIBRARY_IMPL(LMFORGE_NS, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("prefill_attention", &prefill_attention);
   m.impl("silu_mul", &silu_mul);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("argmax_rows", &argmax_rows);
+  m.impl("rope_rotate_half", &rope_rotate_half);
 }

@@ -13,5 +13,8 @@ extern const Kernels table = {LMFORGE_NAME(LMFORGE_VARIANT),
                               dense_matmul,
                               decode_attention,
                               prefill_attention,
-                              silu_mul};
+                              silu_mul,
+                              rms_norm,
+                              argmax_rows,
+                              rope_rotate_half};
 }
