@@ -201,12 +201,16 @@ def kernel_plan(dtype: torch.dtype, quantize: str | None = None, device="cpu") -
             above = gemm or "torch's fp32 matmul"
             gemm = f"lmforge's {native.variant} dense matmul up to {Linear.gemv_rows} rows, {above}"
         linear = gemm
-    swiglu = (f"; RMSNorm, RoPE, SwiGLU's silu(gate) * up and the greedy argmax: lmforge's "
-              f"{native.variant} kernels" if native else "")  # fmt: skip
+    rows = (
+        f"lmforge's {native.variant} kernels for RMSNorm, rotate-half RoPE, SwiGLU's "
+        "silu(gate) * up and the greedy argmax; torch for the rest"
+        if native
+        else "torch"
+    )
     return {"Linear": linear or f"torch's {str(dtype).removeprefix('torch.')} matmul",
             "attention, decoding": f"{decode} (one query per row)",
             "attention, prefill": prefill,
-            "norms, activations, RoPE, argmax": f"torch{swiglu}"}  # fmt: skip
+            "norms, RoPE, SiLU, argmax": rows}  # fmt: skip
 
 
 @functools.cache
