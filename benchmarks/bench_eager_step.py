@@ -82,6 +82,7 @@ def main() -> None:
     print(f"after / before: {ratio:.3f} CPU time per token")
     if args.no_record:
         return
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.results import record
 
     record("eager_step_overhead", "Eager decode step, batch 1, 1 thread: host overhead",
