@@ -114,8 +114,8 @@ class EagerStep:
 
     def __init__(self, model: nn.Module, cache: SlotCache):
         self.model, self.cache = model, cache
-        # greedy tokens by lmforge's argmax on a CPU (a few us where torch.max takes ~50 over a
-        # batch's logits); the sampler takes torch's where this is None
+        # greedy tokens by lmforge's argmax on a CPU (torch.max over a batch's logits costs
+        # several times one pass over them); the sampler takes torch's where this is None
         native = native_kernels() if cache.mask.device.type == "cpu" else None
         self.argmax = native.argmax_rows if native is not None else None
 

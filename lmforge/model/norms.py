@@ -22,6 +22,9 @@ class LayerNorm(nn.Module):
         return out.to(x.dtype)
 
 
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what RMSNorm.kernel takes
+
+
 class RMSNorm(nn.Module):
     """RMSNorm: x / sqrt(mean(x^2) + eps) * gamma, eps inside the root, no mean, no beta."""
 
@@ -48,7 +51,6 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), w.shape, w.float(), self.eps).to(x.dtype)
 
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what RMSNorm.kernel takes
 NORM_CLASSES: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 

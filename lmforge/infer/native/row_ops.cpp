@@ -1,12 +1,12 @@
 /* Per-row passes of a decode step: RMSNorm, RoPE's rotation and the greedy argmax.
  *
- * Why by hand: at a decode step's few rows each is a few microseconds of work, and torch's eager
- * ops spend several times that per call. torch.rms_norm on a CPU runs as six ops (square, mean,
- * add, rsqrt and two products), ~25 us for [16, 512] where one pass over the row takes ~1; a
- * model calls it 2 n_layer + 1 times a step. torch.max(dim=-1) over [16, 8,192] logits takes
- * ~60 us for what two passes over 512 KB do in a few; RoPE's rotate-half takes five ops (a
- * negation, a concatenation, two products and a sum) where one pass over q and k does it. All
- * in fp32, as torch's ops compute. */
+ * Why by hand: at a decode step's few rows each is little work, and torch's eager ops cost
+ * several times that per call: torch.rms_norm on a CPU runs as six ops (square, mean, add,
+ * rsqrt and two products), called 2 n_layer + 1 times a step; RoPE's rotate-half as five (a
+ * negation, a concatenation, two products and a sum); torch.max(dim=-1) over a batch's logits
+ * is slow for what two passes over them do. Here each is one call and one pass (two for the
+ * argmax), in fp32 as torch's ops compute (docs/inference.md; docs/benchmarks.md,
+ * eager_step_overhead). */
 #include <math.h>
 #include <omp.h>
 
