@@ -237,7 +237,11 @@ static void weight_row(const XT* x, const weight_t<WT>* w, float* y, int64_t m, 
  * added, the 16 lanes met in simd.h's vsum4 tree (vsum1: the same tree for one sum), then the
  * scalar tail; so a row's outputs are the same bits in every tile, alone or in a batch. With
  * R = 4 the four sums of a row of x come out of one vsum4 (fewer shuffles than four horizontal
- * sums, one per output). */
+ * sums, one per output). Not the GEMM below with x's rows along the lanes and each weight
+ * broadcast: it keeps more multiply-adds busy at 16 rows, but sums each output's columns in
+ * order in one lane, and a row alone (the lane sums and vsum tree here, or that order reached
+ * through in-register transposes of 16 weight rows, which stream slower from memory at one
+ * row) would no longer come out as the same bits in a batch. */
 #define F32_TILE_ROWS 3    /* rows of x */
 #define F32_TILE_WEIGHTS 4 /* rows of weights: 3 x 4 x 2 accumulators + 4 + 1 of 32 registers */
 template <int T, int R>
