@@ -43,6 +43,7 @@ and write keys into free slots that a joining sequence overwrites. It also runs 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import tempfile
@@ -55,6 +56,7 @@ import torch
 from torch import nn
 
 from lmforge.infer.compile_cache import add_to_index, cache_key, prune_compile_cache, read_index
+from lmforge.infer.memory import return_freed_memory
 from lmforge.infer.params import GenerationParams
 from lmforge.model.cache import SlotCache
 from lmforge.model.mlp import MLP
@@ -368,7 +370,10 @@ class ExportedStep:
         configs = {"cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False}
         from torch._inductor import aoti_compile_and_package  # the compiler: only to compile
 
-        aoti_compile_and_package(ep, package_path=str(partial), inductor_configs=configs)
+        try:
+            aoti_compile_and_package(ep, package_path=str(partial), inductor_configs=configs)
+        finally:
+            _forget_export_graph()
         os.replace(partial, self.dir / name)
         shapes = [node.meta["val"].shape for node in ep.graph.nodes if node.op == "placeholder"
                   and node.name in ep.graph_signature.user_inputs[:3]]  # fmt: skip
@@ -382,6 +387,20 @@ class ExportedStep:
         add_to_index(self.dir, {"file": name, "rows": [found.start, found.stop],
                                  "widths": [widths.start, widths.stop]})  # fmt: skip
         return found, widths, _load(self.dir / name, self.step)
+
+
+def _forget_export_graph() -> None:
+    """torch keeps the last non-strict export's proxies in a module global (read only by its
+    fake-tensor leak report) until the next export, and through them that export's whole graph
+    module, on which AOTInductor hangs a copy of every buffer (`gm.meta`): for a GGUF model run
+    as stored or a quantised one, whose packed weights are buffers, a model's worth of memory
+    kept after the compile. Emptied here (the next export fills it again), and the graphs'
+    reference cycles collected and their pages handed back now, not at some later collection."""
+    from torch.fx.experimental import proxy_tensor
+
+    getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", {}).clear()
+    gc.collect()
+    return_freed_memory()
 
 
 @contextlib.contextmanager
